@@ -1,0 +1,3 @@
+from gpuvs.cli import main
+
+main()

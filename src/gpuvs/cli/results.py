@@ -1,0 +1,84 @@
+"""gpuvs results list | show | export."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpuvs.cli import results_app
+from gpuvs.errors import UsageError
+from gpuvs.report.terminal import fmt
+from gpuvs.store import Store
+
+STORE_OPT = typer.Option("gpuvs.db", "--store", help="SQLite file that keeps the results")
+
+
+def open_store(path: str) -> Store:
+    if not Path(path).exists():
+        raise UsageError(f"no store at {path} (run something first, or pass --store PATH)")
+    return Store(path)
+
+
+@results_app.command("list")
+def list_results(store: str = STORE_OPT) -> None:
+    """One line per experiment: id, when, workload, trials ok of all."""
+    with open_store(store) as st:
+        t = Table(title=f"experiments in {store}", title_justify="left")
+        for col in ("id", "name", "kind", "workload", "trials ok", "created"):
+            t.add_column(col)
+        import time
+
+        for e in st.experiments():
+            t.add_row(e["id"], e["name"], e["kind"], e["workload"] or "-", f"{e['n_ok'] or 0}/{e['n_trials']}",
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["created"])))
+        Console(markup=False, highlight=False).print(t)
+
+
+@results_app.command("show")
+def show(ident: str = typer.Argument(..., help="an experiment id (a unique prefix will do) or a trial number"),
+         store: str = STORE_OPT, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Every trial of an experiment (or one trial): status, figures, start-up, error, where it ran."""
+    with open_store(store) as st:
+        if ident.isdigit():
+            trials = [st.trial(int(ident))]
+        else:
+            trials = st.trials(st.experiment(ident)["id"])
+        if as_json:
+            for t in trials:
+                t["samples"] = st.samples(t["id"])
+            print(json.dumps(trials, indent=2, default=str))
+            return
+        console = Console(markup=False, highlight=False)
+        table = Table(title=f"trials of {ident}", title_justify="left")
+        for col in ("trial id", "arm", "#", "status", "device", "env", "value", "+/-", "jitter", "unit",
+                    "first step s", "GPU", "error"):
+            table.add_column(col)
+        for t in trials:
+            spec = t["spec"] or {}
+            main = next(iter((t["summary"] or {}).values()), {})
+            table.add_row(str(t["id"]), t["arm"], str(t["trial"] + 1), t["status"], spec.get("device", "-"),
+                          (spec.get("env") or {}).get("kind", "-"), fmt(main.get("value")), fmt(main.get("pm")),
+                          fmt(main.get("jitter")), main.get("unit", ""), fmt((t["startup"] or {}).get("first_step_s"), 3),
+                          (t["fingerprint"] or {}).get("gpu_name") or "cpu", (t["error"] or "")[:120])
+        console.print(table)
+
+
+@results_app.command("export")
+def export(fmt_name: str = typer.Option("json", "--format", help="json or csv"),
+           experiment: str = typer.Option(None, "--experiment", help="only this experiment"),
+           output: str = typer.Option(None, "-o", "--output", help="write here instead of standard output"),
+           store: str = STORE_OPT) -> None:
+    """Everything stored (spec, fingerprint, samples, summary, status, error) as JSON, or a CSV per trial."""
+    with open_store(store) as st:
+        exp_id = st.experiment(experiment)["id"] if experiment else None
+        text = st.export(fmt_name, exp_id)
+    if output:
+        Path(output).write_text(text)
+        print(f"wrote {output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)

@@ -1,0 +1,70 @@
+"""The worker protocol: one JSON object per line, each with a "type".
+
+config       {"items": {...}}                      the run's configuration block
+fingerprint  {"data": {...}}                       where it ran (see fingerprint.py)
+startup      {"name", "seconds"}                   a first-call cost, never mixed into throughput
+sample       {"series", "step", "value", "unit", "seconds", "items", "extra"}
+metric       {"name", "value", "unit"}             a scalar result (final loss, p99 latency...)
+telemetry    {"t", "gpu", ...}                     one NVML reading
+summary      {"data": {series: {...}}}             the worker's own summary of its samples
+error        {"kind", "message"}                   kind: oom | input | unavailable | crash
+log          {"message"}                           free text shown to the user
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+TYPES = ("config", "fingerprint", "startup", "sample", "metric", "telemetry", "summary", "error", "log")
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def sample(step: int, value: float, unit: str, *, series: str = "main", seconds: float | None = None,
+           items: float | None = None, **extra: Any) -> dict[str, Any]:
+    return {"type": "sample", "series": series, "step": int(step), "value": _clean(float(value)), "unit": unit,
+            "seconds": seconds, "items": items, "extra": {k: _clean(v) for k, v in extra.items()}}
+
+
+def startup(name: str, seconds: float) -> dict[str, Any]:
+    return {"type": "startup", "name": name, "seconds": float(seconds)}
+
+
+def metric(name: str, value: float, unit: str = "") -> dict[str, Any]:
+    return {"type": "metric", "name": name, "value": _clean(float(value)), "unit": unit}
+
+
+def config(**items: Any) -> dict[str, Any]:
+    return {"type": "config", "items": items}
+
+
+def log(message: str) -> dict[str, Any]:
+    return {"type": "log", "message": message}
+
+
+def error(kind: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "kind": kind, "message": message}
+
+
+def encode(event: dict[str, Any]) -> str:
+    return json.dumps(event, separators=(",", ":"), default=str)
+
+
+def decode(line: str) -> dict[str, Any] | None:
+    """A protocol line, or None for anything else (a stray print from a library)."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or event.get("type") not in TYPES:
+        return None
+    return event

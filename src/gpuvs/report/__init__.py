@@ -1,0 +1,1 @@
+"""Renderers of results: terminal (rich), markdown, HTML, JSON/CSV."""

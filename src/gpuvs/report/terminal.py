@@ -1,0 +1,167 @@
+"""The terminal: a tf_cnn_benchmarks-style step log while a trial runs, a line per trial, and a
+hyperfine-style summary per arm."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from rich.console import Console
+from rich.table import Table
+
+from gpuvs import stats
+
+CONFIG_LABELS = [
+    ("model", "Model"), ("dataset", "Dataset"), ("mode", "Mode"), ("batch_size_global", "Batch size"),
+    ("batch_size_per_device", ""), ("devices", "Num devices"), ("data_format", "Data format"),
+    ("precision", "Precision"), ("optimizer", "Optimizer"), ("image_size", "Image size"),
+    ("warmup_steps", "Warm-up steps"), ("steps", "Timed steps"),
+]
+RULE = "-" * 64
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value != value:  # nan
+            return "-"
+        if abs(value) >= 1e5 or (0 < abs(value) < 10 ** -digits):
+            return f"{value:.3g}"
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+class StepLog:
+    """Renders one trial's events as they arrive."""
+
+    def __init__(self, console: Console, quiet: bool = False, show_config: bool = True):
+        self.console = console
+        self.quiet = quiet
+        self.show_config = show_config
+        self._rates: dict[str, list[float]] = {}
+        self._header_done: set[str] = set()
+
+    def start_trial(self) -> None:
+        self._rates = {}
+        self._header_done = set()
+
+    def __call__(self, result, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind == "log":
+            self.console.print(event["message"], style="dim", markup=False, highlight=False)
+        if self.quiet:
+            return
+        if kind == "config" and self.show_config:
+            self.config_block(event["items"])
+            self.show_config = False
+        elif kind == "sample":
+            self.sample(event)
+
+    def config_block(self, items: dict[str, Any]) -> None:
+        shown = set()
+        for key, label in CONFIG_LABELS:
+            if key in items:
+                suffix = " global" if key == "batch_size_global" else (" per device" if key == "batch_size_per_device" else "")
+                self.console.print(f"{(label + ':') if label else '':<14}{items[key]}{suffix}", highlight=False)
+                shown.add(key)
+        for key, value in items.items():
+            if key not in shown:
+                self.console.print(f"{key.replace('_', ' ').capitalize() + ':':<14}{value}", highlight=False)
+        self.console.print("=" * 10, highlight=False)
+
+    def sample(self, event: dict[str, Any]) -> None:
+        series = event.get("series", "main")
+        rates = self._rates.setdefault(series, [])
+        if event.get("value") is not None:
+            rates.append(event["value"])
+        loss = (event.get("extra") or {}).get("loss")
+        if loss is None and not (event.get("extra") or {}).get("display"):
+            return
+        if series not in self._header_done:
+            label = "" if series == "main" else f" [{series}]"
+            self.console.print(f"Step\t{event['unit']}{label}\ttotal_loss" if loss is not None
+                               else f"Step\t{event['unit']}{label}", highlight=False)
+            self._header_done.add(series)
+        line = (f"{event['step']}\t{event['unit']}: {stats.fmt_rate(sum(rates) / len(rates))} +/- "
+                f"{stats.fmt_rate(stats.std_error(rates))} (jitter = {stats.fmt_rate(stats.jitter(rates))})")
+        if loss is not None:
+            line += f"\t{loss:.3f}"
+        self.console.print(line, highlight=False)
+
+
+def trial_line(result) -> str:
+    spec = result.spec
+    where = f"{spec.env.label()}, {spec.device}" + (f" x{spec.num_gpus}" if spec.num_gpus > 1 else "")
+    head = f"trial {spec.trial + 1} [{spec.arm}] ({where})"
+    if not result.ok:
+        return f"{head}: {result.status.upper()}: {result.error}"
+    main = result.primary()
+    text = (f"{head}: {fmt(main.get('value'))} {main.get('unit', '')} +/- {fmt(main.get('pm'))} "
+            f"(jitter = {fmt(main.get('jitter'))})")
+    start = result.startup
+    parts = [f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f} s" for k, v in start.items()
+             if k in ("first_step_s", "launch_to_timed_s")]
+    if parts:
+        text += "; start-up: " + ", ".join(parts)
+    return text
+
+
+def total_block(console: Console, result) -> None:
+    main = result.primary()
+    if result.ok and main:
+        console.print(RULE, highlight=False)
+        console.print(f"total {main.get('unit', '')}: {main.get('value', 0):.2f}", highlight=False)
+        console.print(RULE, highlight=False)
+
+
+def arm_table(results: Iterable, title: str = "Summary across trials") -> Table:
+    """One row per arm and series: mean of per-trial figures, 95% CI, range, CV."""
+    groups: dict[tuple[str, str], list] = {}
+    for r in results:
+        for series in (r.summary or {"main": {}}):
+            groups.setdefault((r.spec.arm, series), []).append(r)
+    table = Table(title=title, title_justify="left")
+    for col in ("arm", "series", "trials ok", "mean", "95% CI", "min … max", "CV", "unit"):
+        table.add_column(col, justify="right" if col not in ("arm", "series", "unit") else "left")
+    for (arm, series), rs in groups.items():
+        ok = [r for r in rs if r.ok and series in r.summary]
+        values = [r.summary[series].get("value") for r in ok]
+        s = stats.summarize_trials(values)
+        unit = ok[0].summary[series].get("unit", "") if ok else ""
+        ci = f"{fmt(s.get('ci_low'))} … {fmt(s.get('ci_high'))}" if s.get("n", 0) > 1 else "-"
+        table.add_row(arm, series, f"{len(ok)}/{len(rs)}", fmt(s.get("mean")), ci,
+                      f"{fmt(s.get('min'))} … {fmt(s.get('max'))}" if ok else "-",
+                      f"{100 * s.get('cv', 0):.2f}%" if s.get("n", 0) > 1 else "-", unit)
+    return table
+
+
+def startup_table(results: Iterable) -> Table | None:
+    """Start-up costs per arm (mean over ok trials), kept apart from throughput."""
+    groups: dict[str, dict[str, list[float]]] = {}
+    for r in results:
+        if r.ok:
+            for k, v in r.startup.items():
+                groups.setdefault(r.spec.arm, {}).setdefault(k, []).append(v)
+    if not groups:
+        return None
+    keys = sorted({k for d in groups.values() for k in d})
+    table = Table(title="Start-up (seconds, mean over trials)", title_justify="left")
+    table.add_column("arm")
+    for k in keys:
+        table.add_column(k.removesuffix("_s"), justify="right")
+    for arm, d in groups.items():
+        table.add_row(arm, *[fmt(sum(d[k]) / len(d[k]), 3) if k in d else "-" for k in keys])
+    return table
+
+
+def metrics_table(results: Iterable) -> Table | None:
+    rows = [(r.spec.arm, r.spec.trial + 1, name, m["value"], m.get("unit", "")) for r in results if r.ok
+            for name, m in r.metrics.items()]
+    if not rows:
+        return None
+    table = Table(title="Other results", title_justify="left")
+    for col in ("arm", "trial", "metric", "value", "unit"):
+        table.add_column(col, justify="right" if col in ("trial", "value") else "left")
+    for arm, trial, name, value, unit in rows:
+        table.add_row(arm, str(trial), name, fmt(value, 3), unit)
+    return table

@@ -1,0 +1,247 @@
+"""Experiment execution: expand arms x trials into RunSpecs, order them interleaved and shuffled
+(A B B A ...), run each in a fresh worker with a timeout, and store every event as it arrives."""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gpuvs import environments, events, fingerprint, workloads
+from gpuvs.errors import UsageError
+from gpuvs.spec import EnvSpec, RunSpec, check_device_syntax, device_kind
+from gpuvs.store import Store
+
+# RunSpec fields an arm may set directly; any other key is a workload parameter.
+SPEC_FIELDS = ("device", "num_gpus", "telemetry_interval_s", "timeout_s")
+ENV_FIELDS = ("env",)
+
+
+@dataclass
+class TrialResult:
+    """Everything one trial produced: what flows from the runner to stats and reports."""
+
+    spec: RunSpec
+    trial_id: int | None = None
+    status: str = "running"
+    error: str | None = None
+    error_kind: str | None = None
+    exit_code: int | None = None
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    startup: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    summary: dict[str, dict[str, Any]] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    telemetry: list[dict[str, Any]] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def primary(self) -> dict[str, Any]:
+        """The first series' summary (the headline figure)."""
+        return next(iter(self.summary.values()), {})
+
+    def apply(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind == "sample":
+            self.samples.append(event)
+        elif kind == "telemetry":
+            self.telemetry.append(event)
+        elif kind == "fingerprint":
+            self.fingerprint = event["data"]
+        elif kind == "config":
+            self.config.update(event["items"])
+        elif kind == "startup":
+            self.startup[event["name"]] = event["seconds"]
+        elif kind == "metric":
+            self.metrics[event["name"]] = {"value": event["value"], "unit": event.get("unit", "")}
+        elif kind == "summary":
+            self.summary = event["data"]
+        elif kind == "error":
+            self.error_kind, self.error = event.get("kind"), event.get("message")
+        elif kind == "log":
+            self.logs.append(event["message"])
+
+
+@dataclass
+class Arm:
+    name: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Experiment:
+    """A matrix of arms x trials over one base spec."""
+
+    name: str
+    base: RunSpec
+    arms: list[Arm]
+    trials: int = 1
+    seed: int | None = None
+    kind: str = "run"
+    id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
+
+    def spec_for(self, arm: Arm, trial: int) -> RunSpec:
+        spec = copy.deepcopy(self.base)
+        spec.params = dict(spec.params)
+        for key, value in arm.overrides.items():
+            key = key.replace("-", "_")
+            if key in SPEC_FIELDS:
+                setattr(spec, key, value)
+            elif key == "env":
+                spec.env = value if isinstance(value, EnvSpec) else EnvSpec(kind=str(value), options=dict(spec.env.options))
+            elif key in ("engine", "image", "rootfs", "cpus", "memory", "shm_size", "mps"):
+                spec.env = EnvSpec(kind=spec.env.kind, options={**spec.env.options, key: value})
+            else:
+                spec.params[key] = value
+        spec.arm, spec.trial, spec.experiment_id = arm.name, trial, self.id
+        spec.run_id = uuid.uuid4().hex[:12]
+        return spec
+
+    def order(self) -> list[RunSpec]:
+        """Rounds of all arms; each pair of rounds is a shuffled order then its reverse (A B | B A),
+        so that every arm runs as often early as late and drift cancels."""
+        rng = random.Random(self.seed)
+        specs: list[RunSpec] = []
+        perm: list[Arm] = []
+        for t in range(self.trials):
+            if t % 2 == 0:
+                perm = list(self.arms)
+                rng.shuffle(perm)
+                round_arms = perm
+            else:
+                round_arms = list(reversed(perm))
+            specs.extend(self.spec_for(arm, t) for arm in round_arms)
+        return specs
+
+
+def validate_spec(spec: RunSpec) -> dict[str, Any]:
+    """Everything that can be refused before a process starts. Returns the checked parameters."""
+    workload = workloads.get(spec.workload)
+    params = workload.validate(spec.params, spec.device)
+    check_device_syntax(spec.device)
+    if spec.num_gpus < 1:
+        raise UsageError(f"--num-gpus must be at least 1, got {spec.num_gpus}")
+    if spec.num_gpus > 1 and not workload.multi_gpu:
+        raise UsageError(f"{workload.name} runs on one device; --num-gpus {spec.num_gpus} is not supported for it")
+    if spec.timeout_s is not None and spec.timeout_s <= 0:
+        raise UsageError(f"--timeout must be positive, got {spec.timeout_s}")
+    if spec.env.kind == "host" and device_kind(spec.device) == "cuda":
+        count = fingerprint.gpu_count()
+        if count == 0:
+            raise UsageError(f"device {spec.device} asked for, but this machine has no usable NVIDIA GPU "
+                             "(use --device cpu)")
+        _, _, index = spec.device.partition(":")
+        if index and int(index) >= count:
+            raise UsageError(f"device {spec.device} asked for, but only {count} GPU(s) are present (0..{count - 1})")
+        if spec.num_gpus > count:
+            raise UsageError(f"--num-gpus {spec.num_gpus} asked for, but only {count} GPU(s) are present")
+    environments.get(spec.env).check(spec)
+    return params
+
+
+def validate_experiment(exp: Experiment) -> None:
+    """One check per arm, before anything starts (or is written)."""
+    for arm in exp.arms:
+        validate_spec(exp.spec_for(arm, 0))
+
+
+EventHook = Callable[[TrialResult, dict[str, Any]], None]
+
+
+class Runner:
+    def __init__(self, store: Store, on_event: EventHook | None = None, timeout_s: float | None = None,
+                 retries: int = 0, on_trial_start: Callable[[RunSpec, int, int], None] | None = None,
+                 on_trial_end: Callable[[TrialResult], None] | None = None):
+        self.store = store
+        self.on_event = on_event
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.on_trial_start = on_trial_start
+        self.on_trial_end = on_trial_end
+
+    def run_experiment(self, exp: Experiment) -> list[TrialResult]:
+        specs = exp.order()
+        validate_experiment(exp)
+        self.store.create_experiment(exp.id, exp.name, exp.kind, {
+            "workload": exp.base.workload, "trials": exp.trials, "seed": exp.seed,
+            "arms": [{"name": a.name, "overrides": {k: (v.__dict__ if isinstance(v, EnvSpec) else v)
+                                                    for k, v in a.overrides.items()}} for a in exp.arms],
+            "base": exp.base.to_dict()})
+        results = []
+        for i, spec in enumerate(specs):
+            if self.on_trial_start:
+                self.on_trial_start(spec, i, len(specs))
+            results.append(self.run_with_retries(spec))
+        return results
+
+    def run_with_retries(self, spec: RunSpec) -> TrialResult:
+        attempt = 0
+        while True:
+            result = self.run_trial(spec, attempt)
+            if result.ok or result.error_kind in ("oom", "input", "unavailable") or attempt >= self.retries:
+                return result
+            attempt += 1
+            spec = copy.deepcopy(spec)
+            spec.run_id = uuid.uuid4().hex[:12]
+
+    def run_trial(self, spec: RunSpec, attempt: int = 0) -> TrialResult:
+        env = environments.get(spec.env)
+        timeout = spec.timeout_s or self.timeout_s
+        result = TrialResult(spec=spec)
+        result.trial_id = self.store.begin_trial(spec, attempt)
+        t0 = time.monotonic()
+        launched = None
+        try:
+            launched = env.launch(spec)
+            deadline = None if timeout is None else t0 + timeout
+            for line in launched.read(deadline):
+                event = events.decode(line)
+                if event is None:
+                    continue
+                result.apply(event)
+                self.store.add_event(result.trial_id, event)
+                if self.on_event:
+                    self.on_event(result, event)
+            result.exit_code = launched.wait(timeout=30)
+            if result.exit_code == 0 and not result.error:
+                result.status = "ok"
+            else:
+                result.status = "failed"
+                if not result.error:
+                    tail = "\n".join(list(launched.stderr_tail)[-8:])
+                    result.error_kind = "crash"
+                    result.error = f"worker exited with status {result.exit_code}" + (f": {tail}" if tail else "")
+        except TimeoutError:
+            result.status, result.error_kind = "failed", "timeout"
+            result.error = f"timed out after {timeout:g} s; the worker was stopped"
+        except KeyboardInterrupt:
+            result.status, result.error_kind, result.error = "interrupted", "interrupted", "interrupted by the user"
+            raise
+        except Exception as exc:  # a launcher that failed to start (engine missing, ...)
+            result.status, result.error_kind = "failed", getattr(exc, "kind", "unavailable")
+            result.error = str(exc) or type(exc).__name__
+        finally:
+            if launched is not None:
+                if launched.proc.poll() is None:
+                    launched.kill()
+                else:
+                    launched.close()
+            result.wall_s = time.monotonic() - t0
+            if not result.summary and result.samples:
+                from gpuvs import stats
+
+                result.summary = stats.summarize_samples(result.samples)
+            self.store.finish_trial(result.trial_id, result.status, error=result.error, error_kind=result.error_kind,
+                                    exit_code=result.exit_code, fingerprint=result.fingerprint, config=result.config,
+                                    startup=result.startup, metrics=result.metrics, summary=result.summary)
+            if self.on_trial_end:
+                self.on_trial_end(result)
+        return result

@@ -1,0 +1,88 @@
+"""RunSpec and its parts: plain data, serialisable to JSON, the one input of a worker."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from gpuvs.errors import UsageError
+
+
+@dataclass
+class EnvSpec:
+    """Where a worker runs. kind: host | container | pod. options: launcher-specific settings
+    (engine, image, cpus, memory, shm_size, mounts, ...), validated by the environment."""
+
+    kind: str = "host"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def label(self) -> str:
+        if self.kind == "host":
+            return "host"
+        image = self.options.get("image") or self.options.get("rootfs") or ""
+        engine = self.options.get("engine") or ""
+        return ":".join(p for p in (self.kind, engine, image) if p)
+
+
+@dataclass
+class RunSpec:
+    """One trial of one workload, in one environment, on one device."""
+
+    workload: str
+    params: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+    num_gpus: int = 1
+    env: EnvSpec = field(default_factory=EnvSpec)
+    trial: int = 0
+    arm: str = "default"
+    experiment_id: str = ""
+    telemetry_interval_s: float = 0.1
+    timeout_s: float | None = None
+    launched_at: float | None = None  # wall clock when the launcher started the worker
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSpec:
+        data = dict(data)
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise UsageError(f"unknown run-spec field(s): {', '.join(sorted(unknown))}")
+        env = data.pop("env", None) or {}
+        spec = cls(**data)
+        spec.env = env if isinstance(env, EnvSpec) else EnvSpec(**env)
+        return spec
+
+    @classmethod
+    def from_json(cls, text: str) -> RunSpec:
+        return cls.from_dict(json.loads(text))
+
+
+def parse_kv(items: list[str] | None) -> dict[str, str]:
+    """Parse ["a=1", "b=x"] into {"a": "1", "b": "x"}; refuse anything without '='."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"expected KEY=VALUE, got {item!r}")
+        out[key.strip().replace("-", "_")] = value
+    return out
+
+
+def device_kind(device: str) -> str:
+    """'cuda:1' -> 'cuda'; 'cpu' -> 'cpu'."""
+    return device.split(":", 1)[0]
+
+
+def check_device_syntax(device: str) -> None:
+    kind, _, index = device.partition(":")
+    if kind not in ("cuda", "cpu") or (index and (kind == "cpu" or not index.isdigit())):
+        raise UsageError(f"unknown device {device!r}: use cuda, cuda:N or cpu")

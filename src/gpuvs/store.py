@@ -1,0 +1,231 @@
+"""SQLite store: one file, WAL, one transaction per trial. A trial's row is committed as
+'running' when it starts; its events are collected as they arrive and written with its final
+status in one transaction, so a crash loses at most the trial in flight and nothing measured
+before it. Several trials may be in flight at once (workers sharing a GPU)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import socket
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from gpuvs.errors import UsageError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS experiments (
+  id TEXT PRIMARY KEY, name TEXT NOT NULL, kind TEXT NOT NULL, created REAL NOT NULL, meta TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS trials (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  experiment_id TEXT NOT NULL REFERENCES experiments(id),
+  run_id TEXT NOT NULL, arm TEXT NOT NULL, trial INTEGER NOT NULL, attempt INTEGER NOT NULL DEFAULT 0,
+  workload TEXT NOT NULL, status TEXT NOT NULL, error TEXT, error_kind TEXT,
+  spec TEXT NOT NULL, fingerprint TEXT, config TEXT, startup TEXT, metrics TEXT, summary TEXT,
+  started REAL NOT NULL, ended REAL, exit_code INTEGER, owner TEXT
+);
+CREATE TABLE IF NOT EXISTS samples (
+  trial_id INTEGER NOT NULL REFERENCES trials(id), series TEXT NOT NULL, step INTEGER NOT NULL,
+  value REAL, unit TEXT, seconds REAL, items REAL, extra TEXT
+);
+CREATE TABLE IF NOT EXISTS telemetry (
+  trial_id INTEGER NOT NULL REFERENCES trials(id), t REAL NOT NULL, gpu INTEGER, data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS samples_trial ON samples(trial_id);
+CREATE INDEX IF NOT EXISTS telemetry_trial ON telemetry(trial_id);
+CREATE INDEX IF NOT EXISTS trials_experiment ON trials(experiment_id);
+"""
+
+STATUSES = ("running", "ok", "failed", "interrupted")
+JSON_COLUMNS = ("spec", "fingerprint", "config", "startup", "metrics", "summary")
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _pid_alive(owner: str | None) -> bool:
+    if not owner:
+        return False
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname():
+        return True  # cannot tell; leave it
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Store:
+    def __init__(self, path: str | os.PathLike = "gpuvs.db"):
+        self.path = Path(path)
+        if self.path.parent and not self.path.parent.exists():
+            raise UsageError(f"cannot create store {self.path}: folder {self.path.parent} does not exist")
+        try:
+            self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self.db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise UsageError(f"cannot open store {self.path}: {exc}") from None
+        self._pending: dict[int, list[dict[str, Any]]] = {}
+        self._reap_orphans()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _reap_orphans(self) -> None:
+        """Trials left 'running' by a gpuvs process that no longer exists were interrupted."""
+        rows = self.db.execute("SELECT id, owner FROM trials WHERE status='running'").fetchall()
+        dead = [r["id"] for r in rows if not _pid_alive(r["owner"])]
+        for trial_id in dead:
+            self.db.execute("UPDATE trials SET status='interrupted', error=COALESCE(error, "
+                            "'gpuvs stopped while this trial ran') WHERE id=?", (trial_id,))
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def create_experiment(self, experiment_id: str, name: str, kind: str, meta: dict[str, Any]) -> None:
+        self.db.execute("INSERT OR IGNORE INTO experiments (id, name, kind, created, meta) VALUES (?,?,?,?,?)",
+                        (experiment_id, name, kind, time.time(), json.dumps(meta, default=str)))
+
+    def begin_trial(self, spec, attempt: int = 0) -> int:
+        if not spec.experiment_id:
+            spec.experiment_id = f"trial-{spec.run_id}"
+        self.create_experiment(spec.experiment_id, spec.workload, "trial", {})  # no-op if it exists
+        cur = self.db.execute(
+            "INSERT INTO trials (experiment_id, run_id, arm, trial, attempt, workload, status, spec, started, owner)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (spec.experiment_id, spec.run_id, spec.arm, spec.trial, attempt, spec.workload, "running",
+             spec.to_json(), time.time(), _owner()))
+        trial_id = int(cur.lastrowid)
+        self._pending[trial_id] = []
+        return trial_id
+
+    def add_event(self, trial_id: int, event: dict[str, Any]) -> None:
+        if event.get("type") in ("sample", "telemetry"):
+            self._pending.setdefault(trial_id, []).append(event)
+
+    def _write_events(self, trial_id: int) -> None:
+        for event in self._pending.pop(trial_id, []):
+            if event["type"] == "sample":
+                self.db.execute("INSERT INTO samples VALUES (?,?,?,?,?,?,?,?)",
+                                (trial_id, event.get("series", "main"), event["step"], event.get("value"),
+                                 event.get("unit"), event.get("seconds"), event.get("items"),
+                                 json.dumps(event.get("extra") or {})))
+            else:
+                data = {k: v for k, v in event.items() if k not in ("type", "t", "gpu")}
+                self.db.execute("INSERT INTO telemetry VALUES (?,?,?,?)",
+                                (trial_id, event.get("t", 0.0), event.get("gpu"), json.dumps(data)))
+
+    def finish_trial(self, trial_id: int, status: str, *, error: str | None = None, error_kind: str | None = None,
+                     exit_code: int | None = None, **json_fields: Any) -> None:
+        assert status in STATUSES
+        sets = ["status=?", "error=?", "error_kind=?", "exit_code=?", "ended=?"]
+        args: list[Any] = [status, error, error_kind, exit_code, time.time()]
+        for col, value in json_fields.items():
+            if col not in JSON_COLUMNS:
+                raise ValueError(col)
+            sets.append(f"{col}=?")
+            args.append(json.dumps(value, default=str))
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self._write_events(trial_id)
+            self.db.execute(f"UPDATE trials SET {', '.join(sets)} WHERE id=?", (*args, trial_id))
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _trial(self, row: sqlite3.Row) -> dict[str, Any]:
+        out = dict(row)
+        for col in JSON_COLUMNS:
+            out[col] = json.loads(out[col]) if out.get(col) else ({} if col != "spec" else None)
+        return out
+
+    def trials(self, experiment_id: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+        q, args = "SELECT * FROM trials WHERE 1=1", []
+        if experiment_id:
+            q += " AND experiment_id=?"
+            args.append(experiment_id)
+        if status:
+            q += " AND status=?"
+            args.append(status)
+        return [self._trial(r) for r in self.db.execute(q + " ORDER BY id", args)]
+
+    def trial(self, trial_id: int) -> dict[str, Any]:
+        row = self.db.execute("SELECT * FROM trials WHERE id=?", (trial_id,)).fetchone()
+        if row is None:
+            raise UsageError(f"no trial {trial_id} in {self.path}")
+        return self._trial(row)
+
+    def experiments(self) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT e.*, COUNT(t.id) AS n_trials, SUM(t.status='ok') AS n_ok, MIN(t.workload) AS workload "
+            "FROM experiments e LEFT JOIN trials t ON t.experiment_id=e.id GROUP BY e.id ORDER BY e.created")
+        return [dict(r, meta=json.loads(r["meta"])) for r in rows]
+
+    def experiment(self, experiment_id: str) -> dict[str, Any]:
+        row = self.db.execute("SELECT * FROM experiments WHERE id=?", (experiment_id,)).fetchone()
+        if row is None:
+            matches = self.db.execute("SELECT * FROM experiments WHERE id LIKE ?", (experiment_id + "%",)).fetchall()
+            if len(matches) != 1:
+                raise UsageError(f"no experiment {experiment_id!r} in {self.path} (see: gpuvs results list)")
+            row = matches[0]
+        return dict(row, meta=json.loads(row["meta"]))
+
+    def samples(self, trial_id: int) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT * FROM samples WHERE trial_id=? ORDER BY rowid", (trial_id,))
+        return [dict(r, extra=json.loads(r["extra"] or "{}")) for r in rows]
+
+    def telemetry(self, trial_id: int) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT * FROM telemetry WHERE trial_id=? ORDER BY rowid", (trial_id,))
+        return [{"t": r["t"], "gpu": r["gpu"], **json.loads(r["data"])} for r in rows]
+
+    # -- export ----------------------------------------------------------------------------------
+
+    def export(self, fmt: str, experiment_id: str | None = None, with_samples: bool = True) -> str:
+        trials = self.trials(experiment_id)
+        if fmt == "json":
+            for t in trials:
+                if with_samples:
+                    t["samples"] = self.samples(t["id"])
+                    t["telemetry"] = self.telemetry(t["id"])
+            return json.dumps({"store": str(self.path), "experiments": self.experiments(), "trials": trials},
+                              indent=2, default=str)
+        if fmt == "csv":
+            return trials_csv(trials)
+        raise UsageError(f"unknown export format {fmt!r}; use json or csv")
+
+
+def trials_csv(trials: Iterable[dict[str, Any]]) -> str:
+    """One row per trial and series: the columns people put in spreadsheets."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["trial_id", "experiment_id", "arm", "trial", "workload", "status", "device", "env", "series",
+                "value", "unit", "pm", "jitter", "n", "gpu", "error"])
+    for t in trials:
+        spec = t["spec"] or {}
+        env = (spec.get("env") or {}).get("kind", "")
+        summaries = t["summary"] or {"": {}}
+        for series, s in summaries.items():
+            w.writerow([t["id"], t["experiment_id"], t["arm"], t["trial"], t["workload"], t["status"],
+                        spec.get("device"), env, series, s.get("value"), s.get("unit"), s.get("pm"),
+                        s.get("jitter"), s.get("n"), (t["fingerprint"] or {}).get("gpu_name"), t["error"] or ""])
+    return buf.getvalue()

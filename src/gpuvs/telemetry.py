@@ -1,0 +1,118 @@
+"""NVML sampler: a background thread that reads utilisation, memory, power, clocks, temperature
+and throttle reasons of the GPUs a worker uses, and emits one telemetry event per GPU per tick.
+Where NVML is absent it says so once and does nothing."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from gpuvs import events
+
+Emit = Callable[[dict[str, Any]], None]
+
+# NVML clocks-event (throttle) reason bits worth naming; idle and application-clock settings are not throttling.
+THROTTLE_BITS = {
+    0x0000000000000004: "sw_power_cap",
+    0x0000000000000008: "hw_slowdown",
+    0x0000000000000020: "sw_thermal",
+    0x0000000000000040: "hw_thermal",
+    0x0000000000000080: "hw_power_brake",
+    0x0000000000000100: "display_clocks",
+}
+
+
+def throttle_names(mask: int) -> list[str]:
+    return [name for bit, name in THROTTLE_BITS.items() if mask & bit]
+
+
+def visible_gpu_indices(device: str, num_gpus: int) -> list[int]:
+    """NVML indices of the GPUs a spec uses, honouring CUDA_VISIBLE_DEVICES where it holds indices."""
+    _, _, idx = device.partition(":")
+    logical = list(range(int(idx), int(idx) + 1)) if idx else list(range(max(1, num_gpus)))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        parts = [p.strip() for p in visible.split(",") if p.strip()]
+        if all(p.isdigit() for p in parts):
+            return [int(parts[i]) for i in logical if i < len(parts)]
+    return logical
+
+
+class Sampler:
+    def __init__(self, indices: list[int], interval_s: float, emit: Emit):
+        import pynvml
+
+        self.nvml = pynvml
+        self.interval_s = max(0.01, interval_s)
+        self.emit = emit
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        self.handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in indices if i < count]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gpuvs-telemetry", daemon=True)
+        self.t0 = time.perf_counter()
+
+    def start(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def read(self, index: int, handle) -> dict[str, Any]:
+        n = self.nvml
+        out: dict[str, Any] = {"type": "telemetry", "t": round(time.perf_counter() - self.t0, 4), "gpu": index}
+        probes = {
+            "util_gpu": lambda: n.nvmlDeviceGetUtilizationRates(handle).gpu,
+            "util_mem": lambda: n.nvmlDeviceGetUtilizationRates(handle).memory,
+            "mem_used_mib": lambda: n.nvmlDeviceGetMemoryInfo(handle).used // (1 << 20),
+            "power_w": lambda: n.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+            "sm_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(handle, n.NVML_CLOCK_SM),
+            "mem_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(handle, n.NVML_CLOCK_MEM),
+            "temp_c": lambda: n.nvmlDeviceGetTemperature(handle, n.NVML_TEMPERATURE_GPU),
+            "throttle": lambda: throttle_names(n.nvmlDeviceGetCurrentClocksEventReasons(handle)),
+        }
+        for key, probe in probes.items():
+            try:
+                out[key] = probe()
+            except Exception:
+                out[key] = None
+        return out
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            for index, handle in self.handles:
+                self.emit(self.read(index, handle))
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def start_for(spec, emit: Emit) -> Sampler | None:
+    """Start sampling the spec's GPUs, or return None (CPU run, telemetry off, or no NVML: said once)."""
+    if not spec.device.startswith("cuda") or not spec.telemetry_interval_s or spec.telemetry_interval_s <= 0:
+        return None
+    try:
+        sampler = Sampler(visible_gpu_indices(spec.device, spec.num_gpus), spec.telemetry_interval_s, emit)
+    except Exception as exc:
+        emit(events.log(f"telemetry off: NVML is not available here ({exc or type(exc).__name__})"))
+        return None
+    return sampler.start()
+
+
+def summarize(readings: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean and max of each reading, and every throttle reason seen."""
+    out: dict[str, Any] = {"n": len(readings)}
+    for key in ("util_gpu", "util_mem", "mem_used_mib", "power_w", "sm_clock_mhz", "mem_clock_mhz", "temp_c"):
+        values = [r[key] for r in readings if r.get(key) is not None]
+        if values:
+            out[f"{key}_mean"] = sum(values) / len(values)
+            out[f"{key}_max"] = max(values)
+    seen = sorted({name for r in readings for name in (r.get("throttle") or [])})
+    out["throttle_seen"] = seen
+    return out

@@ -1,0 +1,155 @@
+"""The only code that runs inside an environment: `python -m gpuvs.worker`.
+
+It reads one RunSpec (from --spec-file PATH, or the GPUVS_SPEC environment variable), runs one
+workload, and writes one JSON object per line (events.py) to its original standard output.
+Anything else that prints (libraries, warnings) is sent to standard error, so the protocol stream
+stays clean in every environment."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any, Callable, Iterator
+
+T_START = time.time()
+
+from gpuvs import events  # noqa: E402
+from gpuvs.errors import EXIT_CODES, GpuvsError, WorkloadError  # noqa: E402
+from gpuvs.spec import RunSpec  # noqa: E402
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+def _protocol_stream():
+    """Keep fd 1 for the protocol; send everything else that writes to fd 1 to stderr."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return proto
+
+
+def read_spec(argv: list[str]) -> RunSpec:
+    if "--spec-file" in argv:
+        path = argv[argv.index("--spec-file") + 1]
+        with open(path) as fh:
+            return RunSpec.from_json(fh.read())
+    text = os.environ.get("GPUVS_SPEC")
+    if not text:
+        raise WorkloadError("input", "no run spec: pass --spec-file PATH or set GPUVS_SPEC")
+    return RunSpec.from_json(text)
+
+
+def _oom_message(exc: BaseException, spec: RunSpec) -> str:
+    total = ""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            total = f"; the GPU has {torch.cuda.get_device_properties(0).total_memory / 2**30:.1f} GiB"
+    except Exception:
+        pass
+    bs = spec.params.get("batch_size")
+    at = f" at batch size {bs}" if bs is not None else ""
+    return f"out of GPU memory{at}{total}: {str(exc).splitlines()[0][:200]}"
+
+
+def classify(exc: BaseException, spec: RunSpec) -> tuple[str, str]:
+    if isinstance(exc, WorkloadError):
+        return exc.kind, exc.message
+    if isinstance(exc, GpuvsError):
+        return "input", str(exc)
+    name = type(exc).__name__
+    text = str(exc)
+    if name == "OutOfMemoryError" or ("out of memory" in text.lower() and "cuda" in text.lower()):
+        return "oom", _oom_message(exc, spec)
+    if "can't allocate memory" in text or isinstance(exc, MemoryError):
+        bs = spec.params.get("batch_size")
+        return "oom", (f"out of host memory" + (f" at batch size {bs}" if bs is not None else "")
+                       + f" on {spec.device}: {text.splitlines()[0][:200] if text else name}")
+    if isinstance(exc, ImportError):
+        return "unavailable", f"{exc} (python {sys.version.split()[0]} at {sys.executable})"
+    return "crash", f"{name}: {text}".strip()
+
+
+def import_requirements(workload, emit: Emit) -> None:
+    t0 = time.perf_counter()
+    for module in workload.requires:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise WorkloadError("unavailable", f"workload {workload.name} needs the Python module {module!r}, "
+                                f"which this environment lacks ({exc}); python {sys.version.split()[0]} "
+                                f"at {sys.executable}") from None
+    if workload.requires:
+        emit(events.startup("import_s", time.perf_counter() - t0))
+
+
+def run_events(spec: RunSpec, emit: Emit) -> None:
+    """Run one spec, emitting every event. Raises on failure (classified by the caller)."""
+    from gpuvs import fingerprint, stats, telemetry, workloads
+
+    if spec.launched_at:
+        emit(events.startup("launch_to_worker_s", T_START - spec.launched_at))
+    workload = workloads.get(spec.workload)
+    params = workload.validate(spec.params, spec.device)
+    import_requirements(workload, emit)
+    emit({"type": "fingerprint", "data": fingerprint.take(import_torch="torch" in workload.requires)})
+    samples: list[dict[str, Any]] = []
+
+    def collect(event: dict[str, Any]) -> None:
+        if event["type"] == "sample":
+            samples.append(event)
+        emit(event)
+
+    sampler = telemetry.start_for(spec, emit)
+    try:
+        if spec.num_gpus > 1 and workload.multi_gpu:
+            from gpuvs import multiproc
+
+            multiproc.run_ranks(spec, params, collect)
+        else:
+            from gpuvs.workloads.base import RunContext
+
+            for event in workload.run(RunContext(spec=spec, params=params)):
+                collect(event)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+    emit({"type": "summary", "data": stats.summarize_samples(samples)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    proto = _protocol_stream()
+
+    def emit(event: dict[str, Any]) -> None:
+        proto.write(events.encode(event) + "\n")
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    spec = None
+    try:
+        spec = read_spec(argv)
+        run_events(spec, emit)
+        return 0
+    except KeyboardInterrupt:
+        emit(events.error("interrupted", "worker interrupted"))
+        return 130
+    except BaseException as exc:  # every failure becomes one error event and a status
+        kind, message = classify(exc, spec) if spec else ("input", str(exc))
+        if kind == "crash":
+            traceback.print_exc(file=sys.stderr)
+        emit(events.error(kind, message))
+        return EXIT_CODES.get(kind, 1)
+    finally:
+        proto.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

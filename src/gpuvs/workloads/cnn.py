@@ -1,0 +1,293 @@
+"""CNN training and inference on synthetic ImageNet-shaped data or a real ImageFolder: the
+benchmark that tf_cnn_benchmarks users know, in PyTorch, with the same step log semantics.
+
+Timing on a GPU uses CUDA events recorded after every step and read at display steps, so the
+loop never waits on the host between steps; on a CPU, a host clock per step."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterator
+
+from gpuvs import events
+from gpuvs.errors import UsageError, WorkloadError
+from gpuvs.workloads import register
+from gpuvs.workloads.base import Param, RunContext, Workload
+
+# name -> (torchvision constructor, default image size, smallest image size it accepts, extra kwargs)
+MODELS: dict[str, tuple[str, int, int, dict[str, Any]]] = {
+    "resnet18": ("resnet18", 224, 32, {}),
+    "resnet50": ("resnet50", 224, 32, {}),
+    "resnet101": ("resnet101", 224, 32, {}),
+    "resnet152": ("resnet152", 224, 32, {}),
+    "vgg11": ("vgg11", 224, 32, {}),
+    "vgg16": ("vgg16", 224, 32, {}),
+    "inception3": ("inception_v3", 299, 75, {"aux_logits": False, "init_weights": False}),
+    "alexnet": ("alexnet", 224, 63, {}),
+    "googlenet": ("googlenet", 224, 32, {"aux_logits": False, "init_weights": False}),
+    "mobilenet_v2": ("mobilenet_v2", 224, 32, {}),
+}
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+COMMON = (
+    Param("model", str, "resnet50", "torchvision model", choices=tuple(MODELS)),
+    Param("batch_size", int, 64, "images per device per step", min=1, max=1 << 20),
+    Param("precision", str, "fp32", "fp32 (strict), tf32, fp16 or bf16 (autocast; fp16 with a grad scaler)",
+          choices=PRECISIONS),
+    Param("data_format", str, "NCHW", "NCHW or NHWC (channels_last)", choices=("NCHW", "NHWC")),
+    Param("warmup_steps", int, 10, "steps run before timing, excluded from throughput", min=1, max=100000),
+    Param("steps", int, 100, "timed steps", min=1, max=10_000_000),
+    Param("display_every", int, 10, "log a line every N steps", min=1, max=1_000_000),
+    Param("image_size", int, 0, "input height and width (0: the model's own, 224 or 299)", min=0, max=2048),
+    Param("num_classes", int, 1000, "output classes", min=2, max=1_000_000),
+    Param("data_dir", str, "", "ImageFolder data set (class folders of images); empty: synthetic data"),
+    Param("workers", int, 4, "DataLoader worker processes (with --data-dir)", min=0, max=256),
+    Param("seed", int, 0, "random seed of weights and synthetic data", min=0),
+)
+
+
+class _CnnBase(Workload):
+    unit = "images/sec"
+    cpu_defaults = {"batch_size": 8, "steps": 20, "warmup_steps": 2, "display_every": 5}
+    multi_gpu = True
+    requires = ("torch", "torchvision")
+    training = True
+
+    def check(self, params: dict[str, Any]) -> None:
+        _, default_size, min_size, _ = MODELS[params["model"]]
+        size = params["image_size"] or default_size
+        if size < min_size:
+            raise UsageError(f"--image-size {size} is too small for {params['model']}: it needs at least {min_size}")
+        params["image_size"] = size
+        if params["data_dir"] and not os.path.isdir(params["data_dir"]):
+            raise UsageError(f"--data-dir {params['data_dir']!r} is not a folder")
+
+    # -- pieces ------------------------------------------------------------------------------
+
+    def build(self, ctx: RunContext):
+        import torch
+        import torchvision
+
+        p = ctx.params
+        fn, _, _, kwargs = MODELS[p["model"]]
+        torch.manual_seed(p["seed"])
+        model = getattr(torchvision.models, fn)(weights=None, num_classes=p["num_classes"], **kwargs)
+        device = torch.device(ctx.device)
+        model = model.to(device)
+        if p["data_format"] == "NHWC":
+            model = model.to(memory_format=torch.channels_last)
+        return model, device
+
+    @staticmethod
+    def set_precision(precision: str, device) -> None:
+        import torch
+
+        tf32 = precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.benchmark = True
+
+    @staticmethod
+    def autocast(precision: str, device):
+        import contextlib
+
+        import torch
+
+        if precision in ("fp16", "bf16"):
+            return torch.autocast(device.type, dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def batches(self, ctx: RunContext, device) -> Iterator[tuple[Any, Any]]:
+        """Endless (images, labels) on the device: one fixed synthetic batch, or a real DataLoader."""
+        import torch
+
+        p = ctx.params
+        fmt = torch.channels_last if p["data_format"] == "NHWC" else torch.contiguous_format
+        size = p["image_size"]
+        if not p["data_dir"]:
+            g = torch.Generator(device="cpu").manual_seed(p["seed"] + ctx.rank)
+            x = torch.randn(p["batch_size"], 3, size, size, generator=g).to(device).contiguous(memory_format=fmt)
+            y = torch.randint(0, p["num_classes"], (p["batch_size"],), generator=g).to(device)
+            while True:
+                yield x, y
+        from torch.utils.data import DataLoader
+        from torch.utils.data.distributed import DistributedSampler
+        from torchvision import datasets, transforms
+
+        tf = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
+                                 transforms.ToTensor(),
+                                 transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+        dataset = datasets.ImageFolder(p["data_dir"], transform=tf)
+        if len(dataset) == 0:
+            raise WorkloadError("input", f"--data-dir {p['data_dir']} holds no images")
+        sampler = DistributedSampler(dataset) if ctx.world_size > 1 else None
+        loader = DataLoader(dataset, batch_size=p["batch_size"], shuffle=sampler is None, sampler=sampler,
+                            num_workers=p["workers"], pin_memory=device.type == "cuda", drop_last=False,
+                            persistent_workers=p["workers"] > 0)
+        epoch = 0
+        while True:
+            if sampler is not None:
+                sampler.set_epoch(epoch)
+            for x, y in loader:
+                yield (x.to(device, non_blocking=True).contiguous(memory_format=fmt),
+                       (y % p["num_classes"]).to(device, non_blocking=True))
+            epoch += 1
+
+    def config_event(self, ctx: RunContext) -> dict[str, Any]:
+        p = ctx.params
+        spec = ctx.spec
+        devices = ctx.world_size
+        items = dict(model=p["model"], dataset=p["data_dir"] or "synthetic (imagenet-shaped)",
+                     mode="training" if self.training else "inference",
+                     batch_size_global=p["batch_size"] * devices, batch_size_per_device=p["batch_size"],
+                     devices=f"{devices} x {spec.device.split(':')[0]}", data_format=p["data_format"],
+                     precision=p["precision"], image_size=p["image_size"], warmup_steps=p["warmup_steps"],
+                     steps=p["steps"])
+        if self.training:
+            items["optimizer"] = p["optimizer"]
+        return events.config(**items)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def make_step(self, ctx: RunContext, model, device):
+        raise NotImplementedError
+
+    def run(self, ctx: RunContext) -> Iterator[dict[str, Any]]:
+        import torch
+
+        p = ctx.params
+        yield self.config_event(ctx)
+        self.set_precision(p["precision"], None)
+        try:
+            t0 = time.perf_counter()
+            model, device = self.build(ctx)
+            if ctx.world_size > 1 and self.training:
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+            yield events.startup("model_build_s", time.perf_counter() - t0)
+            cuda = device.type == "cuda"
+            sync = torch.cuda.synchronize if cuda else (lambda: None)
+            t0 = time.perf_counter()
+            data = self.batches(ctx, device)
+            step = self.make_step(ctx, model, device)
+            yield events.startup("data_setup_s", time.perf_counter() - t0)
+
+            t0 = time.perf_counter()
+            step(next(data))
+            sync()
+            yield events.startup("first_step_s", time.perf_counter() - t0)
+            for _ in range(p["warmup_steps"] - 1):
+                step(next(data))
+            sync()
+            yield events.startup("warmup_s", time.perf_counter() - t0)
+            if ctx.spec.launched_at:
+                yield events.startup("launch_to_timed_s", time.time() - ctx.spec.launched_at)
+            yield from self.timed(ctx, step, data, cuda)
+        except torch.cuda.OutOfMemoryError as exc:
+            total = torch.cuda.get_device_properties(device).total_memory / 2**30 if torch.cuda.is_available() else 0
+            raise WorkloadError("oom", f"out of GPU memory at batch size {p['batch_size']} ({p['model']}, "
+                                f"{p['precision']}, image {p['image_size']}); the GPU has {total:.1f} GiB: "
+                                f"{str(exc).splitlines()[0][:160]}") from None
+
+    def timed(self, ctx: RunContext, step, data, cuda: bool) -> Iterator[dict[str, Any]]:
+        import torch
+
+        p = ctx.params
+        items = p["batch_size"] * ctx.world_size
+        display = p["display_every"]
+        durations: list[float] = []
+        if cuda:
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(p["steps"] + 1)]
+            marks[0].record()
+        last = time.perf_counter()
+        first_unreported = 1
+        for i in range(1, p["steps"] + 1):
+            out = step(next(data))
+            if cuda:
+                marks[i].record()
+            else:
+                now = time.perf_counter()
+                durations.append(now - last)
+                last = now
+            if i % display == 0 or i == p["steps"]:
+                if cuda:
+                    marks[i].synchronize()
+                    durations.extend(marks[j - 1].elapsed_time(marks[j]) / 1000.0 for j in range(first_unreported, i + 1))
+                loss = float(out) if out is not None else None
+                for j in range(first_unreported, i + 1):
+                    sec = durations[j - 1]
+                    extra = {"loss": loss} if (j == i and loss is not None) else {}
+                    yield events.sample(j, items / sec, self.unit, seconds=sec, items=items, **extra)
+                first_unreported = i + 1
+        yield from self.final_metrics(durations)
+
+    def final_metrics(self, durations: list[float]) -> Iterator[dict[str, Any]]:
+        return iter(())
+
+
+@register
+class CnnTrain(_CnnBase):
+    name = "cnn-train"
+    summary = "CNN training throughput (images/sec), tf_cnn_benchmarks style"
+    params = COMMON + (
+        Param("optimizer", str, "sgd", "sgd or momentum (0.9)", choices=("sgd", "momentum")),
+        Param("lr", float, 0.01, "learning rate", min=0.0, max=10.0),
+    )
+
+    def make_step(self, ctx: RunContext, model, device):
+        import torch
+
+        p = ctx.params
+        opt = torch.optim.SGD(model.parameters(), lr=p["lr"], momentum=0.9 if p["optimizer"] == "momentum" else 0.0)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        scaler = torch.amp.GradScaler(device.type) if p["precision"] == "fp16" else None
+        model.train()
+        autocast = self.autocast(p["precision"], device)
+
+        def step(batch):
+            x, y = batch
+            opt.zero_grad(set_to_none=True)
+            with autocast:
+                loss = loss_fn(model(x), y)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+            return loss.detach()
+
+        return step
+
+
+@register
+class CnnInfer(_CnnBase):
+    name = "cnn-infer"
+    summary = "CNN inference throughput (images/sec) and per-batch latency percentiles"
+    params = COMMON
+    training = False
+
+    def make_step(self, ctx: RunContext, model, device):
+        import torch
+
+        model.eval()
+        autocast = self.autocast(ctx.params["precision"], device)
+
+        def step(batch):
+            x, _ = batch
+            with torch.inference_mode(), autocast:
+                model(x)
+            return None
+
+        return step
+
+    def final_metrics(self, durations: list[float]) -> Iterator[dict[str, Any]]:
+        import numpy as np
+
+        ms = np.asarray(durations) * 1000.0
+        for q in (50, 90, 99):
+            yield events.metric(f"latency_p{q}_ms", float(np.percentile(ms, q)), "ms")
+        yield events.metric("latency_mean_ms", float(ms.mean()), "ms")

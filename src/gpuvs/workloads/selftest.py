@@ -1,0 +1,54 @@
+"""selftest: timed sleeps that exercise the harness itself (timeouts, killed and crashing workers,
+child processes, stray output), the way pyperf checks its own machinery. Needs no framework."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Iterator
+
+from gpuvs import events
+from gpuvs.errors import WorkloadError
+from gpuvs.workloads import register
+from gpuvs.workloads.base import Param, RunContext, Workload
+
+
+@register
+class SelfTest(Workload):
+    name = "selftest"
+    summary = "harness self-check: timed sleeps (timeouts, kills, clean-up, stray output)"
+    unit = "steps/sec"
+    params = (
+        Param("steps", int, 5, "timed steps", min=1, max=1_000_000),
+        Param("step_seconds", float, 0.01, "sleep per step", min=0.0, max=3600.0),
+        Param("children", int, 0, "child processes to start (each sleeps until killed)", min=0, max=16),
+        Param("noise", bool, False, "print junk to standard output and error on every step"),
+        Param("fail_at_step", int, 0, "raise an error at this step (0: never)", min=0),
+        Param("exit_at_step", int, 0, "die abruptly (exit status 17) at this step (0: never)", min=0),
+        Param("text", str, "", "a free-text value, echoed back as a log line"),
+    )
+
+    def run(self, ctx: RunContext) -> Iterator[dict[str, Any]]:
+        p = ctx.params
+        yield events.config(steps=p["steps"], step_seconds=p["step_seconds"], pid=os.getpid())
+        kids = [subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+                for _ in range(p["children"])]
+        if kids:
+            yield events.log("children " + " ".join(str(k.pid) for k in kids))
+        if p["text"]:
+            yield events.log(f"text {p['text']}")
+        for step in range(1, p["steps"] + 1):
+            if p["noise"]:
+                print('{"type": "sample", "not": "from gpuvs"} junk on stdout', flush=True)
+                print("junk on stderr", file=sys.stderr, flush=True)
+            if step == p["fail_at_step"]:
+                raise WorkloadError("crash", f"selftest failed at step {step} as asked")
+            if step == p["exit_at_step"]:
+                os._exit(17)
+            t0 = time.perf_counter()
+            time.sleep(p["step_seconds"])
+            sec = time.perf_counter() - t0
+            yield events.sample(step, 1.0 / sec if sec > 0 else 0.0, self.unit, seconds=sec, items=1.0,
+                                pid=os.getpid(), display=True)

@@ -1,0 +1,101 @@
+"""The runner against real worker processes (the selftest workload needs no framework)."""
+
+import os
+import signal
+import time
+from collections import Counter
+
+import pytest
+
+from conftest import gpuvs_processes, pid_alive
+from gpuvs.errors import UsageError
+from gpuvs.runner import Arm, Experiment, Runner, validate_spec
+from gpuvs.spec import RunSpec
+from gpuvs.store import Store
+
+
+def _spec(**params):
+    return RunSpec(workload="selftest", device="cpu", params=params)
+
+
+def test_order_is_balanced_interleaved_and_shuffled():
+    exp = Experiment("x", _spec(), [Arm("A"), Arm("B"), Arm("C")], trials=6, seed=3)
+    order = [s.arm for s in exp.order()]
+    assert Counter(order) == {"A": 6, "B": 6, "C": 6}
+    rounds = [order[i:i + 3] for i in range(0, 18, 3)]
+    for first, second in zip(rounds[::2], rounds[1::2]):
+        assert second == first[::-1]  # A B C | C B A
+    firsts = {r[0] for r in rounds[::2]}
+    seeds = {tuple(s.arm for s in Experiment("x", _spec(), [Arm("A"), Arm("B"), Arm("C")], 6, seed=k).order())
+             for k in range(10)}
+    assert len(seeds) > 1 and firsts  # different seeds give different orders
+
+
+def test_arm_overrides_reach_params_and_spec_fields():
+    exp = Experiment("x", _spec(steps=2), [Arm("a", {"device": "cpu", "steps": 3, "num-gpus": 2})], trials=1)
+    spec = exp.order()[0]
+    assert spec.params == {"steps": 3} and spec.num_gpus == 2 and spec.arm == "a" and spec.experiment_id == exp.id
+
+
+def test_trials_store_every_sample_and_summary(store_path):
+    with Store(store_path) as st:
+        seen = []
+        res = Runner(st, on_event=lambda r, e: seen.append(e["type"])).run_experiment(
+            Experiment("x", _spec(steps=4, noise=True), [Arm("a")], trials=2, seed=1))
+        assert [r.status for r in res] == ["ok", "ok"]
+        assert seen.count("sample") == 8  # stray JSON-looking prints on stdout were not taken as samples
+        for r in res:
+            assert r.summary["main"]["n"] == 4 and r.fingerprint["pid"] != os.getpid()
+            assert len(st.samples(r.trial_id)) == 4 and st.trial(r.trial_id)["status"] == "ok"
+        assert res[0].fingerprint["pid"] != res[1].fingerprint["pid"]  # each trial its own process
+
+
+def test_timeout_stops_the_worker_and_its_children(store_path):
+    with Store(store_path) as st:
+        res = Runner(st, timeout_s=4).run_trial(_spec(steps=1000, step_seconds=0.5, children=2))
+        assert res.status == "failed" and res.error_kind == "timeout" and "timed out after 4 s" in res.error
+        kids = [int(p) for line in res.logs if line.startswith("children") for p in line.split()[1:]]
+        assert len(kids) == 2
+        time.sleep(0.5)
+        assert not any(pid_alive(p) for p in kids + [res.fingerprint["pid"]])
+        assert st.trial(res.trial_id)["status"] == "failed"
+        assert 1 <= len(st.samples(res.trial_id)) < 1000  # what was measured before the timeout is kept
+
+
+def test_a_killed_worker_is_a_failed_trial_and_the_next_trial_runs(store_path):
+    def kill_on_second_sample(result, event):
+        if event["type"] == "sample" and event["step"] == 2 and result.spec.trial == 0:
+            os.kill(result.fingerprint["pid"], signal.SIGKILL)
+
+    with Store(store_path) as st:
+        res = Runner(st, on_event=kill_on_second_sample, timeout_s=60).run_experiment(
+            Experiment("x", _spec(steps=20, step_seconds=0.1), [Arm("a")], trials=2, seed=0))
+        assert [r.status for r in res] == ["failed", "ok"]
+        assert "exited with status -9" in res[0].error
+        assert not pid_alive(res[0].fingerprint["pid"])
+    assert gpuvs_processes() == []
+
+
+def test_crash_and_abrupt_exit_are_reported_plainly(store_path):
+    with Store(store_path) as st:
+        r1 = Runner(st).run_trial(_spec(steps=5, fail_at_step=2))
+        r2 = Runner(st).run_trial(_spec(steps=5, exit_at_step=3))
+    assert r1.status == "failed" and r1.error == "selftest failed at step 2 as asked" and r1.exit_code == 1
+    assert r2.status == "failed" and "exited with status 17" in r2.error and len(r2.samples) == 2
+
+
+def test_retries_run_a_crashed_trial_again(store_path):
+    with Store(store_path) as st:
+        res = Runner(st, retries=2).run_with_retries(_spec(steps=3, exit_at_step=1))
+        rows = st.trials()
+    assert res.status == "failed" and [r["attempt"] for r in rows] == [0, 1, 2]
+
+
+def test_validation_happens_before_anything_starts():
+    with pytest.raises(UsageError, match="no usable NVIDIA GPU|only"):
+        validate_spec(RunSpec(workload="cnn-train", device="cuda"))
+    with pytest.raises(UsageError, match="unknown device"):
+        validate_spec(RunSpec(workload="selftest", device="gpu"))
+    with pytest.raises(UsageError, match="runs on one device"):
+        validate_spec(RunSpec(workload="selftest", device="cpu", num_gpus=2))
+    assert gpuvs_processes() == []

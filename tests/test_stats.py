@@ -1,0 +1,43 @@
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from gpuvs import events, stats
+
+
+def test_tf_cnn_semantics_on_fixed_steps():
+    # 4 steps of 32 images: 0.1 s, 0.2 s, 0.1 s, 0.1 s
+    secs = [0.1, 0.2, 0.1, 0.1]
+    samples = [events.sample(i + 1, 32 / s, "images/sec", seconds=s, items=32) for i, s in enumerate(secs)]
+    s = stats.summarize_samples(samples)["main"]
+    rates = np.array([320.0, 160.0, 320.0, 320.0])
+    assert s["value"] == pytest.approx(128 / 0.5)  # total images / total time, not mean of rates
+    assert s["mean"] == pytest.approx(rates.mean())
+    assert s["pm"] == pytest.approx(rates.std(ddof=1) / 2)
+    assert s["jitter"] == pytest.approx(1.4826 * np.median(np.abs(rates - np.median(rates))))
+    assert s["n"] == 4 and s["higher_is_better"] is True
+
+
+def test_series_are_kept_apart_and_time_units_are_lower_is_better():
+    samples = [events.sample(1, 5.0, "ms", series="lat"), events.sample(1, 2.0, "GB/s", series="bw"),
+               events.sample(2, 7.0, "ms", series="lat")]
+    out = stats.summarize_samples(samples)
+    assert list(out) == ["lat", "bw"]
+    assert out["lat"]["value"] == pytest.approx(6.0) and out["lat"]["higher_is_better"] is False
+
+
+def test_trial_interval_matches_scipy():
+    values = [101.0, 99.5, 100.2, 100.9, 98.7]
+    s = stats.summarize_trials(values)
+    low, high = st.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=st.sem(values))
+    assert s["ci_low"] == pytest.approx(low) and s["ci_high"] == pytest.approx(high)
+    assert s["cv"] == pytest.approx(np.std(values, ddof=1) / np.mean(values))
+
+
+def test_edge_cases():
+    assert stats.summarize_trials([5.0])["n"] == 1
+    assert math.isnan(stats.summarize_trials([5.0])["ci_low"])
+    assert stats.summarize_series([])["n"] == 0
+    assert stats.std_error([3.0]) == 0.0
