@@ -24,7 +24,7 @@ from conftest import gpuvs_env, gpuvs_processes
     (["run", "cnn-train", "--device", "tpu"], "unknown device 'tpu': use cuda, cuda:N or cpu"),
     (["run", "cnn-train", "--data-dir", "/no/such/dir"], "--data-dir '/no/such/dir' is not a folder"),
     (["run", "selftest", "--num-gpus", "2", "--device", "cpu"], "selftest runs on one device"),
-    (["run", "cnn-train", "--image", "x"], "--image applies to --env container or pod, not to the host"),
+    (["run", "cnn-train", "--image", "x"], "--image applies to --env container, not to the host"),
     (["results", "show", "nope"], "no store at gpuvs.db"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_started(cli, tmp_path, args, message):

@@ -67,7 +67,7 @@ def test_option_parser_forms_and_errors():
 
 
 def test_env_options_belong_to_containers():
-    with pytest.raises(UsageError, match="--image applies to --env container"):
+    with pytest.raises(UsageError, match="--image applies to --env container, not"):
         opt.env_spec({"env": "host", "image": "x", "gpus": "auto"})
     spec = opt.env_spec({"env": "container", "image": "python:3", "cpus": 2.0, "gpus": "auto", "network": False})
     assert spec.kind == "container" and spec.options == {"image": "python:3", "cpus": 2.0, "gpus": "auto"}

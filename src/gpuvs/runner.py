@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from gpuvs import environments, events, fingerprint, workloads
 from gpuvs.errors import UsageError
-from gpuvs.spec import EnvSpec, RunSpec, check_device_syntax, device_kind
+from gpuvs.spec import ENV_KEYS, EnvSpec, RunSpec, check_device_syntax, device_kind
 from gpuvs.store import Store
 
 # RunSpec fields an arm may set directly; any other key is a workload parameter.
@@ -97,7 +97,7 @@ class Experiment:
                 setattr(spec, key, value)
             elif key == "env":
                 spec.env = value if isinstance(value, EnvSpec) else EnvSpec(kind=str(value), options=dict(spec.env.options))
-            elif key in ("engine", "image", "rootfs", "cpus", "memory", "shm_size", "mps"):
+            elif key in ENV_KEYS:
                 spec.env = EnvSpec(kind=spec.env.kind, options={**spec.env.options, key: value})
             else:
                 spec.params[key] = value

@@ -16,7 +16,18 @@ app = typer.Typer(help="gpuvs: how your GPU jobs really perform, compared with n
 results_app = typer.Typer(help="Stored results: list, show, export.", no_args_is_help=True)
 app.add_typer(results_app, name="results")
 
-from gpuvs.cli import info, results, run  # noqa: E402,F401  (registers commands)
+
+def _load_commands() -> None:
+    """Every module of this package registers its commands when imported."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+_load_commands()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ RUN_OPTIONS = (
 )
 
 ENV_OPTIONS = (
-    Param("env", str, "host", "where the worker runs", choices=("host", "container", "pod")),
+    Param("env", str, "host", "where the worker runs", choices=("host", "container")),
     Param("engine", str, None, "container engine (default: podman if present, else docker)",
           choices=("podman", "docker")),
     Param("image", str, None, "container image holding Python and the framework"),
@@ -113,6 +113,6 @@ def env_spec(opts: dict[str, Any]) -> EnvSpec:
     if kind == "host":
         extra = [k for k in options if k != "gpus" or options[k] != "auto"]
         if extra:
-            raise UsageError(f"--{extra[0].replace('_', '-')} applies to --env container or pod, not to the host")
+            raise UsageError(f"--{extra[0].replace('_', '-')} applies to --env container, not to the host")
         options = {}
     return EnvSpec(kind=kind, options=options)
