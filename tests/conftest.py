@@ -1,12 +1,18 @@
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
+
+# Every process the tests start (directly or not) inherits this tag in its environment, so a test can
+# find anything left running by this test session alone, even while other suites share the machine.
+TEST_TAG = uuid.uuid4().hex
+os.environ["GPUVS_TEST_TAG"] = TEST_TAG
 
 
 def gpuvs_env(**extra):
@@ -50,14 +56,15 @@ def pid_alive(pid: int) -> bool:
 
 
 def gpuvs_processes() -> list[int]:
-    """PIDs of live gpuvs worker processes on this machine."""
+    """PIDs of live processes started (directly or not) by this test session."""
+    marker = f"GPUVS_TEST_TAG={TEST_TAG}".encode()
     out = []
     for d in Path("/proc").iterdir():
-        if d.name.isdigit():
+        if d.name.isdigit() and int(d.name) != os.getpid():
             try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ")
+                env = (d / "environ").read_bytes()
             except OSError:
                 continue
-            if b"gpuvs.worker" in cmd and pid_alive(int(d.name)):
+            if marker in env.split(b"\0") and pid_alive(int(d.name)):
                 out.append(int(d.name))
     return out

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import queue
 import random
 import time
 import uuid
@@ -193,55 +194,114 @@ class Runner:
             spec.run_id = uuid.uuid4().hex[:12]
 
     def run_trial(self, spec: RunSpec, attempt: int = 0) -> TrialResult:
-        env = environments.get(spec.env)
-        timeout = spec.timeout_s or self.timeout_s
-        result = TrialResult(spec=spec)
-        result.trial_id = self.store.begin_trial(spec, attempt)
-        t0 = time.monotonic()
-        launched = None
+        live = LiveTrial(self, spec, attempt)
         try:
-            launched = env.launch(spec)
-            deadline = None if timeout is None else t0 + timeout
-            for line in launched.read(deadline):
-                event = events.decode(line)
-                if event is None:
-                    continue
-                result.apply(event)
-                self.store.add_event(result.trial_id, event)
-                if self.on_event:
-                    self.on_event(result, event)
-            result.exit_code = launched.wait(timeout=30)
-            if result.exit_code == 0 and not result.error:
-                result.status = "ok"
-            else:
-                result.status = "failed"
-                if not result.error:
-                    tail = "\n".join(list(launched.stderr_tail)[-8:])
-                    result.error_kind = "crash"
-                    result.error = f"worker exited with status {result.exit_code}" + (f": {tail}" if tail else "")
-        except TimeoutError:
-            result.status, result.error_kind = "failed", "timeout"
-            result.error = f"timed out after {timeout:g} s; the worker was stopped"
+            live.start()
+            live.pump(block=True)
         except KeyboardInterrupt:
-            result.status, result.error_kind, result.error = "interrupted", "interrupted", "interrupted by the user"
+            live.fail("interrupted", "interrupted by the user", status="interrupted")
             raise
+        except TimeoutError:
+            live.fail("timeout", f"timed out after {live.timeout:g} s; the worker was stopped")
         except Exception as exc:  # a launcher that failed to start (engine missing, ...)
-            result.status, result.error_kind = "failed", getattr(exc, "kind", "unavailable")
-            result.error = str(exc) or type(exc).__name__
+            live.fail(getattr(exc, "kind", "unavailable"), str(exc) or type(exc).__name__)
         finally:
-            if launched is not None:
-                if launched.proc.poll() is None:
-                    launched.kill()
-                else:
-                    launched.close()
-            result.wall_s = time.monotonic() - t0
-            if not result.summary and result.samples:
-                from gpuvs import stats
+            live.finish()
+        return live.result
 
-                result.summary = stats.summarize_samples(result.samples)
-            self.store.finish_trial(result.trial_id, result.status, error=result.error, error_kind=result.error_kind,
-                                    exit_code=result.exit_code, fingerprint=result.fingerprint, config=result.config,
-                                    startup=result.startup, metrics=result.metrics, summary=result.summary)
-            if self.on_trial_end:
-                self.on_trial_end(result)
-        return result
+
+class LiveTrial:
+    """One trial in flight: its worker, its result so far, its row in the store. Several can be in
+    flight at once (sharing.py polls them without blocking)."""
+
+    def __init__(self, runner: Runner, spec: RunSpec, attempt: int = 0):
+        self.runner = runner
+        self.result = TrialResult(spec=spec)
+        self.attempt = attempt
+        self.timeout = spec.timeout_s or runner.timeout_s
+        self.launched = None
+        self.done = False
+        self._finished = False
+        self.t0 = time.monotonic()
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.timeout is None else self.t0 + self.timeout
+
+    def start(self) -> None:
+        spec = self.result.spec
+        self.result.trial_id = self.runner.store.begin_trial(spec, self.attempt)
+        self.t0 = time.monotonic()
+        self.launched = environments.get(spec.env).launch(spec)
+
+    def handle(self, line: str) -> None:
+        event = events.decode(line)
+        if event is None:
+            return
+        self.result.apply(event)
+        self.runner.store.add_event(self.result.trial_id, event)
+        if self.runner.on_event:
+            self.runner.on_event(self.result, event)
+
+    def pump(self, block: bool) -> bool:
+        """Handle the worker's lines: all of them (block) or those waiting now. True once the
+        worker's output has ended (its status is then settled). Raises TimeoutError past the deadline."""
+        assert self.launched is not None
+        if block:
+            for line in self.launched.read(self.deadline):
+                self.handle(line)
+        else:
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                raise TimeoutError
+            while True:
+                try:
+                    line = self.launched.lines.get_nowait()
+                except queue.Empty:
+                    return False
+                if line is None:
+                    break
+                self.handle(line)
+        self.settle()
+        return True
+
+    def settle(self) -> None:
+        r = self.result
+        r.exit_code = self.launched.wait(timeout=30)
+        self.done = True
+        if r.exit_code == 0 and not r.error:
+            r.status = "ok"
+        else:
+            r.status = "failed"
+            if not r.error:
+                tail = "\n".join(list(self.launched.stderr_tail)[-8:])
+                r.error_kind = "crash"
+                r.error = f"worker exited with status {r.exit_code}" + (f": {tail}" if tail else "")
+
+    def fail(self, kind: str, message: str, status: str = "failed") -> None:
+        r = self.result
+        r.status, r.error_kind, r.error = status, kind, message
+        self.done = True
+
+    def finish(self) -> None:
+        """Stop whatever is left of the worker and commit the trial (once)."""
+        if self._finished:
+            return
+        self._finished = True
+        r = self.result
+        launched = self.launched
+        if launched is not None:
+            if launched.proc.poll() is None:
+                launched.kill()
+            else:
+                launched.close()
+        r.wall_s = time.monotonic() - self.t0
+        if not r.summary and r.samples:
+            from gpuvs import stats
+
+            r.summary = stats.summarize_samples(r.samples)
+        if r.trial_id is not None:
+            self.runner.store.finish_trial(r.trial_id, r.status, error=r.error, error_kind=r.error_kind,
+                                           exit_code=r.exit_code, fingerprint=r.fingerprint, config=r.config,
+                                           startup=r.startup, metrics=r.metrics, summary=r.summary)
+        if self.runner.on_trial_end:
+            self.runner.on_trial_end(r)

@@ -95,6 +95,31 @@ class RunContext:
     def device(self) -> str:
         return self.spec.device
 
+    def start_window(self) -> None:
+        """Call right before the timed part. Under a start barrier (gpuvs share), report ready, wait
+        for every other worker, and open a measurement window of the agreed length."""
+        self._window_end = None
+        barrier = self.spec.barrier
+        if not barrier or self.rank != 0:
+            return
+        from gpuvs import barrier as b
+
+        b.arrive(barrier["dir"], barrier["name"])
+        start = b.wait_go(barrier["dir"], barrier.get("wait_s", 1800.0))
+        if barrier.get("window_s"):
+            import time
+
+            self._window_end = time.perf_counter() + (start + barrier["window_s"] - time.time())
+
+    def window_open(self) -> bool:
+        """False once the agreed window is over (always True without a barrier)."""
+        end = getattr(self, "_window_end", None)
+        if end is None:
+            return True
+        import time
+
+        return time.perf_counter() < end
+
 
 class Workload:
     """Subclass, set the class attributes, implement run(). Never print: yield events."""

@@ -192,35 +192,44 @@ class _CnnBase(Workload):
                                 f"{str(exc).splitlines()[0][:160]}") from None
 
     def timed(self, ctx: RunContext, step, data, cuda: bool) -> Iterator[dict[str, Any]]:
+        """Timed steps; samples are emitted at display steps. Under a start barrier the loop ends
+        when the shared window closes (--steps is then an upper bound)."""
         import torch
 
         p = ctx.params
         items = p["batch_size"] * ctx.world_size
         display = p["display_every"]
         durations: list[float] = []
+        ctx.start_window()
+        marks = []  # CUDA events of the current display chunk: its start, then one per step
         if cuda:
-            marks = [torch.cuda.Event(enable_timing=True) for _ in range(p["steps"] + 1)]
+            marks.append(torch.cuda.Event(enable_timing=True))
             marks[0].record()
         last = time.perf_counter()
-        first_unreported = 1
+        reported = 0
         for i in range(1, p["steps"] + 1):
             out = step(next(data))
             if cuda:
-                marks[i].record()
+                marks.append(torch.cuda.Event(enable_timing=True))
+                marks[-1].record()
             else:
                 now = time.perf_counter()
                 durations.append(now - last)
                 last = now
-            if i % display == 0 or i == p["steps"]:
+            closing = not ctx.window_open()
+            if i % display == 0 or i == p["steps"] or closing:
                 if cuda:
-                    marks[i].synchronize()
-                    durations.extend(marks[j - 1].elapsed_time(marks[j]) / 1000.0 for j in range(first_unreported, i + 1))
+                    marks[-1].synchronize()
+                    durations.extend(a.elapsed_time(b) / 1000.0 for a, b in zip(marks, marks[1:]))
+                    marks = marks[-1:]
                 loss = float(out) if out is not None else None
-                for j in range(first_unreported, i + 1):
+                for j in range(reported + 1, i + 1):
                     sec = durations[j - 1]
                     extra = {"loss": loss} if (j == i and loss is not None) else {}
                     yield events.sample(j, items / sec, self.unit, seconds=sec, items=items, **extra)
-                first_unreported = i + 1
+                reported = i
+            if closing:
+                break
         yield from self.final_metrics(durations)
 
     def final_metrics(self, durations: list[float]) -> Iterator[dict[str, Any]]:
