@@ -67,3 +67,13 @@ def param_table(w, title: str | None = None) -> Table:
     for p in w.params:
         t.add_row(p.option, "-" if p.default in (None, "") else str(p.default), p.describe_allowed(), p.help)
     return t
+
+
+class _Params:
+    def __init__(self, name, params):
+        self.name, self.summary, self.params = name, "", params
+
+
+def _Group_table(title: str, params) -> Table:
+    """The option table of a group of Params (run options, environment options, ...)."""
+    return param_table(_Params(title, params), title)

@@ -36,7 +36,7 @@ ENV_OPTIONS = (
     Param("shm_size", str, None, "container /dev/shm size, e.g. 1g (engines default to 64m)"),
     Param("ulimit", str, None, "container ulimit NAME=SOFT[:HARD], e.g. memlock=-1", multiple=True),
     Param("mount", str, None, "extra mount SRC:DST[:ro]", multiple=True),
-    Param("env_var", str, None, "environment variable KEY=VALUE inside the container", multiple=True),
+    Param("env_var", str, None, "environment variable KEY=VALUE for the worker", multiple=True),
     Param("network", bool, False, "give the container a network (off by default)"),
     Param("engine_arg", str, None, "extra argument passed to the engine's global options", multiple=True),
 )
@@ -111,8 +111,11 @@ def env_spec(opts: dict[str, Any]) -> EnvSpec:
     kind = opts.get("env") or "host"
     options = {k: v for k, v in opts.items() if k != "env" and v not in (None, [], False)}
     if kind == "host":
-        extra = [k for k in options if k != "gpus" or options[k] != "auto"]
+        extra = [k for k in options if k not in ("env_var", "gpus") or (k == "gpus" and options[k] != "auto")]
         if extra:
             raise UsageError(f"--{extra[0].replace('_', '-')} applies to --env container, not to the host")
-        options = {}
+        options = {k: v for k, v in options.items() if k == "env_var"}
+    for item in options.get("env_var") or []:
+        if "=" not in item or not item.split("=", 1)[0]:
+            raise UsageError(f"--env-var wants KEY=VALUE, got {item!r}")
     return EnvSpec(kind=kind, options=options)

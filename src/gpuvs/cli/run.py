@@ -11,7 +11,7 @@ from rich.console import Console
 from gpuvs import fingerprint, workloads
 from gpuvs.cli import app
 from gpuvs.cli import options as opt
-from gpuvs.cli.info import param_table
+from gpuvs.cli.info import _Group_table, param_table
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.report import terminal
 from gpuvs.runner import Arm, Experiment, Runner, TrialResult, validate_experiment
@@ -43,17 +43,21 @@ def resolve_device(device: str | None, env_kind: str, console: Console) -> str:
 def prepare(args: list[str], what: str, console: Console, extra_groups: tuple = (), positional: int = 1,
             help_fn=None) -> Prepared:
     """Parse `WORKLOAD [options]` into a checked base RunSpec and the run options."""
-    if not args or args[0] in ("--help", "-h"):
-        if help_fn:
-            help_fn(None)
-        raise typer.Exit(0)
-    workload = workloads.get(args[0])
+    at = _workload_position(args, (opt.RUN_OPTIONS, opt.ENV_OPTIONS) + tuple(extra_groups))
+    if at is None:
+        if "--help" in args or "-h" in args or not args:
+            if help_fn:
+                help_fn(None)
+            raise typer.Exit(0)
+        raise UsageError(f"{what} needs a workload; known workloads: {', '.join(workloads.names())}")
+    workload = workloads.get(args[at])
     if "--help" in args or "-h" in args:
         if help_fn:
             help_fn(workload)
         raise typer.Exit(0)
     groups = (opt.RUN_OPTIONS, opt.ENV_OPTIONS, workload.params) + tuple(extra_groups)
-    positionals, values = opt.parse(args[1:], groups, positional=positional - 1, what=f"{what} {workload.name}")
+    positionals, values = opt.parse(args[:at] + args[at + 1:], groups, positional=positional - 1,
+                                    what=f"{what} {workload.name}")
     run = opt.take(values, opt.RUN_OPTIONS)
     env = opt.env_spec(opt.take(values, opt.ENV_OPTIONS))
     given = {p.name: values.pop(p.name) for p in workload.params if p.name in values}
@@ -69,6 +73,20 @@ def prepare(args: list[str], what: str, console: Console, extra_groups: tuple = 
     return Prepared(workload, base, run, {**values, "_positionals": positionals})
 
 
+def _workload_position(args: list[str], groups) -> int | None:
+    """Index of the workload name: the first word that is neither an option nor an option's value."""
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if not tok.startswith("-"):
+            return i
+        p = opt.find(groups, tok.partition("=")[0])
+        if p is not None and p.type is not bool and "=" not in tok:
+            i += 1
+        i += 1
+    return None
+
+
 def run_help(workload) -> None:
     console = Console(markup=False, highlight=False)
     console.print("usage: gpuvs run WORKLOAD [workload options] [run options] [environment options]")
@@ -76,13 +94,8 @@ def run_help(workload) -> None:
         console.print(f"workloads: {', '.join(workloads.names())}  (gpuvs workloads NAME shows one's options)")
     else:
         console.print(param_table(workload))
-    console.print(param_table(_Group("run options", opt.RUN_OPTIONS), "run options"))
-    console.print(param_table(_Group("environment options", opt.ENV_OPTIONS), "environment options"))
-
-
-class _Group:
-    def __init__(self, name, params):
-        self.name, self.summary, self.params = name, "", params
+    console.print(_Group_table("run options", opt.RUN_OPTIONS))
+    console.print(_Group_table("environment options", opt.ENV_OPTIONS))
 
 
 def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,

@@ -26,4 +26,5 @@ class HostEnvironment(Environment):
     def launch(self, spec: RunSpec) -> Launched:
         spec.launched_at = time.time()
         python = self.options.get("python") or sys.executable
-        return Launched([python, "-m", "gpuvs.worker"], env=worker_env(spec))
+        extra = dict(item.split("=", 1) for item in self.options.get("env_var") or [])
+        return Launched([python, "-m", "gpuvs.worker"], env=worker_env(spec, extra))

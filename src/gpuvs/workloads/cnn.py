@@ -51,6 +51,7 @@ class _CnnBase(Workload):
     unit = "images/sec"
     cpu_defaults = {"batch_size": 8, "steps": 20, "warmup_steps": 2, "display_every": 5}
     multi_gpu = True
+    windowed = True
     requires = ("torch", "torchvision")
     training = True
 

@@ -20,8 +20,9 @@ class SelfTest(Workload):
     name = "selftest"
     summary = "harness self-check: timed sleeps (timeouts, kills, clean-up, stray output)"
     unit = "steps/sec"
+    windowed = True
     params = (
-        Param("steps", int, 5, "timed steps", min=1, max=1_000_000),
+        Param("steps", int, 5, "timed steps", min=1, max=10_000_000),
         Param("step_seconds", float, 0.01, "sleep per step", min=0.0, max=3600.0),
         Param("children", int, 0, "child processes to start (each sleeps until killed)", min=0, max=16),
         Param("noise", bool, False, "print junk to standard output and error on every step"),
@@ -39,7 +40,10 @@ class SelfTest(Workload):
             yield events.log("children " + " ".join(str(k.pid) for k in kids))
         if p["text"]:
             yield events.log(f"text {p['text']}")
+        ctx.start_window()
         for step in range(1, p["steps"] + 1):
+            if not ctx.window_open():
+                break
             if p["noise"]:
                 print('{"type": "sample", "not": "from gpuvs"} junk on stdout', flush=True)
                 print("junk on stderr", file=sys.stderr, flush=True)
