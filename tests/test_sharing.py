@@ -143,3 +143,23 @@ def test_mps_refuses_when_another_daemon_runs(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_ctrl_c_during_a_shared_window_stops_every_worker(tmp_path):
+    from conftest import gpuvs_env
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "gpuvs", "share", "selftest", "--workers", "2", "--duration", "60",
+                             "--children", "1"], cwd=tmp_path, env=gpuvs_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and "1 worker" not in (proc.stdout.readline() or ""):
+        pass
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm, status FROM trials").fetchall()
+    assert rows == [("1 worker", "interrupted")]
+    time.sleep(0.5)
+    assert gpuvs_processes() == []

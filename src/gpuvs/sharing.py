@@ -172,6 +172,9 @@ class Coordinator:
                         lv.fail("stopped", "stopped: another worker of its group failed before the start")
             else:
                 self._run_window(group, lives, folder, daemon)
+        except KeyboardInterrupt:
+            _interrupted(lives)
+            raise
         finally:
             for lv in lives:
                 lv.finish()
@@ -216,6 +219,9 @@ class Coordinator:
                 self._run_window(group, lives, folder, daemon)
                 if sink and group.telemetry:
                     group.memory_used_mib = max(group.memory_used_mib or 0, group.telemetry.get("mem_used_mib_max") or 0)
+        except KeyboardInterrupt:
+            _interrupted(lives)
+            raise
         finally:
             for lv in lives:
                 lv.finish()
@@ -226,6 +232,12 @@ class Coordinator:
             shutil.rmtree(folder, ignore_errors=True)
         group.trials = [lv.result for lv in lives]
         return group, failed
+
+
+def _interrupted(lives: list[LiveTrial]) -> None:
+    for lv in lives:
+        if not lv.done:
+            lv.fail("interrupted", "interrupted by the user", status="interrupted")
 
 
 def gpu_memory_total_mib(device: str) -> float | None:
