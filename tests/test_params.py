@@ -57,7 +57,8 @@ def test_option_parser_forms_and_errors():
     groups = (opt.RUN_OPTIONS, opt.ENV_OPTIONS, w.params)
     pos, values = opt.parse(["--batch-size", "8", "--model=vgg16", "--quiet", "--ulimit", "a=1", "--ulimit=b=2"],
                             groups, positional=0)
-    assert pos == [] and values == {"batch_size": "8", "model": "vgg16", "quiet": "true", "ulimit": ["a=1", "b=2"]}
+    assert pos == [] and {p.name: v for p, v in values.items()} == {
+        "batch_size": "8", "model": "vgg16", "quiet": "true", "ulimit": ["a=1", "b=2"]}
     with pytest.raises(UsageError, match="unknown option --nope .* options: .*--batch-size"):
         opt.parse(["--nope", "1"], groups, positional=0)
     with pytest.raises(UsageError, match="--steps needs a value"):

@@ -163,3 +163,17 @@ def test_ctrl_c_during_a_shared_window_stops_every_worker(tmp_path):
     assert rows == [("1 worker", "interrupted")]
     time.sleep(0.5)
     assert gpuvs_processes() == []
+
+
+def test_share_workers_is_the_job_count_and_data_workers_reaches_the_cnn():
+    from rich.console import Console
+    from gpuvs.cli.run import prepare
+    from gpuvs.cli.share import SHARE_OPTIONS
+
+    prep = prepare(["cnn-train", "--workers", "1,2,4", "--data-workers", "3", "--device", "cpu"], "gpuvs share",
+                   Console(file=open(os.devnull, "w")), extra_groups=(SHARE_OPTIONS,))
+    from gpuvs.cli import options as opt
+
+    assert opt.take(prep.rest, SHARE_OPTIONS)["workers"] == "1,2,4" and prep.base.params["workers"] == 3
+    prep = prepare(["cnn-train", "--workers", "2", "--device", "cpu"], "gpuvs run", Console(file=open(os.devnull, "w")))
+    assert prep.base.params["workers"] == 2

@@ -36,6 +36,8 @@ def mps_processes(pipe_dir: str | None = None) -> list[int]:
         if not d.name.isdigit():
             continue
         try:
+            if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # a zombie left for a parent that does not reap: not running
             comm = (d / "comm").read_text().strip()
             if comm not in ("nvidia-cuda-mps", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server") and \
                     not comm.startswith("nvidia-cuda-mps"):

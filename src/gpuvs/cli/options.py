@@ -46,17 +46,17 @@ def find(groups: Sequence[Sequence[Param]], option: str) -> Param | None:
     name = option.lstrip("-").replace("-", "_")
     for group in groups:
         for p in group:
-            if p.name == name:
+            if p.named(name):
                 return p
     return None
 
 
 def parse(args: list[str], groups: Sequence[Sequence[Param]], positional: int = 1,
-          what: str = "this command") -> tuple[list[str], dict[str, Any]]:
-    """Split args into positionals (at most `positional`) and raw option values by name.
-    Values are checked later, by the Param that owns them."""
+          what: str = "this command") -> tuple[list[str], dict[Param, Any]]:
+    """Split args into positionals (at most `positional`) and raw option values keyed by the Param
+    that owns them (the first group that knows a name wins). Values are checked later, by that Param."""
     positionals: list[str] = []
-    values: dict[str, Any] = {}
+    values: dict[Param, Any] = {}
     i = 0
     while i < len(args):
         tok = args[i]
@@ -77,9 +77,9 @@ def parse(args: list[str], groups: Sequence[Sequence[Param]], positional: int = 
                 i += 1
                 val = args[i]
             if p.multiple:
-                values.setdefault(p.name, []).append(val)
+                values.setdefault(p, []).append(val)
             else:
-                values[p.name] = val
+                values[p] = val
         elif tok.startswith("-") and len(tok) > 1 and not _is_number(tok):
             raise UsageError(f"unknown option {tok} for {what} (options are spelled --name value)")
         else:
@@ -98,12 +98,14 @@ def _is_number(tok: str) -> bool:
         return False
 
 
-def take(values: dict[str, Any], group: Sequence[Param]) -> dict[str, Any]:
-    """Checked values of one group (defaults filled), removing them from `values`."""
-    out = {}
-    for p in group:
-        out[p.name] = p.coerce(values.pop(p.name)) if p.name in values else p.default
-    return out
+def take(values: dict[Param, Any], group: Sequence[Param]) -> dict[str, Any]:
+    """Checked values of one group by name (defaults filled), removing them from `values`."""
+    return {p.name: p.coerce(values.pop(p)) if p in values else p.default for p in group}
+
+
+def raw(values: dict[Param, Any], group: Sequence[Param]) -> dict[str, Any]:
+    """Unchecked values of one group by name (only those given), removing them from `values`."""
+    return {p.name: values.pop(p) for p in group if p in values}
 
 
 def env_spec(opts: dict[str, Any]) -> EnvSpec:

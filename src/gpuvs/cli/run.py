@@ -26,7 +26,8 @@ class Prepared:
     workload: workloads.Workload
     base: RunSpec
     run: dict[str, Any]
-    rest: dict[str, Any]  # options not claimed by any group (a command's own)
+    rest: dict[Any, Any]  # raw values of the command's own option groups, by Param (see options.take)
+    positionals: list[str]
 
 
 def resolve_device(device: str | None, env_kind: str, console: Console) -> str:
@@ -55,12 +56,15 @@ def prepare(args: list[str], what: str, console: Console, extra_groups: tuple = 
         if help_fn:
             help_fn(workload)
         raise typer.Exit(0)
-    groups = (opt.RUN_OPTIONS, opt.ENV_OPTIONS, workload.params) + tuple(extra_groups)
+    # a command's own options come before the workload's, so they win where names clash
+    # (gpuvs share --workers is the number of jobs; the CNN's DataLoader workers are --data-workers there)
+    groups = (opt.RUN_OPTIONS, opt.ENV_OPTIONS) + tuple(extra_groups) + (workload.params,)
     positionals, values = opt.parse(args[:at] + args[at + 1:], groups, positional=positional - 1,
                                     what=f"{what} {workload.name}")
     run = opt.take(values, opt.RUN_OPTIONS)
     env = opt.env_spec(opt.take(values, opt.ENV_OPTIONS))
-    given = {p.name: values.pop(p.name) for p in workload.params if p.name in values}
+    own = {p: values.pop(p) for g in extra_groups for p in g if p in values}
+    given = opt.raw(values, workload.params)
     device = resolve_device(run["device"], env.kind, console)
     params = workload.validate(given, device)  # refuse bad values now, with the option's name
     cpu_filled = {k: v for k, v in workload.cpu_defaults.items() if k not in given}
@@ -70,7 +74,7 @@ def prepare(args: list[str], what: str, console: Console, extra_groups: tuple = 
                       style="yellow")
     base = RunSpec(workload=workload.name, params=params, device=device, num_gpus=run["num_gpus"], env=env,
                    telemetry_interval_s=run["telemetry_interval"], timeout_s=run["timeout"])
-    return Prepared(workload, base, run, {**values, "_positionals": positionals})
+    return Prepared(workload, base, run, own, positionals)
 
 
 def _workload_position(args: list[str], groups) -> int | None:
@@ -140,8 +144,8 @@ def run(ctx: typer.Context) -> None:
     """Run a workload: gpuvs run WORKLOAD [--option value ...]  (gpuvs run WORKLOAD --help lists options)."""
     console = Console(markup=False, highlight=False)
     prep = prepare(list(ctx.args), "gpuvs run", console, help_fn=run_help)
-    if prep.rest.get("_positionals"):
-        raise UsageError(f"unexpected argument {prep.rest['_positionals'][0]!r}")
+    if prep.positionals:
+        raise UsageError(f"unexpected argument {prep.positionals[0]!r}")
     run_opts = prep.run
     exp = Experiment(name=run_opts["name"] or prep.workload.name, base=prep.base, arms=[Arm("default")],
                      trials=run_opts["trials"], seed=run_opts["seed"], kind="run")

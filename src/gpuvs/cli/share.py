@@ -56,7 +56,7 @@ def job_spec(text: str, base: RunSpec) -> RunSpec:
     w = workloads.get(args[0])
     _, values = opt.parse(args[1:], (w.params,), positional=0, what=f"--with {w.name}")
     spec = copy.deepcopy(base)
-    spec.workload, spec.params = w.name, w.validate(values, base.device)
+    spec.workload, spec.params = w.name, w.validate(opt.raw(values, w.params), base.device)
     return spec
 
 

@@ -21,6 +21,10 @@ class Param:
     min: float | None = None
     max: float | None = None
     multiple: bool = False  # may be given more than once; the value is a list
+    aliases: tuple[str, ...] = ()  # other names that reach this parameter
+
+    def named(self, name: str) -> bool:
+        return name == self.name or name in self.aliases
 
     @property
     def option(self) -> str:
@@ -140,7 +144,7 @@ class Workload:
 
     def param(self, name: str) -> Param:
         for p in self.params:
-            if p.name == name:
+            if p.named(name):
                 return p
         raise UsageError(f"{self.name} has no parameter {name!r}; it takes: {self.param_list()}")
 

@@ -42,7 +42,8 @@ COMMON = (
     Param("image_size", int, 0, "input height and width (0: the model's own, 224 or 299)", min=0, max=2048),
     Param("num_classes", int, 1000, "output classes", min=2, max=1_000_000),
     Param("data_dir", str, "", "ImageFolder data set (class folders of images); empty: synthetic data"),
-    Param("workers", int, 4, "DataLoader worker processes (with --data-dir)", min=0, max=256),
+    Param("workers", int, 4, "DataLoader worker processes (with --data-dir); also --data-workers", min=0, max=256,
+          aliases=("data_workers",)),
     Param("seed", int, 0, "random seed of weights and synthetic data", min=0),
 )
 
