@@ -75,7 +75,7 @@ def test_container_run_limits_seen_inside_and_spec_never_through_a_shell(cli, tm
     evil = f'''a "b" 'c'; touch {box}/semi $(touch {box}/dollar) `touch {box}/tick` && touch {box}/and'''
     r = cli("run", "selftest", "--env", "container", "--rootfs", "/:O", "--steps", "3", "--text", evil,
             "--cpus", "1", "--memory", "256m", "--shm-size", "128m", "--mount", f"{box}:{box}",
-            "--env-var", "GPUVS_TEST_VAR=x y;z")
+            "--env-var", "GPUVS_TEST_VAR=x y;z", "--ulimit", "stack=4194304:4194304", "--device", "cpu")
     assert r.returncode == 0, r.stdout + r.stderr
     assert " ".join(f"text {evil}".split()) in " ".join(r.stdout.split())  # echoed back verbatim...
     assert list(box.iterdir()) == []  # ...and nothing in it ran, though the folder was writable inside
@@ -83,7 +83,7 @@ def test_container_run_limits_seen_inside_and_spec_never_through_a_shell(cli, tm
     fp, startup = json.loads(row[0]), json.loads(row[1])
     assert row[2] == "ok" and fp["in_container"] and fp["pid"] == 1 and fp["container_image"] == "rootfs:/:O"
     assert fp["limits"]["cpu_limit"] == 1.0 and fp["limits"]["memory_limit_mib"] == 256
-    assert fp["limits"]["shm_mib"] == 128
+    assert fp["limits"]["shm_mib"] == 128 and fp["limits"]["rlimits"]["stack"] == [4194304, 4194304]
     assert 0 < startup["launch_to_worker_s"] < startup["launch_to_exit_s"]
 
 

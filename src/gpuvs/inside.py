@@ -69,7 +69,6 @@ def gpu_check() -> dict[str, Any]:
 def probe() -> dict[str, Any]:
     """Everything `gpuvs doctor` shows about the inside of a container."""
     import platform
-    import resource
 
     out: dict[str, Any] = {"python": platform.python_version(), "executable": sys.executable, "modules": {}}
     for name in ("numpy", "torch", "torchvision", "pynvml"):
@@ -93,17 +92,11 @@ def probe() -> dict[str, Any]:
         out["gpu"]["torch_cuda"] = bool(torch.cuda.is_available())
         if out["gpu"]["torch_cuda"]:
             out["gpu"]["torch_devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    try:
-        from gpuvs import fingerprint
+    from gpuvs import fingerprint  # standard library only
 
-        out["limits"] = fingerprint.cgroup_limits()
-        out["container"] = fingerprint.container_info()
-    except Exception as exc:  # numpy-free, but be safe
-        out["limits_error"] = str(exc)
-    out["rlimits"] = {}
-    for name in ("nofile", "nproc", "memlock", "stack"):
-        soft, hard = resource.getrlimit(getattr(resource, f"RLIMIT_{name.upper()}"))
-        out["rlimits"][name] = [None if v == resource.RLIM_INFINITY else v for v in (soft, hard)]
+    out["limits"] = fingerprint.cgroup_limits()
+    out["container"] = fingerprint.container_info()
+    out["rlimits"] = fingerprint.rlimits()
     out["env"] = {k: os.environ.get(k) for k in ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
     return out
 

@@ -50,10 +50,13 @@ class Launched:
         for line in self.proc.stdout:
             self.lines.put(line)
             self.observe(line)
-        code = self.proc.wait()
-        self._threads[1].join(timeout=5)  # the whole stderr tail, for after_exit
-        for line in self.after_exit(code):
-            self.lines.put(line)
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # output closed, process alive: the runner's wait reports it
+            code = None
+        if code is not None:
+            for line in self.after_exit(code):
+                self.lines.put(line)
         self.lines.put(None)
 
     def observe(self, line: str) -> None:

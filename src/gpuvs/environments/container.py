@@ -179,6 +179,7 @@ class ContainerLaunched(Launched):
     def after_exit(self, code: int) -> list[str]:
         lines = super().after_exit(code)
         if code != 0 and not self._saw_error:
+            self._threads[1].join(timeout=5)  # the engine's whole message
             found = self._explain(code, list(self.stderr_tail))
             if found:
                 lines.append(events.encode(events.error(*found)) + "\n")
@@ -243,7 +244,7 @@ class ContainerEnvironment(Environment):
         return f"gpuvs-{spec.run_id}"
 
     def command(self, spec: RunSpec, entry: tuple[str, ...] = ("-m", "gpuvs.inside")) -> tuple[list[str], dict]:
-        """(argv, environment of the engine process) for one run. The spec travels in the environment."""
+        """(argv, environment of the engine process) for one run; start() adds the spec to that environment."""
         s = self.settings
         eng = self.engine()
         gpu = self.gpu_plan(spec, eng)
@@ -290,9 +291,7 @@ class ContainerEnvironment(Environment):
         args += ["-e", "GPUVS_SPEC"]  # the value comes from the engine's environment, not from argv
         args += ["--rootfs", s.rootfs] if s.rootfs else [s.image]
         args += [self.python(), *entry]
-        env = dict(os.environ)
-        env["GPUVS_SPEC"] = spec.to_json()
-        return eng.argv(*args), env
+        return eng.argv(*args), dict(os.environ)
 
     # -- running it --------------------------------------------------------------------------
 
@@ -300,8 +299,9 @@ class ContainerEnvironment(Environment):
         return self.start(spec)
 
     def start(self, spec: RunSpec, entry: tuple[str, ...] = ("-m", "gpuvs.inside")) -> ContainerLaunched:
-        spec.launched_at = time.time()
         argv, env = self.command(spec, entry)
+        spec.launched_at = time.time()  # after gpuvs's own preparation: the clock counts the engine's work
+        env["GPUVS_SPEC"] = spec.to_json()
         name = self.container_name(spec)
         return ContainerLaunched(argv, env, on_kill=lambda: self.remove(name),
                                  explain=lambda code, tail: self.explain(code, tail))
