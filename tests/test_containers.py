@@ -240,6 +240,20 @@ def test_a_container_without_python_is_a_failed_trial_naming_it(cli, tmp_path):
         podman("rmi", "-f", image)
 
 
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="needs the distribution's Python")
+def test_a_python_without_the_modules_gpuvs_needs_is_named(store_path):
+    # Debian's /usr/bin/python3 (numpy and torch live in another interpreter here): a Python without numpy
+    bare = subprocess.run(["/usr/bin/python3", "-c", "import numpy"], capture_output=True).returncode != 0
+    spec = RunSpec(workload="selftest", device="cpu", env=EnvSpec("container", {**OVERLAY, "python": "/usr/bin/python3"}))
+    with Store(store_path) as st:
+        res = Runner(st).run_trial(spec)
+    if bare:
+        assert res.status == "failed" and res.error_kind == "unavailable"
+        assert res.error.startswith("No module named 'numpy' (python 3.") and "/usr/bin/python3" in res.error
+    else:
+        assert res.ok, res.error
+
+
 def test_doctor_reports_what_the_container_sees_and_what_is_missing(cli, tmp_path):
     r = cli("doctor", "--env", "container", "--rootfs", "/:O", "--device", "cpu", "--cpus", "1", "--shm-size", "96m")
     flat = " ".join(r.stdout.split())

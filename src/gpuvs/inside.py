@@ -106,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--probe"]:
         print(json.dumps(probe(), default=str))
         return 0
+    if sys.version_info < (3, 10):
+        message = (f"the container's Python is {sys.version.split()[0]} ({sys.executable}); gpuvs needs 3.10 or "
+                   "newer inside: use another image, or --python PATH")
+        print(json.dumps({"type": "error", "kind": "unavailable", "message": message}), flush=True)
+        return 4
     keep = os.dup(1)  # the protocol stream; the worker sends fd 1 to stderr
     from gpuvs import worker
 

@@ -319,7 +319,7 @@ class ContainerEnvironment(Environment):
         """A plain (kind, message) for an engine failure the worker could not report itself."""
         s = self.settings
         text = "\n".join(tail)
-        errline = engines._first_error(text) if text.strip() else f"exit status {code}"
+        errline = engines.first_error(text) if text.strip() else f"exit status {code}"
         low = text.lower()
         python = self.python()
         if code == 127 or "executable file not found" in low or (

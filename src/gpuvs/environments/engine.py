@@ -110,7 +110,7 @@ def detect(name: str | None = None, engine_args: list[str] | None = None) -> Eng
     return _CACHE[key]
 
 
-def _first_error(text: str) -> str:
+def first_error(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for ln in lines:
         if ln.lower().startswith(("error", "cannot connect")):
@@ -130,7 +130,7 @@ def _run(engine: Engine, *args: str) -> subprocess.CompletedProcess:
 def _probe_docker(engine: Engine) -> None:
     r = _run(engine, "version", "--format", "{{json .Server}}")
     if r.returncode != 0 or r.stdout.strip() in ("", "null"):
-        err = _first_error(r.stderr or r.stdout)
+        err = first_error(r.stderr or r.stdout)
         if "cannot connect" in err.lower() or "is the docker daemon running" in err.lower():
             raise EnvironmentUnavailable(f"docker is installed but its daemon is not running ({err}): start it, "
                                          "or use --engine podman")
@@ -148,7 +148,7 @@ def _probe_docker(engine: Engine) -> None:
 def _probe_podman(engine: Engine) -> None:
     r = _run(engine, "info", "--format", "json")
     if r.returncode != 0:
-        err = _first_error(r.stderr or r.stdout)
+        err = first_error(r.stderr or r.stdout)
         if "connect" in err.lower():
             raise EnvironmentUnavailable(f"podman is not running or not reachable ({err})")
         raise EnvironmentUnavailable(f"podman does not work here: {err}")
@@ -258,7 +258,7 @@ def image_env(engine: Engine, image: str) -> dict[str, str]:
     r = _run(engine, "image", "inspect", "--format", "{{json .Config.Env}}", image)
     if r.returncode != 0:
         raise EnvironmentUnavailable(f"image {image} is not present in {engine.name}'s local storage "
-                                     f"({_first_error(r.stderr or r.stdout)}); pull it first: "
+                                     f"({first_error(r.stderr or r.stdout)}); pull it first: "
                                      f"{engine.name} pull {image}")
     env: dict[str, str] = {}
     try:
