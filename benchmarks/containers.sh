@@ -165,8 +165,10 @@ def ci(v):
 def diff(a, b):
     if len(a) < 2 or len(b) < 2:
         return "-"
-    r = st.ttest_ind(b, a, equal_var=False)
-    lo, hi = r.confidence_interval(0.95)
+    try:
+        lo, hi = st.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)
+    except (AttributeError, TypeError):  # scipy < 1.11
+        lo = hi = float("nan")
     return f"{np.mean(b) - np.mean(a):+.4g} [{lo:+.4g}, {hi:+.4g}] (ratio {np.mean(b) / np.mean(a):.4f})"
 names = list(arms)
 print(f"\n| arm | trials ok | {arms[names[0]]['series']} ({arms[names[0]]['unit']}), mean [95% CI] | "
