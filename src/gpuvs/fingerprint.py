@@ -72,6 +72,17 @@ def cgroup_limits(root: str = "/sys/fs/cgroup") -> dict[str, Any]:
     return out
 
 
+def rlimits(names: tuple[str, ...] = ("nofile", "nproc", "memlock", "stack")) -> dict[str, list[int | None]]:
+    """This process's ulimits, [soft, hard], None = unlimited (a container's --ulimit shows here)."""
+    import resource
+
+    out = {}
+    for name in names:
+        soft, hard = resource.getrlimit(getattr(resource, f"RLIMIT_{name.upper()}"))
+        out[name] = [None if v == resource.RLIM_INFINITY else v for v in (soft, hard)]
+    return out
+
+
 def container_info() -> dict[str, Any]:
     out: dict[str, Any] = {"in_container": False}
     containerenv = _read("/run/.containerenv")
@@ -169,6 +180,7 @@ def take(import_torch: bool = True) -> dict[str, Any]:
                           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid()}
     fp.update(cpu_info())
     fp["limits"] = cgroup_limits()
+    fp["limits"]["rlimits"] = rlimits()
     fp.update(container_info())
     fp.update(nvml_info())
     fp.update(framework_info(import_torch))

@@ -13,7 +13,7 @@ from gpuvs.errors import UsageError
 # EnvSpec.options keys (the environment options of the CLI, see cli/options.py). An arm or an
 # experiment file that sets one of these changes where the worker runs, not what it runs.
 ENV_KEYS = ("engine", "image", "rootfs", "gpus", "cpus", "memory", "shm_size", "ulimit", "mount", "env_var",
-            "network", "engine_arg", "mps")
+            "network", "engine_arg", "python", "mps")
 
 
 @dataclass

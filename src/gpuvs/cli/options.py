@@ -39,6 +39,8 @@ ENV_OPTIONS = (
     Param("env_var", str, None, "environment variable KEY=VALUE for the worker", multiple=True),
     Param("network", bool, False, "give the container a network (off by default)"),
     Param("engine_arg", str, None, "extra argument passed to the engine's global options", multiple=True),
+    Param("python", str, None, "Python interpreter inside the container (default: python3; with --rootfs "
+          "over this host, the one gpuvs runs under)"),
 )
 
 

@@ -33,7 +33,7 @@ class Prepared:
 def resolve_device(device: str | None, env_kind: str, console: Console) -> str:
     if device:
         return device
-    if env_kind == "host" and fingerprint.gpu_count() == 0:
+    if env_kind in ("host", "container") and fingerprint.gpu_count() == 0:  # engines run here
         console.print("note: no NVIDIA GPU found here; running on the CPU (--device cpu). "
                       "CPU figures from a shared machine are not GPU performance claims.", style="yellow",
                       highlight=False)

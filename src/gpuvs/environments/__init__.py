@@ -14,6 +14,7 @@ __all__ = ["Environment", "Launched", "get", "KINDS"]
 # kind -> "module:Class"
 KINDS: dict[str, str] = {
     "host": "gpuvs.environments.host:HostEnvironment",
+    "container": "gpuvs.environments.container:ContainerEnvironment",
 }
 
 

@@ -30,6 +30,7 @@ class Launched:
                  on_kill: Callable[[], None] | None = None, cwd: str | None = None):
         self.argv = argv
         self.on_kill = on_kill
+        self.started_at = time.time()
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env=env, cwd=cwd, text=True, bufsize=1, start_new_session=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -48,7 +49,25 @@ class Launched:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.put(line)
+            self.observe(line)
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # output closed, process alive: the runner's wait reports it
+            code = None
+        if code is not None:
+            for line in self.after_exit(code):
+                self.lines.put(line)
         self.lines.put(None)
+
+    def observe(self, line: str) -> None:
+        """Called with every line of the worker's standard output (launchers may watch for events)."""
+
+    def after_exit(self, code: int) -> list[str]:
+        """Protocol lines added once the process has exited: the total wall time of the trial's process,
+        launch to exit (what a user waits for a short job, start-up and teardown included)."""
+        from gpuvs import events
+
+        return [events.encode(events.startup("launch_to_exit_s", time.time() - self.started_at)) + "\n"]
 
     def _pump_err(self) -> None:
         assert self.proc.stderr is not None

@@ -1,0 +1,338 @@
+"""The container environment: the same worker, started by a real engine (podman or docker).
+
+gpuvs reaches the container without rebuilding the image: its package folder is mounted read-only
+at /opt/gpuvs/gpuvs and PYTHONPATH points there; the run spec goes in as the GPUVS_SPEC environment
+variable, handed to the engine through its own environment (`-e GPUVS_SPEC`), never through a
+shell. Every container is named gpuvs-<run_id>, labelled gpuvs=1, started with --rm, and removed
+with `rm -f` on every exit path (success, failure, timeout, Ctrl-C). Never --privileged, no added
+capabilities, --network none unless --network is given."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gpuvs
+from gpuvs import events
+from gpuvs.environments import engine as engines
+from gpuvs.environments import gpu_access
+from gpuvs.environments.base import Environment, Launched
+from gpuvs.errors import UsageError
+from gpuvs.spec import RunSpec, device_kind
+
+PKG_INSIDE = "/opt/gpuvs"  # PYTHONPATH inside; the package is mounted at PKG_INSIDE/gpuvs
+LABEL = "gpuvs"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.I)
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MOUNT_OPTS = {"ro", "rw", "z", "Z", "O", "U", "rshared", "rslave", "rprivate", "shared", "slave", "private",
+               "nosuid", "nodev", "noexec", "suid", "dev", "exec", "consistent", "cached", "delegated"}
+
+
+def _as_list(value: Any) -> list[str]:
+    if value in (None, "", False):
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("1", "true", "yes", "on"):
+        return True
+    if str(value).lower() in ("0", "false", "no", "off", "", "none"):
+        return False
+    raise UsageError(f"--{name}: {value!r} is not allowed; expected true or false")
+
+
+@dataclass
+class Settings:
+    """The container options of one run, checked."""
+
+    engine: str | None = None
+    image: str | None = None
+    rootfs: str | None = None  # as given (DIR or DIR:O)
+    gpus: str = "auto"
+    cpus: float | None = None
+    memory: str | None = None
+    shm_size: str | None = None
+    ulimits: dict[str, str] = field(default_factory=dict)  # name -> "SOFT[:HARD]"
+    mounts: list[str] = field(default_factory=list)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    network: bool = False
+    engine_args: list[str] = field(default_factory=list)
+    python: str | None = None
+
+    @property
+    def rootfs_dir(self) -> str | None:
+        if not self.rootfs:
+            return None
+        path, sep, opts = self.rootfs.rpartition(":")
+        return path if sep and opts and set(opts.split(",")) <= {"O", "idmap"} else self.rootfs
+
+    def where(self) -> str:
+        return f"image {self.image}" if self.image else f"rootfs {self.rootfs}"
+
+
+def parse_options(options: dict[str, Any]) -> Settings:
+    """Check every container option (from the command line or an experiment file) before anything starts."""
+    s = Settings(engine=options.get("engine") or None, image=options.get("image") or None,
+                 rootfs=options.get("rootfs") or None, python=options.get("python") or None)
+    if s.image and s.rootfs:
+        raise UsageError("give --image or --rootfs, not both")
+    if not s.image and not s.rootfs:
+        raise UsageError("--env container needs --image IMAGE (with Python and the framework) "
+                         "or --rootfs DIR[:O] (podman; /:O is an overlay of this host's root)")
+    if s.rootfs and not os.path.isdir(s.rootfs_dir or ""):
+        raise UsageError(f"--rootfs {s.rootfs}: {s.rootfs_dir} is not a folder")
+    s.gpus = str(options.get("gpus") or "auto")
+    if s.gpus not in gpu_access.MODES:
+        raise UsageError(f"--gpus: {s.gpus!r} is not allowed; expected one of {', '.join(gpu_access.MODES)}")
+    if options.get("cpus") not in (None, ""):
+        try:
+            s.cpus = float(options["cpus"])
+        except (TypeError, ValueError):
+            raise UsageError(f"--cpus: {options['cpus']!r} is not a number") from None
+        if s.cpus <= 0:
+            raise UsageError(f"--cpus must be positive, got {options['cpus']}")
+        if s.cpus > (os.cpu_count() or 1):
+            raise UsageError(f"--cpus {options['cpus']:g} is more than the {os.cpu_count()} CPUs of this host")
+    for key in ("memory", "shm_size"):
+        value = options.get(key)
+        if value not in (None, ""):
+            if not _SIZE.match(str(value)):
+                raise UsageError(f"--{key.replace('_', '-')}: {value!r} is not a size; expected e.g. 256m, 4g")
+            setattr(s, key, str(value))
+    for item in _as_list(options.get("ulimit")):
+        s.ulimits.update([_ulimit(item)])
+    for item in _as_list(options.get("mount")):
+        s.mounts.append(_mount(item))
+    for item in _as_list(options.get("env_var")):
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_KEY.match(key):
+            raise UsageError(f"--env-var: expected KEY=VALUE, got {item!r}")
+        if key == "GPUVS_SPEC":
+            raise UsageError("--env-var GPUVS_SPEC: gpuvs sets the run spec itself")
+        s.env_vars[key] = value
+    s.network = _bool("network", options.get("network", False))
+    s.engine_args = _as_list(options.get("engine_arg"))
+    return s
+
+
+def _ulimit(item: str) -> tuple[str, str]:
+    name, sep, value = item.partition("=")
+    name = name.strip()
+    if not sep or name not in engines.RLIMITS:
+        raise UsageError(f"--ulimit: expected NAME=SOFT[:HARD] with NAME one of {', '.join(engines.RLIMITS)}, "
+                         f"got {item!r}")
+    parts = value.split(":")
+    if len(parts) > 2 or not all(re.fullmatch(r"-1|\d+|unlimited", p) for p in parts):
+        raise UsageError(f"--ulimit {item}: limits are integers, -1 or unlimited (SOFT or SOFT:HARD)")
+    nums = [-1 if p in ("-1", "unlimited") else int(p) for p in parts]
+    if len(nums) == 2 and nums[1] != -1 and (nums[0] == -1 or nums[0] > nums[1]):
+        raise UsageError(f"--ulimit {item}: the soft limit is above the hard limit")
+    hard = engines.current_hard_limit(name)
+    asked = nums[-1]
+    if hard is not None and (asked == -1 or asked > hard) and not engines.has_capability(engines.CAP_SYS_RESOURCE):
+        raise UsageError(f"--ulimit {item}: above this process's hard limit ({hard}), and without CAP_SYS_RESOURCE "
+                         f"the engine cannot raise it; use at most {name}={hard}:{hard}")
+    return name, ":".join("-1" if n == -1 else str(n) for n in nums)
+
+
+def _mount(item: str) -> str:
+    parts = item.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
+        raise UsageError(f"--mount: expected SRC:DST[:ro], got {item!r}")
+    src, dst = parts[0], parts[1]
+    if not os.path.isabs(src) or not os.path.exists(src):
+        raise UsageError(f"--mount {item}: {src} is not an existing absolute path on this host")
+    if not os.path.isabs(dst):
+        raise UsageError(f"--mount {item}: {dst} must be an absolute path inside the container")
+    if len(parts) == 3 and not set(parts[2].split(",")) <= _MOUNT_OPTS:
+        raise UsageError(f"--mount {item}: unknown mount option(s) {parts[2]!r} (use ro or rw)")
+    return item
+
+
+class ContainerLaunched(Launched):
+    """A containerised worker. When the engine fails before the worker speaks (no python in the image,
+    a ulimit the engine cannot set, the memory limit's OOM kill), one error event says so plainly."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], on_kill, explain):
+        self._explain = explain
+        self._saw_error = False
+        super().__init__(argv, env=env, on_kill=on_kill)
+
+    def observe(self, line: str) -> None:
+        if '"error"' in line:
+            event = events.decode(line)
+            self._saw_error = self._saw_error or bool(event and event["type"] == "error")
+
+    def after_exit(self, code: int) -> list[str]:
+        lines = super().after_exit(code)
+        if code != 0 and not self._saw_error:
+            self._threads[1].join(timeout=5)  # the engine's whole message
+            found = self._explain(code, list(self.stderr_tail))
+            if found:
+                lines.append(events.encode(events.error(*found)) + "\n")
+        return lines
+
+
+class ContainerEnvironment(Environment):
+    kind = "container"
+
+    def __init__(self, options: dict | None = None):
+        super().__init__(options)
+        self._settings: Settings | None = None
+
+    # -- what to run -------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = parse_options(self.options)
+        return self._settings
+
+    def engine(self) -> engines.Engine:
+        return engines.detect(self.settings.engine, self.settings.engine_args)
+
+    def describe(self) -> str:
+        s = self.settings
+        return f"container ({s.engine or 'auto'}, {s.where()})"
+
+    def check(self, spec: RunSpec) -> None:
+        s = self.settings
+        eng = self.engine()
+        if s.rootfs and eng.name != "podman":
+            raise UsageError("--rootfs is a podman option; with docker give --image")
+        if s.image:
+            engines.image_env(eng, s.image)
+        if device_kind(spec.device) == "cuda":
+            from gpuvs import fingerprint
+
+            count = fingerprint.gpu_count()
+            if count == 0:
+                raise UsageError(f"device {spec.device} asked for, but this machine has no usable NVIDIA GPU "
+                                 "(use --device cpu)")
+            _, _, index = spec.device.partition(":")
+            if (index and int(index) >= count) or spec.num_gpus > count:
+                raise UsageError(f"device {spec.device} x{spec.num_gpus} asked for, but only {count} GPU(s) "
+                                 "are present")
+        self.gpu_plan(spec, eng)
+
+    def gpu_plan(self, spec: RunSpec, eng: engines.Engine | None = None) -> gpu_access.GpuPlan:
+        eng = eng or self.engine()
+        return gpu_access.plan(self.settings.gpus, eng.name, spec.device, eng.info.get("runtimes"))
+
+    def python(self) -> str:
+        s = self.settings
+        if s.python:
+            return s.python
+        if s.rootfs_dir and os.path.exists(os.path.join(s.rootfs_dir, sys.executable.lstrip("/"))):
+            return sys.executable  # an overlay of this host: the interpreter gpuvs runs under is there
+        return "python3"
+
+    def container_name(self, spec: RunSpec) -> str:
+        return f"gpuvs-{spec.run_id}"
+
+    def command(self, spec: RunSpec, entry: tuple[str, ...] = ("-m", "gpuvs.inside")) -> tuple[list[str], dict]:
+        """(argv, environment of the engine process) for one run; start() adds the spec to that environment."""
+        s = self.settings
+        eng = self.engine()
+        gpu = self.gpu_plan(spec, eng)
+        image_env = engines.image_env(eng, s.image) if s.image else {}
+        args = ["run", "--rm", "--name", self.container_name(spec), "--label", f"{LABEL}=1",
+                "--label", f"{LABEL}.run_id={spec.run_id}", "--label", f"{LABEL}.arm={spec.arm}"]
+        if spec.experiment_id:
+            args += ["--label", f"{LABEL}.experiment={spec.experiment_id}"]
+        if not s.network:
+            args += ["--network", "none"]
+        if s.cpus is not None:
+            args += ["--cpus", f"{s.cpus:g}"]
+        if s.memory:
+            args += ["--memory", s.memory]
+        if s.shm_size:
+            args += ["--shm-size", s.shm_size]
+        ulimits = dict(s.ulimits)
+        detected = eng.run_args
+        for i in range(0, len(detected) - 1, 2):
+            if detected[i] == "--ulimit":
+                name, _, value = detected[i + 1].partition("=")
+                ulimits.setdefault(name, value)
+        for name, value in ulimits.items():
+            args += ["--ulimit", f"{name}={value}"]
+        args += ["-v", f"{Path(gpuvs.__file__).resolve().parent}:{PKG_INSIDE}/gpuvs:ro"]
+        for m in s.mounts:
+            args += ["-v", m]
+        args += gpu.args
+        inside: dict[str, str] = {"PYTHONUNBUFFERED": "1", "GPUVS_CONTAINER_IMAGE": s.image or f"rootfs:{s.rootfs}",
+                                  "GPUVS_NODE_NAME": socket.gethostname()}
+        user_pp = s.env_vars.get("PYTHONPATH") or image_env.get("PYTHONPATH")
+        inside["PYTHONPATH"] = PKG_INSIDE + (f":{user_pp}" if user_pp else "")
+        if gpu.ld_library_path:
+            base = s.env_vars.get("LD_LIBRARY_PATH") or image_env.get("LD_LIBRARY_PATH")
+            inside["LD_LIBRARY_PATH"] = ":".join(gpu.ld_library_path + ([base] if base else []))
+        if gpu.path:
+            inside["PATH"] = ":".join(gpu.path + [s.env_vars.get("PATH") or image_env.get("PATH") or DEFAULT_PATH])
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+            inside["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+        for key, value in s.env_vars.items():
+            inside.setdefault(key, value)
+        for key, value in inside.items():
+            args += ["-e", f"{key}={value}"]
+        args += ["-e", "GPUVS_SPEC"]  # the value comes from the engine's environment, not from argv
+        args += ["--rootfs", s.rootfs] if s.rootfs else [s.image]
+        args += [self.python(), *entry]
+        return eng.argv(*args), dict(os.environ)
+
+    # -- running it --------------------------------------------------------------------------
+
+    def launch(self, spec: RunSpec) -> Launched:
+        return self.start(spec)
+
+    def start(self, spec: RunSpec, entry: tuple[str, ...] = ("-m", "gpuvs.inside")) -> ContainerLaunched:
+        argv, env = self.command(spec, entry)
+        spec.launched_at = time.time()  # after gpuvs's own preparation: the clock counts the engine's work
+        env["GPUVS_SPEC"] = spec.to_json()
+        name = self.container_name(spec)
+        return ContainerLaunched(argv, env, on_kill=lambda: self.remove(name),
+                                 explain=lambda code, tail: self.explain(code, tail))
+
+    def remove(self, name: str) -> None:
+        """Remove a container whatever its state; quiet when it is already gone."""
+        eng = self.engine()
+        args = ["rm", "-f", "-i", "-t", "0", name] if eng.name == "podman" else ["rm", "-f", name]
+        try:
+            eng.call(*args, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+    def explain(self, code: int, tail: list[str]) -> tuple[str, str] | None:
+        """A plain (kind, message) for an engine failure the worker could not report itself."""
+        s = self.settings
+        text = "\n".join(tail)
+        errline = engines.first_error(text) if text.strip() else f"exit status {code}"
+        low = text.lower()
+        python = self.python()
+        if code == 127 or "executable file not found" in low or (
+                "no such file or directory" in low and python in text):
+            return ("unavailable", f"the container ({s.where()}) has no {python}: gpuvs needs Python 3.10+ inside, "
+                                   "with the workload's framework; use an image that has them, or give --python PATH")
+        if "error setting rlimit" in low:
+            return ("unavailable", f"the engine could not set a ulimit in the container ({errline}); give "
+                                   "--ulimit nofile=N:N / nproc=N:N at or below this shell's limits (ulimit -Hn, "
+                                   "ulimit -Hu) or see docs/containers.md")
+        if code == 137 and s.memory:
+            return ("oom", f"the worker was killed (SIGKILL, exit status 137) in a container limited to "
+                           f"--memory {s.memory}: most likely it ran out of memory")
+        if code in (125, 126):
+            return ("unavailable", f"{self.engine().name} could not start the container: {errline}")
+        return None
