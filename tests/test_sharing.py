@@ -177,3 +177,15 @@ def test_share_workers_is_the_job_count_and_data_workers_reaches_the_cnn():
     assert opt.take(prep.rest, SHARE_OPTIONS)["workers"] == "1,2,4" and prep.base.params["workers"] == 3
     prep = prepare(["cnn-train", "--workers", "2", "--device", "cpu"], "gpuvs run", Console(file=open(os.devnull, "w")))
     assert prep.base.params["workers"] == 2
+
+
+@pytest.mark.skipif(shutil.which("podman") is None, reason="podman is installed by .ci/run")
+def test_containers_share_one_window(cli, tmp_path):
+    r = cli("share", "selftest", "--step-seconds", "0.02", "--env", "container", "--rootfs", "/:O", "--workers", "2",
+            "--duration", "1")
+    assert r.returncode == 0, r.stderr
+    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm, status, fingerprint FROM trials").fetchall()
+    assert [(a, s) for a, s, _ in rows] == [("1 worker", "ok"), ("2 workers", "ok"), ("2 workers", "ok")]
+    assert all('"in_container": true' in fp for _, _, fp in rows)
+    left = subprocess.run(["podman", "ps", "-a", "--filter", "label=gpuvs", "-q"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""

@@ -272,6 +272,12 @@ class ContainerEnvironment(Environment):
         args += ["-v", f"{Path(gpuvs.__file__).resolve().parent}:{PKG_INSIDE}/gpuvs:ro"]
         for m in s.mounts:
             args += ["-v", m]
+        if spec.barrier:  # gpuvs share: the start barrier is a folder every worker sees at the same path
+            args += ["-v", f"{spec.barrier['dir']}:{spec.barrier['dir']}"]
+        mps_root = self.options.get("mps")
+        if mps_root:  # gpuvs's own MPS daemon: its pipe and log folders, and the host's IPC namespace it needs
+            root = str(Path(mps_root).parent)
+            args += ["-v", f"{root}:{root}", "--ipc", "host"]
         args += gpu.args
         inside: dict[str, str] = {"PYTHONUNBUFFERED": "1", "GPUVS_CONTAINER_IMAGE": s.image or f"rootfs:{s.rootfs}",
                                   "GPUVS_NODE_NAME": socket.gethostname()}
