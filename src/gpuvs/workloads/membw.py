@@ -130,7 +130,7 @@ class MemBw(Workload):
             f"{k} {m}".strip() for k, m in plan), sizes=", ".join(size_label(s) for s in sizes),
             peak_memory_gbps=hbm or "unknown", pcie_link_gbps=round(link, 1) if link else "unknown",
             bytes_counted="d2d: read + written; h2d, d2h: transferred", repeats=p["repeats"])
-        gen = torch.Generator(device="cpu").manual_seed(p["seed"])
+        gen = torch.Generator(device=device).manual_seed(p["seed"])
         done = 0
         for kind, mem in plan:
             for size in sizes:
@@ -160,21 +160,20 @@ class MemBw(Workload):
 
     def time_copy(self, torch, kind: str, mem: str, size: int, device: str, cuda: bool, p: dict[str, Any], gen):
         """Random bytes (never zeros) copied src -> dst; the copy is checked once, then timed."""
-        host = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=gen)
+        data = torch.randint(0, 256, (size,), dtype=torch.uint8, device=device, generator=gen)
         if kind == "d2d":
-            src = host.to(device)
-            dst = torch.empty_like(src)
+            src, dst = data, torch.empty_like(data)
         elif kind == "h2d":
-            src = host.pin_memory() if mem == "pinned" else host
-            dst = torch.empty(size, dtype=torch.uint8, device=device)
+            src = data.cpu().pin_memory() if mem == "pinned" else data.cpu()
+            dst = torch.empty_like(data)
         else:
-            src = host.to(device)
-            dst = torch.empty(size, dtype=torch.uint8, pin_memory=mem == "pinned")
+            src, dst = data, torch.empty(size, dtype=torch.uint8, pin_memory=mem == "pinned")
         non_blocking = mem == "pinned"
         dst.copy_(src, non_blocking=non_blocking)
         sync(torch, cuda)
-        if not torch.equal(dst.cpu() if kind != "d2h" else dst, host):
+        if not torch.equal(dst.to(device), data):
             raise WorkloadError("crash", f"{kind} copy of {size_label(size)}: the destination differs from the source")
+
         def step():
             dst.copy_(src, non_blocking=non_blocking)
 

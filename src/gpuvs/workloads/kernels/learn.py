@@ -45,8 +45,7 @@ class Kmeans(App):
             dist = sq - 2.0 * pts @ centroids.T + (centroids * centroids).sum(1)[None, :]
             labels = dist.argmin(1)
             counts = np.bincount(labels, minlength=self.k)
-            sums = np.zeros_like(centroids)
-            np.add.at(sums, labels, pts)
+            sums = np.stack([pts[labels == c].sum(0) for c in range(self.k)])
             centroids = np.where(counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None], centroids)
         return {"centroids": centroids, "labels": labels}
 
