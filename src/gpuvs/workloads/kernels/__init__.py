@@ -93,7 +93,7 @@ class Kernels(Workload):
         Param("scale", str, "full", "problem sizes: full (GPU-sized; hotspot3D about 98 MB), small (CPU-sized), "
               "tiny (seconds on a CPU)", choices=SCALES),
         Param("size", int, 0, "the app's main dimension (docs/hardware.md lists them); 0: the --scale size; "
-              "needs a single --app", min=0, max=1 << 30),
+              "needs a single --app", min=0, max=10**9),
         Param("repeats", int, 5, "timed runs per app (after one untimed, checked run)", min=1, max=100000),
         Param("check", bool, True, "check the first run against the NumPy reference"),
         Param("seed", int, 0, "random seed of the inputs", min=0),

@@ -33,6 +33,8 @@ class App:
     sizes: ClassVar[dict[str, int]]
     # the NumPy reference is run at min(size, check_size) so that a check stays quick
     check_size: ClassVar[int] = 1 << 40
+    # how results are compared with the reference: (rtol, atol), or None for integer results (exact)
+    tolerance: ClassVar[tuple[float, float] | None] = (1e-4, 1e-5)
 
     def inputs(self, size: int, rng: np.random.Generator) -> Arrays:
         raise NotImplementedError
@@ -45,8 +47,10 @@ class App:
         raise NotImplementedError
 
     def compare(self, out: Arrays, ref: Arrays) -> CheckResult:
-        """Default: every output within rtol/atol of the reference."""
-        return close(out, ref, rtol=1e-4, atol=1e-5)
+        """Every output within the app's tolerance of the reference, or identical to it."""
+        if self.tolerance is None:
+            return exact(out, ref)
+        return close(out, ref, *self.tolerance)
 
 
 def close(out: Arrays, ref: Arrays, rtol: float, atol: float) -> CheckResult:
