@@ -50,6 +50,9 @@ class Sampler:
         pynvml.nvmlInit()
         count = pynvml.nvmlDeviceGetCount()
         self.handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in indices if i < count]
+        # renamed in NVML 12.5 (clocks "event" reasons); older bindings only have the throttle name
+        self._reasons = (getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                         or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpuvs-telemetry", daemon=True)
         self.t0 = time.perf_counter()
@@ -59,23 +62,26 @@ class Sampler:
         return self
 
     def read(self, index: int, handle) -> dict[str, Any]:
+        """One reading of one GPU; a probe that fails (not supported, lost GPU) reads None."""
         n = self.nvml
         out: dict[str, Any] = {"type": "telemetry", "t": round(time.perf_counter() - self.t0, 4), "gpu": index}
         probes = {
-            "util_gpu": lambda: n.nvmlDeviceGetUtilizationRates(handle).gpu,
-            "util_mem": lambda: n.nvmlDeviceGetUtilizationRates(handle).memory,
+            "util": lambda: n.nvmlDeviceGetUtilizationRates(handle),
             "mem_used_mib": lambda: n.nvmlDeviceGetMemoryInfo(handle).used // (1 << 20),
             "power_w": lambda: n.nvmlDeviceGetPowerUsage(handle) / 1000.0,
             "sm_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(handle, n.NVML_CLOCK_SM),
             "mem_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(handle, n.NVML_CLOCK_MEM),
             "temp_c": lambda: n.nvmlDeviceGetTemperature(handle, n.NVML_TEMPERATURE_GPU),
-            "throttle": lambda: throttle_names(n.nvmlDeviceGetCurrentClocksEventReasons(handle)),
+            "throttle_mask": lambda: int(self._reasons(handle)),
         }
         for key, probe in probes.items():
             try:
                 out[key] = probe()
             except Exception:
                 out[key] = None
+        util = out.pop("util")
+        out["util_gpu"], out["util_mem"] = (util.gpu, util.memory) if util is not None else (None, None)
+        out["throttle"] = throttle_names(out["throttle_mask"]) if out["throttle_mask"] is not None else None
         return out
 
     def _loop(self) -> None:
@@ -105,14 +111,40 @@ def start_for(spec, emit: Emit) -> Sampler | None:
     return sampler.start()
 
 
+READINGS = ("util_gpu", "util_mem", "mem_used_mib", "power_w", "sm_clock_mhz", "mem_clock_mhz", "temp_c")
+
+
+def reasons(reading: dict[str, Any]) -> list[str]:
+    """Throttle reasons of one reading: decoded from the raw NVML mask where it was kept, else the names."""
+    mask = reading.get("throttle_mask")
+    return throttle_names(int(mask)) if mask is not None else list(reading.get("throttle") or [])
+
+
 def summarize(readings: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean and max of each reading, and every throttle reason seen."""
+    """Mean and max of each reading (min too for the SM clock), the time covered, every throttle reason
+    seen and the fraction of readings that showed it. Takes telemetry events or Store.telemetry() rows."""
     out: dict[str, Any] = {"n": len(readings)}
-    for key in ("util_gpu", "util_mem", "mem_used_mib", "power_w", "sm_clock_mhz", "mem_clock_mhz", "temp_c"):
+    times = [r["t"] for r in readings if r.get("t") is not None]
+    out["duration_s"] = (max(times) - min(times)) if times else 0.0
+    for key in READINGS:
         values = [r[key] for r in readings if r.get(key) is not None]
         if values:
             out[f"{key}_mean"] = sum(values) / len(values)
             out[f"{key}_max"] = max(values)
-    seen = sorted({name for r in readings for name in (r.get("throttle") or [])})
-    out["throttle_seen"] = seen
+            if key == "sm_clock_mhz":
+                out[f"{key}_min"] = min(values)
+    counts: dict[str, int] = {}
+    for r in readings:
+        for name in reasons(r):
+            counts[name] = counts.get(name, 0) + 1
+    out["throttle_seen"] = sorted(counts)
+    out["throttle_fraction"] = {name: counts[name] / len(readings) for name in sorted(counts)}
     return out
+
+
+def summarize_by_gpu(readings: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """summarize() per GPU index, in index order."""
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for r in readings:
+        groups.setdefault(int(r.get("gpu") or 0), []).append(r)
+    return {gpu: summarize(groups[gpu]) for gpu in sorted(groups)}

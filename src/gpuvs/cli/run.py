@@ -128,6 +128,9 @@ def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,
     for table in (terminal.startup_table(results), terminal.metrics_table(results)):
         if table is not None and total > 1:
             console.print(table)
+    for table in (terminal.series_table(results), terminal.telemetry_table(results)):
+        if table is not None:
+            console.print(table)
     console.print(f"stored as experiment {exp.id} in {store_path}", style="dim", highlight=False)
     return results
 

@@ -156,7 +156,7 @@ def startup_table(results: Iterable) -> Table | None:
 
 def metrics_table(results: Iterable) -> Table | None:
     rows = [(r.spec.arm, r.spec.trial + 1, name, m["value"], m.get("unit", "")) for r in results if r.ok
-            for name, m in r.metrics.items()]
+            for name, m in r.metrics.items() if "/" not in name]  # SERIES/NAME metrics: series_table
     if not rows:
         return None
     table = Table(title="Other results", title_justify="left")
@@ -164,4 +164,65 @@ def metrics_table(results: Iterable) -> Table | None:
         table.add_column(col, justify="right" if col in ("trial", "value") else "left")
     for arm, trial, name, value, unit in rows:
         table.add_row(arm, str(trial), name, fmt(value, 3), unit)
+    return table
+
+
+def series_table(results: Iterable) -> Table | None:
+    """Per arm and series: the headline figure and the per-series metrics a workload reports as
+    'SERIES/NAME' (GEMM microseconds and % of peak, kernel wall time and footprint...), means over ok trials."""
+    rows: dict[tuple[str, str], dict[str, list[float]]] = {}
+    units: dict[tuple[str, str], str] = {}
+    columns: list[str] = []
+    for r in results:
+        if not r.ok:
+            continue
+        for name, m in r.metrics.items():
+            series, sep, key = name.rpartition("/")
+            if not sep or series not in r.summary or m.get("value") is None:
+                continue
+            row = rows.setdefault((r.spec.arm, series), {})
+            row.setdefault(key, []).append(m["value"])
+            units[(r.spec.arm, series)] = r.summary[series].get("unit", "")
+            row.setdefault("", []).append(r.summary[series].get("value"))
+            if key not in columns:
+                columns.append(key)
+    if not rows:
+        return None
+    table = Table(title="Per series (mean over trials)", title_justify="left")
+    for col in ("arm", "series", "value", "unit"):
+        table.add_column(col, justify="right" if col == "value" else "left")
+    for key in columns:
+        table.add_column(key.replace("pct_", "% ").replace("_", " "), justify="right")
+    for (arm, series), row in rows.items():
+        head = [v for v in row.get("", []) if v is not None]
+        cells = [fmt(sum(row[k]) / len(row[k]), 1) if row.get(k) else "-" for k in columns]
+        table.add_row(arm, series, fmt(sum(head) / len(head), 2) if head else "-", units[(arm, series)], *cells)
+    return table
+
+
+def telemetry_table(results: Iterable) -> Table | None:
+    """NVML readings per arm and GPU over its trials: utilisation, memory, power, clocks, temperature,
+    and every throttle reason seen with the share of readings that showed it."""
+    from gpuvs import telemetry
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        if r.telemetry:
+            groups.setdefault(r.spec.arm, []).extend(r.telemetry)
+    if not groups:
+        return None
+    table = Table(title="GPU telemetry (NVML)", title_justify="left")
+    for col in ("arm", "gpu", "readings", "util % mean/max", "memory MiB max", "power W mean/max",
+                "SM MHz mean (min)", "temp °C max", "throttling"):
+        table.add_column(col, justify="left" if col in ("arm", "throttling") else "right")
+    def num(s: dict[str, Any], key: str, digits: int = 0) -> str:
+        return fmt(float(s[key]), digits) if s.get(key) is not None else "-"
+
+    for arm, readings in groups.items():
+        for gpu, s in telemetry.summarize_by_gpu(readings).items():
+            throttled = ", ".join(f"{name} {100 * frac:.0f}%" for name, frac in s["throttle_fraction"].items())
+            table.add_row(arm, str(gpu), str(s["n"]), f"{num(s, 'util_gpu_mean', 1)} / {num(s, 'util_gpu_max')}",
+                          num(s, "mem_used_mib_max"), f"{num(s, 'power_w_mean', 1)} / {num(s, 'power_w_max', 1)}",
+                          f"{num(s, 'sm_clock_mhz_mean')} ({num(s, 'sm_clock_mhz_min')})", num(s, "temp_c_max"),
+                          throttled or "none")
     return table

@@ -1,0 +1,45 @@
+"""Timing blocks of device work: CUDA events on a GPU (the host never waits inside the timed loop),
+a host clock on the CPU. Shared by the hardware workloads (gemm, membw, kernels)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Callable
+
+
+def is_cuda(device: str) -> bool:
+    return device.split(":", 1)[0] == "cuda"
+
+
+def sync(torch, cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def timed_blocks(torch, cuda: bool, step: Callable[[], object], inner: int, blocks: int) -> list[float]:
+    """Run `step` inner x blocks times; seconds of each block. On a GPU, one event between blocks,
+    read once at the end."""
+    if cuda:
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(blocks + 1)]
+        marks[0].record()
+        for b in range(blocks):
+            for _ in range(inner):
+                step()
+            marks[b + 1].record()
+        marks[-1].synchronize()
+        return [marks[i].elapsed_time(marks[i + 1]) / 1e3 for i in range(blocks)]
+    out = []
+    for _ in range(blocks):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            step()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def inner_count(torch, cuda: bool, step: Callable[[], object], target_s: float, max_inner: int = 4096) -> int:
+    """How many steps make a block of about target_s (one step at least), from three timed steps."""
+    est = statistics.median(timed_blocks(torch, cuda, step, 1, 3))
+    return max(1, min(max_inner, math.ceil(target_s / max(est, 1e-7))))

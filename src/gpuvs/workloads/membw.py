@@ -1,0 +1,181 @@
+"""membw: memory bandwidth. Device-to-device copy (bytes read + written are counted, as in STREAM
+and nvbandwidth), host-to-device and device-to-host copies from pinned and from pageable host memory,
+over a sweep of sizes; GB/s (10^9 bytes/s) and percent of the datasheet memory bandwidth (d2d) or of
+the PCIe link NVML reports (h2d, d2h). On the CPU, d2d is a host memory copy (memcpy-like)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator
+
+from gpuvs import events, peaks
+from gpuvs.errors import UsageError, WorkloadError
+from gpuvs.workloads import register
+from gpuvs.workloads._devtime import inner_count, is_cuda, sync, timed_blocks
+from gpuvs.workloads.base import Param, RunContext, Workload
+
+KINDS = ("d2d", "h2d", "d2h")
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'64MiB' -> 67108864; '1GB' -> 10^9; a plain number is bytes."""
+    m = _SIZE.match(text)
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS:
+        raise UsageError(f"--size {text.strip()!r} is not a size; use e.g. 4MiB, 256MiB, 1GiB or 1GB")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if not 1 <= value <= 1 << 40:
+        raise UsageError(f"--size {text.strip()!r} must be from 1 byte to 1 TiB")
+    return value
+
+
+def parse_sizes(values: list[str] | None) -> list[int]:
+    out: list[int] = []
+    for value in [values] if isinstance(values, str) else values or []:
+        for part in str(value).split(","):
+            size = parse_size(part)
+            if size not in out:
+                out.append(size)
+    return out
+
+
+def size_label(n: int) -> str:
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= factor and n % factor == 0:
+            return f"{n // factor}{unit}"
+    return f"{n}B"
+
+
+def pcie_link(device: str) -> float | None:
+    """One-direction GB/s of the GPU's PCIe link (max generation x width, from NVML); None if unknown."""
+    try:
+        import pynvml
+
+        from gpuvs import telemetry
+
+        pynvml.nvmlInit()
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(telemetry.visible_gpu_indices(device, 1)[0])
+            return peaks.pcie_gbps(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h), pynvml.nvmlDeviceGetMaxPcieLinkWidth(h))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+
+
+@register
+class MemBw(Workload):
+    name = "membw"
+    summary = "memory bandwidth: device copy (read+write), host<->device pinned and pageable (GB/s, % of peak)"
+    unit = "GB/s"
+    requires = ("torch",)
+    params = (
+        Param("kind", str, None, "d2d, h2d, d2h (repeat or comma-separate; default: all there are on the "
+              "device, d2d only on the CPU)", multiple=True),
+        Param("host_memory", str, "both", "host buffers of h2d/d2h: pinned, pageable or both",
+              choices=("both", "pinned", "pageable")),
+        Param("size", str, "4MiB,64MiB,256MiB,1GiB", "buffer sizes (repeat or comma-separate): 4MiB, 1GiB, 1GB...",
+              multiple=True),
+        Param("repeats", int, 10, "timed samples per kind and size", min=1, max=100000),
+        Param("block_ms", float, 5.0, "aim for samples of about this many milliseconds (1 copy at least)",
+              min=0.0, max=60000.0),
+        Param("seed", int, 0, "random seed of the buffer contents", min=0),
+    )
+    cpu_defaults = {"size": "1MiB,16MiB,64MiB", "repeats": 5}
+
+    def validate(self, raw: dict[str, Any], device: str | None = None) -> dict[str, Any]:
+        values = super().validate(raw, device)
+        if device and not is_cuda(device):
+            host_only = [k for k in values["kind"] if k != "d2d"]
+            if host_only:
+                raise UsageError(f"--kind {host_only[0]} copies between host and GPU; on the CPU only d2d "
+                                 "(a host memory copy) exists")
+        return values
+
+    def check(self, params: dict[str, Any]) -> None:
+        kinds: list[str] = []
+        raw = params.get("kind") or []
+        for value in [raw] if isinstance(raw, str) else raw:
+            for part in str(value).split(","):
+                kind = part.strip().lower()
+                if kind not in KINDS:
+                    raise UsageError(f"--kind {part.strip()!r} is not allowed; expected d2d, h2d or d2h")
+                if kind not in kinds:
+                    kinds.append(kind)
+        params["kind"] = kinds
+        params["size"] = [size_label(s) if s % 1024 == 0 else str(s) for s in parse_sizes(params["size"])]
+        if not params["size"]:
+            raise UsageError("--size needs at least one size")
+
+    def plan(self, params: dict[str, Any], cuda: bool) -> list[tuple[str, str]]:
+        """(kind, host memory) pairs in run order; host memory is '' for d2d."""
+        kinds = params["kind"] or (list(KINDS) if cuda else ["d2d"])
+        mem = ["pinned", "pageable"] if params["host_memory"] == "both" else [params["host_memory"]]
+        return [(k, "") if k == "d2d" else (k, m) for k in kinds for m in ([""] if k == "d2d" else mem)]
+
+    def run(self, ctx: RunContext) -> Iterator[dict[str, Any]]:
+        import torch
+
+        p, device = ctx.params, ctx.device
+        cuda = is_cuda(device)
+        gpu = torch.cuda.get_device_name(device) if cuda else None
+        hbm = (peaks.lookup(gpu) or peaks.Peaks("")).memory_gbps if gpu else None
+        link = pcie_link(device) if cuda else None
+        plan = self.plan(p, cuda)
+        sizes = parse_sizes(p["size"])
+        yield events.config(workload="membw", device_name=gpu or "cpu", kinds=", ".join(
+            f"{k} {m}".strip() for k, m in plan), sizes=", ".join(size_label(s) for s in sizes),
+            peak_memory_gbps=hbm or "unknown", pcie_link_gbps=round(link, 1) if link else "unknown",
+            bytes_counted="d2d: read + written; h2d, d2h: transferred", repeats=p["repeats"])
+        gen = torch.Generator(device=device).manual_seed(p["seed"])
+        done = 0
+        for kind, mem in plan:
+            for size in sizes:
+                series = f"{kind}{' ' + mem if mem else ''} {size_label(size)}"
+                try:
+                    secs, inner = self.time_copy(torch, kind, mem, size, device, cuda, p, gen)
+                except torch.cuda.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+                    yield events.log(f"{series}: skipped: out of GPU memory")
+                    continue
+                done += 1
+                moved = (2 if kind == "d2d" else 1) * size * inner / 1e9
+                for i, sec in enumerate(secs, 1):
+                    yield events.sample(i, moved / sec, self.unit, series=series, seconds=sec, items=moved,
+                                        copies=inner, display=i == len(secs))
+                rate = moved * len(secs) / sum(secs)
+                peak = hbm if kind == "d2d" else link
+                pct = peaks.percent(rate, peak)
+                if pct is not None:
+                    yield events.metric(f"{series}/pct_of_{'peak' if kind == 'd2d' else 'link'}", pct, "%")
+                yield events.log(f"{series:>22}  {rate:9.1f} GB/s" + (f"  {pct:5.1f}% of "
+                                 f"{'datasheet' if kind == 'd2d' else 'PCIe link'}" if pct is not None else ""))
+                if cuda:
+                    torch.cuda.empty_cache()
+        if not done:
+            raise WorkloadError("oom", "no size could be run (see the log lines above)")
+
+    def time_copy(self, torch, kind: str, mem: str, size: int, device: str, cuda: bool, p: dict[str, Any], gen):
+        """Random bytes (never zeros) copied src -> dst; the copy is checked once, then timed."""
+        data = torch.randint(0, 256, (size,), dtype=torch.uint8, device=device, generator=gen)
+        if kind == "d2d":
+            src, dst = data, torch.empty_like(data)
+        elif kind == "h2d":
+            src = data.cpu().pin_memory() if mem == "pinned" else data.cpu()
+            dst = torch.empty_like(data)
+        else:
+            src, dst = data, torch.empty(size, dtype=torch.uint8, pin_memory=mem == "pinned")
+        non_blocking = mem == "pinned"
+        dst.copy_(src, non_blocking=non_blocking)
+        sync(torch, cuda)
+        if not torch.equal(dst.to(device), data):
+            raise WorkloadError("crash", f"{kind} copy of {size_label(size)}: the destination differs from the source")
+
+        def step():
+            dst.copy_(src, non_blocking=non_blocking)
+
+        inner = inner_count(torch, cuda, step, p["block_ms"] / 1000.0)
+        return timed_blocks(torch, cuda, step, inner, p["repeats"]), inner

@@ -1,0 +1,151 @@
+"""gemm and membw on the CPU for real: shape and size parsing, refusals, the float64 check of every
+precision (and that a wrong result is caught), rotation of operand sets, and runs through the CLI."""
+
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+
+from conftest import pid_alive
+from threads import one_thread  # noqa: F401  (a fixture)
+from gpuvs import workloads
+from gpuvs.errors import UsageError, WorkloadError
+from gpuvs.spec import RunSpec
+from gpuvs.workloads.base import RunContext
+from gpuvs.workloads.gemm import (CHECK_SHAPE, SETS, TOLERANCE, Gemm, GemmOp, buffer_sets, check_op, check_result,
+                                  parse_shapes)
+from gpuvs.workloads.membw import parse_size, parse_sizes
+
+torch = pytest.importorskip("torch", reason="the hardware workloads need torch (installed by .ci/run)")
+
+
+def test_shapes_parse_in_deepbench_order_and_bad_ones_are_refused():
+    assert parse_shapes(["7680x48000x2560"]) == [(7680, 48000, 2560)]
+    assert parse_shapes(["64X32x16, 8*4*2", "64x32x16"]) == [(64, 32, 16), (8, 4, 2)]  # duplicates dropped
+    assert SETS["train"][:2] == ["7680x48000x2560", "6144x48000x2048"] and len(SETS["all"]) == 12
+    for bad in ("12x4", "0x4x4", "axbxc", "4x4x4x4", "4x4x-4", "4x4x2000000"):
+        with pytest.raises(UsageError, match="is not MxNxK"):
+            parse_shapes([bad])
+    with pytest.raises(UsageError, match="empty item"):
+        parse_shapes(["4x4x4,"])
+    assert Gemm().validate({}, "cpu")["set"] == "small" and Gemm().validate({}, "cuda")["set"] == "all"
+    assert Gemm().validate({"shape": ["8x8x8,4x4x4"]}, "cpu")["shape"] == ["8x8x8", "4x4x4"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16", "fp8"])
+def test_every_precision_passes_its_float64_check_on_the_cpu(precision, one_thread):
+    """The same GemmOp code path a GPU run uses (fp8 through torch._scaled_mm, which torch also has on CPU)."""
+    if precision == "fp8" and not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this torch has no float8")
+    op = GemmOp(torch, precision, "cpu")
+    worst = check_op(op, torch.Generator().manual_seed(1))
+    assert 0 < worst <= TOLERANCE[precision]
+    if precision in ("fp16", "bf16", "fp8"):
+        assert worst > TOLERANCE["fp32"]  # the multiply really ran in the low precision
+
+
+def test_a_wrong_result_is_caught():
+    rng = np.random.default_rng(0)
+    m, n, k = CHECK_SHAPE
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    good = a @ b
+    assert check_result(good.astype(np.float32), a, b, "fp32") < 1e-6
+    off_by_one = good.copy()
+    off_by_one[17, 5] += 1.0
+    with pytest.raises(WorkloadError, match="above the fp32 tolerance"):
+        check_result(off_by_one, a, b, "fp32")
+    with pytest.raises(WorkloadError, match="above the bf16 tolerance"):
+        check_result(np.roll(good, 1, axis=1), a, b, "bf16")
+    with pytest.raises(WorkloadError, match="result shape"):
+        check_result(good[:, :-1], a, b, "fp8")
+    nan = good.copy()
+    nan[0, 0] = np.nan
+    with pytest.raises(WorkloadError, match="above the fp16 tolerance"):
+        check_result(nan, a, b, "fp16")
+
+
+def test_operand_sets_rotate_and_fill_the_cache(one_thread):
+    op = GemmOp(torch, "fp32", "cpu")
+    assert buffer_sets(op, (64, 64, 64), False, 0) == 64  # small: as many as allowed
+    assert buffer_sets(op, (4096, 4096, 4096), False, 0) == 2  # 128 MiB per set: two
+    assert buffer_sets(op, (64, 64, 64), False, 5) == 5
+
+    class Recording(GemmOp):
+        seen: list = []
+
+        def __call__(self, ops, out):
+            self.seen.append(id(ops[0]))
+            return super().__call__(ops, out)
+
+    rec = Recording(torch, "fp32", "cpu")
+    params = Gemm().validate({"buffers": 3, "warmup": 2, "repeats": 2, "block_ms": 0}, "cpu")
+    secs, inner, nbuf, _ = Gemm().time_shape(torch, rec, (16, 8, 4), False, params, torch.Generator().manual_seed(0))
+    assert nbuf == 3 and inner >= 1 and len(secs) == 2
+    assert len(set(rec.seen)) == 3 and all(x != y for x, y in zip(rec.seen, rec.seen[1:]))
+
+
+def test_gemm_runs_its_shapes_through_the_cli(cli, tmp_path):
+    r = cli("run", "gemm", "--shape", "64x48x32", "--shape", "32x32x32", "--repeats", "3", "--precision", "bf16",
+            "--block-ms", "1", "--device", "cpu", OMP_NUM_THREADS="1")  # see threads.one_thread
+    assert r.returncode == 0, r.stderr
+    assert "check: bf16 256x192x320 against float64" in r.stdout and "Per series" in r.stdout
+    db = sqlite3.connect(tmp_path / "gpuvs.db")
+    rows = db.execute("SELECT series, value, unit, seconds, items, extra FROM samples").fetchall()
+    assert {row[0] for row in rows} == {"64x48x32", "32x32x32"} and len(rows) == 6
+    for series, value, unit, seconds, items, extra in rows:
+        m, n, k = map(int, series.split("x"))
+        gemms = json.loads(extra)["gemms"]
+        assert unit == "TFLOP/s" and items == pytest.approx(2 * m * n * k * gemms / 1e12)
+        assert value == pytest.approx(items / seconds) and json.loads(extra)["us_per_gemm"] == pytest.approx(
+            seconds / gemms * 1e6)
+    metrics = json.loads(db.execute("SELECT metrics FROM trials").fetchone()[0])
+    secs = [row[3] for row in rows if row[0] == "64x48x32"]
+    gemms = [json.loads(row[5])["gemms"] for row in rows if row[0] == "64x48x32"]
+    assert metrics["64x48x32/us_per_gemm"]["value"] == pytest.approx(sum(secs) / sum(gemms) * 1e6)
+    assert "64x48x32/pct_of_peak" not in metrics  # a CPU has no datasheet peak here
+    worker = json.loads(db.execute("SELECT fingerprint FROM trials").fetchone()[0])["pid"]
+    assert not pid_alive(worker)  # the trial's worker is gone (others' tests may run workers of their own)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["gemm", "--precision", "fp8"], "--precision fp8 needs an NVIDIA GPU of compute capability 8.9 or newer"),
+    (["gemm", "--shape", "12x4", "--device", "cpu"], "--shape '12x4' is not MxNxK"),
+    (["membw", "--kind", "h2d", "--device", "cpu"], "--kind h2d copies between host and GPU; on the CPU only d2d"),
+    (["kernels", "--app", "all", "--size", "100", "--device", "cpu"], "--size needs exactly one --app"),
+])
+def test_bad_hardware_options_are_one_line_and_exit_2(cli, tmp_path, args, message):
+    r = cli("run", *args)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("gpuvs: error:")]
+    assert r.returncode == 2 and len(errors) == 1 and message in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "gpuvs.db").exists()
+
+
+def test_sizes_parse():
+    assert parse_size("4MiB") == 4 << 20 and parse_size("1GB") == 10**9 and parse_size("512") == 512
+    assert parse_size("1.5KiB") == 1536 and parse_sizes("1MiB, 2MiB,1MiB") == [1 << 20, 2 << 20]
+    for bad in ("0", "-1MiB", "4 parsecs", "2TiB"):
+        with pytest.raises(UsageError, match="--size"):
+            parse_size(bad)
+
+
+def test_membw_counts_bytes_read_and_written_on_the_cpu(cli, tmp_path):
+    r = cli("run", "membw", "--size", "64KiB,1MiB", "--repeats", "3", "--block-ms", "1", "--device", "cpu",
+            OMP_NUM_THREADS="1")
+    assert r.returncode == 0, r.stderr
+    db = sqlite3.connect(tmp_path / "gpuvs.db")
+    rows = db.execute("SELECT series, value, unit, seconds, items, extra FROM samples").fetchall()
+    assert {row[0] for row in rows} == {"d2d 64KiB", "d2d 1MiB"} and len(rows) == 6
+    for series, value, unit, seconds, items, extra in rows:
+        size = (64 << 10) if "64KiB" in series else (1 << 20)
+        assert unit == "GB/s" and items == pytest.approx(2 * size * json.loads(extra)["copies"] / 1e9)
+        assert value == pytest.approx(items / seconds)
+
+
+def test_membw_inline_checks_the_copy_and_names_series(one_thread):
+    w = workloads.get("membw")
+    params = w.validate({"size": "4KiB", "repeats": 2, "block_ms": 0}, "cpu")
+    evs = list(w.run(RunContext(spec=RunSpec(workload="membw", device="cpu"), params=params)))
+    samples = [e for e in evs if e["type"] == "sample"]
+    assert [s["series"] for s in samples] == ["d2d 4KiB"] * 2
+    assert next(e for e in evs if e["type"] == "config")["items"]["peak_memory_gbps"] == "unknown"
