@@ -38,7 +38,10 @@ class Group:
         return bool(self.trials) and all(t.ok for t in self.trials) and not self.failure
 
     def values(self) -> list[float]:
-        return [t.primary().get("value") or 0.0 for t in self.trials if t.ok]
+        return [rate(t)[0] for t in self.trials if t.ok]
+
+    def unit(self) -> str:
+        return next((rate(t)[1] for t in self.trials if t.ok), "")
 
     @property
     def aggregate(self) -> float | None:
@@ -52,7 +55,21 @@ class Group:
     def value(self, index: int) -> float | None:
         """Throughput of the group's index-th worker (None if it failed)."""
         t = self.trials[index] if index < len(self.trials) else None
-        return (t.primary().get("value") or 0.0) if t is not None and t.ok else None
+        return rate(t)[0] if t is not None and t.ok else None
+
+
+_PER_SECOND = {"s": 1.0, "sec": 1.0, "seconds": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}
+
+
+def rate(trial: TrialResult) -> tuple[float, str]:
+    """A worker's throughput: its headline rate, or for a duration (ms per run) the runs per second,
+    so that workers' figures can be added up."""
+    main = trial.primary()
+    unit = main.get("unit", "")
+    value = main.get("value") or 0.0
+    if main.get("higher_is_better", True):
+        return value, unit
+    return (_PER_SECOND.get(unit.strip().lower(), 1.0) / value if value else 0.0), "runs/sec"
 
 
 def check_shareable(spec: RunSpec) -> None:
@@ -65,8 +82,8 @@ def check_shareable(spec: RunSpec) -> None:
 def worker_spec(base: RunSpec, folder: str, name: str, window_s: float, label: str, index: int,
                 mps: MpsDaemon | None) -> RunSpec:
     spec = copy.deepcopy(base)
-    steps = workloads.get(spec.workload).param("steps")
-    spec.params = dict(spec.params, steps=int(min(BIG_STEPS, steps.max or BIG_STEPS)))
+    count = workloads.get(spec.workload).param(workloads.get(spec.workload).window_param)
+    spec.params = dict(spec.params, **{count.name: int(min(BIG_STEPS, count.max or BIG_STEPS))})
     spec.barrier = {"dir": folder, "name": name, "window_s": window_s, "wait_s": 3600.0}
     spec.telemetry_interval_s = 0  # the coordinator samples the GPU once for everyone
     spec.arm, spec.trial = label, index

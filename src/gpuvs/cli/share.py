@@ -140,7 +140,7 @@ def scaling(console, coord: Coordinator, base: RunSpec, counts: list[int], so, t
     unit = ""
     for k, g in rows:
         v = g.values()
-        unit = unit or (g.trials[0].primary().get("unit", "") if g.ok else "")
+        unit = unit or g.unit()
         vs = g.aggregate / alone.aggregate if g.ok and alone is not None and alone.ok and alone.aggregate else None
         t.add_row(str(k), "on" if g.mps else "off", fmt(sum(v) / len(v)) if g.ok and v else "failed",
                   f"{fmt(min(v))} … {fmt(max(v))}" if g.ok else "-", fmt(g.aggregate), fmt(vs, 3),

@@ -136,6 +136,7 @@ class Workload:
     # True where run() calls ctx.start_window() before its timed part and stops when
     # ctx.window_open() turns False: such a workload can share a GPU in a measured window.
     windowed: ClassVar[bool] = False
+    window_param: ClassVar[str] = "steps"  # the count a shared window replaces (set very high under share)
     # Python modules the worker needs inside the environment (checked by environments/doctor).
     requires: ClassVar[tuple[str, ...]] = ()
     # Defaults that replace the GPU-sized ones when the device is the CPU (so a default run ends

@@ -99,6 +99,8 @@ class Kernels(Workload):
         Param("seed", int, 0, "random seed of the inputs", min=0),
     )
     cpu_defaults = {"scale": "small", "repeats": 3}
+    windowed = True  # one app per job under gpuvs share
+    window_param = "repeats"
 
     def check(self, params: dict[str, Any]) -> None:
         params["app"] = app_names(params["app"])
@@ -114,6 +116,8 @@ class Kernels(Workload):
         cuda = is_cuda(device)
         torch.set_float32_matmul_precision("highest")
         apps = [APPS[name] for name in p["app"]]
+        if ctx.spec.barrier and len(apps) != 1:
+            raise WorkloadError("input", "gpuvs share runs one kernels app per job: give --app NAME")
         sizes = {a.name: p["size"] or a.sizes[p["scale"]] for a in apps}
         yield events.config(workload="kernels", apps=", ".join(f"{a.name} {sizes[a.name]}" for a in apps),
                             scale=p["scale"] if not p["size"] else "custom", repeats=p["repeats"],
@@ -123,7 +127,7 @@ class Kernels(Workload):
         for app in apps:
             size = sizes[app.name]
             try:
-                yield from self.run_app(torch, np, app, size, device, p)
+                yield from self.run_app(torch, np, app, size, device, p, ctx)
                 done += 1
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
@@ -131,14 +135,18 @@ class Kernels(Workload):
         if not done:
             raise WorkloadError("oom", "no app could be run (see the log lines above)")
 
-    def run_app(self, torch, np, app: App, size: int, device: str, p: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def run_app(self, torch, np, app: App, size: int, device: str, p: dict[str, Any],
+                ctx: RunContext) -> Iterator[dict[str, Any]]:
         host = app.inputs(size, np.random.default_rng(p["seed"]))
         first = execute(torch, app, host, size, device)
         yield events.startup(f"{app.name}_first_run_s", first.wall_s)
         if p["check"]:
             yield events.log(self.verify(torch, np, app, size, host, first, device, p["seed"]))
         runs = []
+        ctx.start_window()
         for i in range(1, p["repeats"] + 1):
+            if not ctx.window_open():
+                break
             r = execute(torch, app, host, size, device)
             runs.append(r)
             yield events.sample(i, r.kernel_s * 1e3, self.unit, series=app.name, wall_ms=r.wall_s * 1e3,
