@@ -59,6 +59,8 @@ def test_option_parser_forms_and_errors():
                             groups, positional=0)
     assert pos == [] and {p.name: v for p, v in values.items()} == {
         "batch_size": "8", "model": "vgg16", "quiet": "true", "ulimit": ["a=1", "b=2"]}
+    _, values = opt.parse(["--quiet", "false", "--network", "--steps", "3"], groups, positional=0)
+    assert {p.name: v for p, v in values.items()} == {"quiet": "false", "network": "true", "steps": "3"}
     with pytest.raises(UsageError, match="unknown option --nope .* options: .*--batch-size"):
         opt.parse(["--nope", "1"], groups, positional=0)
     with pytest.raises(UsageError, match="--steps needs a value"):

@@ -44,6 +44,9 @@ ENV_OPTIONS = (
 )
 
 
+_BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
+
+
 def find(groups: Sequence[Sequence[Param]], option: str) -> Param | None:
     name = option.lstrip("-").replace("-", "_")
     for group in groups:
@@ -72,7 +75,12 @@ def parse(args: list[str], groups: Sequence[Sequence[Param]], positional: int = 
                 known = ", ".join(q.option for g in groups for q in g)
                 raise UsageError(f"unknown option {opt} for {what}; options: {known}")
             if p.type is bool and not eq:
-                val = "true"
+                # a flag; a following true/false word is its value (--check false)
+                if i + 1 < len(args) and args[i + 1].lower() in _BOOL_WORDS:
+                    i += 1
+                    val = args[i]
+                else:
+                    val = "true"
             elif not eq:
                 if i + 1 >= len(args):
                     raise UsageError(f"{opt} needs a value: {p.describe_allowed()}")
