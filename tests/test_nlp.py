@@ -102,7 +102,7 @@ def test_model_files_round_trip_and_broken_ones_name_their_path(tmp_path, one_th
 
     c = corpus.generate("ner", 200, 0)
     trainer = train.Trainer(train.TrainConfig(task="ner", d_model=16, layers=1, heads=2, epochs=1),
-                            train.from_corpus("ner", c.train), "cpu", labels=c.labels)
+                            corpus.as_examples("ner", c.train), "cpu", labels=c.labels)
     list(trainer.run())
     path = checkpoint.save(trainer.bundle(), tmp_path / "m.pt")
     assert [p.name for p in tmp_path.iterdir()] == ["m.pt"]  # no temporary file left behind
@@ -182,3 +182,21 @@ def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
     errors = [line for line in r.stderr.splitlines() if line.startswith("gpuvs: error:")]
     assert len(errors) == 1 and message in errors[0], r.stderr
     assert not (tmp_path / "gpuvs.db").exists()
+
+
+def test_shipped_experiment_files_are_the_four_rows_and_every_arm_validates():
+    import yaml
+
+    from conftest import ROOT
+
+    rows = {}
+    for path in sorted((ROOT / "experiments").glob("nlp-gpu-vs-cpu-*.yaml")):
+        exp = yaml.safe_load(path.read_text())
+        assert set(exp) <= {"name", "workload", "params", "device", "env", "trials", "margin", "arms", "timeout_s"}
+        assert exp["name"] == path.stem and exp["trials"] >= 3
+        assert [(a["name"], a["device"]) for a in exp["arms"]] == [("gpu", "cuda"), ("cpu", "cpu")]
+        w = workloads.get(exp["workload"])
+        for arm in exp["arms"]:  # every size is given, so both arms do the same work (no CPU-sized defaults)
+            assert w.validate(exp["params"], arm["device"]) == w.validate(exp["params"], "cuda")
+        rows[exp["workload"]] = exp
+    assert set(rows) == {"ner-train", "tc-train", "ner-predict", "tc-predict"}

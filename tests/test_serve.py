@@ -2,7 +2,6 @@
 clients, every refusal's status code, two clients training one name at once, SIGTERM with calls in
 flight, the load driver and the server as a workload. Every server process is shown gone afterwards."""
 
-import hashlib
 import json
 import queue
 import signal
@@ -114,6 +113,9 @@ def test_train_streams_progress_then_predict_both_tasks(server):
     assert list(r.predictions[0].tags) == ["B-PER", "I-PER", "O", "O", "B-LOC", "O"]
     names = {m.name: m for m in server.stub.ListModels(pb.ListModelsRequest()).models}
     assert names["tc"].task == pb.TC and names["ner"].task == pb.NER and names["tc"].loaded
+    assert server.stub.Load(pb.LoadRequest(model="ner")).already_loaded
+    again = server.stub.Load(pb.LoadRequest(model="ner", reload=True))
+    assert not again.already_loaded and again.seconds > 0 and again.path == str(server.models / "ner.pt")
 
 
 def _raw(server, method):
@@ -244,6 +246,7 @@ def test_serve_load_reports_throughput_and_latency(server, cli, tmp_path):
     assert len([1 for s, _, _ in rows if s == "latency"]) == 30
     startup = json.loads(startup)
     assert {"train_s", "model_load_s", "first_request_s"} <= set(startup)  # trained first: it was missing
+    assert startup["model_load_s"] > 0  # read from its file again, and timed by the server
     assert not pid_alive(json.loads(fp)["pid"])
 
 

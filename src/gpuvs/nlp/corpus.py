@@ -180,6 +180,15 @@ def tc_sentence(rng: random.Random, noise: float = 0.15) -> TcSentence:
     return TcSentence(text, label)
 
 
+def as_examples(task: str, items) -> list[tuple[list[str], object]]:
+    """Training examples: (tokens, tags) for NER, (tokens, label) for TC."""
+    from gpuvs.nlp.data import tokenize
+
+    if task == "ner":
+        return [(list(s.tokens), list(s.tags)) for s in items]
+    return [(tokenize(s.text), s.label) for s in items]
+
+
 def generate(task: str, sentences: int = 5000, seed: int = 0, eval_fraction: float = 0.1) -> Corpus:
     """`sentences` sentences for task 'ner' or 'tc', split into train and held-out eval parts."""
     if task not in ("ner", "tc"):

@@ -61,12 +61,6 @@ class StepStat:
     loss: float | None = None
 
 
-def from_corpus(task: str, items: Sequence[Any]) -> list[Example]:
-    if task == "ner":
-        return [(list(s.tokens), list(s.tags)) for s in items]
-    return [(data.tokenize(s.text), s.label) for s in items]
-
-
 def autocast(precision: str, device: torch.device):
     if precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)

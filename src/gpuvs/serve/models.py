@@ -58,14 +58,15 @@ class ModelStore:
             with self._lock:
                 self._training.discard(name)
 
-    def get(self, name: str) -> tuple[Loaded, bool]:
-        """The loaded model (loading it first if need be) and whether it was loaded already."""
+    def get(self, name: str, reload: bool = False) -> tuple[Loaded, bool]:
+        """The loaded model (loading it first if need be, or again from its file with reload) and
+        whether it was loaded already."""
         with self._lock:
-            if name in self._loaded:
+            if name in self._loaded and not reload:
                 return self._loaded[name], True
         with self._load_lock:
             with self._lock:
-                if name in self._loaded:
+                if name in self._loaded and not reload:
                     return self._loaded[name], True
                 training = name in self._training
             path = self.path(name)

@@ -16,15 +16,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15gpuvs/serve/nlp.proto\x12\x0cgpuvs.nlp.v1\"D\n\x07\x45xample\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05label\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x03(\t\x12\x0c\n\x04tags\x18\x04 \x03(\t\"\xb3\x01\n\x0cTrainOptions\x12\x0c\n\x04\x61rch\x18\x01 \x01(\t\x12\x0e\n\x06\x65pochs\x18\x02 \x01(\r\x12\x12\n\nbatch_size\x18\x03 \x01(\r\x12\x0f\n\x07\x64_model\x18\x04 \x01(\r\x12\x0e\n\x06layers\x18\x05 \x01(\r\x12\r\n\x05heads\x18\x06 \x01(\r\x12\n\n\x02lr\x18\x07 \x01(\x02\x12\x0c\n\x04seed\x18\x08 \x01(\r\x12\x16\n\x0eprogress_every\x18\t \x01(\r\x12\x0f\n\x07max_len\x18\n \x01(\r\"\xc2\x01\n\x0cTrainRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12 \n\x04task\x18\x02 \x01(\x0e\x32\x12.gpuvs.nlp.v1.Task\x12\'\n\x08\x65xamples\x18\x03 \x03(\x0b\x32\x15.gpuvs.nlp.v1.Example\x12\x1b\n\x13generated_sentences\x18\x04 \x01(\r\x12\x0e\n\x06labels\x18\x05 \x03(\t\x12+\n\x07options\x18\x06 \x01(\x0b\x32\x1a.gpuvs.nlp.v1.TrainOptions\"\xeb\x01\n\rTrainProgress\x12\r\n\x05\x65poch\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x13\n\x0btotal_steps\x18\x03 \x01(\r\x12\x0c\n\x04loss\x18\x04 \x01(\x02\x12\x18\n\x10\x65xamples_per_sec\x18\x05 \x01(\x02\x12\x16\n\x0etokens_per_sec\x18\x06 \x01(\x02\x12\x11\n\telapsed_s\x18\x07 \x01(\x02\x12\x0c\n\x04\x64one\x18\x08 \x01(\x08\x12\x10\n\x08\x61\x63\x63uracy\x18\t \x01(\x02\x12\x11\n\tentity_f1\x18\n \x01(\x02\x12\x12\n\nmodel_path\x18\x0b \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0c \x01(\t\".\n\x0ePredictRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\"H\n\nPrediction\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x0e\n\x06tokens\x18\x03 \x03(\t\x12\x0c\n\x04tags\x18\x04 \x03(\t\"n\n\x0fPredictResponse\x12-\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x18.gpuvs.nlp.v1.Prediction\x12\x16\n\x0eserver_seconds\x18\x02 \x01(\x02\x12\x14\n\x0cload_seconds\x18\x03 \x01(\x02\"\x1c\n\x0bLoadRequest\x12\r\n\x05model\x18\x01 \x01(\t\"g\n\x0cLoadResponse\x12\x0f\n\x07seconds\x18\x01 \x01(\x02\x12\x16\n\x0e\x61lready_loaded\x18\x02 \x01(\x08\x12\x0c\n\x04path\x18\x03 \x01(\t\x12 \n\x04task\x18\x04 \x01(\x0e\x32\x12.gpuvs.nlp.v1.Task\"\x13\n\x11ListModelsRequest\"k\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x04task\x18\x02 \x01(\x0e\x32\x12.gpuvs.nlp.v1.Task\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x0e\n\x06loaded\x18\x04 \x01(\x08\x12\x10\n\x08training\x18\x05 \x01(\x08\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.gpuvs.nlp.v1.ModelInfo*-\n\x04Task\x12\x14\n\x10TASK_UNSPECIFIED\x10\x00\x12\x07\n\x03NER\x10\x01\x12\x06\n\x02TC\x10\x02\x32\xa1\x02\n\x03Nlp\x12\x42\n\x05Train\x12\x1a.gpuvs.nlp.v1.TrainRequest\x1a\x1b.gpuvs.nlp.v1.TrainProgress0\x01\x12\x46\n\x07Predict\x12\x1c.gpuvs.nlp.v1.PredictRequest\x1a\x1d.gpuvs.nlp.v1.PredictResponse\x12=\n\x04Load\x12\x19.gpuvs.nlp.v1.LoadRequest\x1a\x1a.gpuvs.nlp.v1.LoadResponse\x12O\n\nListModels\x12\x1f.gpuvs.nlp.v1.ListModelsRequest\x1a .gpuvs.nlp.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15gpuvs/serve/nlp.proto\x12\x0cgpuvs.nlp.v1\"D\n\x07\x45xample\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05label\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x03(\t\x12\x0c\n\x04tags\x18\x04 \x03(\t\"\xb3\x01\n\x0cTrainOptions\x12\x0c\n\x04\x61rch\x18\x01 \x01(\t\x12\x0e\n\x06\x65pochs\x18\x02 \x01(\r\x12\x12\n\nbatch_size\x18\x03 \x01(\r\x12\x0f\n\x07\x64_model\x18\x04 \x01(\r\x12\x0e\n\x06layers\x18\x05 \x01(\r\x12\r\n\x05heads\x18\x06 \x01(\r\x12\n\n\x02lr\x18\x07 \x01(\x02\x12\x0c\n\x04seed\x18\x08 \x01(\r\x12\x16\n\x0eprogress_every\x18\t \x01(\r\x12\x0f\n\x07max_len\x18\n \x01(\r\"\xc2\x01\n\x0cTrainRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12 \n\x04task\x18\x02 \x01(\x0e\x32\x12.gpuvs.nlp.v1.Task\x12\'\n\x08\x65xamples\x18\x03 \x03(\x0b\x32\x15.gpuvs.nlp.v1.Example\x12\x1b\n\x13generated_sentences\x18\x04 \x01(\r\x12\x0e\n\x06labels\x18\x05 \x03(\t\x12+\n\x07options\x18\x06 \x01(\x0b\x32\x1a.gpuvs.nlp.v1.TrainOptions\"\xeb\x01\n\rTrainProgress\x12\r\n\x05\x65poch\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x13\n\x0btotal_steps\x18\x03 \x01(\r\x12\x0c\n\x04loss\x18\x04 \x01(\x02\x12\x18\n\x10\x65xamples_per_sec\x18\x05 \x01(\x02\x12\x16\n\x0etokens_per_sec\x18\x06 \x01(\x02\x12\x11\n\telapsed_s\x18\x07 \x01(\x02\x12\x0c\n\x04\x64one\x18\x08 \x01(\x08\x12\x10\n\x08\x61\x63\x63uracy\x18\t \x01(\x02\x12\x11\n\tentity_f1\x18\n \x01(\x02\x12\x12\n\nmodel_path\x18\x0b \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0c \x01(\t\".\n\x0ePredictRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\"H\n\nPrediction\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x0e\n\x06tokens\x18\x03 \x03(\t\x12\x0c\n\x04tags\x18\x04 \x03(\t\"n\n\x0fPredictResponse\x12-\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x18.gpuvs.nlp.v1.Prediction\x12\x16\n\x0eserver_seconds\x18\x02 \x01(\x02\x12\x14\n\x0cload_seconds\x18\x03 \x01(\x02\",\n\x0bLoadRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06reload\x18\x02 \x01(\x08\"g\n\x0cLoadResponse\x12\x0f\n\x07seconds\x18\x01 \x01(\x02\x12\x16\n\x0e\x61lready_loaded\x18\x02 \x01(\x08\x12\x0c\n\x04path\x18\x03 \x01(\t\x12 \n\x04task\x18\x04 \x01(\x0e\x32\x12.gpuvs.nlp.v1.Task\"\x13\n\x11ListModelsRequest\"k\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x04task\x18\x02 \x01(\x0e\x32\x12.gpuvs.nlp.v1.Task\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x0e\n\x06loaded\x18\x04 \x01(\x08\x12\x10\n\x08training\x18\x05 \x01(\x08\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.gpuvs.nlp.v1.ModelInfo*-\n\x04Task\x12\x14\n\x10TASK_UNSPECIFIED\x10\x00\x12\x07\n\x03NER\x10\x01\x12\x06\n\x02TC\x10\x02\x32\xa1\x02\n\x03Nlp\x12\x42\n\x05Train\x12\x1a.gpuvs.nlp.v1.TrainRequest\x1a\x1b.gpuvs.nlp.v1.TrainProgress0\x01\x12\x46\n\x07Predict\x12\x1c.gpuvs.nlp.v1.PredictRequest\x1a\x1d.gpuvs.nlp.v1.PredictResponse\x12=\n\x04Load\x12\x19.gpuvs.nlp.v1.LoadRequest\x1a\x1a.gpuvs.nlp.v1.LoadResponse\x12O\n\nListModels\x12\x1f.gpuvs.nlp.v1.ListModelsRequest\x1a .gpuvs.nlp.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpuvs.serve.nlp_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TASK']._serialized_start=1288
-  _globals['_TASK']._serialized_end=1333
+  _globals['_TASK']._serialized_start=1304
+  _globals['_TASK']._serialized_end=1349
   _globals['_EXAMPLE']._serialized_start=39
   _globals['_EXAMPLE']._serialized_end=107
   _globals['_TRAINOPTIONS']._serialized_start=110
@@ -40,15 +40,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREDICTRESPONSE']._serialized_start=848
   _globals['_PREDICTRESPONSE']._serialized_end=958
   _globals['_LOADREQUEST']._serialized_start=960
-  _globals['_LOADREQUEST']._serialized_end=988
-  _globals['_LOADRESPONSE']._serialized_start=990
-  _globals['_LOADRESPONSE']._serialized_end=1093
-  _globals['_LISTMODELSREQUEST']._serialized_start=1095
-  _globals['_LISTMODELSREQUEST']._serialized_end=1114
-  _globals['_MODELINFO']._serialized_start=1116
-  _globals['_MODELINFO']._serialized_end=1223
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1225
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1286
-  _globals['_NLP']._serialized_start=1336
-  _globals['_NLP']._serialized_end=1625
+  _globals['_LOADREQUEST']._serialized_end=1004
+  _globals['_LOADRESPONSE']._serialized_start=1006
+  _globals['_LOADRESPONSE']._serialized_end=1109
+  _globals['_LISTMODELSREQUEST']._serialized_start=1111
+  _globals['_LISTMODELSREQUEST']._serialized_end=1130
+  _globals['_MODELINFO']._serialized_start=1132
+  _globals['_MODELINFO']._serialized_end=1239
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1241
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1302
+  _globals['_NLP']._serialized_start=1352
+  _globals['_NLP']._serialized_end=1641
 # @@protoc_insertion_point(module_scope)

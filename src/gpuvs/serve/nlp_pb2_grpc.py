@@ -55,7 +55,8 @@ class NlpServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Load(self, request, context):
-        """Load a saved model into memory now (rather than on its first Predict), and say how long it took.
+        """Load a saved model into memory now (rather than on its first Predict), and say how long it took;
+        with reload, read it from its file again even if it is loaded.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

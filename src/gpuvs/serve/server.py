@@ -169,7 +169,7 @@ class NlpService:
 
     def load(self, raw: bytes, context) -> tuple[pb.LoadResponse, int]:
         req = validate.parse(pb.LoadRequest, raw)
-        loaded, already = self.store.get(validate.model_name(req.model))
+        loaded, already = self.store.get(validate.model_name(req.model), reload=req.reload)
         if not already:
             _log(f"loaded {req.model} from {loaded.path} in {loaded.seconds:.3f} s")
         task = TASK_ENUM[loaded.predictor.bundle.task]  # type: ignore[attr-defined]

@@ -150,8 +150,8 @@ def train_request(req: pb.TrainRequest, limits: Limits) -> TrainJob:
         if not 20 <= req.generated_sentences <= limits.max_generated:
             raise invalid(f"generated_sentences {req.generated_sentences} is out of range: 20 to {limits.max_generated}")
         gen = corpus.generate(task, req.generated_sentences, opts["seed"])
-        from_gen = (lambda s: (list(s.tokens), list(s.tags))) if task == "ner" else (lambda s: (data.tokenize(s.text), s.label))
-        job.train, job.eval, job.labels = [from_gen(s) for s in gen.train], [from_gen(s) for s in gen.eval], gen.labels
+        job.train, job.eval = corpus.as_examples(task, gen.train), corpus.as_examples(task, gen.eval)
+        job.labels = gen.labels
         return job
     declared = _declared_labels(list(req.labels), task)
     examples = [(_ner_example if task == "ner" else _tc_example)(i, ex, declared, opts["max_len"], limits)

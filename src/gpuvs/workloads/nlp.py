@@ -81,7 +81,7 @@ class _NlpBase(Workload):
 
 class _TrainBase(_NlpBase):
     unit = "examples/sec"
-    cpu_defaults = {"epochs": 1}
+    cpu_defaults = {"epochs": 1, "sentences": 2000}
     params = MODEL_PARAMS + (
         Param("epochs", int, 2, "passes over the training sentences", min=1, max=100000),
         Param("warmup_steps", int, 5, "first steps, excluded from the throughput figures", min=0, max=100000),
@@ -108,7 +108,7 @@ class _TrainBase(_NlpBase):
         device, threads = self.setup(ctx)
         t0 = time.perf_counter()
         data = corpus.generate(self.task, p["sentences"], p["seed"])
-        train_set, eval_set = train.from_corpus(self.task, data.train), train.from_corpus(self.task, data.eval)
+        train_set, eval_set = corpus.as_examples(self.task, data.train), corpus.as_examples(self.task, data.eval)
         yield events.startup("corpus_s", time.perf_counter() - t0)
         t0 = time.perf_counter()
         trainer = train.Trainer(self.train_config(p, p["epochs"]), train_set, device, labels=data.labels)
@@ -160,6 +160,7 @@ class _TrainBase(_NlpBase):
 
 class _PredictBase(_NlpBase):
     unit = "examples/sec"
+    cpu_defaults = {"sentences": 2000, "requests": 100}
     params = MODEL_PARAMS + (
         Param("model_path", str, "", "a model file (from *-train --save-model, or a gpuvs serve --models-dir); "
                                      "empty: train one first, untimed"),
@@ -189,14 +190,14 @@ class _PredictBase(_NlpBase):
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
         data = corpus.generate(self.task, p["sentences"], p["seed"])
-        pool = train.from_corpus(self.task, data.eval + data.train)
+        pool = corpus.as_examples(self.task, data.eval + data.train)
         yield events.startup("corpus_s", time.perf_counter() - t0)
         with tempfile.TemporaryDirectory(prefix="gpuvs-nlp-") as tmp:
             path = p["model_path"]
             if not path:
                 t0 = time.perf_counter()
                 trainer = train.Trainer(self.train_config(p, p["train_epochs"]),
-                                        train.from_corpus(self.task, data.train), device, labels=data.labels)
+                                        corpus.as_examples(self.task, data.train), device, labels=data.labels)
                 for _ in trainer.run():
                     pass
                 path = str(checkpoint.save(trainer.bundle(), os.path.join(tmp, f"{self.task}.pt")))
@@ -261,6 +262,7 @@ class _PredictBase(_NlpBase):
         total = float(sum(latencies))
         yield events.metric("timed_s", total, "s")
         yield events.metric("requests_per_sec", len(latencies) / total, "requests/sec")
+        yield events.metric("examples_per_sec", len(gold) / total, "examples/sec")
         scores = train.score(self.task, gold, pred, predictor.max_len)
         for name, value in scores.items():
             yield events.metric(name, value)
