@@ -28,20 +28,21 @@ class Served:
 
     def __init__(self, models, *args):
         self.models = models
+        self.log = open(models.parent / f"{models.name}-serve.err", "w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "gpuvs", "serve", "--port", "0", "--device", "cpu",
                                       "--threads", "1", "--models-dir", str(models), *map(str, args)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuvs_env())
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=gpuvs_env())
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: [self.lines.put(x) for x in self.proc.stdout], daemon=True).start()
         first = self.lines.get(timeout=120)
-        assert "listening on 127.0.0.1:" in first, first + self.proc.stderr.read()
+        assert "listening on 127.0.0.1:" in first, first + open(self.log.name).read()
         self.port = int(first.split("127.0.0.1:")[1].split()[0])
         self.target = f"127.0.0.1:{self.port}"
         self.channel, self.stub = client.connect(self.target)
 
-    def stop(self, timeout=60):
+    def stop(self, timeout=60, sig=signal.SIGTERM):
         self.channel.close()
-        self.proc.send_signal(signal.SIGTERM)
+        self.proc.send_signal(sig)
         code = self.proc.wait(timeout=timeout)
         out = []
         while not self.lines.empty():
@@ -52,6 +53,7 @@ class Served:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +61,8 @@ def server(tmp_path_factory):
     s = Served(tmp_path_factory.mktemp("models"), "--max-message-mb", "1", "--grace", "2")
     yield s
     try:
-        code, out = s.stop()
-        assert code == 0 and "stopped" in out
+        code, out = s.stop(sig=signal.SIGINT)  # Ctrl-C stops it as cleanly as SIGTERM (tested below)
+        assert code == 0 and "Ctrl-C: stopping" in out and "stopped in" in out
         assert not pid_alive(s.proc.pid)
     finally:
         s.kill()
@@ -209,7 +211,11 @@ def test_sigterm_finishes_short_calls_cancels_long_ones_and_exits(tmp_path):
         chan, stub = client.connect(s.target, own_connection=True)
         t = threading.Thread(target=lambda: short.extend(train(stub, "short", generated_sentences=300)))
         t.start()
-        time.sleep(0.3)  # the short training is in flight too
+        for _ in range(300):  # until the short training is in flight too (or already done)
+            training = {m.name for m in s.stub.ListModels(pb.ListModelsRequest()).models if m.training}
+            if short or "short" in training:
+                break
+            time.sleep(0.05)
         t0 = time.monotonic()
         code, out = s.stop(timeout=60)
         took = time.monotonic() - t0

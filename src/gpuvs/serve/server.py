@@ -241,10 +241,15 @@ class NlpServer:
         return port
 
     def stop(self, grace: float = 5.0) -> None:
+        """No new calls; calls in flight get `grace` seconds, then are cancelled; returns once every
+        handler thread has ended (a second Ctrl-C while waiting cuts the grace period short)."""
         if self._server is None:
             return
-        self._server.stop(grace).wait()
-        self.stopping.set()  # anything still running is past the grace period: stop it
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-        self._server = None
+        server, self._server = self._server, None
+        try:
+            server.stop(grace).wait()
+        finally:
+            self.stopping.set()  # anything still running is past the grace period: stop it
+            server.stop(0).wait()
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
