@@ -1,0 +1,255 @@
+"""The NLP gRPC service and its server.
+
+Handlers take the raw request bytes and parse them themselves (validate.parse), so a request that is
+not the right message, or has a field of the wrong type, gets INVALID_ARGUMENT rather than gRPC's
+generic error. Requests over the size limit are refused by gRPC itself (grpc.max_receive_message_length,
+RESOURCE_EXHAUSTED) before any memory is spent on them. A handler never lets an exception reach
+gRPC: a refusal is its status code, anything unexpected is INTERNAL with the reason, and the server
+serves on.
+
+stop(grace) stops taking calls at once, gives the calls in flight `grace` seconds to finish, then
+cancels the rest (a training in flight stops at its next step and saves nothing: the saved model,
+if any, stays as it was) and waits for every handler thread to end."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import time
+import traceback
+from concurrent import futures
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import grpc
+
+from gpuvs.serve import nlp_pb2 as pb
+from gpuvs.serve import validate
+from gpuvs.serve.models import ModelStore
+from gpuvs.serve.validate import Limits, Refused
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Nlp"]
+TASK_ENUM = {"ner": pb.NER, "tc": pb.TC}
+
+# on_request(method, seconds, items, status code name): for the nlp-serve workload's figures
+RequestHook = Callable[[str, float, int, str], None]
+
+
+def _log(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} gpuvs serve: {message}", file=sys.stderr, flush=True)
+
+
+class NlpService:
+    def __init__(self, store: ModelStore, limits: Limits, stopping: threading.Event,
+                 on_request: RequestHook | None = None):
+        self.store, self.limits, self.stopping = store, limits, stopping
+        self.on_request = on_request
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _report(self, method: str, t0: float, items: int, code: str) -> None:
+        if self.on_request:
+            self.on_request(method, time.perf_counter() - t0, items, code)
+
+    def _unary(self, method: str, fn):
+        @functools.wraps(fn)
+        def handler(raw: bytes, context: grpc.ServicerContext):
+            t0 = time.perf_counter()
+            try:
+                response, items = fn(raw, context)
+            except Refused as exc:
+                self._report(method, t0, 0, exc.code.name)
+                context.abort(exc.code, exc.message)
+            except Exception as exc:  # never a crashed server: the reason goes back to the caller
+                traceback.print_exc(file=sys.stderr)
+                self._report(method, t0, 0, "INTERNAL")
+                context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            self._report(method, t0, items, "OK")
+            return response
+        return handler
+
+    def _stream(self, method: str, fn):
+        @functools.wraps(fn)
+        def handler(raw: bytes, context: grpc.ServicerContext):
+            t0 = time.perf_counter()
+            items = 0
+            try:
+                for message, n in fn(raw, context):
+                    items += n
+                    yield message
+            except Refused as exc:
+                self._report(method, t0, items, exc.code.name)
+                context.abort(exc.code, exc.message)
+            except Exception as exc:
+                traceback.print_exc(file=sys.stderr)
+                self._report(method, t0, items, "INTERNAL")
+                context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            self._report(method, t0, items, "OK")
+        return handler
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        ser = {"Train": pb.TrainProgress, "Predict": pb.PredictResponse, "Load": pb.LoadResponse,
+               "ListModels": pb.ListModelsResponse}
+        methods = {
+            "Train": grpc.unary_stream_rpc_method_handler(self._stream("Train", self.train),
+                                                          response_serializer=ser["Train"].SerializeToString),
+        }
+        for name, fn in (("Predict", self.predict), ("Load", self.load), ("ListModels", self.list_models)):
+            methods[name] = grpc.unary_unary_rpc_method_handler(self._unary(name, fn),
+                                                                response_serializer=ser[name].SerializeToString)
+        assert set(methods) == {m.name for m in SERVICE.methods}, "nlp.proto and the handlers differ"
+        return grpc.method_handlers_generic_handler(SERVICE.full_name, methods)
+
+    # -- the calls -----------------------------------------------------------------------------
+
+    def train(self, raw: bytes, context) -> Iterator[tuple[pb.TrainProgress, int]]:
+        job = validate.train_request(validate.parse(pb.TrainRequest, raw), self.limits)
+        with self.store.training(job.name):
+            yield from self._train(job, context)
+
+    def _train(self, job: validate.TrainJob, context) -> Iterator[tuple[pb.TrainProgress, int]]:
+        import torch
+
+        from gpuvs.nlp import train
+
+        cfg = train.TrainConfig(task=job.task, **job.options)
+        device = self.store.device
+        _log(f"training {job.name} ({job.task}, {cfg.arch} d{cfg.d_model} x{cfg.layers}, {len(job.train)} examples, "
+             f"{cfg.epochs} epochs) on {device}")
+        t0 = time.perf_counter()
+        try:
+            trainer = train.Trainer(cfg, job.train, device, labels=job.labels)
+            total = trainer.total_steps
+            examples = tokens = 0
+            timed = 0.0
+            stop = lambda: self.stopping.is_set() or not context.is_active()  # noqa: E731
+            for kind, value in trainer.run(warmup_steps=0, display_every=job.progress_every, should_stop=stop):
+                if kind != "steps":
+                    continue
+                sec = sum(s.seconds for s in value)
+                n_ex, n_tok = sum(s.examples for s in value), sum(s.tokens for s in value)
+                examples, tokens, timed = examples + n_ex, tokens + n_tok, timed + sec
+                last = value[-1]
+                yield pb.TrainProgress(epoch=last.epoch, step=last.step, total_steps=total, loss=last.loss,
+                                       examples_per_sec=n_ex / sec, tokens_per_sec=n_tok / sec,
+                                       elapsed_s=time.perf_counter() - t0, device=device), 0
+            scores = trainer.evaluate(job.eval)
+            if self.stopping.is_set() or not context.is_active():
+                raise train.Cancelled
+            path = self.store.put(job.name, trainer.bundle())
+        except train.Cancelled:
+            _log(f"training {job.name} stopped before the end; nothing was saved")
+            raise Refused(grpc.StatusCode.CANCELLED if not self.stopping.is_set() else grpc.StatusCode.UNAVAILABLE,
+                          f"training of {job.name} was stopped (server shutting down or call cancelled); "
+                          "the saved model, if any, is unchanged") from None
+        except torch.cuda.OutOfMemoryError as exc:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"out of GPU memory training {job.name}: "
+                                                               f"{str(exc).splitlines()[0][:160]}") from None
+        elapsed = time.perf_counter() - t0
+        _log(f"trained {job.name} in {elapsed:.2f} s: accuracy {scores['accuracy']:.3f}; saved to {path}")
+        yield pb.TrainProgress(epoch=cfg.epochs, step=total, total_steps=total, done=True, elapsed_s=elapsed,
+                               examples_per_sec=examples / timed if timed else 0.0,
+                               tokens_per_sec=tokens / timed if timed else 0.0, accuracy=scores["accuracy"],
+                               entity_f1=scores.get("entity_f1", 0.0), model_path=str(path), device=device), examples
+
+    def predict(self, raw: bytes, context) -> tuple[pb.PredictResponse, int]:
+        name, texts = validate.predict_request(validate.parse(pb.PredictRequest, raw), self.limits)
+        loaded, already = self.store.get(name)
+        predictor: Any = loaded.predictor
+        validate.texts_fit(texts, predictor.max_len, self.limits)
+        t0 = time.perf_counter()
+        out = predictor.predict(texts)
+        response = pb.PredictResponse(server_seconds=time.perf_counter() - t0,
+                                      load_seconds=0.0 if already else loaded.seconds)
+        for o in out:
+            response.predictions.add(label=o.get("label", ""), score=o.get("score", 0.0), tokens=o.get("tokens", []),
+                                     tags=o.get("tags", []))
+        return response, len(texts)
+
+    def load(self, raw: bytes, context) -> tuple[pb.LoadResponse, int]:
+        req = validate.parse(pb.LoadRequest, raw)
+        loaded, already = self.store.get(validate.model_name(req.model), reload=req.reload)
+        if not already:
+            _log(f"loaded {req.model} from {loaded.path} in {loaded.seconds:.3f} s")
+        task = TASK_ENUM[loaded.predictor.bundle.task]  # type: ignore[attr-defined]
+        return pb.LoadResponse(seconds=loaded.seconds, already_loaded=already, path=str(loaded.path), task=task), 0
+
+    def list_models(self, raw: bytes, context) -> tuple[pb.ListModelsResponse, int]:
+        validate.parse(pb.ListModelsRequest, raw)
+        response = pb.ListModelsResponse()
+        for m in self.store.info():
+            response.models.add(name=m["name"], path=m["path"], loaded=m["loaded"], training=m["training"],
+                                task=TASK_ENUM.get(m["task"], pb.TASK_UNSPECIFIED))
+        return response, 0
+
+
+class NlpServer:
+    """The service on host:port (port 0: a free one), with its own thread pool."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 50051, device: str = "cpu",
+                 models_dir: str | Path = "gpuvs-models", limits: Limits | None = None, workers: int = 8,
+                 on_request: RequestHook | None = None, threads: int = 0):
+        self.host, self.requested_port, self.device = host, port, device
+        self.threads = threads
+        self.models_dir = Path(models_dir)
+        self.limits = limits or Limits()
+        self.workers = workers
+        self.stopping = threading.Event()
+        self.store = ModelStore(self.models_dir, device)
+        self.service = NlpService(self.store, self.limits, self.stopping, on_request)
+        self.port: int | None = None
+        self.ready_s = 0.0
+        self._server: grpc.Server | None = None
+        self._executor: futures.ThreadPoolExecutor | None = None
+
+    def warm_up(self) -> float:
+        """Import torch and start the device before taking calls, so the first call does not pay for it."""
+        t0 = time.perf_counter()
+        import torch
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        if self.device.startswith("cuda"):
+            torch.zeros(1, device=self.device)
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def start(self) -> int:
+        """Bind the port (OSError if it cannot), warm up (self.ready_s), then take calls."""
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        self._executor = futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="gpuvs-serve")
+        size = self.limits.max_message_bytes
+        self._server = grpc.server(self._executor, options=[
+            ("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size),
+            ("grpc.so_reuseport", 0)])
+        self._server.add_generic_rpc_handlers((self.service.handler(),))
+        address = f"{self.host}:{self.requested_port}"
+        try:
+            port = self._server.add_insecure_port(address)
+        except RuntimeError as exc:
+            port, reason = 0, str(exc)
+        else:
+            reason = "the address is in use or not valid here"
+        if not port:
+            self._executor.shutdown(wait=False)
+            self._server = None
+            raise OSError(f"cannot listen on {address}: {reason}")
+        self.port = port
+        self.ready_s = self.warm_up()
+        self._server.start()
+        return port
+
+    def stop(self, grace: float = 5.0) -> None:
+        """No new calls; calls in flight get `grace` seconds, then are cancelled; returns once every
+        handler thread has ended (a second Ctrl-C while waiting cuts the grace period short)."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        try:
+            server.stop(grace).wait()
+        finally:
+            self.stopping.set()  # anything still running is past the grace period: stop it
+            server.stop(0).wait()
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
