@@ -164,10 +164,10 @@ def framework_info(import_torch: bool = True) -> dict[str, Any]:
         out["cudnn"] = torch.backends.cudnn.version()
     except Exception:
         out["cudnn"] = None
-    try:
-        import torchvision
+    try:  # the installed version, without importing it (that costs seconds where a job does not use it)
+        from importlib.metadata import version
 
-        out["torchvision"] = torchvision.__version__
+        out["torchvision"] = version("torchvision")
     except Exception:
         pass
     return out
