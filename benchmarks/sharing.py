@@ -1,7 +1,7 @@
 """GPU proof of sharing: gpuvs share for ResNet-50 bf16 bs128 (workers 1, 2, 4; MPS off and on),
 a capacity search, and advise-mps on pairs. Writes one markdown file with the commands.
 
-usage: PYTHONPATH=src python benchmarks/sharing.py OUT_DIR [part ...]   parts: share capacity advise"""
+usage: PYTHONPATH=src python benchmarks/sharing.py OUT_DIR [part ...]   parts: share capacity advise matrix"""
 
 import subprocess
 import sys
@@ -9,13 +9,13 @@ import time
 from pathlib import Path
 
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
-PARTS = sys.argv[2:] or ["share", "capacity", "advise"]
+PARTS = sys.argv[2:] or ["share", "capacity", "advise", "matrix"]
 OUT.mkdir(parents=True, exist_ok=True)
 DB = OUT / "sharing.db"
 MD = OUT / "sharing.md"
 R50 = "--model resnet50 --batch-size 128 --precision bf16 --data-format NHWC"
 PAIRS = [
-    ("cnn-train " + R50, "cnn-train " + R50),
+    ("kernels --app pathfinder --check false", "kernels --app hotspot --check false"),
     ("cnn-infer --model resnet18 --batch-size 8 --image-size 64", "cnn-infer --model mobilenet_v2 --batch-size 8 --image-size 64"),
 ]
 
@@ -54,6 +54,9 @@ def main() -> None:
         for a, b in PAIRS:
             args = ["advise-mps", a, b, "--device", "cuda", "--duration", "8"]
             section(f"advise-mps: {a} + {b}", args, f'gpuvs advise-mps "{a}" "{b}" --device cuda --duration 8')
+    if "matrix" in PARTS:
+        args = ["share-matrix", "experiments/mps-kernel-pairs.yaml", "--device", "cuda", "--duration", "4"]
+        section("MPS kernel-pair matrix", args, "gpuvs " + " ".join(args))
     print(MD.read_text())
 
 

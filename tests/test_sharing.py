@@ -189,3 +189,30 @@ def test_containers_share_one_window(cli, tmp_path):
     assert all('"in_container": true' in fp for _, _, fp in rows)
     left = subprocess.run(["podman", "ps", "-a", "--filter", "label=gpuvs", "-q"], capture_output=True, text=True)
     assert left.stdout.strip() == ""
+
+
+def test_share_matrix_runs_pairs_over_a_sweep(cli, tmp_path):
+    f = tmp_path / "pairs.yaml"
+    f.write_text('name: tiny\nduration: 0.5\nmps: both\npairs:\n  - ["selftest", "selftest --noise"]\n'
+                 'sweep:\n  step_seconds: [0.01, 0.03]\n')
+    r = cli("share-matrix", f, "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "tiny: time per run, alone and together" in r.stdout and "0.03" in r.stdout
+    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm, status, spec FROM trials").fetchall()
+    # two sizes x (A alone, B alone, A+B with two workers); MPS is left out on the CPU
+    assert [a for a, _, _ in rows] == ["A alone", "B alone", "A+B", "A+B"] * 2
+    assert all(s == "ok" for _, s, _ in rows) and '"step_seconds": 0.03' in rows[-1][2]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("pairs: []\n", "'pairs' must be a list of [JOB_A, JOB_B] pairs"),
+    ('pairs: [["selftest", "selftest"]]\ncolour: red\n', "unknown key(s) colour"),
+    ('pairs: [["selftest", "selftest"]]\nsweep: {a: [1], b: [2]}\n', "'sweep' must be one parameter"),
+    ('pairs: [["selftest", "nosuch"]]\n', "unknown workload 'nosuch'"),
+    ("pairs: [\n", "not valid YAML"),
+])
+def test_share_matrix_bad_files(cli, tmp_path, text, message):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    r = cli("share-matrix", f, "--device", "cpu")
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
