@@ -69,13 +69,11 @@ def summarize_samples(samples: Iterable[dict[str, Any]]) -> dict[str, dict[str, 
 
 def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
     """Mean and Student-t confidence interval of the mean: (mean, low, high)."""
-    from scipy import stats as st
-
     arr = np.asarray(values, dtype=float)
     mean = float(arr.mean()) if arr.size else float("nan")
     if arr.size < 2:
         return mean, float("nan"), float("nan")
-    half = float(st.t.ppf((1 + confidence) / 2, arr.size - 1) * arr.std(ddof=1) / math.sqrt(arr.size))
+    half = float(_t_quantile((1 + confidence) / 2, arr.size - 1) * arr.std(ddof=1) / math.sqrt(arr.size))
     return mean, mean - half, mean + half
 
 

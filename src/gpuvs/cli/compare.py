@@ -22,7 +22,7 @@ from gpuvs.cli.run import PASS_THROUGH, _Group, execute, finish, prepare
 from gpuvs.errors import UsageError
 from gpuvs.experiment import STUDY_PARAMS, Study
 from gpuvs.report import terminal
-from gpuvs.runner import Experiment, TrialResult
+from gpuvs.runner import Experiment, TrialResult, validate_spec
 from gpuvs.store import Store
 from gpuvs.workloads.base import Param
 
@@ -157,6 +157,11 @@ def compare(ctx: typer.Context) -> None:
     else:
         study, run = study_from_args(args, console)
     exp = study.experiment
+    for arm in exp.arms:  # refuse before anything starts, naming the arm
+        try:
+            validate_spec(exp.spec_for(arm, 0))
+        except UsageError as exc:
+            raise UsageError(f"arm {arm.name}: {exc}") from None
     exp.meta["command"] = "gpuvs compare " + shlex.join(args)
     if study.until_confident and exp.trials < 2:
         exp.trials = 2

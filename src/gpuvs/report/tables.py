@@ -41,6 +41,8 @@ def verdict_word(v: dict[str, Any]) -> str:
 def to_settle(v: dict[str, Any]) -> str:
     if v["verdict"] != "inconclusive":
         return "settled"
+    if v.get("ratio") is not None and v.get("reason", "").startswith("needs"):
+        return f"{v['reason']} ({v['more_trials']} more)"
     if v["more_trials"] is None:
         return "more than 10,000 per arm" if v.get("ratio") is not None else (v.get("reason") or "-")
     return f"~{v['more_trials']} more per arm"
