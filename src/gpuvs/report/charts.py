@@ -45,21 +45,23 @@ def tick_label(v: float) -> str:
 
 
 class _Frame:
-    """Maps data to pixels inside the plot area."""
+    """Maps data to pixels inside the plot area of a width x height chart."""
 
-    def __init__(self, x0: float, x1: float, y0: float, y1: float):
+    def __init__(self, x0: float, x1: float, y0: float, y1: float, width: int = W, height: int = H):
         self.x0, self.x1 = x0, (x1 if x1 > x0 else x0 + 1)
         self.y0, self.y1 = y0, (y1 if y1 > y0 else y0 + 1)
+        self.width, self.height = width, height
 
     def x(self, v: float) -> float:
-        return round(LEFT + (v - self.x0) / (self.x1 - self.x0) * (W - LEFT - RIGHT), 1)
+        return round(LEFT + (v - self.x0) / (self.x1 - self.x0) * (self.width - LEFT - RIGHT), 1)
 
     def y(self, v: float) -> float:
-        return round(H - BOTTOM - (v - self.y0) / (self.y1 - self.y0) * (H - TOP - BOTTOM), 1)
+        return round(self.height - BOTTOM - (v - self.y0) / (self.y1 - self.y0) * (self.height - TOP - BOTTOM), 1)
 
 
 def _axes(frame: _Frame, xticks: Sequence[float] | None, yticks: Sequence[float]) -> dict[str, Any]:
-    return {"width": W, "height": H, "left": LEFT, "right": W - RIGHT, "top": TOP, "bottom": H - BOTTOM,
+    w, h = frame.width, frame.height
+    return {"width": w, "height": h, "left": LEFT, "right": w - RIGHT, "top": TOP, "bottom": h - BOTTOM,
             "yticks": [{"y": frame.y(v), "label": tick_label(v)} for v in yticks],
             "xticks": [{"x": frame.x(v), "label": tick_label(v)} for v in (xticks or [])]}
 
@@ -93,15 +95,16 @@ def bar_chart(a: Analysis, metric: str) -> dict[str, Any] | None:
             f"{100 * a.confidence:g}% CI whiskers, trials as dots", "ylabel": unit, "xlabel": ""}
 
 
-def line_chart(title: str, ylabel: str, xlabel: str, lines: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """lines: [{'name', 'colour', 'points': [(x, y)], 'arm'}] -> polylines in one frame."""
+def line_chart(title: str, ylabel: str, xlabel: str, lines: list[dict[str, Any]], width: int = W,
+               height: int = H) -> dict[str, Any] | None:
+    """lines: [{'name', 'colour', 'points': [(x, y)]}] -> polylines in one frame."""
     pts = [p for line in lines for p in line["points"]]
     if not pts:
         return None
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
     yticks = nice_ticks(min(0.0, min(ys)), max(ys) * 1.05 if max(ys) > 0 else 1.0)
     xticks = nice_ticks(min(xs), max(xs), 6)
-    frame = _Frame(xticks[0], xticks[-1], yticks[0], yticks[-1])
+    frame = _Frame(xticks[0], xticks[-1], yticks[0], yticks[-1], width, height)
     out_lines = []
     for line in lines:
         if not line["points"]:
@@ -144,7 +147,7 @@ def telemetry_charts(a: Analysis) -> list[dict[str, Any]]:
             for gpu, pts in by_gpu.items():
                 lines.append({"name": f"{t['arm']} trial {t['trial'] + 1} GPU {gpu}",
                               "colour": colour(index.get(t["arm"], 0)), "points": pts})
-        chart = line_chart(f"{label} over time", unit, "seconds", lines)
+        chart = line_chart(f"{label} over time", unit, "seconds", lines, width=520, height=230)
         if chart:
             charts.append(chart)
     return charts

@@ -29,7 +29,7 @@ def render(a: Analysis) -> str:
     answer = tables.headline_sentence(a)
     if answer:
         out += [f"**{cell(answer)}**", ""]
-    out += [f"- {label}: `{value}`" if label in ("command", "file") else f"- {label}: {cell(value)}"
+    out += [f"- {label}: `{value}`" if label in ("command", "file") else f"- {cell(label)}: {cell(value)}"
             for label, value in tables.header_lines(a)]
     if a.flags:
         out += ["", "**Differences nobody asked for:**", ""] + [f"- ⚠ {cell(f)}" for f in a.flags]
