@@ -67,6 +67,9 @@ def test_compare_selftest_then_report_in_every_format(cli, tmp_path):
     assert r.returncode == 0 and "Verdict" in r.stdout and "Where each arm ran" in r.stdout
     r = cli("report", ident, "--format", "term", "-o", "r.txt")
     assert r.returncode == 0 and "Verdict" in (tmp_path / "r.txt").read_text()
+    run_id = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT run_id FROM trials").fetchone()[0]
+    r = cli("report", run_id, "--format", "json")  # a trial's run id names its experiment
+    assert r.returncode == 0 and json.loads(r.stdout)["id"] == ident
     r = cli("report", ident, "--format", "pdf")
     assert r.returncode == 2 and "--format: 'pdf' is not allowed" in r.stderr
     r = cli("report", "nosuch")

@@ -35,8 +35,19 @@ def render(fmt: str, analysis: comparison.Analysis, trials: list[dict], width: i
     return console.export_text()
 
 
+def experiment_of(st, ident: str) -> str:
+    """An experiment id from an experiment id or prefix, or a trial's run id."""
+    try:
+        return st.experiment(ident)["id"]
+    except UsageError:
+        runs = {t["experiment_id"] for t in st.trials() if t["run_id"] == ident}
+        if len(runs) == 1:
+            return runs.pop()
+        raise
+
+
 @app.command()
-def report(ident: str = typer.Argument(..., help="an experiment id (a unique prefix will do)"),
+def report(ident: str = typer.Argument(..., help="an experiment id (a unique prefix will do) or a trial's run id"),
            fmt_name: str = typer.Option("term", "--format", help="term, md, html, json or csv"),
            output: str = typer.Option(None, "-o", "--output", help="write here instead of standard output"),
            store: str = STORE_OPT) -> None:
@@ -48,7 +59,7 @@ def report(ident: str = typer.Argument(..., help="an experiment id (a unique pre
     if output and not Path(output).resolve().parent.is_dir():
         raise UsageError(f"-o {output}: folder {Path(output).parent} does not exist")
     with open_store(store) as st:
-        exp_id = st.experiment(ident)["id"]
+        exp_id = experiment_of(st, ident)
         analysis = comparison.from_store(st, exp_id, with_steps=fmt == "html")
         trials = st.trials(exp_id) if fmt == "csv" else []
     if fmt == "term" and not output:
