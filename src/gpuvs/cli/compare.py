@@ -9,6 +9,7 @@ Exit status: 0 when every trial ran (whatever the verdict), 1 when a trial faile
 from __future__ import annotations
 
 import shlex
+from types import SimpleNamespace
 from typing import Any
 
 import typer
@@ -18,7 +19,7 @@ from gpuvs import comparison, experiment, workloads
 from gpuvs.cli import app
 from gpuvs.cli import options as opt
 from gpuvs.cli.info import param_table
-from gpuvs.cli.run import PASS_THROUGH, _Group, execute, finish, prepare
+from gpuvs.cli.run import PASS_THROUGH, execute, finish, prepare
 from gpuvs.errors import UsageError
 from gpuvs.experiment import STUDY_PARAMS, Study
 from gpuvs.report import terminal
@@ -38,7 +39,7 @@ FILE_KEYS = {"device": "device", "num_gpus": "num_gpus", "trials": "trials", "ti
 SUMMARY_TABLES = ("verdicts", "speedup", "scaling", "per_trial", "failures")
 
 
-def _given(args: list[str], name: str) -> bool:
+def _on_command_line(args: list[str], name: str) -> bool:
     option = "--" + name.replace("_", "-")
     return any(a == option or a.startswith(option + "=") for a in args)
 
@@ -54,6 +55,18 @@ def _file_arg(args: list[str]) -> str | None:
     return None
 
 
+def _given(values: dict, group, keep: bool = False) -> list[tuple[Param, Any]]:
+    """(Param, raw value) of the options of `group` given on the command line, taken out of the
+    values options.parse returned (keyed by Param, or by name) unless `keep`."""
+    out = []
+    for p in group:
+        for key in (p, p.name):
+            if key in values:
+                out.append((p, values[key] if keep else values.pop(key)))
+                break
+    return out
+
+
 def compare_help(workload) -> None:
     console = Console(markup=False, highlight=False)
     console.print("usage: gpuvs compare WORKLOAD [options] --arm NAME:key=value[,key=value...] --arm ...\n"
@@ -63,23 +76,22 @@ def compare_help(workload) -> None:
         console.print(f"workloads: {', '.join(workloads.names())}")
     else:
         console.print(param_table(workload))
-    console.print(param_table(_Group("compare options", COMPARE_OPTIONS), "compare options"))
-    console.print(param_table(_Group("run options", opt.RUN_OPTIONS), "run options"))
-    console.print(param_table(_Group("environment options", opt.ENV_OPTIONS), "environment options"))
+    for title, group in (("compare options", COMPARE_OPTIONS), ("run options", opt.RUN_OPTIONS),
+                         ("environment options", opt.ENV_OPTIONS)):
+        console.print(param_table(SimpleNamespace(name=title, summary="", params=group), title))
 
 
 def study_from_args(args: list[str], console: Console) -> tuple[Study, dict[str, Any]]:
     """`WORKLOAD [options] --arm ...` -> (study, run options)."""
+    # prepare() refuses stray positional arguments and keeps this command's own options in `rest`
     prep = prepare(args, "gpuvs compare", console, extra_groups=(COMPARE_OPTIONS,), help_fn=compare_help)
-    if prep.rest.get("_positionals"):
-        raise UsageError(f"unexpected argument {prep.rest['_positionals'][0]!r}")
     cmp = opt.take(prep.rest, COMPARE_OPTIONS)
     raw = [experiment.parse_arm(text) for text in cmp["arm"] or []]
     if len(raw) < 2:
         raise UsageError(f"gpuvs compare needs two or more --arm NAME:key=value[,key=value...], got {len(raw)}")
     arms = experiment.build_arms(prep.workload, prep.base, [(name, o, "--arm", {}) for name, o in raw])
     run = prep.run
-    trials = run["trials"] if _given(args, "trials") else experiment.DEFAULT_TRIALS
+    trials = run["trials"] if _on_command_line(args, "trials") else experiment.DEFAULT_TRIALS
     until, max_trials = cmp["until_confident"], cmp["max_trials"]
     if max_trials is not None and not until:
         raise UsageError("--max-trials applies with --until-confident")
@@ -100,21 +112,19 @@ def study_from_file(path: str, args: list[str]) -> tuple[Study, dict[str, Any]]:
     except UsageError:
         experiment.load(path)  # raises the located message
         raise
-    groups = (opt.RUN_OPTIONS, opt.ENV_OPTIONS, workload.params, COMPARE_OPTIONS)
+    groups = (opt.RUN_OPTIONS, opt.ENV_OPTIONS, COMPARE_OPTIONS, workload.params)
     _, values = opt.parse(args, groups, positional=0, what="gpuvs compare --file")
-    if values.get("arm"):
+    given = {p.name: v for p, v in _given(values, COMPARE_OPTIONS + opt.ENV_OPTIONS)}
+    if given.pop("arm", None):
         raise UsageError("--arm cannot be combined with --file: the file lists the arms")
-    values.pop("file", None)
-    cli: dict[str, Any] = {"params": {}}
-    for p in workload.params:
-        if p.name in values:
-            cli["params"][p.name] = values.pop(p.name)
-    for p in opt.ENV_OPTIONS + COMPARE_OPTIONS:
-        if p.name in values:
-            cli[p.name] = p.coerce(values.pop(p.name))
-    for p in opt.RUN_OPTIONS:
-        if p.name in values and p.name in FILE_KEYS:
-            cli[FILE_KEYS[p.name]] = p.coerce(values[p.name])
+    given.pop("file", None)
+    cli: dict[str, Any] = {"params": {p.name: v for p, v in _given(values, workload.params)}}
+    for p in COMPARE_OPTIONS + opt.ENV_OPTIONS:
+        if p.name in given:
+            cli[p.name] = p.coerce(given[p.name])
+    for p, v in _given(values, opt.RUN_OPTIONS, keep=True):
+        if p.name in FILE_KEYS:
+            cli[FILE_KEYS[p.name]] = p.coerce(v)
     run = opt.take(values, opt.RUN_OPTIONS)
     return experiment.load(path, cli), run
 
