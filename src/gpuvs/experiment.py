@@ -2,7 +2,7 @@
 experiment file (YAML), checked before anything starts and turned into a runner.Experiment.
 
 Every problem is one line that says where it is: `FILE:LINE: what is wrong` for a file (line
-numbers from YAML's node marks), `--arm NAME: ...` for the command line.
+numbers from YAML's node marks), `--arm #N: arm 'NAME': ...` for the command line.
 
 An arm's keys other than `name` are overrides: a RunSpec field (device, num_gpus, timeout_s,
 telemetry_interval_s), `env`, an environment option (spec.ENV_KEYS) or a workload parameter.
@@ -47,7 +47,7 @@ SPEC_PARAMS = {
     "telemetry_interval_s": Param("telemetry_interval_s", float, 0.1, "seconds between NVML readings",
                                   min=0.0, max=3600.0),
 }
-ALIASES = {"timeout": "timeout_s", "telemetry_interval": "telemetry_interval_s", "env_kind": "env"}
+ALIASES = {"timeout": "timeout_s", "telemetry_interval": "telemetry_interval_s"}  # the CLI's spellings
 
 
 @dataclass
@@ -130,7 +130,7 @@ RawArm = tuple  # (name, raw overrides, where, {key: where of that key})
 
 def build_arms(workload: workloads.Workload, base: RunSpec, raw_arms: list[RawArm]) -> list[Arm]:
     """Checked arms from (name, raw overrides, where, key locations); a location prefixes every
-    message ('FILE:LINE' or '--arm NAME'). Refuses fewer than two arms, repeated names, bad keys and
+    message ('FILE:LINE' or '--arm #N'). Refuses fewer than two arms, repeated names, bad keys and
     values, and arms that run exactly as another."""
     if len(raw_arms) < 2:
         where = raw_arms[0][2] if raw_arms else "compare"

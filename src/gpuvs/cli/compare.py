@@ -89,7 +89,8 @@ def study_from_args(args: list[str], console: Console) -> tuple[Study, dict[str,
     raw = [experiment.parse_arm(text) for text in cmp["arm"] or []]
     if len(raw) < 2:
         raise UsageError(f"gpuvs compare needs two or more --arm NAME:key=value[,key=value...], got {len(raw)}")
-    arms = experiment.build_arms(prep.workload, prep.base, [(name, o, "--arm", {}) for name, o in raw])
+    arms = experiment.build_arms(prep.workload, prep.base,
+                                 [(name, o, f"--arm #{i + 1}", {}) for i, (name, o) in enumerate(raw)])
     run = prep.run
     trials = run["trials"] if _on_command_line(args, "trials") else experiment.DEFAULT_TRIALS
     until, max_trials = cmp["until_confident"], cmp["max_trials"]
