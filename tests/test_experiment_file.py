@@ -101,16 +101,25 @@ def test_a_missing_file_is_named(tmp_path):
         experiment.load(tmp_path / "nope.yaml")
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "experiments").glob("*.yaml")), ids=lambda p: p.name)
-def test_shipped_experiment_files_load(path):
+SHIPPED = ("gpu-vs-cpu-train", "gpu-vs-cpu-predict", "fp32-vs-bf16", "nchw-vs-nhwc", "1-vs-n-gpus", "batch-size-sweep")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_comparisons_load(name):
+    path = ROOT / "experiments" / f"{name}.yaml"
     study = experiment.load(path)
     exp = study.experiment
-    assert len(exp.arms) >= 2 and exp.trials >= 3 and study.margin == 0.02 and exp.name == path.stem
-    specs = [exp.spec_for(arm, 0) for arm in exp.arms]
-    for spec in specs:
+    assert len(exp.arms) >= 2 and exp.trials >= 3 and study.margin == 0.02 and exp.name == name
+    for arm in exp.arms:
+        spec = exp.spec_for(arm, 0)
         get(spec.workload).validate(spec.params, spec.device)
-    assert {"gpu-vs-cpu-train", "gpu-vs-cpu-predict", "fp32-vs-bf16", "nchw-vs-nhwc", "1-vs-n-gpus",
-            "batch-size-sweep"} <= {p.stem for p in (ROOT / "experiments").glob("*.yaml")}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_experiment_file_is_in_the_agreed_format(path):
+    doc = experiment.read_file(path)
+    assert set(doc) <= experiment.TOP_KEYS and "workload" in doc and len(doc["arms"]) >= 2
+    assert all(isinstance(arm, dict) and arm.get("name") for arm in doc["arms"])
 
 
 def test_gpu_vs_cpu_files_keep_the_cpu_arm_short_and_the_cpu_first():

@@ -42,7 +42,7 @@ def to_settle(v: dict[str, Any]) -> str:
     if v["verdict"] != "inconclusive":
         return "settled"
     if v.get("ratio") is not None and v.get("reason", "").startswith("needs"):
-        return f"{v['reason']} ({v['more_trials']} more)"
+        return f"2+ trials per arm needed ({v['more_trials']} more)"
     if v["more_trials"] is None:
         return "more than 10,000 per arm" if v.get("ratio") is not None else (v.get("reason") or "-")
     return f"~{v['more_trials']} more per arm"
@@ -171,9 +171,9 @@ def headline_sentence(a: Analysis) -> str:
         if v["ratio"] is None:
             parts.append(f"{v['arm']} vs {v['baseline']}: {v['verdict']} ({v['reason']})")
             continue
-        ci = interval(v["ci_low"], v["ci_high"])
-        parts.append(f"{v['arm']} vs {v['baseline']}: {ratio(v['ratio'])} {v['metric']} ({100 * a.confidence:g}% CI "
-                     f"{ci}): {verdict_word(v)}" + (f", {to_settle(v)}" if v["verdict"] == "inconclusive" else ""))
+        ci = f" ({100 * a.confidence:g}% CI {interval(v['ci_low'], v['ci_high'])})" if v["ci_low"] is not None else ""
+        parts.append(f"{v['arm']} vs {v['baseline']}: {ratio(v['ratio'])} {v['metric']}{ci}: {verdict_word(v)}"
+                     + (f", {to_settle(v)}" if v["verdict"] == "inconclusive" else ""))
     return "; ".join(parts)
 
 
