@@ -55,7 +55,7 @@ def main() -> None:
             args = ["advise-mps", a, b, "--device", "cuda", "--duration", "8"]
             section(f"advise-mps: {a} + {b}", args, f'gpuvs advise-mps "{a}" "{b}" --device cuda --duration 8')
     if "matrix" in PARTS:
-        args = ["share-matrix", "experiments/mps-kernel-pairs.yaml", "--device", "cuda", "--duration", "4"]
+        args = ["share-matrix", "experiments/sharing/mps-kernel-pairs.yaml", "--device", "cuda", "--duration", "4"]
         section("MPS kernel-pair matrix", args, "gpuvs " + " ".join(args))
     print(MD.read_text())
 

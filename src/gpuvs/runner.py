@@ -88,6 +88,7 @@ class Experiment:
     seed: int | None = None
     kind: str = "run"
     id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
+    meta: dict[str, Any] = field(default_factory=dict)  # stored with the experiment (margin, command, ...)
 
     def spec_for(self, arm: Arm, trial: int) -> RunSpec:
         spec = copy.deepcopy(self.base)
@@ -106,9 +107,13 @@ class Experiment:
         spec.run_id = uuid.uuid4().hex[:12]
         return spec
 
-    def order(self) -> list[RunSpec]:
+    def order(self, start: int = 0) -> list[RunSpec]:
         """Rounds of all arms; each pair of rounds is a shuffled order then its reverse (A B | B A),
-        so that every arm runs as often early as late and drift cancels."""
+        so that every arm runs as often early as late and drift cancels. `start` skips the rounds
+        already run (trials added later continue the same sequence); a missing seed is drawn once
+        and kept, so that the sequence is the same on every call and can be stored."""
+        if self.seed is None:
+            self.seed = random.SystemRandom().randrange(2**31)
         rng = random.Random(self.seed)
         specs: list[RunSpec] = []
         perm: list[Arm] = []
@@ -119,7 +124,8 @@ class Experiment:
                 round_arms = perm
             else:
                 round_arms = list(reversed(perm))
-            specs.extend(self.spec_for(arm, t) for arm in round_arms)
+            if t >= start:
+                specs.extend(self.spec_for(arm, t) for arm in round_arms)
         return specs
 
 
@@ -168,19 +174,31 @@ class Runner:
         self.on_trial_start = on_trial_start
         self.on_trial_end = on_trial_end
 
-    def run_experiment(self, exp: Experiment) -> list[TrialResult]:
+    def run_experiment(self, exp: Experiment, more: Callable[[list[TrialResult]], int] | None = None
+                       ) -> list[TrialResult]:
+        """Run every arm x trial in order. `more`, if given, is asked after the planned trials (and
+        after each addition) how many trials per arm to add; 0 stops (see --until-confident)."""
         specs = exp.order()
         validate_experiment(exp)
         self.store.create_experiment(exp.id, exp.name, exp.kind, {
-            "workload": exp.base.workload, "trials": exp.trials, "seed": exp.seed,
+            **exp.meta, "workload": exp.base.workload, "trials": exp.trials, "seed": exp.seed,
             "arms": [{"name": a.name, "overrides": {k: (v.__dict__ if isinstance(v, EnvSpec) else v)
                                                     for k, v in a.overrides.items()}} for a in exp.arms],
             "base": exp.base.to_dict()})
-        results = []
-        for i, spec in enumerate(specs):
-            if self.on_trial_start:
-                self.on_trial_start(spec, i, len(specs))
-            results.append(self.run_with_retries(spec))
+        results: list[TrialResult] = []
+        done = 0
+        while specs:
+            total = done + len(specs)
+            for spec in specs:
+                if self.on_trial_start:
+                    self.on_trial_start(spec, done, total)
+                results.append(self.run_with_retries(spec))
+                done += 1
+            extra = more(results) if more else 0
+            specs = []
+            if extra > 0:
+                exp.trials += extra
+                specs = exp.order(start=exp.trials - extra)
         return results
 
     def run_with_retries(self, spec: RunSpec) -> TrialResult:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import typer
 from rich.console import Console
@@ -103,13 +104,18 @@ def run_help(workload) -> None:
 
 
 def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,
-            timeout_s: float | None = None, retries: int = 0) -> list[TrialResult]:
-    """Run an experiment with the step log and per-trial lines; the shared path of run and compare."""
+            timeout_s: float | None = None, retries: int = 0, progress: bool = False,
+            more: Callable[[list[TrialResult]], int] | None = None) -> list[TrialResult]:
+    """Run an experiment with the step log and per-trial lines; the shared path of run and compare.
+    progress: a progress bar over the trials; more: see Runner.run_experiment (--until-confident)."""
     log = terminal.StepLog(console, quiet=quiet)
     total = len(exp.arms) * exp.trials
+    bar = terminal.TrialProgress(console) if progress else None
 
     def on_start(spec: RunSpec, i: int, n: int) -> None:
         log.start_trial()
+        if bar:
+            bar.start(spec, i, n)
         console.rule(f"trial {i + 1}/{n}: arm {spec.arm}, {spec.workload} on {spec.device} ({spec.env.label()})",
                      style="dim")
 
@@ -117,12 +123,14 @@ def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,
         if not quiet:
             terminal.total_block(console, result)
         console.print(terminal.trial_line(result), style=None if result.ok else "red", highlight=False)
+        if bar:
+            bar.done()
 
     validate_experiment(exp)
-    with Store(store_path) as store:
+    with Store(store_path) as store, (bar or contextlib.nullcontext()):
         runner = Runner(store, on_event=log, timeout_s=timeout_s, retries=retries, on_trial_start=on_start,
                         on_trial_end=on_end)
-        results = runner.run_experiment(exp)
+        results = runner.run_experiment(exp, more=more)
     if total > 1 or any(len(r.summary) > 1 for r in results):
         console.print(terminal.arm_table(results))
     for table in (terminal.startup_table(results), terminal.metrics_table(results)):

@@ -50,7 +50,7 @@ def load(path: str) -> dict:
 
 
 @app.command("share-matrix")
-def share_matrix(file: str = typer.Argument(..., help="a pairs file, e.g. experiments/mps-kernel-pairs.yaml"),
+def share_matrix(file: str = typer.Argument(..., help="a pairs file, e.g. experiments/sharing/mps-kernel-pairs.yaml"),
                  device: str = typer.Option(None, "--device", help="overrides the file's device"),
                  store: str = typer.Option("gpuvs.db", "--store"),
                  duration: float = typer.Option(None, "--duration", help="overrides the file's window seconds")) -> None:

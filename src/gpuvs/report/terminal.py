@@ -226,3 +226,57 @@ def telemetry_table(results: Iterable) -> Table | None:
                           f"{num(s, 'sm_clock_mhz_mean')} ({num(s, 'sm_clock_mhz_min')})", num(s, "temp_c_max"),
                           throttled or "none")
     return table
+
+
+def rich_table(t) -> Table:
+    """A report table (report/tables.py) as a rich table; highlighted rows in yellow."""
+    table = Table(title=t.title, title_justify="left", caption=t.note or None, caption_justify="left")
+    for i, col in enumerate(t.columns):
+        table.add_column(col, justify="right" if i in t.right else "left")
+    for i, row in enumerate(t.rows):
+        table.add_row(*row, style="yellow" if i in t.marked else None)
+    return table
+
+
+def comparison(console: Console, analysis, keys: tuple[str, ...] | None = None) -> None:
+    """A comparison's report on the terminal: the answer, flags, then its tables (all, or `keys`)."""
+    from gpuvs.report import tables
+
+    if keys is None:
+        for label, value in tables.header_lines(analysis):
+            console.print(f"{label + ':':<18}{value}", highlight=False, markup=False)
+    for t in tables.all_tables(analysis):
+        if keys is None or t.key in keys:
+            console.print(rich_table(t))
+    for flag in analysis.flags:
+        console.print(f"warning: {flag}", style="yellow", highlight=False, markup=False)
+    answer = tables.headline_sentence(analysis)
+    if answer:
+        console.print(answer, style="bold", highlight=False, markup=False)
+
+
+class TrialProgress:
+    """A rich progress bar over an experiment's trials: trial i of n, the arm, elapsed time and ETA.
+    The total may grow (--until-confident adds trials)."""
+
+    def __init__(self, console: Console):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                                 transient=False)
+        self.task = self.progress.add_task("trials", total=None)
+
+    def __enter__(self) -> TrialProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def start(self, spec, i: int, n: int) -> None:
+        self.progress.update(self.task, total=n, completed=i,
+                             description=f"trial {i + 1} of {n}: arm {spec.arm}")
+
+    def done(self) -> None:
+        self.progress.advance(self.task)

@@ -1,0 +1,325 @@
+"""One experiment's results as the objects every report renders: per-arm summaries, verdicts of
+each arm against the first (baseline) arm, derived tables (speed-up, scaling efficiency, per
+trial), fingerprints side by side with the differences nobody asked for, and failures.
+
+Built from the store (`from_store`) or from the runner's TrialResults while an experiment is still
+running (`from_results`, for --until-confident); both go through the same trial records."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+from gpuvs import fingerprint, stats
+from gpuvs.spec import device_kind
+
+# Fingerprint fields shown side by side: (key, label); dotted keys read nested dicts.
+FINGERPRINT_FIELDS = (
+    ("gpu_name", "GPU"), ("gpu_count", "GPUs"), ("driver", "NVIDIA driver"), ("cuda_driver", "CUDA (driver)"),
+    ("cuda", "CUDA (torch)"), ("cudnn", "cuDNN"), ("torch", "torch"), ("torchvision", "torchvision"),
+    ("cpu_model", "CPU"), ("cpu_usable", "CPUs usable"), ("memory_mib", "memory MiB"),
+    ("limits.cpu_limit", "CPU limit"), ("limits.memory_limit_mib", "memory limit MiB"), ("limits.shm_mib", "/dev/shm MiB"),
+    ("in_container", "in a container"), ("container_image", "image"), ("node_name", "node"), ("python", "python"),
+    ("gpuvs", "gpuvs"),
+)
+SOFTWARE_FIELDS = ("torch", "cuda", "cudnn")
+# Arm keys whose variation explains a difference in these fingerprint fields.
+EXPLAINS: dict[str, tuple[str, ...]] = {
+    "env": SOFTWARE_FIELDS, "image": SOFTWARE_FIELDS, "rootfs": SOFTWARE_FIELDS, "engine": SOFTWARE_FIELDS,
+    "gpus": ("gpu_count", "gpu_name"),
+}
+
+
+@dataclass
+class Metric:
+    name: str
+    unit: str
+    higher_is_better: bool
+    source: str  # "series" (a sample series' per-trial figure) or "metric" (a scalar result)
+
+
+@dataclass
+class ArmResult:
+    name: str
+    overrides: dict[str, Any]
+    device: str
+    num_gpus: int
+    env: str
+    n_ok: int
+    n_total: int
+    values: dict[str, dict[int, float]] = field(default_factory=dict)  # metric -> {trial: figure}
+    summaries: dict[str, dict[str, Any]] = field(default_factory=dict)  # metric -> stats.summarize_trials
+    startup: dict[str, float] = field(default_factory=dict)  # mean seconds over ok trials
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Analysis:
+    id: str
+    name: str
+    kind: str
+    workload: str
+    created: float
+    meta: dict[str, Any]
+    margin: float
+    confidence: float
+    metrics: list[Metric]
+    arms: list[ArmResult]
+    verdicts: list[dict[str, Any]]
+    speedup: list[dict[str, Any]]
+    scaling: list[dict[str, Any]]
+    flags: list[str]
+    failures: list[dict[str, Any]]
+    trials: list[dict[str, Any]]  # records: id, arm, trial, status, steps [(step, value)], telemetry [...]
+
+    @property
+    def headline(self) -> Metric | None:
+        return self.metrics[0] if self.metrics else None
+
+    @property
+    def baseline(self) -> ArmResult | None:
+        return self.arms[0] if self.arms else None
+
+    def headline_verdicts(self) -> list[dict[str, Any]]:
+        return [v for v in self.verdicts if self.headline and v["metric"] == self.headline.name]
+
+    def settled(self) -> bool:
+        """Every arm's headline verdict is something other than inconclusive."""
+        vs = self.headline_verdicts()
+        return bool(vs) and all(v["verdict"] != "inconclusive" for v in vs)
+
+    def to_dict(self, with_steps: bool = False) -> dict[str, Any]:
+        out = asdict(self)
+        if not with_steps:
+            for t in out["trials"]:
+                t.pop("steps", None)
+                t.pop("telemetry", None)
+        return out
+
+
+# -- trial records --------------------------------------------------------------------------------
+
+def _record_from_result(r) -> dict[str, Any]:
+    return {"id": r.trial_id, "arm": r.spec.arm, "trial": r.spec.trial, "attempt": 0, "status": r.status,
+            "error": r.error, "spec": r.spec.to_dict(), "summary": r.summary, "metrics": r.metrics,
+            "startup": r.startup, "fingerprint": r.fingerprint, "started": None}
+
+
+def _latest_attempts(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per (arm, trial): its last attempt (retries keep earlier ones in the store)."""
+    latest: dict[tuple[str, int], dict[str, Any]] = {}
+    for rec in records:
+        key = (rec["arm"], rec["trial"])
+        if key not in latest or (rec.get("attempt") or 0) >= (latest[key].get("attempt") or 0):
+            latest[key] = rec
+    return list(latest.values())
+
+
+def _get(fp: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(fp, dict):
+            return None
+        fp = fp.get(part)
+    return fp
+
+
+# -- building -------------------------------------------------------------------------------------
+
+def from_store(store, experiment_id: str, with_steps: bool = True) -> Analysis:
+    exp = store.experiment(experiment_id)
+    records = store.trials(exp["id"])
+    if with_steps:
+        for rec in records:
+            rec["samples"] = store.samples(rec["id"])
+            rec["telemetry"] = store.telemetry(rec["id"])
+    return analyse(exp, records)
+
+
+def from_results(exp, results, margin: float, confidence: float) -> Analysis:
+    header = {"id": exp.id, "name": exp.name, "kind": exp.kind, "created": time.time(),
+              "meta": {**exp.meta, "margin": margin, "confidence": confidence, "workload": exp.base.workload,
+                       "arms": [{"name": a.name, "overrides": a.overrides} for a in exp.arms]}}
+    return analyse(header, [_record_from_result(r) for r in results])
+
+
+def analyse(exp: dict[str, Any], records: list[dict[str, Any]]) -> Analysis:
+    meta = exp.get("meta") or {}
+    margin = float(meta.get("margin", 0.02))
+    confidence = float(meta.get("confidence", 0.95))
+    records = sorted(_latest_attempts(records), key=lambda r: (r["trial"], r.get("id") or 0))
+    arm_order = [a["name"] for a in meta.get("arms") or []]
+    for rec in records:
+        if rec["arm"] not in arm_order:
+            arm_order.append(rec["arm"])
+    overrides = {a["name"]: a.get("overrides") or {} for a in meta.get("arms") or []}
+    metrics = _metrics(records, arm_order)
+    arms = [_arm(name, overrides.get(name, {}), [r for r in records if r["arm"] == name], metrics)
+            for name in arm_order]
+    arms = [a for a in arms if a.n_total or a.name in overrides]
+    verdicts = []
+    for metric in metrics:
+        for arm in arms[1:]:
+            base = arms[0]
+            result = stats.compare_arms(list(base.values.get(metric.name, {}).values()),
+                                        list(arm.values.get(metric.name, {}).values()),
+                                        higher_is_better=metric.higher_is_better, margin=margin, confidence=confidence)
+            verdicts.append({"metric": metric.name, "unit": metric.unit, "arm": arm.name, "baseline": base.name,
+                             **result})
+    failures = [{"arm": r["arm"], "trial": r["trial"], "status": r["status"], "error": r.get("error") or ""}
+                for r in records if r["status"] != "ok"]
+    head = metrics[0] if metrics else None
+    trials = [{"id": r.get("id"), "arm": r["arm"], "trial": r["trial"], "status": r["status"],
+               "value": (r.get("summary") or {}).get(head.name, {}).get("value") if head and head.source == "series"
+               else None,
+               "steps": [(s["step"], s["value"]) for s in r.get("samples") or []
+                         if head and s.get("series", "main") == head.name and s.get("value") is not None],
+               "telemetry": r.get("telemetry") or []} for r in records]
+    return Analysis(id=exp["id"], name=exp.get("name", exp["id"]), kind=exp.get("kind", ""),
+                    workload=meta.get("workload") or ((records[0]["spec"] or {}).get("workload", "") if records else ""),
+                    created=exp.get("created") or 0.0, meta=meta, margin=margin, confidence=confidence,
+                    metrics=metrics, arms=arms, verdicts=verdicts, speedup=_speedup(arms, head, confidence),
+                    scaling=_scaling(arms, head, confidence), flags=_flags(arms, records), failures=failures,
+                    trials=trials)
+
+
+def _metrics(records: list[dict[str, Any]], arm_order: list[str]) -> list[Metric]:
+    """Sample series first (the baseline arm's order: its first series is the headline), then
+    scalar metrics."""
+    series: dict[str, Metric] = {}
+    scalars: dict[str, Metric] = {}
+    ok = sorted((r for r in records if r["status"] == "ok"),
+                key=lambda r: arm_order.index(r["arm"]) if r["arm"] in arm_order else len(arm_order))
+    for rec in ok:
+        for name, s in (rec.get("summary") or {}).items():
+            if name not in series and s.get("value") is not None:
+                unit = s.get("unit", "")
+                series[name] = Metric(name, unit, bool(s.get("higher_is_better", stats.higher_is_better(unit))),
+                                      "series")
+        for name, m in (rec.get("metrics") or {}).items():
+            if name not in scalars and name not in series and m.get("value") is not None:
+                unit = m.get("unit", "")
+                scalars[name] = Metric(name, unit, stats.higher_is_better(unit), "metric")
+    return list(series.values()) + list(scalars.values())
+
+
+def _arm(name: str, overrides: dict[str, Any], recs: list[dict[str, Any]], metrics: list[Metric]) -> ArmResult:
+    spec = (recs[0]["spec"] if recs else None) or {}
+    env = spec.get("env") or {}
+    env_label = env.get("kind", "host")
+    if env_label != "host":
+        opts = env.get("options") or {}
+        env_label = ":".join(str(p) for p in (env_label, opts.get("engine"), opts.get("image") or opts.get("rootfs"))
+                             if p)
+    ok = [r for r in recs if r["status"] == "ok"]
+    arm = ArmResult(name=name, overrides=overrides, device=spec.get("device", "-"), num_gpus=spec.get("num_gpus", 1),
+                    env=env_label, n_ok=len(ok), n_total=len(recs))
+    for metric in metrics:
+        values: dict[int, float] = {}
+        for r in ok:
+            if metric.source == "series":
+                v = (r.get("summary") or {}).get(metric.name, {}).get("value")
+            else:
+                v = (r.get("metrics") or {}).get(metric.name, {}).get("value")
+            if v is not None:
+                values[r["trial"]] = float(v)
+        arm.values[metric.name] = values
+        arm.summaries[metric.name] = stats.summarize_trials(list(values.values()))
+    startup: dict[str, list[float]] = {}
+    for r in ok:
+        for k, v in (r.get("startup") or {}).items():
+            startup.setdefault(k, []).append(float(v))
+    arm.startup = {k: sum(v) / len(v) for k, v in startup.items()}
+    arm.fingerprint = next((r["fingerprint"] for r in ok if r.get("fingerprint")),
+                           next((r.get("fingerprint") or {} for r in recs), {}))
+    return arm
+
+
+def _speedup(arms: list[ArmResult], head: Metric | None, confidence: float) -> list[dict[str, Any]]:
+    """GPU arm against CPU arm: CPU time / GPU time for the same work (for a rate: GPU rate / CPU rate)."""
+    if head is None:
+        return []
+    cpus = [a for a in arms if device_kind(a.device) == "cpu" and a.values.get(head.name)]
+    gpus = [a for a in arms if device_kind(a.device) == "cuda" and a.values.get(head.name)]
+    rows = []
+    for c in cpus:
+        for g in gpus:
+            cv, gv = list(c.values[head.name].values()), list(g.values[head.name].values())
+            num, den = (cv, gv) if not head.higher_is_better else (gv, cv)
+            row = {"cpu_arm": c.name, "gpu_arm": g.name, "cpu_mean": c.summaries[head.name].get("mean"),
+                   "gpu_mean": g.summaries[head.name].get("mean"), "unit": head.unit,
+                   "speedup": sum(num) / len(num) / (sum(den) / len(den)), "ci_low": None, "ci_high": None}
+            if len(cv) > 1 and len(gv) > 1:
+                _, row["ci_low"], row["ci_high"] = stats.ratio_interval(den, num, confidence)
+            rows.append(row)
+    return rows
+
+
+def _scaling(arms: list[ArmResult], head: Metric | None, confidence: float) -> list[dict[str, Any]]:
+    """Scaling efficiency = N-GPU throughput / (N/N0 x N0-GPU throughput), against the arm with the
+    fewest GPUs; only for rates (higher is better) and where arms differ in num_gpus."""
+    if head is None or not head.higher_is_better:
+        return []
+    with_values = [a for a in arms if a.values.get(head.name)]
+    if len({a.num_gpus for a in with_values}) < 2:
+        return []
+    base = min(with_values, key=lambda a: a.num_gpus)
+    bv = list(base.values[head.name].values())
+    bmean = sum(bv) / len(bv)
+    rows = []
+    for a in sorted(with_values, key=lambda a: a.num_gpus):
+        av = list(a.values[head.name].values())
+        mean = sum(av) / len(av)
+        speedup = mean / bmean
+        row = {"arm": a.name, "num_gpus": a.num_gpus, "mean": mean, "unit": head.unit, "speedup": speedup,
+               "ideal": a.num_gpus / base.num_gpus, "efficiency": speedup / (a.num_gpus / base.num_gpus),
+               "eff_low": None, "eff_high": None, "baseline": base.name}
+        if a is not base and len(av) > 1 and len(bv) > 1:
+            _, low, high = stats.ratio_interval(bv, av, confidence)
+            row["eff_low"], row["eff_high"] = low / row["ideal"], high / row["ideal"]
+        rows.append(row)
+    return rows
+
+
+def varied_keys(arms: list[ArmResult]) -> set[str]:
+    return {k for a in arms for k in a.overrides}
+
+
+def _flags(arms: list[ArmResult], records: list[dict[str, Any]]) -> list[str]:
+    """Key fingerprint fields that differ where the user did not ask them to."""
+    flags = []
+    varied = varied_keys(arms)
+    explained: set[str] = set()
+    for key in varied:
+        explained |= set(EXPLAINS.get(key, ()))
+    if any(str(a.overrides.get("env", "")) not in ("", "host", "container") for a in arms):
+        explained |= set(fingerprint.KEY_FIELDS)  # pods may land on other nodes
+    for arm in arms:
+        fps = [r["fingerprint"] for r in records if r["arm"] == arm.name and r["status"] == "ok" and r.get("fingerprint")]
+        for other in fps[1:]:
+            diff = fingerprint.differences(fps[0], other)
+            if diff:
+                flags.append(f"arm {arm.name}: its trials ran with different " + ", ".join(
+                    f"{k} ({a} vs {b})" for k, (a, b) in diff.items()))
+                break
+    base = arms[0] if arms else None
+    for arm in arms[1:]:
+        if not base.fingerprint or not arm.fingerprint:
+            continue
+        diff = {k: v for k, v in fingerprint.differences(base.fingerprint, arm.fingerprint).items() if k not in explained}
+        if diff:
+            flags.append(f"arm {arm.name} differs from arm {base.name} in " + ", ".join(
+                f"{k} ({b} vs {a})" for k, (b, a) in diff.items()) + ", which this comparison did not vary")
+    return flags
+
+
+def fingerprint_rows(arms: list[ArmResult]) -> list[tuple[str, list[Any], bool]]:
+    """(label, value per arm, differs) for the fields any arm has."""
+    rows = []
+    for key, label in FINGERPRINT_FIELDS:
+        values = [_get(a.fingerprint, key) for a in arms]
+        if all(v is None for v in values):
+            continue
+        rows.append((label, values, len({repr(v) for v in values}) > 1))
+    return rows
+

@@ -1,0 +1,153 @@
+"""Chart geometry for the HTML report: numbers only (positions, ticks, colours). The template draws
+them as inline SVG and escapes every label, so a chart needs no script, no network and no library."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from gpuvs.comparison import Analysis
+from gpuvs.report.terminal import fmt
+
+PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
+           "#bab0ac")
+TELEMETRY_FIELDS = (("util_gpu", "GPU utilisation", "%"), ("mem_used_mib", "GPU memory used", "MiB"),
+                    ("power_w", "power", "W"), ("sm_clock_mhz", "SM clock", "MHz"), ("temp_c", "temperature", "°C"))
+W, H = 720, 300
+LEFT, RIGHT, TOP, BOTTOM = 78, 20, 18, 56
+
+
+def colour(i: int) -> str:
+    return PALETTE[i % len(PALETTE)]
+
+
+def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """Round tick values covering [low, high]."""
+    if not (math.isfinite(low) and math.isfinite(high)) or high <= low:
+        high = low + 1.0
+    raw = (high - low) / count
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    k = math.floor(low / step + 1e-9)
+    ticks = [round(k * step, 12)]
+    while ticks[-1] < high - step * 1e-9:  # the last tick is at or above high: every point fits
+        k += 1
+        ticks.append(round(k * step, 12))
+    return ticks
+
+
+def tick_label(v: float) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 1e5 or abs(v) < 1e-2:
+        return f"{v:.2g}"
+    return f"{v:,.6g}"
+
+
+class _Frame:
+    """Maps data to pixels inside the plot area of a width x height chart."""
+
+    def __init__(self, x0: float, x1: float, y0: float, y1: float, width: int = W, height: int = H):
+        self.x0, self.x1 = x0, (x1 if x1 > x0 else x0 + 1)
+        self.y0, self.y1 = y0, (y1 if y1 > y0 else y0 + 1)
+        self.width, self.height = width, height
+
+    def x(self, v: float) -> float:
+        return round(LEFT + (v - self.x0) / (self.x1 - self.x0) * (self.width - LEFT - RIGHT), 1)
+
+    def y(self, v: float) -> float:
+        return round(self.height - BOTTOM - (v - self.y0) / (self.y1 - self.y0) * (self.height - TOP - BOTTOM), 1)
+
+
+def _axes(frame: _Frame, xticks: Sequence[float] | None, yticks: Sequence[float]) -> dict[str, Any]:
+    w, h = frame.width, frame.height
+    return {"width": w, "height": h, "left": LEFT, "right": w - RIGHT, "top": TOP, "bottom": h - BOTTOM,
+            "yticks": [{"y": frame.y(v), "label": tick_label(v)} for v in yticks],
+            "xticks": [{"x": frame.x(v), "label": tick_label(v)} for v in (xticks or [])]}
+
+
+def bar_chart(a: Analysis, metric: str) -> dict[str, Any] | None:
+    """One bar per arm (mean of per-trial figures) with its confidence-interval whisker and the
+    trials as dots."""
+    arms = [(i, arm, arm.summaries.get(metric, {})) for i, arm in enumerate(a.arms)]
+    arms = [(i, arm, s) for i, arm, s in arms if s.get("n")]
+    if not arms:
+        return None
+    unit = next(m.unit for m in a.metrics if m.name == metric)
+    top = max(max(s.get("ci_high") if s.get("ci_high") == s.get("ci_high") and s.get("ci_high") is not None
+                  else s["mean"], s["max"]) for _, _, s in arms)
+    yticks = nice_ticks(0.0, top * 1.08)
+    frame = _Frame(0, 1, 0, yticks[-1])
+    band = (W - LEFT - RIGHT) / len(arms)
+    bars = []
+    for k, (i, arm, s) in enumerate(arms):
+        x = LEFT + k * band + band * 0.2
+        width = band * 0.6
+        bar = {"x": round(x, 1), "width": round(width, 1), "y": frame.y(s["mean"]),
+               "height": round(frame.y(0) - frame.y(s["mean"]), 1), "colour": colour(i), "name": arm.name,
+               "cx": round(x + width / 2, 1), "label": fmt(s["mean"]), "whisker": None,
+               "dots": [frame.y(v) for v in s.get("values", [])]}
+        low, high = s.get("ci_low"), s.get("ci_high")
+        if low is not None and high is not None and low == low and high == high:
+            bar["whisker"] = {"y1": frame.y(max(low, 0.0)), "y2": frame.y(high)}
+        bars.append(bar)
+    return {**_axes(frame, None, yticks), "bars": bars, "title": f"{metric}: mean per arm, "
+            f"{100 * a.confidence:g}% CI whiskers, trials as dots", "ylabel": unit, "xlabel": ""}
+
+
+def line_chart(title: str, ylabel: str, xlabel: str, lines: list[dict[str, Any]], width: int = W,
+               height: int = H) -> dict[str, Any] | None:
+    """lines: [{'name', 'colour', 'points': [(x, y)]}] -> polylines in one frame."""
+    pts = [p for line in lines for p in line["points"]]
+    if not pts:
+        return None
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    yticks = nice_ticks(min(0.0, min(ys)), max(ys) * 1.05 if max(ys) > 0 else 1.0)
+    xticks = nice_ticks(min(xs), max(xs), 6)
+    frame = _Frame(xticks[0], xticks[-1], yticks[0], yticks[-1], width, height)
+    out_lines = []
+    for line in lines:
+        if not line["points"]:
+            continue
+        points = " ".join(f"{frame.x(x)},{frame.y(y)}" for x, y in line["points"])
+        out_lines.append({"points": points, "colour": line["colour"], "name": line["name"],
+                          "single": len(line["points"]) == 1,
+                          "cx": frame.x(line["points"][0][0]), "cy": frame.y(line["points"][0][1])})
+    return {**_axes(frame, xticks, yticks), "lines": out_lines, "title": title, "ylabel": ylabel, "xlabel": xlabel}
+
+
+def legend(a: Analysis) -> list[dict[str, str]]:
+    return [{"colour": colour(i), "name": arm.name} for i, arm in enumerate(a.arms)]
+
+
+def step_chart(a: Analysis) -> dict[str, Any] | None:
+    """Per-step figure of the headline series for every trial, coloured by arm."""
+    head = a.headline
+    if head is None:
+        return None
+    index = {arm.name: i for i, arm in enumerate(a.arms)}
+    lines = [{"name": f"{t['arm']} trial {t['trial'] + 1}", "colour": colour(index.get(t["arm"], 0)),
+              "points": [(float(s), float(v)) for s, v in t["steps"]]} for t in a.trials if t["steps"]]
+    return line_chart(f"{head.name} per step, every trial", head.unit, "step", lines)
+
+
+def telemetry_charts(a: Analysis) -> list[dict[str, Any]]:
+    """One chart per NVML reading that any trial recorded: the value over seconds since the trial's
+    sampler started, one line per trial and GPU."""
+    index = {arm.name: i for i, arm in enumerate(a.arms)}
+    charts = []
+    for key, label, unit in TELEMETRY_FIELDS:
+        lines = []
+        for t in a.trials:
+            by_gpu: dict[Any, list[tuple[float, float]]] = {}
+            for row in t["telemetry"]:
+                v = row.get(key)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and row.get("t") is not None:
+                    by_gpu.setdefault(row.get("gpu"), []).append((float(row["t"]), float(v)))
+            for gpu, pts in by_gpu.items():
+                lines.append({"name": f"{t['arm']} trial {t['trial'] + 1} GPU {gpu}",
+                              "colour": colour(index.get(t["arm"], 0)), "points": pts})
+        chart = line_chart(f"{label} over time", unit, "seconds", lines, width=520, height=230)
+        if chart:
+            charts.append(chart)
+    return charts

@@ -1,0 +1,26 @@
+"""The HTML report: one self-contained file (inline CSS and SVG, no script, nothing fetched), with
+the verdict table, a bar chart per arm with confidence-interval whiskers, per-step figures of every
+trial, NVML telemetry over time where it was recorded, and fingerprints side by side. Every name a
+user supplied goes through the template's autoescaping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+
+from gpuvs import __version__
+from gpuvs.comparison import Analysis
+from gpuvs.report import charts, tables
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+def render(a: Analysis) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    bars = [c for c in (charts.bar_chart(a, m.name) for m in a.metrics) if c]
+    return env.get_template("report.html.j2").render(
+        a=a, version=__version__, answer=tables.headline_sentence(a), header=tables.header_lines(a),
+        tables=tables.all_tables(a), bars=bars, legend=charts.legend(a), steps=charts.step_chart(a),
+        telemetry=charts.telemetry_charts(a))

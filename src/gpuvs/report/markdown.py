@@ -1,0 +1,38 @@
+"""The markdown report: GitHub tables, the ones people paste into wikis, posts and tickets."""
+
+from __future__ import annotations
+
+from gpuvs.comparison import Analysis
+from gpuvs.report import tables
+
+
+def cell(text: str) -> str:
+    """A table cell: one line, pipes escaped, angle brackets as entities (names come from users)."""
+    return " ".join(str(text).split()).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def table(t: tables.Table) -> str:
+    lines = [f"### {cell(t.title)}", "", "| " + " | ".join(cell(c) for c in t.columns) + " |",
+             "| " + " | ".join("---:" if i in t.right else "---" for i in range(len(t.columns))) + " |"]
+    for i, row in enumerate(t.rows):
+        cells = [cell(c) for c in row]
+        if i in t.marked:
+            cells[0] = f"**{cells[0]}**"
+        lines.append("| " + " | ".join(cells) + " |")
+    if t.note:
+        lines += ["", f"_{cell(t.note)}_"]
+    return "\n".join(lines)
+
+
+def render(a: Analysis) -> str:
+    out = [f"## {cell(a.name)}", ""]
+    answer = tables.headline_sentence(a)
+    if answer:
+        out += [f"**{cell(answer)}**", ""]
+    out += [f"- {label}: `{value}`" if label in ("command", "file") else f"- {cell(label)}: {cell(value)}"
+            for label, value in tables.header_lines(a)]
+    if a.flags:
+        out += ["", "**Differences nobody asked for:**", ""] + [f"- ⚠ {cell(f)}" for f in a.flags]
+    for t in tables.all_tables(a):
+        out += ["", table(t)]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,197 @@
+"""The tables of a comparison report, once, as plain rows of text: the terminal, markdown and HTML
+renderers only lay them out, so every format says exactly the same thing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuvs.comparison import Analysis, fingerprint_rows
+from gpuvs.report.terminal import fmt
+
+
+@dataclass
+class Table:
+    key: str  # a stable identifier (HTML ids, tests)
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    note: str = ""
+    right: set[int] = field(default_factory=set)  # column indexes aligned right (numbers)
+    marked: set[int] = field(default_factory=set)  # row indexes to highlight (fingerprint differences)
+
+
+def ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}×"
+
+
+def interval(low: float | None, high: float | None, digits: int = 3) -> str:
+    if low is None or high is None or low != low or high != high:
+        return "-"
+    sep = "–" if low >= 0 else " … "  # a dash between numbers that may be negative would read as a minus
+    return f"{low:.{digits}f}{sep}{high:.{digits}f}"
+
+
+def verdict_word(v: dict[str, Any]) -> str:
+    if v["verdict"] == "equivalent":
+        return f"equivalent (±{100 * v['margin']:g}%)"
+    return v["verdict"]
+
+
+def to_settle(v: dict[str, Any]) -> str:
+    if v["verdict"] != "inconclusive":
+        return "settled"
+    if v.get("ratio") is not None and v.get("reason", "").startswith("needs"):
+        return f"2+ trials per arm needed ({v['more_trials']} more)"
+    if v["more_trials"] is None:
+        return "more than 10,000 per arm" if v.get("ratio") is not None else (v.get("reason") or "-")
+    return f"~{v['more_trials']} more per arm"
+
+
+def verdict_table(a: Analysis) -> Table | None:
+    if len(a.arms) < 2 or not a.verdicts:
+        return None
+    pct = f"{100 * a.confidence:g}%"
+    rows = [[f"{v['metric']} ({v['unit']})" if v["unit"] else v["metric"], v["arm"], fmt(v["mean_a"]),
+             fmt(v["mean_b"]), ratio(v["ratio"]), interval(v["ci_low"], v["ci_high"]), verdict_word(v), to_settle(v)]
+            for v in a.verdicts]
+    note = (f"ratio = mean of arm / mean of {a.arms[0].name} (the baseline) over successful trials; {pct} interval "
+            f"by Welch's t on the log ratio (delta method); equivalent = two one-sided tests within "
+            f"±{100 * a.margin:g}%; for {'time' if a.headline and not a.headline.higher_is_better else 'rates'} "
+            "the direction of faster follows the unit")
+    return Table("verdicts", f"Verdict: each arm against {a.arms[0].name}",
+                 ["metric", "arm", f"{a.arms[0].name} mean", "arm mean", "ratio", f"{pct} CI", "verdict",
+                  "trials to settle"], rows, note, right={2, 3, 4, 5})
+
+
+def arm_table(a: Analysis) -> Table | None:
+    rows = []
+    for arm in a.arms:
+        for m in a.metrics:
+            s = arm.summaries.get(m.name, {})
+            n = s.get("n", 0)
+            rows.append([arm.name, m.name, arm.device + (f" x{arm.num_gpus}" if arm.num_gpus > 1 else ""), arm.env,
+                         f"{n}/{arm.n_total}", fmt(s.get("mean")),
+                         interval(s.get("ci_low"), s.get("ci_high"), 1) if n > 1 else "-",
+                         f"{fmt(s.get('min'))} … {fmt(s.get('max'))}" if n else "-",
+                         f"{100 * s.get('cv', 0):.2f}%" if n > 1 else "-", m.unit])
+    if not rows:
+        return None
+    return Table("arms", "Summary per arm (mean of per-trial figures)",
+                 ["arm", "metric", "device", "env", "trials ok", "mean", f"{100 * a.confidence:g}% CI", "min … max",
+                  "CV", "unit"], rows, right={4, 5, 6, 7, 8})
+
+
+def per_trial_table(a: Analysis) -> Table | None:
+    head = a.headline
+    if head is None:
+        return None
+    trials = sorted({t for arm in a.arms for t in arm.values.get(head.name, {})} |
+                    {f["trial"] for f in a.failures})
+    failed = {(f["arm"], f["trial"]): f["status"] for f in a.failures}
+    rows = []
+    for t in trials:
+        row = [f"{a.name} #{t + 1}"]
+        for arm in a.arms:
+            value = arm.values.get(head.name, {}).get(t)
+            row.append(fmt(value) if value is not None else failed.get((arm.name, t), "-"))
+        rows.append(row)
+    return Table("per_trial", f"Per trial: {head.name} ({head.unit})",
+                 ["test case"] + [f"{arm.name} {head.unit}" for arm in a.arms], rows,
+                 right=set(range(1, len(a.arms) + 1)))
+
+
+def speedup_table(a: Analysis) -> Table | None:
+    if not a.speedup:
+        return None
+    unit = a.speedup[0]["unit"]
+    rows = [[a.name, r["cpu_arm"], fmt(r["cpu_mean"]), r["gpu_arm"], fmt(r["gpu_mean"]), f"{r['speedup']:.2f}×",
+             interval(r["ci_low"], r["ci_high"], 2)] for r in a.speedup]
+    return Table("speedup", "Speed-up: CPU time / GPU time for the same work",
+                 ["test case", "CPU arm", f"CPU {unit}", "GPU arm", f"GPU {unit}", "speed-up",
+                  f"{100 * a.confidence:g}% CI"], rows, right={2, 4, 5, 6})
+
+
+def scaling_table(a: Analysis) -> Table | None:
+    if not a.scaling:
+        return None
+    unit = a.scaling[0]["unit"]
+    rows = [[r["arm"], str(r["num_gpus"]), fmt(r["mean"]), f"{r['speedup']:.2f}×", f"{r['ideal']:g}×",
+             f"{100 * r['efficiency']:.1f}%",
+             "-" if r["eff_low"] is None else f"{100 * r['eff_low']:.1f}% … {100 * r['eff_high']:.1f}%"]
+            for r in a.scaling]
+    return Table("scaling", f"Scaling: N-GPU throughput / (N x {a.scaling[0]['baseline']})",
+                 ["arm", "GPUs", unit, "speed-up", "ideal", "scaling efficiency", f"{100 * a.confidence:g}% CI"],
+                 rows, right={1, 2, 3, 4, 5, 6})
+
+
+def startup_table(a: Analysis) -> Table | None:
+    keys = sorted({k for arm in a.arms for k in arm.startup})
+    if not keys:
+        return None
+    rows = [[arm.name] + [fmt(arm.startup[k], 3) if k in arm.startup else "-" for k in keys] for arm in a.arms]
+    return Table("startup", "Start-up (seconds, mean over successful trials; never part of throughput)",
+                 ["arm"] + [k.removesuffix("_s") for k in keys], rows, right=set(range(1, len(keys) + 1)))
+
+
+def fingerprint_table(a: Analysis) -> Table | None:
+    rows, marked = [], set()
+    for i, (label, values, differs) in enumerate(fingerprint_rows(a.arms)):
+        rows.append([label] + ["-" if v is None else str(v) for v in values] + ["≠" if differs else ""])
+        if differs:
+            marked.add(i)
+    if not rows:
+        return None
+    return Table("fingerprints", "Where each arm ran (first successful trial)",
+                 ["field"] + [arm.name for arm in a.arms] + ["differs"], rows, marked=marked)
+
+
+def failure_table(a: Analysis) -> Table | None:
+    if not a.failures:
+        return None
+    rows = [[f["arm"], str(f["trial"] + 1), f["status"], f["error"].splitlines()[0][:200] if f["error"] else "-"]
+            for f in a.failures]
+    return Table("failures", "Trials that did not finish", ["arm", "trial", "status", "error"], rows)
+
+
+def all_tables(a: Analysis) -> list[Table]:
+    """In reading order: the answer first, then the figures behind it, then where they came from."""
+    makers = (verdict_table, speedup_table, scaling_table, arm_table, per_trial_table, startup_table,
+              failure_table, fingerprint_table)
+    return [t for t in (m(a) for m in makers) if t is not None]
+
+
+def headline_sentence(a: Analysis) -> str:
+    """One line a person can quote: 'nhwc is 1.031× nchw (95% CI 1.012 … 1.050): faster'."""
+    vs = a.headline_verdicts()
+    if not vs:
+        return ""
+    parts = []
+    for v in vs:
+        if v["ratio"] is None:
+            parts.append(f"{v['arm']} vs {v['baseline']}: {v['verdict']} ({v['reason']})")
+            continue
+        ci = f" ({100 * a.confidence:g}% CI {interval(v['ci_low'], v['ci_high'])})" if v["ci_low"] is not None else ""
+        parts.append(f"{v['arm']} vs {v['baseline']}: {ratio(v['ratio'])} {v['metric']}{ci}: {verdict_word(v)}"
+                     + (f", {to_settle(v)}" if v["verdict"] == "inconclusive" else ""))
+    return "; ".join(parts)
+
+
+def header_lines(a: Analysis) -> list[tuple[str, str]]:
+    """(label, value) lines that say what was compared."""
+    import time
+
+    lines = [("experiment", f"{a.name} ({a.id})"), ("workload", a.workload),
+             ("created", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.created)) if a.created else "-")]
+    base = a.meta.get("base") or {}
+    if base.get("params"):
+        lines.append(("parameters", " ".join(f"{k}={v}" for k, v in base["params"].items())))
+    for arm in a.arms:
+        lines.append((f"arm {arm.name}", " ".join(f"{k}={v}" for k, v in arm.overrides.items()) or "(the base)"))
+    if a.meta.get("command"):
+        lines.append(("command", a.meta["command"]))
+    if a.meta.get("file"):
+        lines.append(("file", a.meta["file"]))
+    if a.meta.get("seed") is not None:
+        lines.append(("trial order seed", str(a.meta["seed"])))
+    return lines

@@ -1,0 +1,115 @@
+"""The analysis behind every report, on synthetic trial records (no processes): verdict rows per
+metric, derived tables (speed-up, scaling efficiency, per trial), fingerprint flags."""
+
+import pytest
+
+from gpuvs import comparison
+from gpuvs.report import markdown, tables
+
+
+def record(arm, trial, value, *, device="cpu", num_gpus=1, unit="images/sec", fp=None, status="ok", attempt=0,
+           metrics=None, env=None):
+    return {"id": None, "arm": arm, "trial": trial, "attempt": attempt, "status": status,
+            "error": None if status == "ok" else "boom",
+            "spec": {"workload": "cnn-train", "device": device, "num_gpus": num_gpus, "env": env or {"kind": "host"}},
+            "summary": {"main": {"value": value, "unit": unit, "higher_is_better": unit != "ms"}} if status == "ok"
+            else {},
+            "metrics": metrics or {}, "startup": {"first_step_s": 1.0}, "fingerprint": fp or {"driver": "580", "torch": "2.11"}}
+
+
+def header(arms, name="study", margin=0.02):
+    return {"id": "exp-1", "name": name, "kind": "compare", "created": 0.0,
+            "meta": {"margin": margin, "confidence": 0.95, "workload": "cnn-train",
+                     "arms": [{"name": a, "overrides": o} for a, o in arms]}}
+
+
+def test_gpu_vs_cpu_speedup_and_per_trial_table():
+    recs = [record("cpu", t, v) for t, v in enumerate([20.0, 21.0, 19.0])]
+    recs += [record("gpu", t, v, device="cuda") for t, v in enumerate([1000.0, 1010.0, 990.0])]
+    a = comparison.analyse(header([("cpu", {"device": "cpu"}), ("gpu", {"device": "cuda"})]), recs)
+    (row,) = a.speedup
+    assert row["speedup"] == pytest.approx(50.0) and row["cpu_arm"] == "cpu" and row["gpu_arm"] == "gpu"
+    assert row["ci_low"] < 50.0 < row["ci_high"]
+    (v,) = a.verdicts
+    assert v["verdict"] == "faster" and v["ratio"] == pytest.approx(50.0) and v["baseline"] == "cpu"
+    t = tables.per_trial_table(a)
+    assert t.columns == ["test case", "cpu images/sec", "gpu images/sec"]
+    assert t.rows[0] == ["study #1", "20.0", "1,000.0"] and len(t.rows) == 3
+    assert tables.speedup_table(a).rows[0][5] == "50.00×"
+    assert a.flags == []
+
+
+def test_speedup_for_times_is_cpu_time_over_gpu_time():
+    recs = [record("cpu", t, v, unit="ms") for t, v in enumerate([400.0, 410.0])]
+    recs += [record("gpu", t, v, device="cuda:0", unit="ms") for t, v in enumerate([10.0, 10.2])]
+    a = comparison.analyse(header([("cpu", {}), ("gpu", {})]), recs)
+    assert a.speedup[0]["speedup"] == pytest.approx(405.0 / 10.1)
+    assert a.verdicts[0]["verdict"] == "faster"  # fewer ms is faster
+
+
+def test_scaling_efficiency_against_the_fewest_gpus():
+    recs = []
+    for n, values in ((1, [1000.0, 1002.0, 998.0]), (2, [1900.0, 1904.0, 1896.0]), (4, [3600.0, 3610.0, 3590.0])):
+        recs += [record(f"{n}gpu", t, v, device="cuda", num_gpus=n) for t, v in enumerate(values)]
+    a = comparison.analyse(header([("1gpu", {"num_gpus": 1}), ("2gpu", {"num_gpus": 2}), ("4gpu", {"num_gpus": 4})]),
+                           recs)
+    eff = {r["arm"]: r for r in a.scaling}
+    assert eff["1gpu"]["efficiency"] == pytest.approx(1.0)
+    assert eff["2gpu"]["efficiency"] == pytest.approx(1900.0 / 2000.0)
+    assert eff["4gpu"]["efficiency"] == pytest.approx(3600.0 / 4000.0) and eff["4gpu"]["speedup"] == pytest.approx(3.6)
+    assert eff["4gpu"]["eff_low"] < 0.9 < eff["4gpu"]["eff_high"]
+    assert tables.scaling_table(a).rows[2][5] == "90.0%"
+    assert [v["arm"] for v in a.verdicts] == ["2gpu", "4gpu"]
+
+
+def test_every_series_and_metric_gets_a_verdict_row_and_the_headline_comes_first():
+    m = lambda v: {"latency_p99_ms": {"value": v, "unit": "ms"}}  # noqa: E731
+    recs = [record("a", t, 100.0 + t, metrics=m(10.0 + t / 10)) for t in range(3)]
+    recs += [record("b", t, 100.0 + t, metrics=m(12.0 + t / 10)) for t in range(3)]
+    a = comparison.analyse(header([("a", {}), ("b", {"x": 1})]), recs)
+    assert [m.name for m in a.metrics] == ["main", "latency_p99_ms"] and a.headline.name == "main"
+    by = {v["metric"]: v for v in a.verdicts}
+    assert by["main"]["verdict"] == "equivalent" and by["latency_p99_ms"]["verdict"] == "slower"
+    assert a.settled()
+
+
+def test_fingerprint_differences_nobody_asked_for_are_flagged():
+    fp_a = {"driver": "580", "torch": "2.11", "gpu_name": "H100"}
+    fp_b = {"driver": "575", "torch": "2.9", "gpu_name": "H100"}
+    recs = [record("host", t, 100.0, fp=fp_a) for t in range(2)] + [record("ctr", t, 100.0, fp=fp_b) for t in range(2)]
+    # the arms vary the container image: a torch difference is expected, a driver difference is not
+    a = comparison.analyse(header([("host", {}), ("ctr", {"env": "container", "image": "x"})]), recs)
+    assert len(a.flags) == 1 and "driver (580 vs 575)" in a.flags[0] and "torch" not in a.flags[0]
+    rows = {label: (values, differs) for label, values, differs in comparison.fingerprint_rows(a.arms)}
+    assert rows["NVIDIA driver"] == (["580", "575"], True) and rows["GPU"] == (["H100", "H100"], False)
+    # the same difference when only a parameter varies: both flagged
+    a = comparison.analyse(header([("host", {}), ("ctr", {"batch_size": 64})]), recs)
+    assert "driver" in a.flags[0] and "torch" in a.flags[0]
+    # trials of one arm that ran on different machines
+    recs = [record("a", 0, 100.0, fp=fp_a), record("a", 1, 100.0, fp=fp_b), record("b", 0, 100.0, fp=fp_a),
+            record("b", 1, 100.0, fp=fp_a)]
+    a = comparison.analyse(header([("a", {}), ("b", {"x": 1})]), recs)
+    assert any(f.startswith("arm a: its trials ran with different") for f in a.flags)
+
+
+def test_retries_count_once_and_failures_are_listed():
+    recs = [record("a", 0, 100.0), record("a", 1, 0.0, status="failed"), record("a", 1, 101.0, attempt=1),
+            record("b", 0, 100.0), record("b", 1, 0.0, status="failed")]
+    a = comparison.analyse(header([("a", {}), ("b", {"x": 1})]), recs)
+    arm_a, arm_b = a.arms
+    assert (arm_a.n_ok, arm_a.n_total, arm_b.n_ok, arm_b.n_total) == (2, 2, 1, 2)
+    assert a.failures == [{"arm": "b", "trial": 1, "status": "failed", "error": "boom"}]
+    assert a.verdicts[0]["verdict"] == "inconclusive"
+    assert tables.per_trial_table(a).rows[1] == ["study #2", "101.0", "failed"]
+
+
+def test_markdown_escapes_what_users_name():
+    recs = [record("a|b", t, 100.0 + t) for t in range(2)] + [record("<script>alert(1)</script>", t, 110.0 + t)
+                                                             for t in range(2)]
+    a = comparison.analyse(header([("a|b", {}), ("<script>alert(1)</script>", {"x": 1})], name="x | <b>y</b>"), recs)
+    md = markdown.render(a)
+    assert "<script>" not in md and "<b>" not in md and "&lt;script&gt;alert(1)&lt;/script&gt;" in md
+    assert "| a\\|b |" in md
+    for line in md.splitlines():
+        if line.startswith("| ") and "---" not in line:
+            assert line.count(" | ") - line.count("\\| ") >= 1

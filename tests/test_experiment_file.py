@@ -1,0 +1,158 @@
+"""Experiment files and --arm specs: refused with the file, the line and what is wrong; the shipped
+files load; command-line values replace the file's."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpuvs import experiment
+from gpuvs.errors import UsageError
+from gpuvs.runner import Experiment
+from gpuvs.spec import RunSpec
+from gpuvs.workloads import get
+
+ROOT = Path(__file__).resolve().parent.parent
+GOOD = """\
+name: tiny
+workload: selftest
+params: {steps: 3}
+device: cpu
+trials: 2
+margin: 0.05
+arms:
+  - {name: fast, step_seconds: 0.001}
+  - name: slow
+    step_seconds: 0.002
+"""
+
+
+def write(tmp_path, text):
+    path = tmp_path / "exp.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_a_good_file_becomes_an_experiment(tmp_path):
+    study = experiment.load(write(tmp_path, GOOD))
+    exp = study.experiment
+    assert exp.name == "tiny" and exp.trials == 2 and exp.kind == "compare" and study.margin == 0.05
+    assert [a.name for a in exp.arms] == ["fast", "slow"]
+    assert exp.arms[1].overrides == {"step_seconds": 0.002}
+    assert exp.base.params["steps"] == 3 and exp.base.device == "cpu"
+    spec = exp.spec_for(exp.arms[1], 0)
+    assert spec.params["step_seconds"] == 0.002 and spec.params["steps"] == 3
+    assert exp.meta["margin"] == 0.05 and exp.meta["file"].endswith("exp.yaml")
+
+
+def test_command_line_values_replace_the_files_and_arms_still_apply(tmp_path):
+    study = experiment.load(write(tmp_path, GOOD), {"trials": 5, "margin": 0.01, "params": {"steps": "7"},
+                                                    "seed": 4})
+    exp = study.experiment
+    assert exp.trials == 5 and study.margin == 0.01 and exp.seed == 4 and exp.base.params["steps"] == 7
+    assert exp.spec_for(exp.arms[0], 0).params["step_seconds"] == 0.001
+    with pytest.raises(UsageError, match=r"^command line: trials: 0 is not allowed"):
+        experiment.load(write(tmp_path, GOOD), {"trials": 0})
+
+
+BAD = [
+    ("unknown top-level key", GOOD.replace("trials: 2", "trails: 2"), 5, "unknown key 'trails'"),
+    ("unknown arm key", GOOD.replace("    step_seconds: 0.002", "    step_secs: 0.002"), 10,
+     "arm 'slow': unknown key 'step_secs' (did you mean 'step_seconds'?)"),
+    ("bad parameter value", GOOD.replace("{steps: 3}", "{steps: -3}"), 3, "steps: -3 is not allowed"),
+    ("unknown parameter", GOOD.replace("{steps: 3}", "{stepz: 3}"), 3, "selftest has no parameter 'stepz'"),
+    ("bad arm value", GOOD.replace("step_seconds: 0.001", "step_seconds: fast"), 8,
+     "arm 'fast': --step-seconds: 'fast' is not allowed"),
+    ("arms that differ in nothing", GOOD.replace("step_seconds: 0.002", "step_seconds: 0.001"), 9,
+     "arm 'slow' runs exactly as arm 'fast'"),
+    ("an arm equal to the base", GOOD.replace("{name: fast, step_seconds: 0.001}", "{name: fast, steps: 3}")
+     .replace("    step_seconds: 0.002", "    steps: 3"), 9, "arms must differ in something"),
+    ("missing workload", GOOD.replace("workload: selftest\n", ""), 1, "missing key 'workload'"),
+    ("unknown workload", GOOD.replace("workload: selftest", "workload: selfie"), 2, "unknown workload 'selfie'"),
+    ("repeated arm name", GOOD.replace("name: slow", "name: fast"), 9, "arm name 'fast' is used twice"),
+    ("repeated key", GOOD.replace("trials: 2", "trials: 2\ntrials: 3"), 6, "key 'trials' appears twice"),
+    ("one arm", GOOD.split("  - name: slow")[0], 8, "needs at least two arms"),
+    ("no arms", GOOD.split("arms:")[0], 1, "missing key 'arms'"),
+    ("arms not a list", GOOD.split("arms:")[0] + "arms: {a: 1}\n", 7, "arms must be a list"),
+    ("arm without a name", GOOD.replace("name: slow", "label: slow"), 9, "this arm has no name"),
+    ("arm not a mapping", GOOD.replace("  - {name: fast, step_seconds: 0.001}", "  - fast"), 8,
+     "an arm is a mapping"),
+    ("broken YAML", GOOD.replace("params: {steps: 3}", "params: {steps: 3"), 4, "not valid YAML"),
+    ("not a mapping", "- just\n- a list\n", 1, "an experiment file is a mapping"),
+    ("margin out of range", GOOD.replace("margin: 0.05", "margin: 2"), 6, "margin: 2 is not allowed"),
+    ("max_trials alone", GOOD.replace("margin: 0.05", "max_trials: 9"), 6, "max_trials applies with until_confident"),
+    ("bad device", GOOD.replace("device: cpu", "device: tpu"), 4, "unknown device 'tpu'"),
+    ("unknown environment", GOOD.replace("device: cpu", "device: cpu\nenv: moon"), 5, "unknown environment 'moon'"),
+]
+
+
+@pytest.mark.parametrize("what, text, line, message", BAD, ids=[b[0] for b in BAD])
+def test_bad_files_are_refused_with_file_line_and_what(tmp_path, what, text, line, message):
+    path = write(tmp_path, text)
+    with pytest.raises(UsageError) as info:
+        experiment.load(path)
+    text = str(info.value)
+    assert text.startswith(f"{path}:{line}:"), text
+    assert message in text and "\n" not in text
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(UsageError, match="experiment file .*nope.yaml not found"):
+        experiment.load(tmp_path / "nope.yaml")
+
+
+SHIPPED = ("gpu-vs-cpu-train", "gpu-vs-cpu-predict", "fp32-vs-bf16", "nchw-vs-nhwc", "1-vs-n-gpus", "batch-size-sweep")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_comparisons_load(name):
+    path = ROOT / "experiments" / f"{name}.yaml"
+    study = experiment.load(path)
+    exp = study.experiment
+    assert len(exp.arms) >= 2 and exp.trials >= 3 and study.margin == 0.02 and exp.name == name
+    for arm in exp.arms:
+        spec = exp.spec_for(arm, 0)
+        get(spec.workload).validate(spec.params, spec.device)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_experiment_file_is_in_the_agreed_format(path):
+    doc = experiment.read_file(path)
+    assert set(doc) <= experiment.TOP_KEYS and "workload" in doc and len(doc["arms"]) >= 2
+    assert all(isinstance(arm, dict) and arm.get("name") for arm in doc["arms"])
+
+
+def test_gpu_vs_cpu_files_keep_the_cpu_arm_short_and_the_cpu_first():
+    for name in ("gpu-vs-cpu-train", "gpu-vs-cpu-predict"):
+        exp = experiment.load(ROOT / "experiments" / f"{name}.yaml").experiment
+        cpu, gpu = (exp.spec_for(arm, 0) for arm in exp.arms)
+        assert (cpu.device, gpu.device) == ("cpu", "cuda")
+        assert cpu.params["steps"] <= 10 and cpu.params["batch_size"] == gpu.params["batch_size"] == 32
+
+
+@pytest.mark.parametrize("text, name, overrides", [
+    ("gpu:device=cuda,batch_size=64", "gpu", {"device": "cuda", "batch_size": "64"}),
+    ("base", "base", {}),
+    ("x: precision = bf16 ,", "x", {"precision": "bf16"}),
+])
+def test_parse_arm(text, name, overrides):
+    assert experiment.parse_arm(text) == (name, overrides)
+
+
+@pytest.mark.parametrize("text, message", [(":device=cpu", "expected NAME:key=value"),
+                                           ("a:device", "expected key=value, got 'device'")])
+def test_parse_arm_refuses(text, message):
+    with pytest.raises(UsageError, match=message):
+        experiment.parse_arm(text)
+
+
+def test_build_arms_types_values_and_keeps_env_keys_apart():
+    wl = get("selftest")
+    base = RunSpec(workload="selftest", device="cpu", params=wl.validate({}, "cpu"))
+    arms = experiment.build_arms(wl, base, [("a", {"steps": "4", "timeout": "9"}, "--arm", {}),
+                                            ("b", {"num-gpus": "1", "steps": "5"}, "--arm", {})])
+    assert arms[0].overrides == {"steps": 4, "timeout_s": 9.0} and arms[1].overrides == {"num_gpus": 1, "steps": 5}
+    spec = Experiment("x", base, arms).spec_for(arms[0], 0)
+    assert spec.timeout_s == 9.0 and spec.params["steps"] == 4
+    with pytest.raises(UsageError, match="cpus applies to env container"):
+        experiment.build_arms(wl, base, [("a", {"cpus": "2"}, "--arm", {}), ("b", {"steps": "2"}, "--arm", {})])

@@ -1,0 +1,65 @@
+"""The HTML report opened in real headless Chromium: it renders, shows the verdict table, the bar
+chart, per-step lines and telemetry charts (screenshot checked), and names users supply are
+escaped. The experiment is written through the real store API with telemetry rows (no GPU here)."""
+
+import math
+
+from gpuvs import comparison, events, stats
+from gpuvs.report import html
+from gpuvs.runner import Arm, Experiment
+from gpuvs.spec import RunSpec
+from gpuvs.store import Store
+from report_browser import chromium_dom, chromium_screenshot, distinct_colours, pixels_of
+
+EVIL = "<script>alert(1)</script>"
+
+
+def synthetic_experiment(path):
+    """Two arms x 3 trials: 20 samples and 30 NVML readings per trial, arm B 10% faster, and a
+    driver that differs between the arms although nobody varied it."""
+    exp = Experiment(f"{EVIL} study", RunSpec(workload="cnn-train", device="cuda"),
+                     [Arm("base"), Arm(EVIL, {"precision": "bf16"})], trials=3, seed=2, kind="compare",
+                     meta={"margin": 0.02, "confidence": 0.95})
+    with Store(path) as st:
+        st.create_experiment(exp.id, exp.name, exp.kind, {**exp.meta, "workload": "cnn-train",
+                                                          "arms": [{"name": a.name, "overrides": a.overrides}
+                                                                   for a in exp.arms]})
+        for k, spec in enumerate(exp.order()):
+            tid = st.begin_trial(spec)
+            rate = (1100.0 if spec.arm == EVIL else 1000.0) * (1 + 0.002 * math.sin(k))
+            samples = []
+            for step in range(1, 21):
+                value = rate * (1 + 0.01 * math.sin(step + k))
+                samples.append(events.sample(step, value, "images/sec", seconds=64 / value, items=64))
+                st.add_event(tid, samples[-1])
+            for i in range(30):
+                st.add_event(tid, {"type": "telemetry", "t": i * 0.1, "gpu": 0, "util_gpu": 60 + i, "util_mem": 40,
+                                   "mem_used_mib": 20000 + 10 * i, "power_w": 300.0 + 5 * i,
+                                   "sm_clock_mhz": 1980, "temp_c": 50 + i / 3, "throttle": []})
+            fp = {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "torch": "2.11.0",
+                  "driver": "580.65" if spec.arm == "base" else "575.51", "cpu_model": "Xeon"}
+            st.finish_trial(tid, "ok", fingerprint=fp, summary=stats.summarize_samples(samples),
+                            startup={"first_step_s": 1.5, "import_s": 2.0})
+        return comparison.from_store(st, exp.id)
+
+
+def test_html_report_renders_in_chromium_with_charts_verdicts_and_escaped_names(tmp_path):
+    analysis = synthetic_experiment(tmp_path / "gpuvs.db")
+    (v,) = analysis.headline_verdicts()
+    assert v["verdict"] == "faster" and 1.09 < v["ratio"] < 1.11
+    page = html.render(analysis)
+    assert "<script" not in page and "http://" not in page and "https://" not in page  # self-contained, no script
+    path = tmp_path / "report.html"
+    path.write_text(page)
+
+    dom = chromium_dom(path, tmp_path)
+    assert "<script" not in dom and "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
+    assert '<table id="verdicts">' in dom and "v-faster" in dom and f"{v['ratio']:.3f}×" in dom
+    assert dom.count('class="chart bars"') == 1 and dom.count('class="chart steps"') == 1
+    assert dom.count('class="chart telemetry"') == 5  # utilisation, memory, power, SM clock, temperature
+    assert dom.count("<polyline") == 6 + 5 * 6  # 6 trials per step; 6 trials x 5 telemetry charts
+    assert "driver (580.65 vs 575.51)" in dom and '<tr class="differs">' in dom
+
+    png = chromium_screenshot(path, tmp_path, size="1280,3600")
+    assert distinct_colours(png) > 50
+    assert pixels_of(png, (0x4e, 0x79, 0xa7)) > 2000 and pixels_of(png, (0xf2, 0x8e, 0x2b)) > 2000  # the two bars
