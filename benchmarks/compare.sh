@@ -29,7 +29,7 @@ T0=$(date +%s)
 say() { echo "[compare.sh +$(( $(date +%s) - T0 ))s] $*"; }
 
 # name | time limit in seconds (GPU run)
-EXPERIMENTS=("gpu-vs-cpu-train 180" "gpu-vs-cpu-predict 110" "fp32-vs-bf16 130")
+EXPERIMENTS=("gpu-vs-cpu-train 150" "gpu-vs-cpu-predict 95" "fp32-vs-bf16 110")
 EXTRA=()
 if [ "$SMALL" = 1 ]; then
   EXTRA=(--model resnet18 --batch-size 2 --image-size 32 --trials 2 --steps 5 --warmup-steps 1 --display-every 1)

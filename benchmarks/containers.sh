@@ -10,7 +10,7 @@
 # Usage, from the repo root:  OUT=out PYTHONPATH=src bash benchmarks/containers.sh
 #   DEBS=DIR      carried .debs (default .carry/debs); without them a podman on PATH is used
 #   DEVICE=cpu    CPU dry run with tiny sizes (checks the script end to end on a machine with no GPU)
-#   TRIALS=N STARTUP_TRIALS=N   trials per arm (default 5 and 10)
+#   TRIALS=N STARTUP_TRIALS=N   trials per arm (default 5 and 10); PARTS="bf16 fp32 startup 2gpu" (the default) picks parts
 # Fail-soft: a part that fails is reported in the markdown file and the others still run.
 set -u
 cd "$(dirname "$0")/.."
@@ -194,9 +194,10 @@ log "doctor"
 timeout 120 "$PY" -m gpuvs doctor --env container --rootfs /:O --device "$DEVICE" >> "$MD" 2>&1 || fail "gpuvs doctor"
 md '```'
 
-run_file "Host vs container: resnet50 bf16 batch 256 NHWC, 1 GPU" experiments/host-vs-container.yaml "$TRIALS" 170
-run_file "Host vs container: resnet50 fp32 batch 64 NCHW, 1 GPU" experiments/host-vs-container-fp32.yaml "$TRIALS" 130
-run_file "Start-up: launch to first GPU result (one tiny kernel), one launch per trial" experiments/startup.yaml \
+want() { case " ${PARTS:-bf16 fp32 startup 2gpu} " in *" $1 "*) return 0 ;; esac; return 1; }
+want bf16 && run_file "Host vs container: resnet50 bf16 batch 256 NHWC, 1 GPU" experiments/host-vs-container.yaml "$TRIALS" ${BF16_S:-170}
+want fp32 && run_file "Host vs container: resnet50 fp32 batch 64 NCHW, 1 GPU" experiments/host-vs-container-fp32.yaml "$TRIALS" 130
+want startup && run_file "Start-up: launch to first GPU result (one tiny kernel), one launch per trial" experiments/startup.yaml \
   "$STARTUP_TRIALS" 120
 if [ -n "$LAST_ID" ] && gpuvs report --help >/dev/null 2>&1; then  # (without `report`, run_file printed it)
   md "" "Start-up and total wall time per launch (launch_to_exit_s: launch to process exit, container teardown included):"

@@ -49,7 +49,8 @@ class Startup(Workload):
             if not torch.cuda.is_available():
                 raise WorkloadError("unavailable", f"device {ctx.device} asked for, but torch sees no GPU "
                                     f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
-            torch.cuda.set_device(device)
+            if device.index is not None:  # "cuda" alone is the current device already
+                torch.cuda.set_device(device)
             torch.cuda.init()
             torch.empty(1, device=device)  # the context exists once memory can be allocated
             torch.cuda.synchronize(device)
