@@ -4,6 +4,7 @@ MPS advisor. Every worker is an ordinary trial: stored, fingerprinted, cleaned u
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 import tempfile
@@ -167,15 +168,31 @@ class Coordinator:
 
     # -- what users ask -----------------------------------------------------------------------
 
-    def group(self, specs: list[RunSpec], label: str, mps: bool) -> Group:
-        """Start every spec, wait until all are warmed up at the barrier, measure one window."""
-        group = Group(label=label, mps=mps)
+    @contextlib.contextmanager
+    def _workers(self, mps: bool):
+        """A barrier folder, gpuvs's MPS daemon if asked, and the list of workers to fill; on every way
+        out, each worker is stopped and stored, the daemon stopped and the folder removed."""
         folder = tempfile.mkdtemp(prefix="gpuvs-barrier-")
         daemon = MpsDaemon() if mps else None
         lives: list[LiveTrial] = []
         try:
             if daemon is not None:
                 daemon.start()
+            yield folder, daemon, lives
+        except KeyboardInterrupt:
+            _interrupted(lives)
+            raise
+        finally:
+            for lv in lives:
+                lv.finish()
+            if daemon is not None:
+                daemon.stop()
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def group(self, specs: list[RunSpec], label: str, mps: bool) -> Group:
+        """Start every spec, wait until all are warmed up at the barrier, measure one window."""
+        group = Group(label=label, mps=mps)
+        with self._workers(mps) as (folder, daemon, lives):
             ws = [worker_spec(s, folder, f"w{i}", self.window_s, label, i, daemon) for i, s in enumerate(specs)]
             for spec in ws:
                 live = LiveTrial(self.runner, spec)
@@ -189,15 +206,6 @@ class Coordinator:
                         lv.fail("stopped", "stopped: another worker of its group failed before the start")
             else:
                 self._run_window(group, lives, folder, daemon)
-        except KeyboardInterrupt:
-            _interrupted(lives)
-            raise
-        finally:
-            for lv in lives:
-                lv.finish()
-            if daemon is not None:
-                daemon.stop()
-            shutil.rmtree(folder, ignore_errors=True)
         group.trials = [lv.result for lv in lives]
         return group
 
@@ -205,17 +213,12 @@ class Coordinator:
         """Add workers one at a time, each warmed up and holding its memory at the barrier, until one
         fails or max_workers is reached; then measure all that ran in one window."""
         group = Group(label="capacity", mps=mps)
-        folder = tempfile.mkdtemp(prefix="gpuvs-barrier-")
-        daemon = MpsDaemon() if mps else None
-        lives: list[LiveTrial] = []
         failed: LiveTrial | None = None
         sink: list[dict[str, Any]] = []
-        try:
-            if daemon is not None:
-                daemon.start()
+        with self._workers(mps) as (folder, daemon, lives):
             for i in range(max_workers):
-                ws = worker_spec(spec, folder, f"w{i:03d}", self.window_s, "capacity", i, daemon)
-                live = LiveTrial(self.runner, ws)
+                live = LiveTrial(self.runner, worker_spec(spec, folder, f"w{i:03d}", self.window_s, "capacity", i,
+                                                          daemon))
                 lives.append(live)
                 live.start()
                 bad = self._wait_ready(lives, folder, len(lives))
@@ -227,7 +230,7 @@ class Coordinator:
                     break
                 self.say(f"worker {i + 1} ready")
             if lives:
-                probe = self._sampler([lives[0].result.spec], sink)
+                probe = self._sampler([lives[0].result.spec], sink)  # memory held by all, before the window
                 if probe is not None:
                     time.sleep(0.5)
                     probe.stop()
@@ -236,17 +239,6 @@ class Coordinator:
                 self._run_window(group, lives, folder, daemon)
                 if sink and group.telemetry:
                     group.memory_used_mib = max(group.memory_used_mib or 0, group.telemetry.get("mem_used_mib_max") or 0)
-        except KeyboardInterrupt:
-            _interrupted(lives)
-            raise
-        finally:
-            for lv in lives:
-                lv.finish()
-            if failed is not None:
-                failed.finish()
-            if daemon is not None:
-                daemon.stop()
-            shutil.rmtree(folder, ignore_errors=True)
         group.trials = [lv.result for lv in lives]
         return group, failed
 
