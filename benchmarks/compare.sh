@@ -124,6 +124,6 @@ if [ -n "$HTML_ID" ]; then
     { echo; echo "**HTML report failed:**"; echo '```'; tail -5 "$WORK/html.err"; echo '```'; } >> "$MD"
   fi
 else
-  echo; echo "No experiment produced results; no HTML report." >> "$MD"
+  { echo; echo "No experiment produced results; no HTML report."; } >> "$MD"
 fi
 say "done in $(( $(date +%s) - T0 ))s: $MD${HTML_ID:+ and $HTML}"
