@@ -112,3 +112,12 @@ def test_ctrl_c_keeps_finished_trials_and_marks_the_one_in_flight(tmp_path):
     assert gpuvs_processes() == []
     # children of the interrupted worker are gone too
     assert subprocess.run(["pgrep", "-f", "while True: time.sleep"], capture_output=True).stdout == b""
+
+
+@pytest.mark.parametrize("args", [["run", "--help"], ["run", "cnn-train", "--help"], ["compare", "--help"],
+                                  ["share", "--help"], ["doctor", "--help"], ["advise-mps", "--help"],
+                                  ["share-matrix", "--help"], ["report", "--help"], ["serve", "--help"]])
+def test_every_command_explains_itself(cli, args):
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "option" in r.stdout.lower()

@@ -9,7 +9,6 @@ Exit status: 0 when every trial ran (whatever the verdict), 1 when a trial faile
 from __future__ import annotations
 
 import shlex
-from types import SimpleNamespace
 from typing import Any
 
 import typer
@@ -18,7 +17,7 @@ from rich.console import Console
 from gpuvs import comparison, experiment, workloads
 from gpuvs.cli import app
 from gpuvs.cli import options as opt
-from gpuvs.cli.info import param_table
+from gpuvs.cli.info import options_table, param_table
 from gpuvs.cli.run import PASS_THROUGH, execute, finish, prepare
 from gpuvs.errors import UsageError
 from gpuvs.experiment import STUDY_PARAMS, Study
@@ -78,7 +77,7 @@ def compare_help(workload) -> None:
         console.print(param_table(workload))
     for title, group in (("compare options", COMPARE_OPTIONS), ("run options", opt.RUN_OPTIONS),
                          ("environment options", opt.ENV_OPTIONS)):
-        console.print(param_table(SimpleNamespace(name=title, summary="", params=group), title))
+        console.print(options_table(title, group))
 
 
 def study_from_args(args: list[str], console: Console) -> tuple[Study, dict[str, Any]]:

@@ -54,12 +54,11 @@ def doctor(ctx: typer.Context) -> None:
     console = Console(markup=False, highlight=False)
     args = list(ctx.args)
     if "--help" in args or "-h" in args:
-        from gpuvs.cli.info import param_table
-        from gpuvs.cli.run import _Group
+        from gpuvs.cli.info import options_table
 
         console.print("usage: gpuvs doctor --env container (--image IMAGE | --rootfs DIR[:O]) [options]")
-        console.print(param_table(_Group("doctor options", DOCTOR_OPTIONS), "doctor options"))
-        console.print(param_table(_Group("environment options", opt.ENV_OPTIONS), "environment options"))
+        console.print(options_table("doctor options", DOCTOR_OPTIONS))
+        console.print(options_table("environment options", opt.ENV_OPTIONS))
         raise typer.Exit(0)
     _, values = opt.parse(args, (opt.ENV_OPTIONS, DOCTOR_OPTIONS), positional=0, what="gpuvs doctor")
     env = opt.env_spec(opt.take(values, opt.ENV_OPTIONS))

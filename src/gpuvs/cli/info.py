@@ -60,20 +60,16 @@ def list_workloads(name: str = typer.Argument(None, help="show one workload's pa
     console.print(t)
 
 
-def param_table(w, title: str | None = None) -> Table:
-    t = Table(title=title or f"{w.name}: {w.summary}", title_justify="left")
+def options_table(title: str, params) -> Table:
+    """Option, default, allowed values and meaning of a group of Params."""
+    t = Table(title=title, title_justify="left")
     for col in ("option", "default", "allowed", "meaning"):
         t.add_column(col)
-    for p in w.params:
+    for p in params:
         t.add_row(p.option, "-" if p.default in (None, "") else str(p.default), p.describe_allowed(), p.help)
     return t
 
 
-class _Params:
-    def __init__(self, name, params):
-        self.name, self.summary, self.params = name, "", params
-
-
-def _Group_table(title: str, params) -> Table:
-    """The option table of a group of Params (run options, environment options, ...)."""
-    return param_table(_Params(title, params), title)
+def param_table(w) -> Table:
+    """A workload's parameters."""
+    return options_table(f"{w.name}: {w.summary}", w.params)

@@ -12,7 +12,7 @@ from rich.console import Console
 from gpuvs import fingerprint, workloads
 from gpuvs.cli import app
 from gpuvs.cli import options as opt
-from gpuvs.cli.info import _Group_table, param_table
+from gpuvs.cli.info import options_table, param_table
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.report import terminal
 from gpuvs.runner import Arm, Experiment, Runner, TrialResult, validate_experiment
@@ -99,8 +99,8 @@ def run_help(workload) -> None:
         console.print(f"workloads: {', '.join(workloads.names())}  (gpuvs workloads NAME shows one's options)")
     else:
         console.print(param_table(workload))
-    console.print(_Group_table("run options", opt.RUN_OPTIONS))
-    console.print(_Group_table("environment options", opt.ENV_OPTIONS))
+    console.print(options_table("run options", opt.RUN_OPTIONS))
+    console.print(options_table("environment options", opt.ENV_OPTIONS))
 
 
 def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,

@@ -66,9 +66,9 @@ def mps_modes(choice: str) -> list[bool]:
 
 def share_help(workload) -> None:
     run_help(workload)
-    from gpuvs.cli.info import _Group_table
+    from gpuvs.cli.info import options_table
 
-    Console().print(_Group_table("share options", SHARE_OPTIONS))
+    Console().print(options_table("share options", SHARE_OPTIONS))
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
