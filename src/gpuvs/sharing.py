@@ -83,7 +83,8 @@ def check_shareable(spec: RunSpec) -> None:
 def worker_spec(base: RunSpec, folder: str, name: str, window_s: float, label: str, index: int,
                 mps: MpsDaemon | None) -> RunSpec:
     spec = copy.deepcopy(base)
-    count = workloads.get(spec.workload).param(workloads.get(spec.workload).window_param)
+    workload = workloads.get(spec.workload)
+    count = workload.param(workload.window_param)
     spec.params = dict(spec.params, **{count.name: int(min(BIG_STEPS, count.max or BIG_STEPS))})
     spec.barrier = {"dir": folder, "name": name, "window_s": window_s, "wait_s": 3600.0}
     spec.telemetry_interval_s = 0  # the coordinator samples the GPU once for everyone
@@ -108,8 +109,8 @@ class Coordinator:
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _sampler(self, specs: list[RunSpec], sink: list[dict[str, Any]]):
-        spec = specs[0]
+    def _sampler(self, spec: RunSpec, sink: list[dict[str, Any]]):
+        """One NVML sampler for a group on the GPU of `spec` (None for CPU runs)."""
         if not spec.device.startswith("cuda"):
             return None
         probe = copy.deepcopy(spec)
@@ -144,7 +145,7 @@ class Coordinator:
 
     def _run_window(self, group: Group, lives: list[LiveTrial], folder: str, mps: MpsDaemon | None) -> None:
         sink: list[dict[str, Any]] = []
-        sampler = self._sampler([lv.result.spec for lv in lives], sink)
+        sampler = self._sampler(lives[0].result.spec, sink)
         try:
             barrier.release(folder)
             if mps is not None:
@@ -230,7 +231,7 @@ class Coordinator:
                     break
                 self.say(f"worker {i + 1} ready")
             if lives:
-                probe = self._sampler([lives[0].result.spec], sink)  # memory held by all, before the window
+                probe = self._sampler(lives[0].result.spec, sink)  # memory held by all, before the window
                 if probe is not None:
                     time.sleep(0.5)
                     probe.stop()
@@ -264,11 +265,9 @@ def gpu_memory_total_mib(device: str) -> float | None:
 class Advice:
     prediction: str  # "mps helps" | "mps hurts" | "no difference" | "will not fit"
     reasons: list[str]
-    measured: str | None = None
-    agree: bool | None = None
 
 
-def predict_mps(solo_a: Group, solo_b: Group, total_mib: float | None, margin: float = 0.02) -> Advice:
+def predict_mps(solo_a: Group, solo_b: Group, total_mib: float | None) -> Advice:
     """From solo runs' telemetry: MPS lets kernels of two processes run at the same time, which helps
     jobs that leave the GPU idle part of the time and hurts (or does nothing for) jobs that each keep
     the SMs or the memory system busy, where they fight for caches and bandwidth."""

@@ -33,6 +33,14 @@ def advise_mps(ctx: typer.Context) -> None:
     """Should jobs A and B share the GPU under MPS? gpuvs advise-mps "WORKLOAD_A --p v" "WORKLOAD_B --p v" [options]"""
     console = Console(markup=False, highlight=False)
     groups = (opt.RUN_OPTIONS, opt.ENV_OPTIONS, ADVISE_OPTIONS)
+    if "--help" in ctx.args or "-h" in ctx.args:
+        from gpuvs.cli.info import options_table
+
+        console.print('usage: gpuvs advise-mps "WORKLOAD_A [--param value ...]" "WORKLOAD_B [...]" [options]')
+        for title, group in (("advise-mps options", ADVISE_OPTIONS), ("run options", opt.RUN_OPTIONS),
+                             ("environment options", opt.ENV_OPTIONS)):
+            console.print(options_table(title, group))
+        raise typer.Exit(0)
     jobs, values = opt.parse(list(ctx.args), groups, positional=2, what="gpuvs advise-mps")
     if len(jobs) != 2:
         raise UsageError('advise-mps wants two quoted jobs, e.g. gpuvs advise-mps "kernels --app srad" '
@@ -56,7 +64,7 @@ def advise_mps(ctx: typer.Context) -> None:
         coord = Coordinator(runner, ao["duration"], say=lambda s: console.print("  " + s))
         console.rule("solo runs (telemetry)", style="dim")
         solo_a, solo_b = coord.group([a], "A alone", False), coord.group([b], "B alone", False)
-        advice = predict_mps(solo_a, solo_b, total, ao["margin"])
+        advice = predict_mps(solo_a, solo_b, total)
         console.print(f"prediction: {advice.prediction}", style="bold")
         for reason in advice.reasons:
             console.print(f"  - {reason}")
