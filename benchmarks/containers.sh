@@ -11,6 +11,8 @@
 #   DEBS=DIR      carried .debs (default .carry/debs); without them a podman on PATH is used
 #   DEVICE=cpu    CPU dry run with tiny sizes (checks the script end to end on a machine with no GPU)
 #   TRIALS=N STARTUP_TRIALS=N   trials per arm (default 5 and 10); PARTS="bf16 fp32 startup 2gpu" (the default) picks parts
+#   BF16_S FP32_S STARTUP_S GPU2_S   each part's time limit in seconds (defaults 300, 240, 120, 360: room for
+#                 5 trials per arm at 20-30 s a trial, process and container start included)
 # Fail-soft: a part that fails is reported in the markdown file and the others still run.
 set -u
 cd "$(dirname "$0")/.."
@@ -66,7 +68,7 @@ WRAP
     return 1
   fi
   md "" "\`$(podman --version 2>&1)\`"
-  podman $GPUVS_PODMAN_ARGS info --format '{{.Host.OCIRuntime.Name}} {{.Host.CgroupManager}} cgroup {{.Host.CgroupsVersion}}' \
+  podman ${GPUVS_PODMAN_ARGS:-} info --format '{{.Host.OCIRuntime.Name}} {{.Host.CgroupManager}} cgroup {{.Host.CgroupsVersion}}' \
     >> "$MD" 2>&1 || return 1
 }
 
@@ -195,19 +197,21 @@ timeout 120 "$PY" -m gpuvs doctor --env container --rootfs /:O --device "$DEVICE
 md '```'
 
 want() { case " ${PARTS:-bf16 fp32 startup 2gpu} " in *" $1 "*) return 0 ;; esac; return 1; }
-want bf16 && run_file "Host vs container: resnet50 bf16 batch 256 NHWC, 1 GPU" experiments/host-vs-container.yaml "$TRIALS" ${BF16_S:-170}
-want fp32 && run_file "Host vs container: resnet50 fp32 batch 64 NCHW, 1 GPU" experiments/host-vs-container-fp32.yaml "$TRIALS" 130
+want bf16 && run_file "Host vs container: resnet50 bf16 batch 256 NHWC, 1 GPU" experiments/host-vs-container.yaml "$TRIALS" ${BF16_S:-300}
+want fp32 && run_file "Host vs container: resnet50 fp32 batch 64 NCHW, 1 GPU" experiments/host-vs-container-fp32.yaml "$TRIALS" ${FP32_S:-240}
 want startup && run_file "Start-up: launch to first GPU result (one tiny kernel), one launch per trial" experiments/startup.yaml \
-  "$STARTUP_TRIALS" 120
-if [ -n "$LAST_ID" ] && gpuvs report --help >/dev/null 2>&1; then  # (without `report`, run_file printed it)
+  "$STARTUP_TRIALS" ${STARTUP_S:-120}
+if want startup && [ -n "$LAST_ID" ] && gpuvs report --help >/dev/null 2>&1; then  # (without `report`, run_file printed it)
   md "" "Start-up and total wall time per launch (launch_to_exit_s: launch to process exit, container teardown included):"
   summary "$LAST_ID"
 fi
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-if [ "$DEVICE" = cuda ] && [ "${NGPU:-0}" -ge 2 ] && [ $(( $(date +%s) - T0 )) -lt 300 ]; then
-  run_file "Host vs container: resnet50 bf16 batch 256 NHWC, 2 GPUs" experiments/host-vs-container-2gpu.yaml 3 150
+if ! want 2gpu; then
+  :
+elif [ "$DEVICE" = cuda ] && [ "${NGPU:-0}" -ge 2 ]; then
+  run_file "Host vs container: resnet50 bf16 batch 256 NHWC, 2 GPUs" experiments/host-vs-container-2gpu.yaml "$TRIALS" ${GPU2_S:-360}
 else
-  md "" "## 2 GPUs" "" "skipped: ${NGPU:-0} GPU(s) here, or not enough time left (experiments/host-vs-container-2gpu.yaml)"
+  md "" "## 2 GPUs" "" "skipped: ${NGPU:-0} GPU(s) here (experiments/host-vs-container-2gpu.yaml needs 2)"
 fi
 
 md "" "## Leftovers" "" "containers labelled gpuvs after the run (should be none):" '```'
