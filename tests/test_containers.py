@@ -358,8 +358,10 @@ def test_host_quirks_are_detected_from_the_host(tmp_path):
     mounts.write_text("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
     assert engines.cgroup_layout(str(mounts)) == "v2"
     status = tmp_path / "status"
-    status.write_text("CapEff:\t000001fffeffffff\n")
-    assert not engines.has_capability(24, str(status)) and engines.has_capability(21, str(status))
+    status.write_text("CapEff:\t000001fffeffffff\nCapBnd:\t000001ffffffffff\n")
+    assert not engines.has_capability(24, status_file=str(status))
+    assert engines.has_capability(21, status_file=str(status))
+    assert engines.has_capability(24, "CapBnd", str(status))
     args = engines.rlimit_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert args[:2] == ["--ulimit", f"nofile={soft}:{hard}"]

@@ -84,6 +84,16 @@ def test_crash_and_abrupt_exit_are_reported_plainly(store_path):
     assert r2.status == "failed" and "exited with status 17" in r2.error and len(r2.samples) == 2
 
 
+def test_a_worker_that_ends_with_status_0_but_no_results_is_a_failed_trial(store_path):
+    # what an engine that loses the exit status looks like: the worker stops early, yet the status is 0
+    with Store(store_path) as st:
+        r = Runner(st).run_trial(_spec(steps=5, exit_at_step=3, exit_status=0))
+        row = st.trials()[0]
+    assert r.status == "failed" and r.exit_code == 0 and len(r.samples) == 2
+    assert r.error.startswith("the worker ended (status 0) without reporting its results")
+    assert row["status"] == "failed" and row["error"] == r.error
+
+
 def test_retries_run_a_crashed_trial_again(store_path):
     with Store(store_path) as st:
         res = Runner(st, retries=2).run_with_retries(_spec(steps=3, exit_at_step=1))

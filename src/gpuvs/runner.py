@@ -40,6 +40,7 @@ class TrialResult:
     telemetry: list[dict[str, Any]] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    reported: bool = False  # the worker's last event of a finished run (its summary) arrived
 
     @property
     def ok(self) -> bool:
@@ -65,6 +66,7 @@ class TrialResult:
             self.metrics[event["name"]] = {"value": event["value"], "unit": event.get("unit", "")}
         elif kind == "summary":
             self.summary = event["data"]
+            self.reported = True
         elif kind == "error":
             self.error_kind, self.error = event.get("kind"), event.get("message")
         elif kind == "log":
@@ -286,14 +288,15 @@ class LiveTrial:
         r = self.result
         r.exit_code = self.launched.wait(timeout=30)
         self.done = True
-        if r.exit_code == 0 and not r.error:
+        if r.exit_code == 0 and not r.error and r.reported:
             r.status = "ok"
         else:
             r.status = "failed"
             if not r.error:
                 tail = "\n".join(list(self.launched.stderr_tail)[-8:])
                 r.error_kind = "crash"
-                r.error = f"worker exited with status {r.exit_code}" + (f": {tail}" if tail else "")
+                r.error = (f"worker exited with status {r.exit_code}" if r.exit_code != 0 else
+                           "the worker ended (status 0) without reporting its results") + (f": {tail}" if tail else "")
 
     def fail(self, kind: str, message: str, status: str = "failed") -> None:
         r = self.result

@@ -5,7 +5,7 @@ Configuration, in the order it is applied:
 1. GPUVS_PODMAN_ARGS / GPUVS_DOCKER_ARGS: global engine arguments, split like a shell would
    (e.g. "--root /tmp/store --runtime /opt/runc"); the user's own settings, never spec data.
 2. --engine-arg (repeatable): more global arguments for one run or arm.
-3. Detection (podman only, and only for what 1 and 2 leave unset):
+3. Detection (only for what 1 and 2 leave unset):
    - systemd is not running (no /run/systemd/system) but podman would use the systemd cgroup
      manager: add `--cgroup-manager cgroupfs`;
    - podman would use crun on a hybrid cgroup v1+v2 layout, which crun refuses, and runc is
@@ -13,7 +13,9 @@ Configuration, in the order it is applied:
    - a root engine without CAP_SYS_RESOURCE cannot set its default rlimits (1048576 files and
      processes) above the hard limits it runs with: run containers with `--ulimit nofile=S:H`
      (this process's own limits) and `--ulimit nproc=N:N` (N = this process's hard limit, at most
-     kernel.pid_max), unless the user set those ulimits.
+     kernel.pid_max), unless the user set those ulimits. For docker, whose daemon is another
+     process, the same when the daemon is local (a unix socket) and this host's capability bounding
+     set lacks CAP_SYS_RESOURCE: no process here, the daemon included, can have it.
 """
 
 from __future__ import annotations
@@ -143,6 +145,20 @@ def _probe_docker(engine: Engine) -> None:
         engine.info["runtimes"] = sorted(json.loads(r.stdout or "{}"))
     except ValueError:
         engine.info["runtimes"] = []
+    if local_docker_daemon() and not has_capability(CAP_SYS_RESOURCE, "CapBnd"):
+        _add_rlimit_args(engine)
+
+
+def local_docker_daemon() -> bool:
+    """Whether docker talks to a daemon on this host (a unix socket, the default)."""
+    host = os.environ.get("DOCKER_HOST", "")
+    return not host or host.startswith("unix://")
+
+
+def _add_rlimit_args(engine: Engine) -> None:
+    engine.run_args += rlimit_args()
+    engine.notes.append(f"{' '.join(engine.run_args)}: without CAP_SYS_RESOURCE the engine cannot raise "
+                        "rlimits above the hard limits it runs with")
 
 
 def _probe_podman(engine: Engine) -> None:
@@ -167,9 +183,7 @@ def _probe_podman(engine: Engine) -> None:
         engine.global_args += ["--runtime", "runc"]
         engine.notes.append("--runtime runc: crun refuses this host's hybrid cgroup v1+v2 layout")
     if not engine.rootless and not has_capability(CAP_SYS_RESOURCE):
-        engine.run_args += rlimit_args()
-        engine.notes.append(f"{' '.join(engine.run_args)}: without CAP_SYS_RESOURCE the engine cannot raise "
-                            "rlimits above the hard limits it runs with")
+        _add_rlimit_args(engine)
 
 
 # -- host facts ----------------------------------------------------------------------------------
@@ -204,11 +218,13 @@ def cgroup_layout(mounts_file: str = "/proc/self/mounts") -> str:
     return "none"
 
 
-def has_capability(bit: int, status_file: str = "/proc/self/status") -> bool:
+def has_capability(bit: int, which: str = "CapEff", status_file: str = "/proc/self/status") -> bool:
+    """Whether this process's effective set (or, with which="CapBnd", its bounding set: what any process
+    here could ever hold) has the capability."""
     try:
         with open(status_file) as fh:
             for line in fh:
-                if line.startswith("CapEff:"):
+                if line.startswith(which + ":"):
                     return bool(int(line.split()[1], 16) >> bit & 1)
     except (OSError, ValueError):
         pass

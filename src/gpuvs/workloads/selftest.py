@@ -27,7 +27,8 @@ class SelfTest(Workload):
         Param("children", int, 0, "child processes to start (each sleeps until killed)", min=0, max=16),
         Param("noise", bool, False, "print junk to standard output and error on every step"),
         Param("fail_at_step", int, 0, "raise an error at this step (0: never)", min=0),
-        Param("exit_at_step", int, 0, "die abruptly (exit status 17) at this step (0: never)", min=0),
+        Param("exit_at_step", int, 0, "die abruptly (exit status --exit-status) at this step (0: never)", min=0),
+        Param("exit_status", int, 17, "the status of that abrupt exit", min=0, max=255),
         Param("text", str, "", "a free-text value, echoed back as a log line"),
     )
 
@@ -50,7 +51,7 @@ class SelfTest(Workload):
             if step == p["fail_at_step"]:
                 raise WorkloadError("crash", f"selftest failed at step {step} as asked")
             if step == p["exit_at_step"]:
-                os._exit(17)
+                os._exit(p["exit_status"])
             t0 = time.perf_counter()
             time.sleep(p["step_seconds"])
             sec = time.perf_counter() - t0

@@ -1,0 +1,62 @@
+"""Real container images for the tests, built from this machine's files (no registry is reachable):
+this interpreter, its standard library, the site-packages modules asked for and every shared library
+they load, imported into podman's storage as one layer."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+from pathlib import Path
+
+SKIP = ("site-packages", "dist-packages", "test", "tests", "__pycache__", "idlelib", "tkinter", "turtledemo",
+        "ensurepip", "lib2to3")
+
+
+def _copy(src: str, root: Path) -> None:
+    dst = root / src.lstrip("/")
+    if not dst.exists():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.realpath(src), dst)
+
+
+def python_rootfs(root: Path, modules: tuple[str, ...] = ("numpy",)) -> Path:
+    """A root filesystem in which /usr/bin/python3 is this interpreter, at its own path, with `modules`."""
+    exe = os.path.realpath(sys.executable)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    _copy(exe, root)
+    shutil.copytree(stdlib, root / stdlib.lstrip("/"), ignore=shutil.ignore_patterns(*SKIP), dirs_exist_ok=True)
+    site = root / sysconfig.get_paths()["purelib"].lstrip("/")
+    for name in modules:
+        folder = Path(importlib.util.find_spec(name).origin).parent
+        for extra in (folder, folder.parent / f"{name}.libs"):
+            if extra.is_dir():
+                shutil.copytree(extra, site / extra.name, ignore=shutil.ignore_patterns("tests", "__pycache__"),
+                                dirs_exist_ok=True)
+    elves = [exe] + [os.path.join(d, f) for d, _, names in os.walk(root) for f in names if ".so" in f]
+    for elf in elves:
+        out = subprocess.run(["ldd", elf], capture_output=True, text=True).stdout
+        for lib in re.findall(r"(/\S+) \(0x", out):
+            _copy(lib, root)
+    (root / "usr/bin").mkdir(parents=True, exist_ok=True)
+    if not (root / "usr/bin/python3").exists():
+        os.symlink(exe, root / "usr/bin/python3")
+    for d in ("tmp", "proc", "dev", "sys", "etc", "root"):
+        (root / d).mkdir(exist_ok=True)
+    return root
+
+
+def import_image(root: Path, tag: str, tar_path: Path) -> str:
+    """`podman import` the folder as image `tag`; returns the tag."""
+    with tarfile.open(tar_path, "w") as tar:
+        tar.add(root, arcname=".")
+    r = subprocess.run(["podman", "import", "--change", "ENV=PATH=/usr/bin:/bin", str(tar_path), tag],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    tar_path.unlink()
+    return tag
