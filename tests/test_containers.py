@@ -389,3 +389,35 @@ def test_shipped_experiment_files_name_only_known_settings(name, tmp_path):
         if arm.get("env", f.get("env")) == "container":
             assert opts.get("rootfs") == "/:O" or opts.get("image")
     assert kinds == ({"container"} if name == "container-options" else {"host", "container"})
+
+
+def test_dataloader_workers_out_of_shared_memory_is_one_plain_line(cli, tmp_path):
+    # the engines' small /dev/shm against DataLoader workers: the cause and the fix, not a child's traceback
+    from PIL import Image
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"
+    for cls in ("a", "b"):
+        (data / cls).mkdir(parents=True)
+        for i in range(8):
+            Image.fromarray(rng.integers(0, 255, (80, 80, 3), dtype=np.uint8)).save(data / cls / f"{i}.png")
+    r = cli("run", "cnn-train", "--env", "container", "--rootfs", "/:O", "--shm-size", "1m", "--model", "resnet18",
+            "--batch-size", "8", "--image-size", "64", "--steps", "3", "--warmup-steps", "1", "--data-dir", data,
+            "--mount", f"{data}:{data}:ro", "--workers", "2", "--num-classes", "2", "--device", "cpu")
+    assert r.returncode == 1, r.stdout + r.stderr
+    err = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT error, error_kind FROM trials").fetchone()
+    assert err[1] == "oom" and "\n" not in err[0] and "Traceback" not in err[0]
+    assert err[0].startswith("out of shared memory (/dev/shm: 1 MiB) in the DataLoader workers (2 workers, batch "
+                             "size 8): raise --shm-size"), err[0]
+    assert "unable to allocate shared memory" in err[0]
+
+
+def test_an_error_re_raised_from_a_child_names_where_and_its_cause():
+    from gpuvs.worker import classify
+
+    text = ("Caught ValueError in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n"
+            '  File "x.py", line 1, in f\n    g()\nValueError: image 17 is truncated\n')
+    spec = RunSpec(workload="cnn-train", device="cpu", params={"workers": 4, "batch_size": 32})
+    assert classify(ValueError(text), spec) == (
+        "crash", "ValueError (ValueError in DataLoader worker process 1): ValueError: image 17 is truncated")

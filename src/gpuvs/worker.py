@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import signal
 import sys
 import time
@@ -72,7 +73,28 @@ def classify(exc: BaseException, spec: RunSpec) -> tuple[str, str]:
                        + f" on {spec.device}: {text.splitlines()[0][:200] if text else name}")
     if isinstance(exc, ImportError):
         return "unavailable", f"{exc} (python {sys.version.split()[0]} at {sys.executable})"
+    if "Original Traceback" in text:  # re-raised from a child (DataLoader worker): its last line is the cause
+        return _child_error(name, text, spec)
     return "crash", f"{name}: {text}".strip()
+
+
+SHM_SIGNS = ("shared memory", "shm", "no space left on device", "bus error")
+
+
+def _child_error(name: str, text: str, spec: RunSpec) -> tuple[str, str]:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    where = lines[0].removeprefix("Caught ").rstrip(".")  # "RuntimeError in DataLoader worker process 0"
+    cause = lines[-1]
+    if any(sign in cause.lower() for sign in SHM_SIGNS):
+        try:
+            shm = f"{shutil.disk_usage('/dev/shm').total / 2**20:.0f} MiB"
+        except OSError:
+            shm = "unknown size"
+        workers = spec.params.get("workers")
+        return "oom", (f"out of shared memory (/dev/shm: {shm}) in the DataLoader workers"
+                       + (f" ({workers} workers, batch size {spec.params.get('batch_size')})" if workers else "")
+                       + f": raise --shm-size (1g or more) or lower --workers or --batch-size; {cause}")
+    return "crash", f"{name} ({where}): {cause}"
 
 
 def import_requirements(workload, emit: Emit) -> None:
