@@ -50,7 +50,11 @@ touch "$OUT/.marker"; sleep 1
 one host-cold
 # what the first run wrote outside the store and this script's folders: the caches
 find / -xdev -type f -newer "$OUT/.marker" -not -path "$OUT/*" -not -path '/proc/*' -not -path '/tmp/gpuvs-podman/*' \
-  -printf '%s %p\n' 2>/dev/null | sort -rn | head -40 > "$OUT/written.txt"
+  -printf '%s %p\n' 2>/dev/null | sort -rn > "$OUT/written.all"
+# every file counted by its folder (first three path parts), then the 40 largest
+awk '{split($2, p, "/"); d = "/" p[2] "/" p[3] "/" p[4]; n[d]++; b[d] += $1}
+     END {for (d in n) printf "%d files, %d bytes under %s\n", n[d], b[d], d}' "$OUT/written.all" > "$OUT/written.txt"
+echo "largest:" >> "$OUT/written.txt"; head -40 "$OUT/written.all" >> "$OUT/written.txt"; rm -f "$OUT/written.all"
 one host-warm
 CUDA_CACHE_DISABLE=1 one host-no-cuda-cache
 one container "${CONTAINER[@]}"
@@ -60,7 +64,7 @@ for d in "$HOME/.nv" "$HOME/.cache"; do [ -d "$d" ] && MOUNTS+=(--mount "$d:$d")
 one container-host-caches "${CONTAINER[@]}" "${MOUNTS[@]}"
 one container-again "${CONTAINER[@]}"
 
-md "" "Files the first host run wrote (largest 40, bytes):" '```' "$(cat "$OUT/written.txt")" '```'
+md "" "Files the first host run wrote (per folder, then the 40 largest, bytes):" '```' "$(cat "$OUT/written.txt")" '```'
 md "" "Caches mounted in container-host-caches: ${MOUNTS[*]:-none found}"
 md "" "containers labelled gpuvs after the run (should be none):" '```' "$(podman ${GPUVS_PODMAN_ARGS:-} ps -a --filter label=gpuvs 2>&1)" '```'
 log "wrote $MD"

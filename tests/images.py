@@ -51,12 +51,19 @@ def python_rootfs(root: Path, modules: tuple[str, ...] = ("numpy",)) -> Path:
     return root
 
 
+def podman(*args: str) -> subprocess.CompletedProcess:
+    """podman with the settings gpuvs uses (GPUVS_PODMAN_ARGS and what it detects), so that an image
+    imported here is in the storage that gpuvs's containers, and podman's API service, use."""
+    from gpuvs.environments import engine
+
+    return subprocess.run(engine.detect("podman").argv(*args), capture_output=True, text=True, timeout=300)
+
+
 def import_image(root: Path, tag: str, tar_path: Path) -> str:
     """`podman import` the folder as image `tag`; returns the tag."""
     with tarfile.open(tar_path, "w") as tar:
         tar.add(root, arcname=".")
-    r = subprocess.run(["podman", "import", "--change", "ENV=PATH=/usr/bin:/bin", str(tar_path), tag],
-                       capture_output=True, text=True, timeout=300)
+    r = podman("import", "--change", "ENV=PATH=/usr/bin:/bin", str(tar_path), tag)
     assert r.returncode == 0, r.stderr
     tar_path.unlink()
     return tag

@@ -362,6 +362,10 @@ def test_host_quirks_are_detected_from_the_host(tmp_path):
     assert not engines.has_capability(24, status_file=str(status))
     assert engines.has_capability(21, status_file=str(status))
     assert engines.has_capability(24, "CapBnd", str(status))
+    assert engines.local_docker_daemon([]) == (os.environ.get("DOCKER_HOST", "unix://").startswith("unix://"))
+    assert not engines.local_docker_daemon(["-H", "tcp://gpu-node:2375"])
+    assert not engines.local_docker_daemon(["--context", "remote"])
+    assert engines.local_docker_daemon(["--host=unix:///run/user/1000/docker.sock"]) == engines.local_docker_daemon([])
     args = engines.rlimit_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert args[:2] == ["--ulimit", f"nofile={soft}:{hard}"]
@@ -409,8 +413,7 @@ def test_dataloader_workers_out_of_shared_memory_is_one_plain_line(cli, tmp_path
     err = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT error, error_kind FROM trials").fetchone()
     assert err[1] == "oom" and "\n" not in err[0] and "Traceback" not in err[0]
     assert err[0].startswith("out of shared memory (/dev/shm: 1 MiB) in the DataLoader workers (2 workers, batch "
-                             "size 8): raise --shm-size"), err[0]
-    assert "unable to allocate shared memory" in err[0]
+                             "size 8): raise --shm-size (1g or more) or lower --workers or --batch-size; "), err[0]
 
 
 def test_an_error_re_raised_from_a_child_names_where_and_its_cause():
@@ -421,3 +424,14 @@ def test_an_error_re_raised_from_a_child_names_where_and_its_cause():
     spec = RunSpec(workload="cnn-train", device="cpu", params={"workers": 4, "batch_size": 32})
     assert classify(ValueError(text), spec) == (
         "crash", "ValueError (ValueError in DataLoader worker process 1): ValueError: image 17 is truncated")
+    oom = text.replace("ValueError: image 17 is truncated", "RuntimeError: DefaultCPUAllocator: can't allocate memory")
+    assert classify(RuntimeError(oom), spec) == (
+        "oom", "RuntimeError (ValueError in DataLoader worker process 1): RuntimeError: DefaultCPUAllocator: "
+               "can't allocate memory")
+    assert classify(KeyError("fshm: No space left on device"), spec)[0] == "crash"  # not every full disk is /dev/shm
+    bus = ("DataLoader worker (pid 4242) is killed by signal: Bus error. It is possible that dataloader's workers "
+           "are out of shared memory. Please try to raise your shared memory limit.")
+    kind, message = classify(RuntimeError(bus), spec)  # on the host (no container): no --shm-size to give
+    assert kind == "oom" and message.startswith("out of shared memory (/dev/shm: ")
+    assert "(4 workers, batch size 32): free or enlarge /dev/shm or lower --workers or --batch-size; DataLoader" \
+        in message

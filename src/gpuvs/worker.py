@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import shutil
 import signal
 import sys
@@ -65,6 +66,13 @@ def classify(exc: BaseException, spec: RunSpec) -> tuple[str, str]:
         return "input", str(exc)
     name = type(exc).__name__
     text = str(exc)
+    if SHM_FULL.search(text):
+        return "oom", _shm_message(text, spec)
+    if "Original Traceback" in text:  # re-raised from a child (DataLoader worker): its last line is the cause
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        where, cause = lines[0].removeprefix("Caught ").rstrip("."), lines[-1]
+        kind = "oom" if "out of memory" in cause.lower() or "can't allocate memory" in cause else "crash"
+        return kind, f"{name} ({where}): {cause}"
     if name == "OutOfMemoryError" or ("out of memory" in text.lower() and "cuda" in text.lower()):
         return "oom", _oom_message(exc, spec)
     if "can't allocate memory" in text or isinstance(exc, MemoryError):
@@ -73,28 +81,28 @@ def classify(exc: BaseException, spec: RunSpec) -> tuple[str, str]:
                        + f" on {spec.device}: {text.splitlines()[0][:200] if text else name}")
     if isinstance(exc, ImportError):
         return "unavailable", f"{exc} (python {sys.version.split()[0]} at {sys.executable})"
-    if "Original Traceback" in text:  # re-raised from a child (DataLoader worker): its last line is the cause
-        return _child_error(name, text, spec)
     return "crash", f"{name}: {text}".strip()
 
 
-SHM_SIGNS = ("shared memory", "shm", "no space left on device", "bus error")
+# how PyTorch says that /dev/shm is full: a batch that a DataLoader worker cannot put in shared memory, or
+# the worker killed by SIGBUS when a page of it cannot be backed
+SHM_FULL = re.compile(r"unable to allocate shared memory|out of shared memory|"
+                      r"</torch_[^>]*>: No space left on device|killed by signal: Bus error", re.IGNORECASE)
 
 
-def _child_error(name: str, text: str, spec: RunSpec) -> tuple[str, str]:
+def _shm_message(text: str, spec: RunSpec) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    where = lines[0].removeprefix("Caught ").rstrip(".")  # "RuntimeError in DataLoader worker process 0"
-    cause = lines[-1]
-    if any(sign in cause.lower() for sign in SHM_SIGNS):
-        try:
-            shm = f"{shutil.disk_usage('/dev/shm').total / 2**20:.0f} MiB"
-        except OSError:
-            shm = "unknown size"
-        workers = spec.params.get("workers")
-        return "oom", (f"out of shared memory (/dev/shm: {shm}) in the DataLoader workers"
-                       + (f" ({workers} workers, batch size {spec.params.get('batch_size')})" if workers else "")
-                       + f": raise --shm-size (1g or more) or lower --workers or --batch-size; {cause}")
-    return "crash", f"{name} ({where}): {cause}"
+    cause = next((ln for ln in reversed(lines) if SHM_FULL.search(ln)), lines[-1])
+    try:
+        shm = f"{shutil.disk_usage('/dev/shm').total / 2**20:.0f} MiB"
+    except OSError:
+        shm = "size unknown"
+    workers = spec.params.get("workers")
+    fix = ("raise --shm-size (1g or more)" if os.environ.get("GPUVS_CONTAINER_IMAGE") else
+           "free or enlarge /dev/shm")
+    return (f"out of shared memory (/dev/shm: {shm}) in the DataLoader workers"
+            + (f" ({workers} workers, batch size {spec.params.get('batch_size')})" if workers else "")
+            + f": {fix} or lower --workers or --batch-size; {cause}")
 
 
 def import_requirements(workload, emit: Emit) -> None:

@@ -140,12 +140,20 @@ def _ulimit(item: str) -> tuple[str, str]:
     nums = [-1 if p in ("-1", "unlimited") else int(p) for p in parts]
     if len(nums) == 2 and nums[1] != -1 and (nums[0] == -1 or nums[0] > nums[1]):
         raise UsageError(f"--ulimit {item}: the soft limit is above the hard limit")
+    value = ":".join("-1" if n == -1 else str(n) for n in nums)
+    _refuse_above_hard_limit(name, value, "CapBnd")  # no process here, whatever the engine, could raise it
+    return name, value
+
+
+def _refuse_above_hard_limit(name: str, value: str, capabilities: str) -> None:
+    """UsageError if the ulimit asks for more than this process's hard limit and the named capability set
+    (CapBnd: anything on this host; CapEff: an engine that runs as this process) lacks CAP_SYS_RESOURCE."""
     hard = engines.current_hard_limit(name)
-    asked = nums[-1]
-    if hard is not None and (asked == -1 or asked > hard) and not engines.has_capability(engines.CAP_SYS_RESOURCE):
-        raise UsageError(f"--ulimit {item}: above this process's hard limit ({hard}), and without CAP_SYS_RESOURCE "
-                         f"the engine cannot raise it; use at most {name}={hard}:{hard}")
-    return name, ":".join("-1" if n == -1 else str(n) for n in nums)
+    asked = int(value.split(":")[-1])
+    if hard is not None and (asked == -1 or asked > hard) and \
+            not engines.has_capability(engines.CAP_SYS_RESOURCE, capabilities):
+        raise UsageError(f"--ulimit {name}={value}: above this process's hard limit ({hard}), and without "
+                         f"CAP_SYS_RESOURCE the engine cannot raise it; use at most {name}={hard}:{hard}")
 
 
 def _mount(item: str) -> str:
@@ -213,6 +221,9 @@ class ContainerEnvironment(Environment):
         eng = self.engine()
         if s.rootfs and eng.name != "podman":
             raise UsageError("--rootfs is a podman option; with docker give --image")
+        if eng.name == "podman":  # podman's runtime runs with this process's own capabilities
+            for name, value in s.ulimits.items():
+                _refuse_above_hard_limit(name, value, "CapEff")
         if s.image:
             engines.image_env(eng, s.image)
         if device_kind(spec.device) == "cuda":

@@ -145,14 +145,21 @@ def _probe_docker(engine: Engine) -> None:
         engine.info["runtimes"] = sorted(json.loads(r.stdout or "{}"))
     except ValueError:
         engine.info["runtimes"] = []
-    if local_docker_daemon() and not has_capability(CAP_SYS_RESOURCE, "CapBnd"):
+    if local_docker_daemon(engine.global_args) and not has_capability(CAP_SYS_RESOURCE, "CapBnd"):
         _add_rlimit_args(engine)
 
 
-def local_docker_daemon() -> bool:
-    """Whether docker talks to a daemon on this host (a unix socket, the default)."""
-    host = os.environ.get("DOCKER_HOST", "")
-    return not host or host.startswith("unix://")
+def local_docker_daemon(global_args: list[str]) -> bool:
+    """Whether docker talks to a daemon on this host: a unix socket (the default), no other context. (A
+    socket bind-mounted from elsewhere looks local; the ulimits added then are this process's own, which
+    any daemon can set.)"""
+    hosts = [a.split("=", 1)[1] for a in global_args if a.startswith(("--host=", "-H="))]
+    hosts += [b for a, b in zip(global_args, global_args[1:]) if a in ("-H", "--host")]
+    if any(a.split("=", 1)[0] == "--context" for a in global_args):
+        return False
+    if os.environ.get("DOCKER_CONTEXT", "default") != "default":
+        return False
+    return all(h.startswith("unix://") for h in hosts + [os.environ.get("DOCKER_HOST") or "unix://"])
 
 
 def _add_rlimit_args(engine: Engine) -> None:
