@@ -19,20 +19,9 @@ SMALL=${NLP_BENCH_SMALL:-0}
 BUDGET_S=${NLP_BENCH_BUDGET_S:-390}   # parts not started by then are skipped (the whole run must end in 8 min)
 MD="$OUT/nlp.md"
 DB="$OUT/nlp.db"
-WORK=$(mktemp -d)
 START=$(date +%s)
-SERVER_PID=""
 rm -f "$DB" "$DB-wal" "$DB-shm"
-
-cleanup() {
-  if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -TERM "$SERVER_PID" 2>/dev/null
-    sleep 3
-    kill -KILL "$SERVER_PID" 2>/dev/null
-  fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/serve_common.sh"
 
 say() { echo "[nlp.sh $(( $(date +%s) - START ))s] $*"; }
 md() { printf '%s\n' "$*" >> "$MD"; }
@@ -146,15 +135,7 @@ else
   md "$PY -m gpuvs serve --port 0 --device $DEVICE --models-dir MODELS_DIR &"
   md '```'
   say "starting gpuvs serve on $DEVICE"
-  $PY -m gpuvs serve --port 0 --device "$DEVICE" --models-dir "$WORK/models" > "$WORK/serve.out" 2> "$WORK/serve.err" &
-  SERVER_PID=$!
-  PORT=""
-  for _ in $(seq 1 240); do
-    PORT=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$WORK/serve.out" 2>/dev/null | cut -d: -f2)
-    [ -n "$PORT" ] && break
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 0.5
-  done
+  start_server serve --device "$DEVICE" --models-dir "$WORK/models"
   if [ -z "$PORT" ]; then
     md "gpuvs serve did not start; its last lines:"; md '```'; tail -n 8 "$WORK/serve.err" >> "$MD"; md '```'
   else

@@ -1,4 +1,5 @@
 import os
+import resource
 import subprocess
 import sys
 import uuid
@@ -23,10 +24,15 @@ def gpuvs_env(**extra):
     return env
 
 
-def run_cli(*args, timeout=600, cwd=None, **env):
-    """Run `python -m gpuvs ARGS` for real; returns CompletedProcess with text output."""
+def run_cli(*args, timeout=600, cwd=None, address_space=None, **env):
+    """Run `python -m gpuvs ARGS` for real; returns CompletedProcess with text output. `address_space`
+    (bytes) caps the virtual memory of gpuvs and its workers (as `ulimit -v` does), so that an allocation
+    too large fails there and then, whatever the machine's overcommit setting."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
     return subprocess.run([sys.executable, "-m", "gpuvs", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=gpuvs_env(**env))
+                          timeout=timeout, cwd=cwd, env=gpuvs_env(**env),
+                          preexec_fn=limit if address_space else None)
 
 
 @pytest.fixture
@@ -68,3 +74,46 @@ def gpuvs_processes() -> list[int]:
             if marker in env.split(b"\0") and pid_alive(int(d.name)):
                 out.append(int(d.name))
     return out
+
+
+def missing_part(reason: str) -> None:
+    """A real part this test needs is not on this machine: under CI=true that is a failure (a skipped test proves
+    nothing, and CI installs every part the suite needs); elsewhere the test is skipped with the reason."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def require(tool: str, what: str) -> str:
+    """The path of a command the test needs (see missing_part)."""
+    import shutil
+
+    path = shutil.which(tool)
+    if path is None:
+        missing_part(f"{what} is needed: `{tool}` is not on PATH")
+    return path
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI=true a skipped test is a failed one (a skip proves nothing, and CI installs every part the
+    suite needs), except tests marked `gpu`: CI has no GPU by design, and their CPU paths run in other tests."""
+    outcome = yield
+    report = outcome.get_result()
+    if _in_ci() and report.skipped and item.get_closest_marker("gpu") is None and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = f"CI=true and this test was skipped: {report.longrepr}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """The same for a whole module skipped at collection (a module-level importorskip)."""
+    outcome = yield
+    report = outcome.get_result()
+    if _in_ci() and report.skipped:
+        report.outcome = "failed"
+        report.longrepr = f"CI=true and this module was skipped: {report.longrepr}"

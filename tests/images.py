@@ -31,7 +31,10 @@ def python_rootfs(root: Path, modules: tuple[str, ...] = ("numpy",)) -> Path:
     stdlib = sysconfig.get_paths()["stdlib"]
     _copy(exe, root)
     shutil.copytree(stdlib, root / stdlib.lstrip("/"), ignore=shutil.ignore_patterns(*SKIP), dirs_exist_ok=True)
-    site = root / sysconfig.get_paths()["purelib"].lstrip("/")
+    # the base interpreter's own site-packages: inside a virtual environment, purelib is the venv's, which the
+    # interpreter at its real path does not read without the venv's pyvenv.cfg beside it
+    site = root / sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})[
+        "purelib"].lstrip("/")
     for name in modules:
         folder = Path(importlib.util.find_spec(name).origin).parent
         for extra in (folder, folder.parent / f"{name}.libs"):

@@ -26,6 +26,12 @@ from conftest import gpuvs_env, gpuvs_processes
     (["run", "selftest", "--num-gpus", "2", "--device", "cpu"], "selftest runs on one device"),
     (["run", "cnn-train", "--image", "x"], "--image applies to --env container, not to the host"),
     (["results", "show", "nope"], "no store at gpuvs.db"),
+    (["compare", "selftest", "--device", "cpu", "--arm", "a steps=2", "--arm", "b:steps=3"],
+     "--arm 'a steps=2': an arm's name cannot hold spaces or '='; write NAME:key=value[,key=value...] "
+     "(did you mean 'a:steps=2'?)"),
+    # --seed is a workload's own seed (weights, data); selftest has none, and the trial order's is --order-seed
+    (["compare", "selftest", "--device", "cpu", "--arm", "a:steps=2", "--arm", "b:steps=3", "--seed", "1"],
+     "unknown option --seed for gpuvs compare selftest"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_started(cli, tmp_path, args, message):
     r = cli(*args)
@@ -35,6 +41,27 @@ def test_bad_input_is_one_line_exit_2_and_nothing_started(cli, tmp_path, args, m
     assert len(errors) == 1 and message in errors[0], r.stderr
     assert not (tmp_path / "gpuvs.db").exists() or args[0] == "results"
     assert gpuvs_processes() == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nosuch"], "No such command 'nosuch'"),                             # unknown command
+    (["results", "show"], "Missing argument"),                             # missing argument
+    (["results", "export", "--format"], "Option '--format' requires an argument"),  # option without its value
+    (["serve", "--port", "many"], "Invalid value for '--port'"),         # bad option value (typer's own type)
+    (["results", "list", "--colour"], "No such option: --colour"),        # unknown option of a typer command
+])
+def test_cli_parser_errors_are_one_line_exit_2(cli, args, message):
+    """Errors raised by typer's parser itself (click's, or the copy of click that typer now vendors)."""
+    r = cli(*args)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("gpuvs: error:") and message in lines[0], r.stderr
+
+
+def test_no_arguments_prints_help_and_exits_0(cli):
+    r = cli()
+    assert r.returncode == 0 and "Usage" in r.stdout and "compare" in r.stdout
 
 
 def test_help_lists_a_workloads_options(cli):
@@ -82,42 +109,90 @@ def test_timeout_option(cli, tmp_path):
     assert gpuvs_processes() == []
 
 
-def test_ctrl_c_keeps_finished_trials_and_marks_the_one_in_flight(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "gpuvs", "run", "selftest", "--steps", "6", "--step-seconds",
-                             "0.5", "--trials", "3", "--children", "1"], cwd=tmp_path, env=gpuvs_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # wait for the second trial to be in flight
-    deadline = time.time() + 120
-    db = tmp_path / "gpuvs.db"
+def _wait_for_trials(db, count, timeout=120):
+    deadline = time.time() + timeout
     while time.time() < deadline:
         if db.exists():
             try:
-                rows = sqlite3.connect(db).execute("SELECT status FROM trials").fetchall()
+                if len(sqlite3.connect(db).execute("SELECT status FROM trials").fetchall()) >= count:
+                    return
             except sqlite3.OperationalError:
-                rows = []
-            if len(rows) == 2:
-                break
+                pass
         time.sleep(0.2)
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
+    raise AssertionError(f"fewer than {count} trials started in {timeout} s")
+
+
+@pytest.mark.parametrize("sig, status, said", [
+    (signal.SIGINT, 130, "gpuvs: interrupted; finished trials are kept in the store"),       # Ctrl-C
+    (signal.SIGTERM, 143, "gpuvs: stopped by SIGTERM; finished trials are kept in the store"),  # Kubernetes, timeout
+    (signal.SIGHUP, 129, "gpuvs: stopped by SIGHUP; finished trials are kept in the store"),    # terminal gone
+])
+def test_a_stop_keeps_finished_trials_and_marks_the_one_in_flight(tmp_path, sig, status, said):
+    proc = subprocess.Popen([sys.executable, "-m", "gpuvs", "run", "selftest", "--steps", "6", "--step-seconds",
+                             "0.5", "--trials", "3", "--children", "1"], cwd=tmp_path, env=gpuvs_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    db = tmp_path / "gpuvs.db"
+    _wait_for_trials(db, 2)  # the second trial is in flight
+    time.sleep(2.5)  # a few of its steps are measured (and written: the store is flushed every second)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert "interrupted; finished trials are kept" in err and "Traceback" not in err
-    rows = sqlite3.connect(db).execute("SELECT trial, status FROM trials ORDER BY id").fetchall()
-    assert rows == [(0, "ok"), (1, "interrupted")]
-    samples = sqlite3.connect(db).execute("SELECT COUNT(*) FROM samples s JOIN trials t ON t.id=s.trial_id "
-                                          "WHERE t.trial=0").fetchone()[0]
-    assert samples == 6
+    assert proc.returncode == status, err
+    assert said in err and "Traceback" not in err
+    rows = sqlite3.connect(db).execute("SELECT trial, status, error FROM trials ORDER BY id").fetchall()
+    expected = "interrupted by the user" if sig == signal.SIGINT else f"gpuvs was stopped by {signal.Signals(sig).name}"
+    assert rows == [(0, "ok", None), (1, "interrupted", expected)]
+    counts = dict(sqlite3.connect(db).execute("SELECT t.trial, COUNT(*) FROM samples s JOIN trials t "
+                                              "ON t.id=s.trial_id GROUP BY t.trial").fetchall())
+    assert counts[0] == 6 and 1 <= counts.get(1, 0) < 6  # what the interrupted trial measured is kept
     time.sleep(0.5)
-    assert gpuvs_processes() == []
-    # children of the interrupted worker are gone too
-    assert subprocess.run(["pgrep", "-f", "while True: time.sleep"], capture_output=True).stdout == b""
+    assert gpuvs_processes() == []  # the worker and its children (they carry this session's tag too)
+
+
+def test_sigkill_keeps_what_the_trial_in_flight_measured_and_leaves_no_worker(tmp_path):
+    """gpuvs killed outright cannot clean up after itself: the samples it had written while the trial ran are
+    kept, the next open of the store marks the trial interrupted, and the worker's group ends on its own."""
+    proc = subprocess.Popen([sys.executable, "-m", "gpuvs", "run", "selftest", "--steps", "40", "--step-seconds",
+                             "0.2", "--children", "1", "--quiet"], cwd=tmp_path, env=gpuvs_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    db = tmp_path / "gpuvs.db"
+    deadline = time.time() + 120
+    stored = 0
+    while time.time() < deadline and stored < 8:  # samples reach the store while the trial runs
+        time.sleep(0.3)
+        try:
+            stored = sqlite3.connect(db).execute("SELECT COUNT(*) FROM samples").fetchone()[0] if db.exists() else 0
+        except sqlite3.OperationalError:
+            stored = 0
+    assert stored >= 8, "no samples were written while the trial ran"
+    proc.kill()
+    proc.communicate(timeout=30)
+    time.sleep(1.5)  # the worker's watch notices within half a second
+    assert gpuvs_processes() == []  # the worker's group, its child included
+    r = subprocess.run([sys.executable, "-m", "gpuvs", "results", "show", "1"], cwd=tmp_path, env=gpuvs_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "interrupted" in r.stdout, r.stdout + r.stderr
+    row = sqlite3.connect(db).execute("SELECT status, summary FROM trials").fetchone()
+    kept = sqlite3.connect(db).execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+    assert row[0] == "interrupted" and kept >= stored and json.loads(row[1])["main"]["n"] == kept
 
 
 @pytest.mark.parametrize("args", [["run", "--help"], ["run", "cnn-train", "--help"], ["compare", "--help"],
                                   ["share", "--help"], ["doctor", "--help"], ["advise-mps", "--help"],
-                                  ["share-matrix", "--help"], ["report", "--help"], ["serve", "--help"]])
+                                  ["share-matrix", "--help"], ["report", "--help"], ["serve", "--help"],
+                                  ["validate", "--help"]])
 def test_every_command_explains_itself(cli, args):
     r = cli(*args)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr and "option" in r.stdout.lower()
+
+
+def test_seed_is_the_workloads_and_order_seed_the_trial_orders():
+    from rich.console import Console
+
+    from gpuvs.cli.run import prepare
+
+    prep = prepare(["cnn-train", "--device", "cpu", "--seed", "3", "--order-seed", "7"], "gpuvs run",
+                   Console(file=open("/dev/null", "w")))
+    assert prep.base.params["seed"] == 3 and prep.run["order_seed"] == 7
+    prep = prepare(["cnn-train", "--device", "cpu"], "gpuvs run", Console(file=open("/dev/null", "w")))
+    assert prep.base.params["seed"] == 0 and prep.run["order_seed"] is None

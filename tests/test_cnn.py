@@ -98,7 +98,10 @@ def test_data_parallel_on_cpu_with_gloo_reports_global_throughput(cli, tmp_path)
 
 
 def test_out_of_memory_is_a_failed_trial_with_a_plain_message(cli, tmp_path):
-    r = cli("run", "cnn-train", "--model", "resnet18", "--batch-size", "200000", "--trials", "2", "--quiet")
+    # 120 GB of images under an 8 GiB address-space cap: the allocation fails at once on any machine (with
+    # overcommit on and no cap, the kernel's OOM killer would end the worker instead: a different fault)
+    r = cli("run", "cnn-train", "--model", "resnet18", "--batch-size", "200000", "--trials", "2", "--quiet",
+            address_space=8 << 30)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT status, error_kind, error FROM trials").fetchall()
     assert len(rows) == 2

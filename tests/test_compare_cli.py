@@ -16,7 +16,7 @@ from report_browser import chromium_dom, chromium_screenshot, distinct_colours, 
 
 # 20x apart: settled however loaded this shared machine is (sleeps of 1 ms vary by half under load)
 FAST_SLOW = ["selftest", "--device", "cpu", "--steps", "4", "--arm", "fast:step_seconds=0.005", "--arm", "slow:step_seconds=0.1",
-             "--seed", "5", "--quiet"]
+             "--order-seed", "5", "--quiet"]
 
 
 def workers_left(tmp_path) -> list[int]:
@@ -54,7 +54,7 @@ def test_compare_selftest_then_report_in_every_format(cli, tmp_path):
     data = json.loads(r.stdout)
     (v,) = data["verdicts"]
     assert v["arm"] == "slow" and v["baseline"] == "fast" and v["verdict"] == "slower" and v["unit"] == "steps/sec"
-    assert v["ratio"] < 0.2 and v["ci_low"] < v["ratio"] < v["ci_high"] and v["method"] == "welch-log-delta"
+    assert v["ratio"] < 0.2 and v["ci_low"] < v["ratio"] < v["ci_high"] and v["method"] == "paired"
     fast = [a for a in data["arms"] if a["name"] == "fast"][0]
     assert fast["n_ok"] == 3 and len(fast["values"]["main"]) == 3
 
@@ -189,7 +189,7 @@ def test_ctrl_c_during_compare_stops_everything(tmp_path):
 def test_cnn_train_nchw_vs_nhwc_on_cpu_with_markdown_and_html_reports(cli, tmp_path):
     r = cli("compare", "cnn-train", "--device", "cpu", "--model", "resnet18", "--batch-size", "2", "--image-size",
             "32", "--steps", "3", "--warmup-steps", "1", "--arm", "nchw:data_format=NCHW", "--arm",
-            "nhwc:data_format=NHWC", "--trials", "2", "--seed", "1", "--quiet", timeout=300)
+            "nhwc:data_format=NHWC", "--trials", "2", "--order-seed", "1", "--quiet", timeout=300)
     assert r.returncode == 0, r.stderr
     ident = exp_id(r.stdout)
     r = cli("report", ident, "--format", "md", "-o", "report.md")
@@ -202,7 +202,22 @@ def test_cnn_train_nchw_vs_nhwc_on_cpu_with_markdown_and_html_reports(cli, tmp_p
     dom = chromium_dom(html, tmp_path)
     assert 'id="verdicts"' in dom and ">nhwc<" in dom and "images/sec" in dom
     assert dom.count("<polyline") == 4  # one per-step line per trial
+    # Live figures on a shared CPU say nothing sure about bar lengths (a busy machine can make one arm ten
+    # times slower): the pixels of each bar are checked on a stored experiment with known figures
+    # (test_report_html.py). Here: the page of a real run renders, both arms drawn.
     png = chromium_screenshot(html, tmp_path)
     assert distinct_colours(png) > 20
-    assert pixels_of(png, (0x4e, 0x79, 0xa7)) > 500 and pixels_of(png, (0xf2, 0x8e, 0x2b)) > 500  # both arms' bars
+    assert pixels_of(png, (0x4e, 0x79, 0xa7)) > 0 and pixels_of(png, (0xf2, 0x8e, 0x2b)) > 0
     assert workers_left(tmp_path) == []
+
+
+def test_compare_help_states_the_trials_it_really_uses(cli, tmp_path):
+    r = cli("compare", "--help", COLUMNS="200")
+    row = next(line for line in r.stdout.splitlines() if "│ --trials " in line)
+    assert row.split("│")[2].strip() == "3"
+    # and 3 is what runs when --trials is not given
+    r = cli("compare", "selftest", "--device", "cpu", "--steps", "2", "--arm", "a:step_seconds=0.001", "--arm",
+            "b:step_seconds=0.002", "--quiet")
+    assert r.returncode == 0, r.stderr
+    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm, COUNT(*) FROM trials GROUP BY arm").fetchall()
+    assert sorted(rows) == [("a", 3), ("b", 3)]

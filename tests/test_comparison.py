@@ -1,6 +1,7 @@
 """The analysis behind every report, on synthetic trial records (no processes): verdict rows per
 metric, derived tables (speed-up, scaling efficiency, per trial), fingerprint flags."""
 
+import numpy as np
 import pytest
 
 from gpuvs import comparison
@@ -17,9 +18,9 @@ def record(arm, trial, value, *, device="cpu", num_gpus=1, unit="images/sec", fp
             "metrics": metrics or {}, "startup": {"first_step_s": 1.0}, "fingerprint": fp or {"driver": "580", "torch": "2.11"}}
 
 
-def header(arms, name="study", margin=0.02):
+def header(arms, name="study", margin=0.02, workload="cnn-train"):
     return {"id": "exp-1", "name": name, "kind": "compare", "created": 0.0,
-            "meta": {"margin": margin, "confidence": 0.95, "workload": "cnn-train",
+            "meta": {"margin": margin, "confidence": 0.95, "workload": workload,
                      "arms": [{"name": a, "overrides": o} for a, o in arms]}}
 
 
@@ -31,7 +32,11 @@ def test_gpu_vs_cpu_speedup_and_per_trial_table():
     assert row["speedup"] == pytest.approx(50.0) and row["cpu_arm"] == "cpu" and row["gpu_arm"] == "gpu"
     assert row["ci_low"] < 50.0 < row["ci_high"]
     (v,) = a.verdicts
-    assert v["verdict"] == "faster" and v["ratio"] == pytest.approx(50.0) and v["baseline"] == "cpu"
+    # interleaved rounds: the ratio is the geometric mean of the per-round ratios (the paired analysis)
+    per_round = np.array([1000.0, 1010.0, 990.0]) / np.array([20.0, 21.0, 19.0])
+    assert v["method"] == "paired" and v["n_pairs"] == 3
+    assert v["verdict"] == "faster" and v["ratio"] == pytest.approx(np.exp(np.log(per_round).mean()))
+    assert v["baseline"] == "cpu"
     t = tables.per_trial_table(a)
     assert t.columns == ["test case", "cpu images/sec", "gpu images/sec"]
     assert t.rows[0] == ["study #1", "20.0", "1,000.0"] and len(t.rows) == 3
@@ -40,9 +45,10 @@ def test_gpu_vs_cpu_speedup_and_per_trial_table():
 
 
 def test_speedup_for_times_is_cpu_time_over_gpu_time():
+    # the kernels workload declares its series (kernel ms) lower-is-better
     recs = [record("cpu", t, v, unit="ms") for t, v in enumerate([400.0, 410.0])]
     recs += [record("gpu", t, v, device="cuda:0", unit="ms") for t, v in enumerate([10.0, 10.2])]
-    a = comparison.analyse(header([("cpu", {}), ("gpu", {})]), recs)
+    a = comparison.analyse(header([("cpu", {}), ("gpu", {})], workload="kernels"), recs)
     assert a.speedup[0]["speedup"] == pytest.approx(405.0 / 10.1)
     assert a.verdicts[0]["verdict"] == "faster"  # fewer ms is faster
 
@@ -62,15 +68,23 @@ def test_scaling_efficiency_against_the_fewest_gpus():
     assert [v["arm"] for v in a.verdicts] == ["2gpu", "4gpu"]
 
 
-def test_every_series_and_metric_gets_a_verdict_row_and_the_headline_comes_first():
+def test_every_series_and_metric_gets_a_row_the_headline_first_the_others_behind_its_gate():
     m = lambda v: {"latency_p99_ms": {"value": v, "unit": "ms"}}  # noqa: E731
-    recs = [record("a", t, 100.0 + t, metrics=m(10.0 + t / 10)) for t in range(3)]
+    recs = [record("a", t, 100.0 + t + 0.01 * t * t, metrics=m(10.0 + t / 10)) for t in range(3)]
     recs += [record("b", t, 100.0 + t, metrics=m(12.0 + t / 10)) for t in range(3)]
     a = comparison.analyse(header([("a", {}), ("b", {"x": 1})]), recs)
     assert [m.name for m in a.metrics] == ["main", "latency_p99_ms"] and a.headline.name == "main"
     by = {v["metric"]: v for v in a.verdicts}
-    assert by["main"]["verdict"] == "equivalent" and by["latency_p99_ms"]["verdict"] == "slower"
+    # the headline is equivalent: no difference established, so the other metrics are only shown
+    assert by["main"]["verdict"] == "equivalent" and by["latency_p99_ms"]["verdict"] == "descriptive"
+    assert "descriptive" in tables.verdict_table(a).rows[1][7]
     assert a.settled()
+    # the headline differs: latency is tested (Holm) and, declared a time by cnn-infer/cnn-train, is 'slower'
+    recs = [record("a", t, 100.0 + t, metrics=m(10.0 + t / 10)) for t in range(3)]
+    recs += [record("b", t, 90.0 + t, metrics=m(12.0 + t / 10)) for t in range(3)]
+    by = {v["metric"]: v for v in comparison.analyse(header([("a", {}), ("b", {"x": 1})]), recs).verdicts}
+    assert by["main"]["verdict"] == "slower" and by["latency_p99_ms"]["verdict"] == "slower"
+    assert by["latency_p99_ms"]["family"].startswith("other metrics: Holm")
 
 
 def test_fingerprint_differences_nobody_asked_for_are_flagged():

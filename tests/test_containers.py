@@ -23,7 +23,8 @@ from gpuvs.environments import gpu_access
 from gpuvs.environments.container import ContainerEnvironment
 from gpuvs.errors import GpuvsError
 from gpuvs.runner import SPEC_FIELDS, Arm, Experiment, Runner
-from gpuvs.spec import ENV_KEYS, EnvSpec, RunSpec
+from gpuvs.environments import option_keys
+from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store import Store
 
 OVERLAY = {"rootfs": "/:O", "engine": "podman"}
@@ -124,7 +125,8 @@ def test_timeout_and_failure_remove_the_container(store_path):
     assert gpuvs_containers() == [] and inside_processes() == []
 
 
-def test_ctrl_c_of_a_containerised_run_leaves_no_container(tmp_path):
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_stopped_containerised_run_leaves_no_container(tmp_path, sig, status):
     proc = subprocess.Popen([sys.executable, "-m", "gpuvs", "run", "selftest", "--env", "container", "--rootfs", "/:O",
                              "--steps", "200", "--step-seconds", "0.2", "--trials", "2", "--quiet", "--device", "cpu"],
                             cwd=tmp_path,
@@ -134,12 +136,13 @@ def test_ctrl_c_of_a_containerised_run_leaves_no_container(tmp_path):
         time.sleep(0.2)
     assert gpuvs_containers(), "the container never started"
     time.sleep(1.5)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert "interrupted; finished trials are kept" in err and "Traceback" not in err
-    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT status FROM trials").fetchall()
-    assert rows == [("interrupted",)]
+    assert proc.returncode == status, err
+    assert "finished trials are kept" in err and "Traceback" not in err
+    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT status, error FROM trials").fetchall()
+    assert rows == [("interrupted", "interrupted by the user" if sig == signal.SIGINT else
+                     f"gpuvs was stopped by {signal.Signals(sig).name}")]
     assert gpuvs_containers() == [] and inside_processes() == []
 
 
@@ -379,7 +382,7 @@ def test_host_quirks_are_detected_from_the_host(tmp_path):
 def test_shipped_experiment_files_name_only_known_settings(name, tmp_path):
     f = yaml.safe_load((ROOT / "experiments" / f"{name}.yaml").read_text())
     workload = workloads.get(f["workload"])
-    known = set(SPEC_FIELDS) | set(ENV_KEYS) | {"env"} | {p.name for p in workload.params}
+    known = set(SPEC_FIELDS) | set(option_keys()) | {"env"} | {p.name for p in workload.params}
     top = set(f) - {"name", "workload", "params", "trials", "margin", "arms"}
     assert top <= known, top - known
     assert f["trials"] >= (10 if name == "startup" else 5) and len(f["arms"]) >= 2
@@ -389,7 +392,7 @@ def test_shipped_experiment_files_name_only_known_settings(name, tmp_path):
     for arm in f["arms"]:
         assert set(arm) - {"name"} <= known, arm
         kinds.add(arm.get("env", f.get("env")))
-        opts = {k: v for k, v in {**f, **arm}.items() if k in ENV_KEYS}
+        opts = {k: v for k, v in {**f, **arm}.items() if k in option_keys()}
         if arm.get("env", f.get("env")) == "container":
             assert opts.get("rootfs") == "/:O" or opts.get("image")
     assert kinds == ({"container"} if name == "container-options" else {"host", "container"})

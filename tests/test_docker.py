@@ -1,7 +1,8 @@
-"""`--engine docker` for real: the docker client (on PATH here, with no daemon of its own) talking to a
-Docker-API engine, podman's own API service, which the tests start on a private socket; the image is
-a real one built from this machine's Python and numpy (tests/images.py). What runs is gpuvs's docker
-code path end to end: the docker command line, image inspection, labels, limits, removal."""
+"""`--engine docker` for real, against two Docker-API engines: a real Docker daemon (Debian's docker.io, its
+dockerd started by the tests on a private socket and data folder) and podman's Docker-compatible API service,
+each with the docker client. The image is a real one built from this machine's Python and numpy
+(tests/images.py). What runs is gpuvs's docker code path end to end: the docker command line, image
+inspection, labels, limits, removal."""
 
 import json
 import os
@@ -10,52 +11,67 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
 
 import pytest
 
-from conftest import gpuvs_env, gpuvs_processes
+from conftest import gpuvs_env, gpuvs_processes, require
 from gpuvs.environments import engine as engines
 from images import import_image, podman, python_rootfs
 
-pytestmark = pytest.mark.skipif(not (shutil.which("docker") and shutil.which("podman")),
-                                reason="needs the docker client and podman (its API service) on PATH")
-
 
 class Service:
-    """podman's Docker-compatible API service on a private socket."""
+    """A Docker-API engine on a private socket, started and stopped by the tests (its whole process group)."""
 
-    def __init__(self, sock):
+    def __init__(self, kind, folder):
+        self.kind = kind
+        sock = folder / "docker.sock"
         self.host = f"unix://{sock}"
-        argv = engines.detect("podman").argv("system", "service", "--time=0", self.host)
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
+        if kind == "dockerd":
+            argv = ["dockerd", "--host", self.host, "--data-root", str(folder / "data"), "--exec-root",
+                    str(folder / "exec"), "--pidfile", str(folder / "dockerd.pid"), "--iptables=false",
+                    "--ip6tables=false", "--bridge=none", "--storage-driver=vfs",
+                    "--exec-opt", "native.cgroupdriver=cgroupfs"]
+        else:
+            argv = engines.detect("podman").argv("system", "service", "--time=0", self.host)
+        self.log = open(folder / "service.log", "w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self):
         for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
             try:
                 os.killpg(self.proc.pid, sig)
                 self.proc.wait(wait)
-                return
+                break
             except ProcessLookupError:
-                return
+                break
             except subprocess.TimeoutExpired:
                 continue
+        self.log.close()
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    svc = Service(tmp_path_factory.mktemp("api") / "docker.sock")
+@pytest.fixture(scope="module", params=["dockerd", "podman-api"])
+def service(request, tmp_path_factory):
+    require("docker", "the docker client (Debian's docker.io)")
+    require("dockerd" if request.param == "dockerd" else "podman", "a Docker-API engine")
+    folder = tmp_path_factory.mktemp(request.param)
+    svc = Service(request.param, folder)
     try:
-        deadline = time.time() + 60
+        deadline = time.time() + 90
         while time.time() < deadline:
             r = docker(svc.host, "version", "--format", "{{.Server.Version}}")
             if r.returncode == 0:
                 break
+            if svc.proc.poll() is not None:
+                break
             time.sleep(0.3)
         else:
-            pytest.fail(f"podman's API service did not answer on {svc.host}: {r.stderr}")
+            r = None
+        if r is None or r.returncode != 0:
+            pytest.fail(f"{request.param} did not answer on {svc.host}: "
+                        f"{(folder / 'service.log').read_text()[-2000:]}")
         yield svc
     finally:
         svc.stop()
@@ -68,12 +84,22 @@ def docker_host(service):
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory):
+def image(service, tmp_path_factory):
     folder = tmp_path_factory.mktemp("image")
     tag = f"localhost/gpuvs-test-python:{uuid.uuid4().hex[:8]}"
-    import_image(python_rootfs(folder / "root"), tag, folder / "image.tar")
-    yield tag
-    podman("rmi", "-f", tag)
+    root = python_rootfs(folder / "root")
+    if service.kind == "dockerd":  # its own image store: `docker import` the same root filesystem
+        tar_path = folder / "image.tar"
+        with tarfile.open(tar_path, "w") as tar:
+            tar.add(root, arcname=".")
+        r = docker(service.host, "import", "--change", "ENV PATH=/usr/bin:/bin", str(tar_path), tag)
+        assert r.returncode == 0, r.stderr
+        yield tag
+        docker(service.host, "rmi", "-f", tag)
+    else:
+        import_image(root, tag, folder / "image.tar")
+        yield tag
+        podman("rmi", "-f", tag)
 
 
 def docker(host, *args):
@@ -124,7 +150,20 @@ def test_ctrl_c_of_a_docker_run_leaves_no_container_and_no_process(service, dock
     assert rows == [("interrupted",)]
     assert gpuvs_containers(docker_host) == []
     time.sleep(0.5)
-    assert [p for p in gpuvs_processes() if p != service.proc.pid] == []  # the API service stays
+    left = [p for p in gpuvs_processes() if not _descends_from(p, service.proc.pid)]
+    assert left == [], [open(f"/proc/{p}/cmdline").read() for p in left]  # the engine (and its containerd) stays
+
+
+def _descends_from(pid, root):
+    while pid > 1:
+        if pid == root:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
 
 
 def test_doctor_with_docker_names_the_engine_and_what_it_detected(docker_host, image, tmp_path):

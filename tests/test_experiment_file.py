@@ -47,7 +47,7 @@ def test_a_good_file_becomes_an_experiment(tmp_path):
 
 def test_command_line_values_replace_the_files_and_arms_still_apply(tmp_path):
     study = experiment.load(write(tmp_path, GOOD), {"trials": 5, "margin": 0.01, "params": {"steps": "7"},
-                                                    "seed": 4})
+                                                    "order_seed": 4})
     exp = study.experiment
     assert exp.trials == 5 and study.margin == 0.01 and exp.seed == 4 and exp.base.params["steps"] == 7
     assert exp.spec_for(exp.arms[0], 0).params["step_seconds"] == 0.001
@@ -139,8 +139,14 @@ def test_parse_arm(text, name, overrides):
     assert experiment.parse_arm(text) == (name, overrides)
 
 
-@pytest.mark.parametrize("text, message", [(":device=cpu", "expected NAME:key=value"),
-                                           ("a:device", "expected key=value, got 'device'")])
+@pytest.mark.parametrize("text, message", [
+    (":device=cpu", "expected NAME:key=value"),
+    ("a:device", "expected key=value, got 'device'"),
+    # a space where the colon belongs must not become an arm named "a batch_size=2" running the shared settings
+    ("a batch_size=2", r"name cannot hold spaces or '='.*did you mean 'a:batch_size=2'\?"),
+    ("batch_size=2", r"name cannot hold spaces or '='; write NAME:key=value\[,key=value...\]$"),
+    ("my arm:device=cpu", "name cannot hold spaces"),
+])
 def test_parse_arm_refuses(text, message):
     with pytest.raises(UsageError, match=message):
         experiment.parse_arm(text)

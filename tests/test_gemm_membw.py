@@ -91,8 +91,16 @@ def test_gemm_runs_its_shapes_through_the_cli(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "check: bf16 256x192x320 against float64" in r.stdout and "Per series" in r.stdout
     db = sqlite3.connect(tmp_path / "gpuvs.db")
-    rows = db.execute("SELECT series, value, unit, seconds, items, extra FROM samples").fetchall()
+    every = db.execute("SELECT series, step, value, unit, seconds, items, extra FROM samples").fetchall()
+    rows = [(s, v, u, sec, it, ex) for s, _, v, u, sec, it, ex in every if s != "all shapes"]
     assert {row[0] for row in rows} == {"64x48x32", "32x32x32"} and len(rows) == 6
+    # the headline: both shapes' work over both shapes' time, repeat by repeat (not a mean of rates)
+    for step in (1, 2, 3):
+        parts = [(sec, it) for s, st, _, _, sec, it, _ in every if st == step and s != "all shapes"]
+        (value,) = [v for s, st, v, *_ in every if st == step and s == "all shapes"]
+        assert value == pytest.approx(sum(it for _, it in parts) / sum(sec for sec, _ in parts))
+    summary = json.loads(db.execute("SELECT summary FROM trials").fetchone()[0])
+    assert list(summary)[0] == "all shapes" and "total TFLOP/s (all shapes): " in r.stdout
     for series, value, unit, seconds, items, extra in rows:
         m, n, k = map(int, series.split("x"))
         gemms = json.loads(extra)["gemms"]
@@ -136,10 +144,22 @@ def test_membw_counts_bytes_read_and_written_on_the_cpu(cli, tmp_path):
     db = sqlite3.connect(tmp_path / "gpuvs.db")
     rows = db.execute("SELECT series, value, unit, seconds, items, extra FROM samples").fetchall()
     assert {row[0] for row in rows} == {"d2d 64KiB", "d2d 1MiB"} and len(rows) == 6
+    summary = json.loads(db.execute("SELECT summary FROM trials").fetchone()[0])
+    assert list(summary) == ["d2d 1MiB", "d2d 64KiB"]  # the largest copy, least flattered by a cache, leads
     for series, value, unit, seconds, items, extra in rows:
         size = (64 << 10) if "64KiB" in series else (1 << 20)
         assert unit == "GB/s" and items == pytest.approx(2 * size * json.loads(extra)["copies"] / 1e9)
         assert value == pytest.approx(items / seconds)
+
+
+def test_membw_headline_is_the_largest_copy_of_the_first_kind_and_beyond_the_cpu_cache():
+    w = workloads.get("membw")
+    assert w.headline_series(w.validate({}, "cpu")) == "d2d 256MiB"
+    assert w.headline_series(w.validate({}, "cuda")) == "d2d 1GiB"
+    assert w.headline_series(w.validate({"kind": "h2d", "size": "4MiB,64MiB"}, "cuda")) == "h2d pinned 64MiB"
+    llc = max((int(p.read_text().strip().rstrip("K")) << 10 for p in
+               __import__("pathlib").Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size")), default=0)
+    assert parse_size("256MiB") >= 4 * llc  # the CPU default headline copy is four times this machine's LLC
 
 
 def test_membw_inline_checks_the_copy_and_names_series(one_thread):

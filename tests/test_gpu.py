@@ -60,3 +60,71 @@ def test_ctrl_c_during_an_mps_run_stops_workers_and_daemon(tmp_path):
     assert proc.returncode == 130, err
     time.sleep(1)
     assert mps.mps_processes() == [] and gpuvs_processes() == []
+
+
+ZOMBIES = r"""
+import ctypes, os, sys
+from gpuvs import mps
+ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: what gpuvs is as PID 1 of a container or pod
+with mps.MpsDaemon() as daemon:
+    assert daemon.servers() is not None
+kids = []
+for d in os.listdir("/proc"):
+    if d.isdigit():
+        try:
+            stat = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[1] == str(os.getpid()):
+            kids.append((int(d), stat[0]))
+print("children", kids)
+sys.exit(1 if any(state == "Z" for _, state in kids) else 0)
+"""
+
+
+@pytest.mark.skipif(mps.find_binary() is None, reason="needs nvidia-cuda-mps-control")
+def test_an_mps_daemon_leaves_no_zombie_when_gpuvs_is_its_reaper():
+    r = subprocess.run([sys.executable, "-c", ZOMBIES], capture_output=True, text=True, timeout=120, env=gpuvs_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert mps.mps_processes() == []
+
+
+def test_gpm_reads_how_much_of_the_gpu_a_job_fills_or_says_why_not():
+    from gpuvs import gpm
+
+    window, why = gpm.start(0)
+    if window is None:  # a GPU before Hopper: the reason is a plain sentence, and the advisor falls back
+        assert "GPM" in why
+        return
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t0 = time.time()
+    while time.time() - t0 < 1.0:
+        a @ a
+    torch.cuda.synchronize()
+    got = window.stop()
+    assert got is not None and set(got) == {"sm_active", "sm_occupancy", "tensor_active", "dram_active"}
+    assert got["sm_active"] > 50 and got["tensor_active"] > 10, got
+
+
+@pytest.mark.skipif(mps.find_binary() is None, reason="needs nvidia-cuda-mps-control")
+def test_mps_knob_arms_run_and_leave_nothing(cli, tmp_path):
+    r = cli("share", "cnn-infer", *SMALL, "--device", "cuda", "--with", "cnn-train " + " ".join(SMALL),
+            "--mps", "both", "--mps-threads", "100:30", "--mps-mem-limit", "4G:8G", "--repeats", "2", "--duration", "2")
+    assert r.returncode == 0, r.stderr + r.stdout
+    for arm in ("A+B, time-sliced", "A+B, MPS", "A+B, MPS, threads 100:30%", "A+B, MPS, memory limit 4G:8G"):
+        assert arm in r.stdout
+    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT status FROM trials").fetchall()
+    assert len(rows) == 2 * (2 + 4 * 2) and all(s == "ok" for s, in rows)
+    assert mps.mps_processes() == [] and gpuvs_processes() == []
+
+
+@pytest.mark.skipif(mps.find_binary() is None, reason="needs nvidia-cuda-mps-control")
+def test_a_client_over_its_mps_memory_limit_fails_the_capacity_sweep_with_the_cause(cli, tmp_path):
+    r = cli("share", "--capacity", "kernels", "--app", "hotspot3D", "--scale", "small", "--check", "false",
+            "--hold-mb", "2000", "--device", "cuda", "--mps", "on", "--mps-mem-limit", "1G", "--max-workers", "2",
+            "--duration", "1")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "largest count that ran: 0; first failure at instance 1: out of GPU memory holding --hold-mb 2000" in r.stdout
+    assert mps.mps_processes() == [] and gpuvs_processes() == []

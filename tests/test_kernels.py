@@ -82,12 +82,17 @@ def test_the_suite_runs_and_tabulates_through_the_cli(cli, tmp_path):
         assert f"check: {name} size {size} agrees with NumPy" in r.stdout
     assert "Per series" in r.stdout and "wall ms" in r.stdout
     db = sqlite3.connect(tmp_path / "gpuvs.db")
-    rows = db.execute("SELECT series, value, unit, extra FROM samples").fetchall()
+    every = db.execute("SELECT series, step, value, unit, extra FROM samples").fetchall()
+    rows = [(s, v, u, ex) for s, _, v, u, ex in every if s != "all apps"]
     assert [row[0] for row in rows] == ["hotspot"] * 2 + ["pathfinder"] * 2 + ["nw"] * 2  # suite order
+    for step in (1, 2):  # the headline: the suite's kernel time, every app's added, repeat by repeat
+        (total,) = [v for s, st, v, *_ in every if s == "all apps" and st == step]
+        assert total == pytest.approx(sum(v for s, st, v, *_ in every if s != "all apps" and st == step))
     assert all(row[2] == "ms" and json.loads(row[3])["wall_ms"] >= row[1] > 0 for row in rows)
     trial = db.execute("SELECT metrics, summary, startup FROM trials").fetchone()
     metrics, summary, startup = (json.loads(x) for x in trial)
-    assert list(summary) == ["hotspot", "pathfinder", "nw"] and summary["nw"]["higher_is_better"] is False
+    assert list(summary) == ["all apps", "hotspot", "pathfinder", "nw"]
+    assert summary["all apps"]["unit"] == "ms" and summary["nw"]["higher_is_better"] is False
     wall = [json.loads(row[3])["wall_ms"] for row in rows if row[0] == "nw"]
     assert metrics["nw/wall_ms"]["value"] == pytest.approx(sum(wall) / 2)
     assert metrics["pathfinder/data_mb"]["value"] == pytest.approx((100 * 500 * 4 + 500 * 4) / 1e6)

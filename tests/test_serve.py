@@ -26,7 +26,7 @@ TINY = pb.TrainOptions(d_model=32, layers=1, heads=2, epochs=3, lr=0.01, progres
 class Served:
     """A `gpuvs serve` process; its port is read from the line it prints once it listens."""
 
-    def __init__(self, models, *args):
+    def __init__(self, models, *args, access=None):
         self.models = models
         self.log = open(models.parent / f"{models.name}-serve.err", "w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "gpuvs", "serve", "--port", "0", "--device", "cpu",
@@ -35,10 +35,11 @@ class Served:
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: [self.lines.put(x) for x in self.proc.stdout], daemon=True).start()
         first = self.lines.get(timeout=120)
-        assert "listening on 127.0.0.1:" in first, first + open(self.log.name).read()
-        self.port = int(first.split("127.0.0.1:")[1].split()[0])
+        assert "listening on " in first, first + open(self.log.name).read()
+        self.port = int(first.split("listening on ")[1].split()[0].rsplit(":", 1)[1])
         self.target = f"127.0.0.1:{self.port}"
-        self.channel, self.stub = client.connect(self.target)
+        self.access = access or client.Access()
+        self.channel, self.stub = client.connect(self.target, access=self.access)
 
     def stop(self, timeout=60, sig=signal.SIGTERM):
         self.channel.close()
@@ -202,7 +203,7 @@ def test_concurrent_training_of_one_name_is_refused_and_never_corrupts_the_model
 
 
 def test_sigterm_finishes_short_calls_cancels_long_ones_and_exits(tmp_path):
-    s = Served(tmp_path, "--grace", "6", "--workers", "4")
+    s = Served(tmp_path, "--grace", "6", "--max-in-flight", "4", "--max-trains", "2")
     try:
         long = s.stub.Train(pb.TrainRequest(model="long", task=pb.TC, generated_sentences=3000, options=pb.TrainOptions(
             d_model=32, layers=1, heads=2, epochs=500, progress_every=1)))
@@ -274,7 +275,7 @@ def test_the_server_as_a_workload(tmp_path):
         if event["type"] == "log" and event["message"].startswith("listening on"):
             port.put(event["message"].rsplit(":", 1)[1])
 
-    spec = RunSpec(workload="nlp-serve", device="cpu", params={"port": 0, "seconds": 5, "window": 0.5, "threads": 1,
+    spec = RunSpec(workload="nlp-serve", device="cpu", params={"port": 0, "seconds": 12, "window": 0.5, "threads": 1,
                                                                "models_dir": str(tmp_path / "models")})
     def run():  # the runner in a thread of its own (with its own SQLite connection), the test as the client
         with Store(tmp_path / "gpuvs.db") as store:
@@ -292,8 +293,12 @@ def test_the_server_as_a_workload(tmp_path):
     res = done[0]
     assert res.ok, res.error
     assert res.metrics["train_calls"]["value"] == 1 and res.metrics["predict_calls"]["value"] == 3
+    m = {k: v["value"] for k, v in res.metrics.items()}  # the server's own Metrics, stored with the trial
+    assert m["peak_in_flight"] == 1 and m["refused"] == 0 and m["unauthenticated"] == 0 and m["models_loaded"] == 1
+    assert 0 < m["models_mib"] < 1 and m["rss_mib"] > 50 and 0 < m["predict_p50_ms"] <= m["predict_p99_ms"]
     served = [s for s in res.samples if s["series"] == "served"]
     assert sum(s["items"] for s in served) == 4 and sum(s["extra"]["texts"] for s in served) == 6
+    assert all(s["extra"]["in_flight"] == 0 and s["extra"]["queued"] == 0 for s in served[-2:])
     assert (tmp_path / "models" / "w.pt").is_file() and not pid_alive(res.fingerprint["pid"])
 
 

@@ -1,6 +1,7 @@
 """gpuvs share / advise-mps on the CPU for real (the selftest and CNN workloads), the start barrier,
 and the MPS daemon's guards. The MPS lifecycle itself needs a GPU: tests/test_gpu.py."""
 
+import json
 import os
 import shutil
 import sqlite3
@@ -10,11 +11,12 @@ import time
 
 import pytest
 
-from conftest import gpuvs_processes
-from gpuvs import barrier, mps
+from conftest import gpuvs_processes, require
+from gpuvs import barrier, mps, mps_knobs, sharestats
 from gpuvs.errors import EnvironmentUnavailable
+from gpuvs.mps_advice import predict
 from gpuvs.runner import Runner
-from gpuvs.sharing import Coordinator, Group, normalized_sum, predict_mps
+from gpuvs.sharing import Coordinator, Group, normalized_sum, worker_spec
 from gpuvs.spec import RunSpec
 from gpuvs.store import Store
 
@@ -33,37 +35,102 @@ def test_workers_measure_the_same_window(store_path):
     assert gpuvs_processes() == []
 
 
+def zombie_children() -> list[int]:
+    """Children of this process that ended and were never waited for."""
+    me, out = str(os.getpid()), []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                fields = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me and fields[0] == "Z":
+                out.append(int(d))
+    return out
+
+
 def test_a_worker_failing_before_the_start_stops_its_group(store_path):
+    # the good worker waits at the barrier (a long window) while the other fails in its warm-up: the group
+    # must stop the waiting one rather than measure it alone or leave it behind
     good = RunSpec(workload="selftest", device="cpu", params={"step_seconds": 0.01})
-    bad = RunSpec(workload="cnn-train", device="cpu", params={"model": "resnet18", "batch_size": 200000})
+    bad = RunSpec(workload="selftest", device="cpu", params={"fail_at_start": True})
     with Store(store_path) as st:
-        g = Coordinator(Runner(st, timeout_s=120), window_s=1).group([good, bad], "mixed", False)
-        statuses = [r["status"] for r in st.trials()]
-    assert not g.ok and "failed before the start" in g.failure and "out of host memory" in g.failure
-    assert statuses == ["failed", "failed"]
-    assert gpuvs_processes() == []
+        g = Coordinator(Runner(st, timeout_s=120), window_s=60).group([good, bad], "mixed", False)
+        rows = [(r["status"], r["error"]) for r in st.trials()]
+    assert not g.ok and "worker 1 failed before the start" in g.failure and "--fail-at-start" in g.failure
+    assert rows[0] == ("failed", "stopped: another worker of its group failed before the start")
+    assert rows[1][0] == "failed" and "failed before its timed part as asked" in rows[1][1]
+    assert gpuvs_processes() == [] and zombie_children() == []
 
 
 def test_share_cli_scaling_table(cli, tmp_path):
-    r = cli("share", "selftest", "--step-seconds", "0.02", "--workers", "1,2", "--duration", "1")
+    r = cli("share", "selftest", "--step-seconds", "0.02", "--workers", "1,2", "--duration", "1", "--repeats", "2")
     assert r.returncode == 0, r.stderr
-    assert "sharing one GPU (1 s window)" in r.stdout and "fairness" in r.stdout
+    assert "sharing one GPU (1 s window, 2 repeat(s))" in r.stdout and "fairness" in r.stdout
+    # two sleeping workers do twice the steps of one: vs alone ~2.0, an interval, and compare's verdict
+    vs = cell(r.stdout, "2")["vs alone"]
+    # (on a loaded 2-core machine the interval of two repeats can be wide: the verdict is then inconclusive)
+    assert vs.split()[-1] in ("faster", "inconclusive") and 1.6 < float(vs.split("[")[0]) < 2.5 and "[" in vs, vs
     rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm, status FROM trials").fetchall()
-    assert rows == [("1 worker", "ok"), ("2 workers", "ok"), ("2 workers", "ok")]
+    assert rows == [("1 worker", "ok"), ("2 workers", "ok"), ("2 workers", "ok")] * 2
 
 
-def test_share_cli_pairs_and_capacity(cli, tmp_path):
+def cell(text: str, first: str) -> dict[str, str]:
+    """The table row whose first cell is `first`, as {header: cell}."""
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("┃"))
+    names = [h.strip() for h in header.strip("┃").split("┃")]
+    row = next(line for line in lines if line.startswith("│") and line.strip("│").split("│")[0].strip() == first)
+    return dict(zip(names, [c.strip() for c in row.strip("│").split("│")]))
+
+
+def test_share_cli_pairs_with_intervals(cli, tmp_path):
     r = cli("share", "selftest", "--step-seconds", "0.05", "--with", "selftest --step-seconds 0.02",
-            "--duration", "1")
+            "--duration", "1", "--repeats", "2")
     assert r.returncode == 0, r.stderr
-    assert "interference: A = selftest, B = selftest" in r.stdout and "A slowdown" in r.stdout
-    r = cli("share", "--capacity", "selftest", "--max-workers", "3", "--duration", "0.5")
-    assert r.returncode == 0, r.stderr
-    assert "largest count that ran │ 3" in r.stdout and "the cap of 3 workers was reached" in r.stdout
-    r = cli("share", "--capacity", "cnn-train", "--model", "resnet18", "--batch-size", "200000",
-            "--max-workers", "3", "--duration", "0.5")
-    assert r.returncode == 0 and "largest count that ran │ 0" in r.stdout and "out of host memory" in r.stdout
+    assert "interference: A = selftest, B = selftest (2 repeat(s))" in r.stdout
+    # alone: 1 / 0.05 s = ~20 steps/s for A; together on 2 CPU cores sleeps do not interfere: work ~2.0
+    row = cell(r.stdout, "A+B, time-sliced")
+    assert 1.8 < float(row["work"].split("[")[0]) < 2.1, row
+    # selftest samples carry each step's seconds: A's latency is its 50 ms sleep, alone and together
+    for run in ("A alone", "A+B, time-sliced"):
+        p50, p99 = (float(cell(r.stdout, run)[k].split("[")[0]) for k in ("A p50 ms", "A p99 ms"))
+        assert 50 <= p50 < 56 and p50 <= p99 < 150, (run, p50, p99)
+    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm, status FROM trials").fetchall()
+    assert rows == [("A alone", "ok"), ("B alone", "ok"), ("A+B, time-sliced", "ok"), ("A+B, time-sliced", "ok")] * 2
     assert gpuvs_processes() == []
+
+
+def test_share_cli_capacity_counts_until_the_first_failure(cli, tmp_path):
+    r = cli("share", "--capacity", "selftest", "--step-seconds", "0.02", "--max-workers", "3", "--duration", "0.5")
+    assert r.returncode == 0, r.stderr
+    assert "largest count that ran: 3; no failure up to the cap of 3" in r.stdout
+    r = cli("share", "--capacity", "selftest", "--step-seconds", "0.02", "--room", "2", "--max-workers", "5",
+            "--duration", "0.5")
+    assert r.returncode == 0, r.stderr
+    assert "largest count that ran: 2; first failure at instance 3: out of room: 2 selftest workers" in r.stdout
+    # the instances that ran were told to stop and ended normally, each stored with its samples
+    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute(
+        "SELECT status FROM trials ORDER BY id").fetchall()[3:]
+    assert [s for s, in rows] == ["ok", "ok", "failed"]
+    r = cli("share", "--capacity", "selftest", "--fail-at-start", "--max-workers", "3", "--duration", "0.5")
+    assert r.returncode == 0 and "largest count that ran: 0; first failure at instance 1" in r.stdout
+    assert gpuvs_processes() == []
+
+
+def test_capacity_sweep_measures_every_count_in_its_own_window(store_path):
+    spec = RunSpec(workload="selftest", device="cpu", params={"step_seconds": 0.02})
+    with Store(store_path) as st:
+        run = Coordinator(Runner(st, timeout_s=120), window_s=1.0).capacity(spec, 3)
+    assert [s.count for s in run.steps] == [1, 2, 3] and run.failed_at is None
+    for st_ in run.steps:
+        # each running instance is measured in the window: about 50 steps/s each (20 ms sleeps)
+        assert len(st_.rates) == st_.count and all(35 < x < 52 for x in st_.rates), st_.rates
+        assert st_.aggregate == pytest.approx(sum(st_.rates))
+    assert [t.status for t in run.trials] == ["ok"] * 3
+    # instance 1 ran through all three windows, so it did more steps than instance 3
+    assert run.trials[0].primary()["n"] > run.trials[2].primary()["n"]
+    assert gpuvs_processes() == [] and zombie_children() == []
 
 
 @pytest.mark.parametrize("args, message", [
@@ -74,31 +141,96 @@ def test_share_cli_pairs_and_capacity(cli, tmp_path):
     (["share", "selftest", "--with", "nosuch"], "unknown workload 'nosuch'"),
     (["share", "selftest", "--with", "selftest --bogus 1"], "unknown option --bogus for --with selftest"),
     (["advise-mps", "selftest"], "advise-mps wants two quoted jobs"),
+    (["share", "selftest", "--mps-threads", "50"], "--mps-threads and --mps-mem-limit are MPS settings: they need a GPU"),
+    (["share", "selftest", "--mps-threads", "0"], "--mps-threads: '0': each value is a whole"),
+    (["share", "selftest", "--with", "selftest", "--mps-threads", "1:2:3"],
+     "--mps-threads: '1:2:3' names 3 clients but the run has 2 jobs"),
+    (["share", "selftest", "--mps-mem-limit", "lots"], "--mps-mem-limit: 'lots': each value is"),
+    (["share", "selftest", "--also-host"], "--also-host goes with --capacity and --env container"),
+    (["share", "selftest", "--repeats", "0"], "--repeats"),
+    (["advise-mps", "--pairs", "/nonexistent.yaml"], "/nonexistent.yaml: no such file"),
+    (["advise-mps", "selftest", "selftest", "--pairs", "x.yaml"], "either two quoted jobs or --pairs FILE, not both"),
 ])
 def test_share_bad_input(cli, args, message):
     r = cli(*args)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
 
 
-def test_advise_mps_runs_solo_then_together_on_cpu(cli):
-    r = cli("advise-mps", "selftest --step-seconds 0.05", "selftest --step-seconds 0.02", "--duration", "1")
+def test_advise_mps_runs_solo_then_together_on_cpu(cli, tmp_path):
+    r = cli("advise-mps", "selftest --step-seconds 0.05", "selftest --step-seconds 0.02", "--duration", "1",
+            "--repeats", "2", "--json", tmp_path / "advice.json")
     assert r.returncode == 0, r.stderr
-    assert "prediction: no difference" in r.stdout and "no GPU telemetry" in r.stdout
-    assert "A alone" in r.stdout and "A+B" in r.stdout
+    assert "prediction: no difference (from none)" in r.stdout and "no GPU telemetry" in r.stdout
+    assert "A alone" in r.stdout and "A+B" in r.stdout and "measured: no verdict (MPS needs a GPU" in r.stdout
+    data = json.loads((tmp_path / "advice.json").read_text())
+    assert data["predicted"] == "no difference" and data["measured"] is None and len(data["solo"]) == 2
+    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm FROM trials").fetchall()
+    assert [a for a, in rows] == ["A alone", "B alone", "A+B", "A+B"] * 2
 
 
-def _group(util, mem_util, mem_mib):
-    g = Group("x", False)
-    g.telemetry = {"util_gpu_mean": util, "util_mem_mean": mem_util}
-    g.memory_used_mib = mem_mib
-    return g
+def _solo(busy, gpm=None, mem=1000.0, mem_util=20.0):
+    return ({"util_gpu_mean": busy, "util_mem_mean": mem_util}, gpm, mem)
 
 
-def test_mps_prediction_rules():
-    assert predict_mps(_group(40, 10, 1000), _group(50, 20, 1000), 80000).prediction == "mps helps"
-    assert predict_mps(_group(98, 70, 1000), _group(97, 60, 1000), 80000).prediction == "mps hurts"
-    assert predict_mps(_group(98, 20, 1000), _group(99, 30, 1000), 80000).prediction == "no difference"
-    assert predict_mps(_group(50, 10, 50000), _group(50, 10, 40000), 80000).prediction == "will not fit"
+def _gpm(occ, tensor, dram):
+    return {"sm_active": 90.0, "sm_occupancy": occ, "tensor_active": tensor, "dram_active": dram}
+
+
+def test_mps_prediction_from_gpm():
+    # both busy in time (91% and 79%), but each fills a fraction of the GPU: MPS can run both at full speed
+    a = predict([_solo(91, _gpm(30, 25, 35)), _solo(79, _gpm(10, 5, 15))], 80000, 0.05)
+    assert a.prediction == "mps helps" and a.source == "gpm"
+    # busy time is GPM's SM activity (90% each in _gpm), read inside the window
+    assert a.work_sliced == pytest.approx(2 / 1.80 * 0.91) and a.work_mps == pytest.approx(2.0)
+    assert "busy time alone (GPM SM activity): 90% and 90%" in a.reasons[0]
+    # both fill the memory system: the tightest resource is DRAM at 200%; MPS only saves the switches
+    full = {**_gpm(40, 0, 100), "sm_active": 99.0}
+    a = predict([_solo(99, full), _solo(99, full)], 80000, 0.05)
+    assert a.prediction == "mps helps" and "dram_active at 200%" in " ".join(a.reasons)
+    assert a.ratio == pytest.approx((2 / 2.0) / (2 / 1.98 * 0.91))
+    # a margin wider than the switch loss: no difference
+    assert predict([_solo(99, full), _solo(99, full)], 80000, 0.12).prediction == "no difference"
+    # idle half the time each: taking turns already fills the gaps
+    a = predict([_solo(40, {**_gpm(20, 0, 10), "sm_active": 40.0}), _solo(50, {**_gpm(20, 0, 10), "sm_active": 50.0})],
+                80000, 0.05)
+    assert a.prediction == "no difference" and a.ratio == pytest.approx(1.0)
+    assert predict([_solo(50, mem=50000), _solo(50, mem=40000)], 80000, 0.05).prediction == "will not fit"
+
+
+def test_mps_prediction_without_gpm_says_so():
+    a = predict([_solo(91, None), _solo(79, _gpm(10, 5, 15))], 80000, 0.05)
+    assert a.source == "nvml-utilisation" and a.prediction == "mps helps" and a.ratio == pytest.approx(1 / 0.91)
+    assert "no GPM here" in " ".join(a.reasons)
+    assert predict([_solo(30, None), _solo(40, None)], 80000, 0.05).prediction == "no difference"
+    assert predict([({}, None, None), ({}, None, None)], None, 0.05).source == "none"
+
+
+def test_sharing_figures_and_mps_verdict_words():
+    f = sharestats.figure([10.0, 12.0, None, 11.0])
+    assert f.mean == pytest.approx(11.0) and f.low < 11.0 < f.high and f.text() == \
+        f"11.0 [{f.low:.1f}, {f.high:.1f}]"
+    assert sharestats.figure([5.0]).text() == "5.0" and sharestats.figure([]).text() == "-"
+    sliced = [1.00, 1.01, 0.99, 1.00]
+    assert sharestats.mps_verdict(sliced, [1.30, 1.28, 1.31, 1.29], 0.05)["words"] == "mps helps"
+    assert sharestats.mps_verdict(sliced, [0.80, 0.82, 0.79, 0.81], 0.05)["words"] == "mps hurts"
+    assert sharestats.mps_verdict(sliced, [1.00, 1.01, 0.99, 1.005], 0.05)["words"] == "no difference"
+    assert sharestats.mps_verdict(sliced, [0.7, 1.4], 0.05)["words"] == "inconclusive"
+    lat = sharestats.latency_ms([{"seconds": s / 1000} for s in [1.0] * 98 + [5.0, 9.0]])
+    assert lat["p50"] == pytest.approx(1.0) and lat["p99"] > 5.0 and lat["n"] == 100
+
+
+def test_mps_knob_arms():
+    arms = mps_knobs.arms("both", "50,30:70", "2G:40G", 2, "cuda:1")
+    assert [a.label for a in arms] == ["time-sliced", "MPS", "MPS, threads 50%", "MPS, threads 30:70%",
+                                       "MPS, memory limit 2G:40G"]
+    assert arms[2].client_env == [{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}] * 2
+    assert arms[3].client_env == [{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "70"}]
+    assert arms[4].client_env[1] == {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "1=40G"} and all(a.mps for a in arms[1:])
+    spec = worker_spec(RunSpec(workload="selftest", device="cuda"), "/tmp/x", "w0", 1.0, "l", 0,
+                       type("D", (), {"client_env": lambda self: {"CUDA_MPS_PIPE_DIRECTORY": "/p"}, "pipe_dir": "/p"})(),
+                       arms[3].client_env[1])
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=70" in spec.env.options["env_var"]
+    assert "CUDA_MPS_PIPE_DIRECTORY=/p" in spec.env.options["env_var"]
 
 
 def test_normalized_sum():
@@ -145,7 +277,8 @@ def test_mps_refuses_when_another_daemon_runs(tmp_path):
         proc.wait()
 
 
-def test_ctrl_c_during_a_shared_window_stops_every_worker(tmp_path):
+@pytest.mark.parametrize("signame, status", [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_stop_during_a_shared_window_stops_every_worker(tmp_path, signame, status):
     from conftest import gpuvs_env
     import signal
 
@@ -156,11 +289,12 @@ def test_ctrl_c_during_a_shared_window_stops_every_worker(tmp_path):
     while time.time() < deadline and "1 worker" not in (proc.stdout.readline() or ""):
         pass
     time.sleep(3)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, signame))
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm, status FROM trials").fetchall()
-    assert rows == [("1 worker", "interrupted")]
+    assert proc.returncode == status, err
+    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm, status, error FROM trials").fetchall()
+    assert rows == [("1 worker", "interrupted", "interrupted by the user" if signame == "SIGINT" else
+                     f"gpuvs was stopped by {signame}")]
     time.sleep(0.5)
     assert gpuvs_processes() == []
 
@@ -182,7 +316,7 @@ def test_share_workers_is_the_job_count_and_data_workers_reaches_the_cnn():
 @pytest.mark.skipif(shutil.which("podman") is None, reason="podman is installed by .ci/run")
 def test_containers_share_one_window(cli, tmp_path):
     r = cli("share", "selftest", "--step-seconds", "0.02", "--env", "container", "--rootfs", "/:O", "--workers", "2",
-            "--duration", "1")
+            "--duration", "1", "--repeats", "1")
     assert r.returncode == 0, r.stderr
     rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm, status, fingerprint FROM trials").fetchall()
     assert [(a, s) for a, s, _ in rows] == [("1 worker", "ok"), ("2 workers", "ok"), ("2 workers", "ok")]
@@ -216,3 +350,86 @@ def test_share_matrix_bad_files(cli, tmp_path, text, message):
     f.write_text(text)
     r = cli("share-matrix", f, "--device", "cpu")
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_capacity_with_containers_as_the_unit_and_processes_beside(cli, tmp_path):
+    require("podman", "the containers capacity sweep runs podman")
+    r = cli("share", "--capacity", "selftest", "--step-seconds", "0.02", "--room", "2", "--max-workers", "4",
+            "--duration", "0.5", "--env", "container", "--rootfs", "/:O", "--also-host")
+    assert r.returncode == 0, r.stderr
+    for unit in ("containers", "processes"):
+        assert f"{unit}, time-sliced: largest count that ran: 2; first failure at instance 3: out of room" in r.stdout
+    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm, status, fingerprint FROM trials ORDER BY id").fetchall()
+    assert [(a, s) for a, s, _ in rows] == [("capacity, container, time-sliced", s) for s in ("ok", "ok", "failed")] + \
+        [("capacity, process, time-sliced", s) for s in ("ok", "ok", "failed")]
+    assert all('"container_image": "rootfs:/:O"' in fp for _, s, fp in rows[:2])
+    assert all('"container_image"' not in fp for _, s, fp in rows[3:5])  # plain processes on this machine
+    left = subprocess.run(["podman", "ps", "-a", "--filter", "label=gpuvs", "-q"], capture_output=True, text=True)
+    assert left.stdout.strip() == "" and gpuvs_processes() == []
+
+
+@pytest.mark.parametrize("signame, status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_stop_during_a_capacity_sweep_leaves_nothing(tmp_path, signame, status):
+    from conftest import gpuvs_env
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "gpuvs", "share", "--capacity", "selftest", "--children", "1",
+                             "--max-workers", "50", "--duration", "2"], cwd=tmp_path, env=gpuvs_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 90
+    while time.time() < deadline and "2 instances" not in (proc.stdout.readline() or ""):
+        pass
+    proc.send_signal(getattr(signal, signame))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == status, err
+    # read through gpuvs's store: a stop that lands between a trial's row and its launch leaves that row
+    # 'running' with a dead owner, which the store marks interrupted when it is next opened
+    with Store(tmp_path / "gpuvs.db") as st:
+        rows = [r["status"] for r in st.trials()]
+    assert len(rows) >= 2 and all(s == "interrupted" for s in rows), rows
+    time.sleep(0.5)
+    assert gpuvs_processes() == []
+
+
+def test_a_worker_dying_during_a_capacity_window_ends_the_sweep(store_path):
+    # instance 2 dies abruptly at its 30th step, inside the window measured with two running
+    spec = RunSpec(workload="selftest", device="cpu", params={"step_seconds": 0.02, "exit_at_step": 30})
+    with Store(store_path) as st:
+        run = Coordinator(Runner(st, timeout_s=120), window_s=2.0).capacity(spec, 5)
+    assert run.failed_at in (1, 2) and "ended while" in run.failure and "status 17" in run.failure
+    assert gpuvs_processes() == [] and zombie_children() == []
+
+
+def test_advise_mps_pairs_file_runs_each_job_alone_once_per_repeat(cli, tmp_path):
+    f = tmp_path / "pairs.yaml"
+    f.write_text('pairs:\n  - ["selftest --step-seconds 0.02", "selftest --step-seconds 0.03"]\n'
+                 '  - ["selftest --step-seconds 0.02", "selftest --step-seconds 0.04"]\n')
+    r = cli("advise-mps", "--pairs", f, "--repeats", "1", "--duration", "0.5", "--json", tmp_path / "a.json")
+    assert r.returncode == 0, r.stderr
+    assert "predicted against measured, 2 pairs" in r.stdout and "hit rate: 0/0" in r.stdout
+    arms = [a for a, in sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm FROM trials ORDER BY id")]
+    # the shared job runs alone once, not once per pair; each pair runs together (no MPS on the CPU)
+    assert arms == ["alone: selftest --step-seconds 0.02", "alone: selftest --step-seconds 0.03",
+                    "alone: selftest --step-seconds 0.04", "pair 1: A+B", "pair 1: A+B", "pair 2: A+B", "pair 2: A+B"]
+    data = json.loads((tmp_path / "a.json").read_text())
+    assert [d["b"] for d in data] == ["selftest --step-seconds 0.03", "selftest --step-seconds 0.04"]
+    # two sleeping jobs barely slow each other: work near 2 (wide bounds: 0.5 s windows on a loaded machine)
+    assert all(len(d["work"]["A+B"]) == 1 and 1.3 < d["work"]["A+B"][0] < 2.7 for d in data), data
+    r = cli("advise-mps", "--pairs", f, "--repeats", "1", "--duration", "0.5", "--predict-only", "--store", "p.db")
+    assert r.returncode == 0, r.stderr
+    assert len(sqlite3.connect(tmp_path / "p.db").execute("SELECT arm FROM trials").fetchall()) == 3
+
+
+def test_gemm_and_membw_share_a_window_one_shape_or_copy_each(store_path):
+    gemm = RunSpec(workload="gemm", device="cpu", params={"shape": ["64x64x64"], "check": False, "block_ms": 5.0})
+    copy = RunSpec(workload="membw", device="cpu", params={"kind": ["d2d"], "size": ["1MiB"], "block_ms": 5.0})
+    with Store(store_path) as st:
+        coord = Coordinator(Runner(st, timeout_s=120), window_s=1.0)
+        g = coord.group([gemm, copy], "gemm+membw", False)
+        assert g.ok, [t.error for t in g.trials]
+        # the window, not a count of blocks, ended each: about 1 s of blocks (5 ms each when the CPU is free)
+        for t in g.trials:
+            assert t.primary()["n"] >= 2 and t.primary()["total_seconds"] == pytest.approx(1.0, abs=0.35), t.primary()
+        whole_set = RunSpec(workload="gemm", device="cpu", params={"set": "square"})
+        bad = coord.group([whole_set], "set", False)
+    assert not bad.ok and "one GEMM shape per job: give --shape MxNxK" in bad.failure

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from gpuvs import events, stats
+from gpuvs import events, stats, workloads
 
 
 def test_tf_cnn_semantics_on_fixed_steps():
@@ -15,17 +15,22 @@ def test_tf_cnn_semantics_on_fixed_steps():
     rates = np.array([320.0, 160.0, 320.0, 320.0])
     assert s["value"] == pytest.approx(128 / 0.5)  # total images / total time, not mean of rates
     assert s["mean"] == pytest.approx(rates.mean())
-    assert s["pm"] == pytest.approx(rates.std(ddof=1) / 2)
+    assert s["pm"] == pytest.approx(rates.std(ddof=0) / 2)  # get_perf_timing: np.std, population
     assert s["jitter"] == pytest.approx(1.4826 * np.median(np.abs(rates - np.median(rates))))
-    assert s["n"] == 4 and s["higher_is_better"] is True
+    assert s["n"] == 4 and s["better"] is None  # nothing declared it: no direction
 
 
-def test_series_are_kept_apart_and_time_units_are_lower_is_better():
+def test_series_are_kept_apart_and_the_direction_is_the_workloads_declaration_never_the_unit():
     samples = [events.sample(1, 5.0, "ms", series="lat"), events.sample(1, 2.0, "GB/s", series="bw"),
                events.sample(2, 7.0, "ms", series="lat")]
     out = stats.summarize_samples(samples)
     assert list(out) == ["lat", "bw"]
-    assert out["lat"]["value"] == pytest.approx(6.0) and out["lat"]["higher_is_better"] is False
+    assert out["lat"]["value"] == pytest.approx(6.0) and out["lat"]["better"] is None
+    kernels = workloads.get("kernels")  # app series in ms: declared lower-is-better
+    out = stats.summarize_samples(samples, kernels.declared)
+    assert out["lat"]["better"] == "lower" and out["lat"]["higher_is_better"] is False
+    serve = workloads.get("serve-load")  # its "latency" series is a time, its "throughput" a rate
+    assert serve.declared("latency").better == "lower" and serve.declared("throughput").up == "faster"
 
 
 def test_trial_interval_matches_scipy():

@@ -57,7 +57,7 @@ def test_bad_store_paths_are_one_line_errors(tmp_path):
         Store(tmp_path / "no" / "such" / "x.db")
     bad = tmp_path / "not.db"
     bad.write_text("this is not sqlite" * 100)
-    with pytest.raises(UsageError, match="cannot open store"):
+    with pytest.raises(UsageError, match=r"not\.db is not a gpuvs store \(file is not a database\): name another"):
         Store(bad)
 
 
@@ -65,3 +65,101 @@ def test_schema_is_plain_sqlite(store_path):
     Store(store_path).close()
     names = {r[0] for r in sqlite3.connect(store_path).execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"experiments", "trials", "samples", "telemetry"} <= names
+
+
+def _filled_store(path, trials=40, samples=200):
+    """A store of many pages: trials with samples, one experiment per ten trials."""
+    with Store(path) as st:
+        for t in range(trials):
+            exp = f"e{t // 10}"
+            st.create_experiment(exp, "demo", "run", {"note": "x" * 200})
+            tid = st.begin_trial(RunSpec(workload="selftest", device="cpu", experiment_id=exp, trial=t))
+            for i in range(samples):
+                st.add_event(tid, events.sample(i + 1, 10.0 + i, "steps/sec", seconds=0.1, items=1))
+            st.finish_trial(tid, "ok", summary={"main": {"value": 11.0, "unit": "steps/sec"}})
+    sqlite3.connect(path).execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def test_a_store_damaged_in_the_middle_is_one_line_with_what_to_do(tmp_path, cli):
+    import random
+
+    path = tmp_path / "gpuvs.db"
+    _filled_store(path)
+    # a trial left 'running' by a dead gpuvs: the open reaps it, which used to end in a traceback
+    import socket
+    db = sqlite3.connect(path)
+    db.execute("UPDATE trials SET status='running', owner=? WHERE id=3", (f"{socket.gethostname()}:999999999",))
+    db.commit()
+    db.close()
+    data = bytearray(path.read_bytes())
+    page = 4096
+    pages = len(data) // page
+    assert pages > 20
+    rng = random.Random(7)
+    for p in rng.sample(range(2, pages), pages // 3):  # random pages in the middle, never the header
+        data[p * page:(p + 1) * page] = rng.randbytes(page)
+    path.write_bytes(bytes(data))
+    outcomes = []
+    for args in (["results", "list"], ["results", "show", "e0"], ["results", "show", "e3"], ["report", "e2"],
+                 ["results", "export", "--format", "csv"]):
+        r = cli(*args)
+        assert "Traceback" not in r.stderr + r.stdout, (args, r.stderr)
+        if r.returncode != 0:
+            lines = [line for line in r.stderr.splitlines() if line.strip()]
+            assert r.returncode == 2 and len(lines) == 1, (args, r.stderr)
+            assert lines[0].startswith(f"gpuvs: error: store gpuvs.db is damaged (") and ".recover" in lines[0], lines
+        outcomes.append(r.returncode)
+    assert 2 in outcomes  # the damage was seen, not read past
+
+
+def test_a_store_on_a_read_only_mount_can_be_listed_shown_and_reported(tmp_path):
+    import shutil
+    import subprocess
+
+    from conftest import run_cli
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    r = run_cli("run", "selftest", "--steps", "3", "--quiet", cwd=folder)
+    assert r.returncode == 0, r.stderr
+    exp_id = next(line.split()[3] for line in r.stdout.splitlines() if line.startswith("stored as experiment"))
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is needed to make a read-only mount")
+    import os
+    import sys
+
+    script = (f"mount --bind {folder} {folder} && mount -o remount,bind,ro {folder} && "
+              f"touch {folder}/probe 2>/dev/null && exit 99; cd {folder} && "
+              f"{sys.executable} -m gpuvs results list && {sys.executable} -m gpuvs results show {exp_id} && "
+              f"{sys.executable} -m gpuvs report {exp_id} --format md && "
+              f"{sys.executable} -m gpuvs run selftest --steps 2 --quiet; echo run-status=$?")
+    from conftest import gpuvs_env
+
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=180,
+                       env=gpuvs_env())
+    assert r.returncode == 0, r.stderr
+    assert exp_id in r.stdout and "| arm" in r.stdout and "total steps/sec" not in r.stderr
+    # a run needs a writable store: one line that says so, not a traceback
+    assert "run-status=2" in r.stdout and "Traceback" not in r.stderr
+    assert "cannot be written" in r.stderr or "read-only" in r.stderr.lower(), r.stderr
+    assert os.listdir(folder) == ["gpuvs.db"]  # nothing was written beside it
+
+
+def test_an_ambiguous_id_prefix_names_the_experiments_it_matches(store_path):
+    with Store(store_path) as st:
+        for i in ("20261123-1", "20261123-2", "20261124-1"):
+            st.create_experiment(i, "demo", "run", {})
+        assert st.experiment("20261124")["id"] == "20261124-1"
+        with pytest.raises(UsageError, match=r"'2026112' is the start of 3 experiments .*: 20261123-1, 20261123-2, "
+                                             r"20261124-1; give more of the id"):
+            st.experiment("2026112")
+        with pytest.raises(UsageError, match="no experiment '2027'"):
+            st.experiment("2027")
+
+
+def test_experiment_ids_are_never_cut_however_narrow_the_terminal(cli, tmp_path):
+    r = cli("run", "selftest", "--steps", "2", "--quiet")
+    exp_id = next(line.split()[3] for line in r.stdout.splitlines() if line.startswith("stored as experiment"))
+    for width in ("30", "50", "80"):
+        r = cli("results", "list", COLUMNS=width)
+        assert r.returncode == 0 and exp_id in r.stdout, (width, r.stdout)

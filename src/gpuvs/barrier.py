@@ -12,6 +12,7 @@ from pathlib import Path
 from gpuvs.errors import WorkloadError
 
 GO = "go"
+STOP = "stop"
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -47,3 +48,12 @@ def release(folder: str, delay_s: float = 0.25) -> float:
     start_at = time.time() + delay_s
     _atomic_write(Path(folder) / GO, f"{start_at}\n")
     return start_at
+
+
+def stop(folder: str) -> None:
+    """Ask every worker of an open-ended window (a capacity sweep) to end its timed part now."""
+    _atomic_write(Path(folder) / STOP, f"{time.time()}\n")
+
+
+def stopped(folder: str) -> bool:
+    return (Path(folder) / STOP).exists()

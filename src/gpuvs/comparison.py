@@ -11,32 +11,42 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from gpuvs import fingerprint, stats
+from gpuvs import environments, family, fingerprint, stats
+from gpuvs.errors import UsageError
+from gpuvs.sequential import Plan
 from gpuvs.spec import device_kind
 
-# Fingerprint fields shown side by side: (key, label); dotted keys read nested dicts.
-FINGERPRINT_FIELDS = (
+TIMER_RESOLUTION_S = 1e-6  # the coarser of perf_counter's and CUDA events' (0.5 us) resolution, rounded up
+
+# Fingerprint fields shown side by side: (key, label); dotted keys read nested dicts. The environment
+# kinds add their own (environments.fingerprint_fields) before the node, Python and gpuvs rows.
+CORE_FIELDS = (
     ("gpu_name", "GPU"), ("gpu_count", "GPUs"), ("driver", "NVIDIA driver"), ("cuda_driver", "CUDA (driver)"),
     ("cuda", "CUDA (torch)"), ("cudnn", "cuDNN"), ("torch", "torch"), ("torchvision", "torchvision"),
     ("cpu_model", "CPU"), ("cpu_usable", "CPUs usable"), ("memory_mib", "memory MiB"),
     ("limits.cpu_limit", "CPU limit"), ("limits.memory_limit_mib", "memory limit MiB"), ("limits.shm_mib", "/dev/shm MiB"),
-    ("in_container", "in a container"), ("container_image", "image"), ("node_name", "node"), ("python", "python"),
-    ("gpuvs", "gpuvs"),
 )
-SOFTWARE_FIELDS = ("torch", "cuda", "cudnn")
-# Arm keys whose variation explains a difference in these fingerprint fields.
-EXPLAINS: dict[str, tuple[str, ...]] = {
-    "env": SOFTWARE_FIELDS, "image": SOFTWARE_FIELDS, "rootfs": SOFTWARE_FIELDS, "engine": SOFTWARE_FIELDS,
-    "gpus": ("gpu_count", "gpu_name"),
-}
+TAIL_FIELDS = (("node_name", "node"), ("python", "python"), ("gpuvs", "gpuvs"))
+
+
+def fingerprint_fields() -> tuple[tuple[str, str], ...]:
+    return CORE_FIELDS + tuple(f for f in environments.fingerprint_fields() if f not in TAIL_FIELDS) + TAIL_FIELDS
 
 
 @dataclass
 class Metric:
     name: str
     unit: str
-    higher_is_better: bool
+    better: str | None  # the workload's declaration: higher, lower, neither; None: undeclared
+    up: str  # the verdict's word for a figure above the baseline's, and below it
+    down: str
+    headline: bool
+    tested: bool  # declared and given a verdict (else descriptive)
     source: str  # "series" (a sample series' per-trial figure) or "metric" (a scalar result)
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.better != "lower"
 
 
 @dataclass
@@ -50,6 +60,7 @@ class ArmResult:
     n_total: int
     values: dict[str, dict[int, float]] = field(default_factory=dict)  # metric -> {trial: figure}
     summaries: dict[str, dict[str, Any]] = field(default_factory=dict)  # metric -> stats.summarize_trials
+    trial_summaries: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # series -> per-trial summaries
     startup: dict[str, float] = field(default_factory=dict)  # mean seconds over ok trials
     fingerprint: dict[str, Any] = field(default_factory=dict)
 
@@ -75,7 +86,7 @@ class Analysis:
 
     @property
     def headline(self) -> Metric | None:
-        return self.metrics[0] if self.metrics else None
+        return next((m for m in self.metrics if m.headline), None)
 
     @property
     def baseline(self) -> ArmResult | None:
@@ -136,6 +147,42 @@ def from_store(store, experiment_id: str, with_steps: bool = True) -> Analysis:
     return analyse(exp, records)
 
 
+def from_stored(store, before: str, after: str, margin: float, confidence: float) -> Analysis:
+    """Two stored experiments compared as two arms, `before` the baseline (pyperf's compare_to): each
+    reference is EXPERIMENT or EXPERIMENT:ARM (the arm may be left out where the experiment has one).
+    Not interleaved: the analysis is unpaired and the report says that drift between the two runs
+    cannot be told apart from the change."""
+    picked = []
+    for ref in (before, after):
+        ident, _, arm = ref.partition(":")
+        exp = store.experiment(ident)
+        records = [r for r in _latest_attempts(store.trials(exp["id"]))]
+        names = list(dict.fromkeys(r["arm"] for r in records))
+        if not arm:
+            if len(names) != 1:
+                raise UsageError(f"--stored {ref}: experiment {exp['id']} has arms {', '.join(names) or '(none)'}; "
+                                 f"name one as {ident}:ARM")
+            arm = names[0]
+        if arm not in names:
+            raise UsageError(f"--stored {ref}: experiment {exp['id']} has no arm {arm!r}; its arms: {', '.join(names)}")
+        picked.append((exp, arm, [r for r in records if r["arm"] == arm]))
+    workloads = {(e.get("meta") or {}).get("workload") or (recs[0]["spec"] or {}).get("workload") if recs else None
+                 for e, _, recs in picked}
+    if len(workloads) > 1:
+        raise UsageError(f"--stored: the two experiments ran different workloads ({', '.join(map(str, workloads))})")
+    labels = [f"{exp['id']}:{arm}" for exp, arm, _ in picked]
+    if labels[0] == labels[1]:
+        raise UsageError("--stored needs two different experiments or arms")
+    merged = []
+    for label, (_, _, recs) in zip(labels, picked):
+        merged += [{**r, "arm": label} for r in recs]
+    header = {"id": f"{labels[0]} vs {labels[1]}", "name": f"stored: {labels[1]} against {labels[0]}",
+              "kind": "compare-stored", "created": time.time(),
+              "meta": {"margin": margin, "confidence": confidence, "workload": workloads.pop(), "interleaved": False,
+                       "arms": [{"name": label, "overrides": {}} for label in labels]}}
+    return analyse(header, merged)
+
+
 def from_results(exp, results, margin: float, confidence: float) -> Analysis:
     header = {"id": exp.id, "name": exp.name, "kind": exp.kind, "created": time.time(),
               "meta": {**exp.meta, "margin": margin, "confidence": confidence, "workload": exp.base.workload,
@@ -153,22 +200,15 @@ def analyse(exp: dict[str, Any], records: list[dict[str, Any]]) -> Analysis:
         if rec["arm"] not in arm_order:
             arm_order.append(rec["arm"])
     overrides = {a["name"]: a.get("overrides") or {} for a in meta.get("arms") or []}
-    metrics = _metrics(records, arm_order)
+    workload = meta.get("workload") or ((records[0]["spec"] or {}).get("workload", "") if records else "")
+    metrics = _metrics(records, arm_order, workload)
     arms = [_arm(name, overrides.get(name, {}), [r for r in records if r["arm"] == name], metrics)
             for name in arm_order]
     arms = [a for a in arms if a.n_total or a.name in overrides]
-    verdicts = []
-    for metric in metrics:
-        for arm in arms[1:]:
-            base = arms[0]
-            result = stats.compare_arms(list(base.values.get(metric.name, {}).values()),
-                                        list(arm.values.get(metric.name, {}).values()),
-                                        higher_is_better=metric.higher_is_better, margin=margin, confidence=confidence)
-            verdicts.append({"metric": metric.name, "unit": metric.unit, "arm": arm.name, "baseline": base.name,
-                             **result})
+    verdicts = verdict_rows(meta, arms, metrics, margin, confidence, records, exp.get("kind", ""))
     failures = [{"arm": r["arm"], "trial": r["trial"], "status": r["status"], "error": r.get("error") or ""}
                 for r in records if r["status"] != "ok"]
-    head = metrics[0] if metrics else None
+    head = next((m for m in metrics if m.headline), None)
     trials = [{"id": r.get("id"), "arm": r["arm"], "trial": r["trial"], "status": r["status"],
                "value": (r.get("summary") or {}).get(head.name, {}).get("value") if head and head.source == "series"
                else None,
@@ -176,16 +216,32 @@ def analyse(exp: dict[str, Any], records: list[dict[str, Any]]) -> Analysis:
                          if head and s.get("series", "main") == head.name and s.get("value") is not None],
                "telemetry": r.get("telemetry") or []} for r in records]
     return Analysis(id=exp["id"], name=exp.get("name", exp["id"]), kind=exp.get("kind", ""),
-                    workload=meta.get("workload") or ((records[0]["spec"] or {}).get("workload", "") if records else ""),
+                    workload=workload,
                     created=exp.get("created") or 0.0, meta=meta, margin=margin, confidence=confidence,
                     metrics=metrics, arms=arms, verdicts=verdicts, speedup=_speedup(arms, head, confidence),
                     scaling=_scaling(arms, head, confidence), flags=_flags(arms, records), failures=failures,
                     trials=trials)
 
 
-def _metrics(records: list[dict[str, Any]], arm_order: list[str]) -> list[Metric]:
-    """Sample series first (the baseline arm's order: its first series is the headline), then
-    scalar metrics."""
+def _declarations(workload: str):
+    from gpuvs import workloads
+
+    try:
+        return workloads.get(workload).declared
+    except UsageError:  # a store written by a workload this gpuvs does not know
+        return lambda name: None
+
+
+def _metric(name: str, unit: str, source: str, decl) -> Metric:
+    if decl is None:
+        return Metric(name, unit, None, "higher", "lower", False, False, source)
+    return Metric(name, unit, decl.better, decl.up, decl.down, decl.headline, decl.tested, source)
+
+
+def _metrics(records: list[dict[str, Any]], arm_order: list[str], workload: str) -> list[Metric]:
+    """Sample series (in the baseline arm's order), then scalar metrics, each with its workload's
+    declaration; the headline (the first series or metric declared as one) first."""
+    declared = _declarations(workload)
     series: dict[str, Metric] = {}
     scalars: dict[str, Metric] = {}
     ok = sorted((r for r in records if r["status"] == "ok"),
@@ -193,24 +249,53 @@ def _metrics(records: list[dict[str, Any]], arm_order: list[str]) -> list[Metric
     for rec in ok:
         for name, s in (rec.get("summary") or {}).items():
             if name not in series and s.get("value") is not None:
-                unit = s.get("unit", "")
-                series[name] = Metric(name, unit, bool(s.get("higher_is_better", stats.higher_is_better(unit))),
-                                      "series")
+                series[name] = _metric(name, s.get("unit", ""), "series", declared(name))
         for name, m in (rec.get("metrics") or {}).items():
             if name not in scalars and name not in series and m.get("value") is not None:
-                unit = m.get("unit", "")
-                scalars[name] = Metric(name, unit, stats.higher_is_better(unit), "metric")
-    return list(series.values()) + list(scalars.values())
+                scalars[name] = _metric(name, m.get("unit", ""), "metric", declared(name))
+    ordered = list(series.values()) + list(scalars.values())
+    head = next((m for m in ordered if m.headline), None)
+    for m in ordered:
+        m.headline = m is head
+    return ([head] if head else []) + [m for m in ordered if m is not head]
+
+
+def _floor(arm: ArmResult, metric: Metric) -> float:
+    """Relative standard deviation no trial figure of this arm can be known better than: the
+    per-step spread of its own steps (its +/- over its figure) and the timer's resolution over its
+    timed seconds, root mean square over the arm's trials."""
+    terms = []
+    for summary in arm.trial_summaries.get(metric.name, []):
+        value = summary.get("value")
+        if not value:
+            continue
+        rel = (summary.get("pm") or 0.0) / abs(value)
+        if summary.get("total_seconds"):
+            rel = (rel * rel + (TIMER_RESOLUTION_S / summary["total_seconds"]) ** 2) ** 0.5
+        terms.append(rel * rel)
+    return (sum(terms) / len(terms)) ** 0.5 if terms else 0.0
+
+
+def sequential_plan(meta: dict[str, Any]) -> Plan | None:
+    seq = meta.get("sequential")
+    return Plan(int(seq["first"]), int(seq["cap"]), int(seq.get("step", 2))) if seq else None
+
+
+def verdict_rows(meta: dict[str, Any], arms: list[ArmResult], metrics: list[Metric], margin: float,
+                 confidence: float, records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """Every arm against the first on every metric, with the family's corrections (family.py):
+    paired by round where the trials were interleaved, unpaired otherwise."""
+    if len(arms) < 2:
+        return []
+    return family.compare_all(metrics, [a.values for a in arms], [a.name for a in arms], margin=margin,
+                              confidence=confidence, paired=meta.get("interleaved", kind == "compare"),
+                              floors=[{m.name: _floor(a, m) for m in metrics} for a in arms],
+                              plan=sequential_plan(meta), rounds=1 + max((r["trial"] for r in records), default=-1))
 
 
 def _arm(name: str, overrides: dict[str, Any], recs: list[dict[str, Any]], metrics: list[Metric]) -> ArmResult:
     spec = (recs[0]["spec"] if recs else None) or {}
-    env = spec.get("env") or {}
-    env_label = env.get("kind", "host")
-    if env_label != "host":
-        opts = env.get("options") or {}
-        env_label = ":".join(str(p) for p in (env_label, opts.get("engine"), opts.get("image") or opts.get("rootfs"))
-                             if p)
+    env_label = environments.label(spec.get("env") or {})
     ok = [r for r in recs if r["status"] == "ok"]
     arm = ArmResult(name=name, overrides=overrides, device=spec.get("device", "-"), num_gpus=spec.get("num_gpus", 1),
                     env=env_label, n_ok=len(ok), n_total=len(recs))
@@ -218,7 +303,10 @@ def _arm(name: str, overrides: dict[str, Any], recs: list[dict[str, Any]], metri
         values: dict[int, float] = {}
         for r in ok:
             if metric.source == "series":
-                v = (r.get("summary") or {}).get(metric.name, {}).get("value")
+                summary = (r.get("summary") or {}).get(metric.name, {})
+                v = summary.get("value")
+                if v is not None:
+                    arm.trial_summaries.setdefault(metric.name, []).append(summary)
             else:
                 v = (r.get("metrics") or {}).get(metric.name, {}).get("value")
             if v is not None:
@@ -288,12 +376,8 @@ def varied_keys(arms: list[ArmResult]) -> set[str]:
 def _flags(arms: list[ArmResult], records: list[dict[str, Any]]) -> list[str]:
     """Key fingerprint fields that differ where the user did not ask them to."""
     flags = []
-    varied = varied_keys(arms)
-    explained: set[str] = set()
-    for key in varied:
-        explained |= set(EXPLAINS.get(key, ()))
-    if any(str(a.overrides.get("env", "")) not in ("", "host", "container") for a in arms):
-        explained |= set(fingerprint.KEY_FIELDS)  # pods may land on other nodes
+    kinds = {((r.get("spec") or {}).get("env") or {}).get("kind", environments.DEFAULT) for r in records}
+    explained = environments.explained(varied_keys(arms), kinds)
     for arm in arms:
         fps = [r["fingerprint"] for r in records if r["arm"] == arm.name and r["status"] == "ok" and r.get("fingerprint")]
         for other in fps[1:]:
@@ -316,7 +400,7 @@ def _flags(arms: list[ArmResult], records: list[dict[str, Any]]) -> list[str]:
 def fingerprint_rows(arms: list[ArmResult]) -> list[tuple[str, list[Any], bool]]:
     """(label, value per arm, differs) for the fields any arm has."""
     rows = []
-    for key, label in FINGERPRINT_FIELDS:
+    for key, label in fingerprint_fields():
         values = [_get(a.fingerprint, key) for a in arms]
         if all(v is None for v in values):
             continue

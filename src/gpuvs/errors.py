@@ -21,6 +21,27 @@ class RunFailed(GpuvsError):
     exit_code = 1
 
 
+class Stopped(KeyboardInterrupt):
+    """gpuvs was told to stop from outside (SIGTERM from Kubernetes, Slurm or `timeout`; SIGHUP when its
+    terminal went away). A KeyboardInterrupt, so that every clean-up path of Ctrl-C runs for it too."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum = signum
+        self.signame = signal.Signals(signum).name
+        super().__init__(f"stopped by {self.signame}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def interruption(exc: BaseException) -> str:
+    """What stopped a run, for the trial's stored error."""
+    return f"gpuvs was stopped by {exc.signame}" if isinstance(exc, Stopped) else "interrupted by the user"
+
+
 class WorkloadError(Exception):
     """Raised inside a worker for a failure with a plain explanation.
     kind: oom | input | unavailable | crash (see events.py)."""

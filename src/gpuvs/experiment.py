@@ -5,7 +5,7 @@ Every problem is one line that says where it is: `FILE:LINE: what is wrong` for 
 numbers from YAML's node marks), `--arm #N: arm 'NAME': ...` for the command line.
 
 An arm's keys other than `name` are overrides: a RunSpec field (device, num_gpus, timeout_s,
-telemetry_interval_s), `env`, an environment option (spec.ENV_KEYS) or a workload parameter.
+telemetry_interval_s), `env`, an environment option (environments.option_keys()) or a workload parameter.
 Every arm shares the base's parameters (its device's defaults filled in) unless it overrides them,
 so arms differ only in what they name."""
 
@@ -22,7 +22,7 @@ import yaml
 from gpuvs import environments, workloads
 from gpuvs.errors import UsageError
 from gpuvs.runner import SPEC_FIELDS, Arm, Experiment
-from gpuvs.spec import ENV_KEYS, EnvSpec, RunSpec, check_device_syntax
+from gpuvs.spec import EnvSpec, RunSpec, check_device_syntax
 from gpuvs.workloads.base import Param
 
 DEFAULT_TRIALS = 3
@@ -35,7 +35,7 @@ STUDY_PARAMS = (
     Param("trials", int, DEFAULT_TRIALS, "trials per arm", min=1, max=10000),
     Param("margin", float, 0.02, "equivalence margin of the ratio (0.02: +/-2%)", min=0.0, max=0.5),
     Param("confidence", float, 0.95, "confidence level of the interval and the verdict", min=0.5, max=0.999),
-    Param("seed", int, None, "seed of the trial order", min=0),
+    Param("order_seed", int, None, "seed of the shuffled trial order (a workload's seed goes under params)", min=0),
     Param("until_confident", bool, False, "add trial pairs until the verdict is settled"),
     Param("max_trials", int, None, "trials per arm at most, with until_confident", min=2, max=10000),
     Param("retries", int, 0, "times a crashed or timed-out trial is run again", min=0, max=100),
@@ -70,12 +70,6 @@ def normalise_key(key: Any) -> str:
     return ALIASES.get(key, key)
 
 
-def _env_param(key: str) -> Param | None:
-    from gpuvs.cli.options import ENV_OPTIONS
-
-    return next((p for p in ENV_OPTIONS if p.name == key), None)
-
-
 def coerce_override(workload: workloads.Workload, key: str, value: Any) -> tuple[str, Any]:
     """(key, typed value) of one arm override; UsageError (no location) if the key or value is bad."""
     key = normalise_key(key)
@@ -85,17 +79,15 @@ def coerce_override(workload: workloads.Workload, key: str, value: Any) -> tuple
             check_device_syntax(value)
         return key, value
     if key == "env":
-        kind = str(value)
-        if kind not in environments.KINDS:
-            raise UsageError(f"unknown environment {kind!r}; known: {', '.join(sorted(environments.KINDS))}")
-        return key, kind
-    if key in ENV_KEYS:
-        param = _env_param(key)
+        return key, environments.kind(str(value)).kind
+    env_keys = environments.option_keys()
+    if key in env_keys:
+        param = environments.param(key)
         return key, value if param is None else param.coerce(value)
     names = {p.name for p in workload.params}
     if key in names:
         return key, workload.param(key).coerce(value)
-    close = difflib.get_close_matches(key, sorted(names | set(SPEC_FIELDS) | set(ENV_KEYS) | {"env"}), n=1)
+    close = difflib.get_close_matches(key, sorted(names | set(SPEC_FIELDS) | set(env_keys) | {"env"}), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise UsageError(f"unknown key {key!r}{hint}: not a run-spec field ({', '.join(SPEC_FIELDS)}), env, an "
                      f"environment option or a {workload.name} parameter ({', '.join(sorted(names))})")
@@ -105,10 +97,18 @@ def coerce_override(workload: workloads.Workload, key: str, value: Any) -> tuple
 
 def parse_arm(text: str) -> tuple[str, dict[str, str]]:
     """'gpu:device=cuda,batch_size=64' -> ('gpu', {'device': 'cuda', 'batch_size': '64'})."""
-    name, _, rest = text.partition(":")
+    name, colon, rest = text.partition(":")
     name = name.strip()
     if not name:
         raise UsageError(f"--arm {text!r}: expected NAME:key=value[,key=value...]")
+    if "=" in name or any(c.isspace() for c in name):
+        # 'a batch_size=2' (a space where the colon belongs) would otherwise be an arm named
+        # 'a batch_size=2' that silently runs the shared settings
+        first, _, after = text.strip().partition(" ")
+        guess = f"{first}:{after.strip()}" if not colon and after.strip() and "=" not in first else None
+        hint = f" (did you mean {guess!r}?)" if guess else ""
+        raise UsageError(f"--arm {text!r}: an arm's name cannot hold spaces or '='; write NAME:key=value"
+                         f"[,key=value...]{hint}")
     overrides: dict[str, str] = {}
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, sep, value = item.partition("=")
@@ -152,9 +152,7 @@ def build_arms(workload: workloads.Workload, base: RunSpec, raw_arms: list[RawAr
         spec = probe.spec_for(arm, 0)
         try:
             workload.validate(spec.params, spec.device)
-            if spec.env.kind == "host" and set(spec.env.options) - {"gpus"}:
-                extra = sorted(set(spec.env.options) - {"gpus"})[0]
-                raise UsageError(f"{extra} applies to env container, not to the host")
+            environments.check_options(spec.env.kind, spec.env.options, cli=False)
         except UsageError as exc:
             raise UsageError(f"{where}: arm {name!r}: {exc}") from None
         for other in arms:
@@ -241,8 +239,13 @@ def read_file(path: str | Path) -> _Map:
     return doc
 
 
-TOP_KEYS = ({p.name for p in STUDY_PARAMS} | set(SPEC_FIELDS) | set(ENV_KEYS)
+def top_keys() -> set[str]:
+    """The keys an experiment file's top level takes."""
+    return ({p.name for p in STUDY_PARAMS} | set(SPEC_FIELDS) | set(environments.option_keys())
             | {"workload", "params", "env", "arms"})
+
+
+TOP_KEYS = frozenset(top_keys())
 
 
 def load(path: str | Path, cli: dict[str, Any] | None = None, device_fallback: str | None = None) -> Study:
@@ -254,10 +257,15 @@ def load(path: str | Path, cli: dict[str, Any] | None = None, device_fallback: s
     cli = dict(cli or {})
     cli_params = dict(cli.pop("params", None) or {})
     top: dict[str, tuple[Any, str]] = {}  # key -> (value, where it came from)
+    allowed = TOP_KEYS
+    env_keys = environments.option_keys()
     for key, value in doc.items():
         norm, loc = normalise_key(key), f"{path}:{doc.lines[key]}"
-        if norm not in TOP_KEYS:
-            raise UsageError(f"{loc}: unknown key {key!r}; an experiment file takes: {', '.join(sorted(TOP_KEYS))}")
+        if norm == "seed":
+            raise UsageError(f"{loc}: 'seed' is ambiguous here: write order_seed for the trial order, or "
+                             "params: {seed: N} for the workload's own seed")
+        if norm not in allowed:
+            raise UsageError(f"{loc}: unknown key {key!r}; an experiment file takes: {', '.join(sorted(allowed))}")
         top[norm] = (value, loc)
     for key, value in cli.items():
         top[normalise_key(key)] = (value, "command line")
@@ -281,12 +289,12 @@ def load(path: str | Path, cli: dict[str, Any] | None = None, device_fallback: s
     fields: dict[str, Any] = {}
     env_options: dict[str, Any] = {}
     for key, (value, loc) in top.items():
-        if key in SPEC_FIELDS or key == "env" or key in ENV_KEYS:
+        if key in SPEC_FIELDS or key == "env" or key in env_keys:
             try:
                 k, v = coerce_override(workload, key, value)
             except UsageError as exc:
                 raise UsageError(f"{loc}: {_as_key(exc)}") from None
-            (env_options if k in ENV_KEYS else fields)[k] = v
+            (env_options if k in env_keys else fields)[k] = v
     device = fields.get("device") or device_fallback or _default_device()
 
     params_raw, params_loc = top.get("params", (None, f"{path}:{doc.line}"))
@@ -307,7 +315,7 @@ def load(path: str | Path, cli: dict[str, Any] | None = None, device_fallback: s
     except UsageError as exc:
         raise UsageError(f"{params_loc}: {_as_key(exc)}") from None
     base = RunSpec(workload=workload.name, params=params, device=device, num_gpus=fields.get("num_gpus", 1),
-                   env=EnvSpec(kind=fields.get("env", "host"), options=env_options),
+                   env=EnvSpec(kind=fields.get("env", environments.DEFAULT), options=env_options),
                    telemetry_interval_s=fields.get("telemetry_interval_s", 0.1), timeout_s=fields.get("timeout_s"))
 
     if "arms" not in top:
@@ -331,7 +339,7 @@ def load(path: str | Path, cli: dict[str, Any] | None = None, device_fallback: s
         raise UsageError(f"{top['max_trials'][1]}: max_trials applies with until_confident: true")
     if opts["until_confident"] and opts["max_trials"] is None:
         opts["max_trials"] = max(DEFAULT_MAX_TRIALS, opts["trials"])
-    exp = Experiment(name=opts["name"] or path.stem, base=base, arms=arms, trials=opts["trials"], seed=opts["seed"],
+    exp = Experiment(name=opts["name"] or path.stem, base=base, arms=arms, trials=opts["trials"], seed=opts["order_seed"],
                      kind="compare", meta={"margin": opts["margin"], "confidence": opts["confidence"],
                                            "file": str(path), "description": opts["description"]})
     return Study(exp, margin=opts["margin"], confidence=opts["confidence"], until_confident=opts["until_confident"],

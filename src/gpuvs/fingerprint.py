@@ -14,6 +14,8 @@ from gpuvs import __version__
 
 # Fields whose difference between arms matters when the user did not ask to vary them.
 KEY_FIELDS = ("gpu_name", "driver", "cuda", "torch", "cudnn", "cpu_model", "gpu_count")
+# The key fields that come with the software of an image (not with the machine).
+SOFTWARE_FIELDS = ("torch", "cuda", "cudnn")
 
 
 def _read(path: str) -> str | None:
@@ -99,8 +101,25 @@ def container_info() -> dict[str, Any]:
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         out["in_pod"] = True
         out["pod_name"] = os.environ.get("HOSTNAME")
+    if os.environ.get("GPUVS_POD_NAME"):  # set by gpuvs's pod environment (downward API)
+        out.update(in_pod=True, pod_name=os.environ["GPUVS_POD_NAME"],
+                   pod_namespace=os.environ.get("GPUVS_POD_NAMESPACE"), pod_limits=pod_limits())
     out["node_name"] = os.environ.get("GPUVS_NODE_NAME") or os.environ.get("NODE_NAME") or socket.gethostname()
     return out
+
+
+def pod_limits() -> dict[str, Any]:
+    """The pod's limits as its container sees them (downward API): CPU in cores, memory in MiB (the node's
+    allocatable where no limit was set), GPUs asked for and the resource name they were asked as."""
+    def number(key: str) -> int | None:
+        try:
+            return int(os.environ[key])
+        except (KeyError, ValueError):
+            return None
+
+    millis = number("GPUVS_POD_CPU_LIMIT")
+    return {"cpu": None if millis is None else millis / 1000, "memory_mib": number("GPUVS_POD_MEMORY_LIMIT"),
+            "gpus": number("GPUVS_POD_GPUS"), "gpu_resource": os.environ.get("GPUVS_POD_GPU_RESOURCE")}
 
 
 def nvml_info() -> dict[str, Any]:
@@ -129,6 +148,7 @@ def nvml_info() -> dict[str, Any]:
                 gpu["pci_bus_id"] = _s(pynvml.nvmlDeviceGetPciInfo(h).busId)
             except Exception:
                 pass
+            gpu.update(_limits(pynvml, h))
             gpus.append(gpu)
         info: dict[str, Any] = {"nvml": True, "gpus": gpus, "driver": _s(pynvml.nvmlSystemGetDriverVersion())}
         try:
@@ -142,6 +162,22 @@ def nvml_info() -> dict[str, Any]:
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def _limits(pynvml: Any, h: Any) -> dict[str, Any]:
+    """What a node can be misconfigured with: the enforced power limit, the top SM clock, the PCIe link
+    it trained to (a degraded link shows as a lower generation or width). Fields NVML refuses are left out."""
+    probes = {"power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
+              "max_sm_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+              "pcie_gen": lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
+              "pcie_width": lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)}
+    out: dict[str, Any] = {}
+    for key, probe in probes.items():
+        try:
+            out[key] = probe()
+        except Exception:
+            pass
+    return out
 
 
 def _s(value: Any) -> str:

@@ -43,13 +43,47 @@ def mps_processes(pipe_dir: str | None = None) -> list[int]:
                     not comm.startswith("nvidia-cuda-mps"):
                 continue
             if pipe_dir is not None:
-                env = (d / "environ").read_bytes().split(b"\0")
-                if f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode() not in env:
+                raw = (d / "environ").read_bytes()
+                # an empty environment is a process on its way out (its memory already released): it may be
+                # ours, so it counts until it has gone
+                if raw and f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode() not in raw.split(b"\0"):
                     continue
         except OSError:
             continue
         out.append(int(d.name))
     return out
+
+
+def reap_exited_children(wait_s: float = 2.0) -> list[int]:
+    """`nvidia-cuda-mps-control -d` daemonises: its processes are re-parented to the nearest sub-reaper, which
+    is gpuvs itself where it runs as PID 1 (in a container or pod) or under a supervisor that made it one. Such
+    a parent must wait for them, or they stay behind as zombies. Reaps the exited MPS children of this
+    process (waiting up to wait_s for ones still ending), never another child whose status a Popen awaits;
+    returns their PIDs."""
+    reaped: list[int] = []
+    me = str(os.getpid())
+    deadline = time.monotonic() + wait_s
+    while True:
+        pending = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            comm, fields = stat.split("(", 1)[1].rsplit(")", 1)[0], stat.rsplit(")", 1)[1].split()
+            if fields[1] == me and fields[0] == "Z" and comm.startswith("nvidia-cuda-mps"):
+                pending.append(int(d.name))
+        for pid in pending:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+                reaped.append(pid)
+            except ChildProcessError:
+                pass
+        if not pending or time.monotonic() > deadline:
+            return reaped
+        time.sleep(0.05)
 
 
 class MpsDaemon:
@@ -128,6 +162,7 @@ class MpsDaemon:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        reap_exited_children()
         self._cleanup_dirs()
 
     def _cleanup_dirs(self) -> None:

@@ -6,19 +6,33 @@ from __future__ import annotations
 import copy
 import queue
 import random
+import signal
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuvs import environments, events, fingerprint, workloads
-from gpuvs.errors import UsageError
-from gpuvs.spec import ENV_KEYS, EnvSpec, RunSpec, check_device_syntax, device_kind
+from gpuvs import environments, events, workloads
+from gpuvs.errors import UsageError, interruption
+from gpuvs.spec import EnvSpec, RunSpec, check_device_syntax
 from gpuvs.store import Store
 
 # RunSpec fields an arm may set directly; any other key is a workload parameter.
 SPEC_FIELDS = ("device", "num_gpus", "telemetry_interval_s", "timeout_s")
 ENV_FIELDS = ("env",)
+
+
+def exit_text(code: int | None) -> str:
+    """A worker's end in words: a negative status is the signal that ended it (SIGKILL is what the
+    kernel's out-of-memory killer sends, so say where to look)."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (the kernel's out-of-memory killer sends it: see `dmesg`)" if -code == signal.SIGKILL else ""
+        return f"worker was killed by {name}{hint}"
+    return f"worker exited with status {code}"
 
 
 @dataclass
@@ -95,13 +109,15 @@ class Experiment:
     def spec_for(self, arm: Arm, trial: int) -> RunSpec:
         spec = copy.deepcopy(self.base)
         spec.params = dict(spec.params)
+        env_keys = environments.option_keys()
         for key, value in arm.overrides.items():
             key = key.replace("-", "_")
             if key in SPEC_FIELDS:
                 setattr(spec, key, value)
-            elif key == "env":
-                spec.env = value if isinstance(value, EnvSpec) else EnvSpec(kind=str(value), options=dict(spec.env.options))
-            elif key in ENV_KEYS:
+            elif key == "env":  # the base's options that the arm's kind takes go with it (--image: container, pod)
+                spec.env = value if isinstance(value, EnvSpec) else EnvSpec(
+                    kind=str(value), options=environments.options_for(str(value), spec.env.options))
+            elif key in env_keys:
                 spec.env = EnvSpec(kind=spec.env.kind, options={**spec.env.options, key: value})
             else:
                 spec.params[key] = value
@@ -142,16 +158,6 @@ def validate_spec(spec: RunSpec) -> dict[str, Any]:
         raise UsageError(f"{workload.name} runs on one device; --num-gpus {spec.num_gpus} is not supported for it")
     if spec.timeout_s is not None and spec.timeout_s <= 0:
         raise UsageError(f"--timeout must be positive, got {spec.timeout_s}")
-    if spec.env.kind == "host" and device_kind(spec.device) == "cuda":
-        count = fingerprint.gpu_count()
-        if count == 0:
-            raise UsageError(f"device {spec.device} asked for, but this machine has no usable NVIDIA GPU "
-                             "(use --device cpu)")
-        _, _, index = spec.device.partition(":")
-        if index and int(index) >= count:
-            raise UsageError(f"device {spec.device} asked for, but only {count} GPU(s) are present (0..{count - 1})")
-        if spec.num_gpus > count:
-            raise UsageError(f"--num-gpus {spec.num_gpus} asked for, but only {count} GPU(s) are present")
     environments.get(spec.env).check(spec)
     return params
 
@@ -218,8 +224,8 @@ class Runner:
         try:
             live.start()
             live.pump(block=True)
-        except KeyboardInterrupt:
-            live.fail("interrupted", "interrupted by the user", status="interrupted")
+        except KeyboardInterrupt as exc:
+            live.fail("interrupted", interruption(exc), status="interrupted")
             raise
         except TimeoutError:
             live.fail("timeout", f"timed out after {live.timeout:g} s; the worker was stopped")
@@ -260,15 +266,33 @@ class LiveTrial:
             return
         self.result.apply(event)
         self.runner.store.add_event(self.result.trial_id, event)
+        self.checkpoint()
         if self.runner.on_event:
             self.runner.on_event(self.result, event)
+
+    def checkpoint(self) -> None:
+        """Write what the trial has measured so far, about once a second (store.FLUSH_INTERVAL_S), so that
+        even a gpuvs killed outright keeps it."""
+        store, r = self.runner.store, self.result
+        if r.trial_id is not None and store.due(r.trial_id):
+            store.flush(r.trial_id, fingerprint=r.fingerprint, config=r.config, startup=r.startup, metrics=r.metrics)
 
     def pump(self, block: bool) -> bool:
         """Handle the worker's lines: all of them (block) or those waiting now. True once the
         worker's output has ended (its status is then settled). Raises TimeoutError past the deadline."""
         assert self.launched is not None
         if block:
-            for line in self.launched.read(self.deadline):
+            while True:
+                wait = 1.0 if self.deadline is None else min(1.0, self.deadline - time.monotonic())
+                if wait <= 0:
+                    raise TimeoutError
+                try:
+                    line = self.launched.lines.get(timeout=wait)
+                except queue.Empty:
+                    self.checkpoint()  # a quiet worker's last samples reach the store too
+                    continue
+                if line is None:
+                    break
                 self.handle(line)
         else:
             if self.deadline is not None and time.monotonic() > self.deadline:
@@ -295,7 +319,7 @@ class LiveTrial:
             if not r.error:
                 tail = "\n".join(list(self.launched.stderr_tail)[-8:])
                 r.error_kind = "crash"
-                r.error = (f"worker exited with status {r.exit_code}" if r.exit_code != 0 else
+                r.error = (exit_text(r.exit_code) if r.exit_code != 0 else
                            "the worker ended (status 0) without reporting its results") + (f": {tail}" if tail else "")
 
     def fail(self, kind: str, message: str, status: str = "failed") -> None:
@@ -311,15 +335,12 @@ class LiveTrial:
         r = self.result
         launched = self.launched
         if launched is not None:
-            if launched.proc.poll() is None:
-                launched.kill()
-            else:
-                launched.close()
+            launched.stop()
         r.wall_s = time.monotonic() - self.t0
         if not r.summary and r.samples:
             from gpuvs import stats
 
-            r.summary = stats.summarize_samples(r.samples)
+            r.summary = stats.summarize_samples(r.samples, workloads.get(r.spec.workload).declared)
         if r.trial_id is not None:
             self.runner.store.finish_trial(r.trial_id, r.status, error=r.error, error_kind=r.error_kind,
                                            exit_code=r.exit_code, fingerprint=r.fingerprint, config=r.config,

@@ -12,10 +12,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuvs import barrier, telemetry, workloads
-from gpuvs.errors import UsageError
+from gpuvs import barrier, gpm, telemetry, workloads
+from gpuvs.errors import UsageError, interruption
 from gpuvs.mps import MpsDaemon
 from gpuvs.runner import LiveTrial, Runner, TrialResult
+from gpuvs.sharestats import as_rate, window_rate
 from gpuvs.spec import EnvSpec, RunSpec
 
 BIG_STEPS = 10_000_000  # the window, not the step count, ends a shared run
@@ -32,6 +33,8 @@ class Group:
     memory_total_mib: float | None = None
     clients_attached: int | None = None
     telemetry: dict[str, Any] = field(default_factory=dict)
+    gpm: dict[str, float] | None = None  # NVML GPM percentages over the window (Hopper and later)
+    gpm_note: str = ""  # why there are none
     failure: str | None = None
 
     @property
@@ -59,18 +62,9 @@ class Group:
         return rate(t)[0] if t is not None and t.ok else None
 
 
-_PER_SECOND = {"s": 1.0, "sec": 1.0, "seconds": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}
-
-
 def rate(trial: TrialResult) -> tuple[float, str]:
-    """A worker's throughput: its headline rate, or for a duration (ms per run) the runs per second,
-    so that workers' figures can be added up."""
-    main = trial.primary()
-    unit = main.get("unit", "")
-    value = main.get("value") or 0.0
-    if main.get("higher_is_better", True):
-        return value, unit
-    return (_PER_SECOND.get(unit.strip().lower(), 1.0) / value if value else 0.0), "runs/sec"
+    """A worker's throughput: its headline rate, or for a duration (ms per run) the runs per second."""
+    return as_rate(trial.primary())
 
 
 def check_shareable(spec: RunSpec) -> None:
@@ -81,7 +75,9 @@ def check_shareable(spec: RunSpec) -> None:
 
 
 def worker_spec(base: RunSpec, folder: str, name: str, window_s: float, label: str, index: int,
-                mps: MpsDaemon | None) -> RunSpec:
+                mps: MpsDaemon | None, client_env: dict[str, str] | None = None) -> RunSpec:
+    """A worker of a shared window; client_env: MPS client settings of this worker (its share of the SMs,
+    its pinned memory limit)."""
     spec = copy.deepcopy(base)
     workload = workloads.get(spec.workload)
     count = workload.param(workload.window_param)
@@ -92,7 +88,7 @@ def worker_spec(base: RunSpec, folder: str, name: str, window_s: float, label: s
     spec.run_id = f"{spec.run_id[:6]}{index:02d}{name[-4:]}"[:12]
     env_vars = list(spec.env.options.get("env_var") or [])
     if mps is not None:
-        env_vars += [f"{k}={v}" for k, v in mps.client_env().items()]
+        env_vars += [f"{k}={v}" for k, v in {**mps.client_env(), **(client_env or {})}.items()]
         spec.env = EnvSpec(spec.env.kind, {**spec.env.options, "env_var": env_vars, "mps": mps.pipe_dir})
     return spec
 
@@ -143,17 +139,26 @@ class Coordinator:
             time.sleep(0.01)
         return None
 
-    def _run_window(self, group: Group, lives: list[LiveTrial], folder: str, mps: MpsDaemon | None) -> None:
+    def _run_window(self, group: Group, lives: list[LiveTrial], folder: str, mps: MpsDaemon | None,
+                    gpm_window: bool = False) -> None:
         sink: list[dict[str, Any]] = []
-        sampler = self._sampler(lives[0].result.spec, sink)
+        spec = lives[0].result.spec
+        sampler = self._sampler(spec, sink)
+        window = None
         try:
-            barrier.release(folder)
+            start = barrier.release(folder)
+            if gpm_window and spec.device.startswith("cuda"):
+                time.sleep(max(0.0, start - time.time()) + min(0.3, self.window_s / 10))
+                window, group.gpm_note = gpm.start(telemetry.visible_gpu_indices(spec.device, 1)[0])
+                gpm_end = time.monotonic() + self.window_s - min(0.5, self.window_s / 5)
             if mps is not None:
                 time.sleep(min(1.0, self.window_s / 4))
                 group.clients_attached = mps.clients()
             grace = time.monotonic() + self.window_s + 120
             while not all(lv.done for lv in lives):
                 self._pump(lives)
+                if window is not None and (time.monotonic() >= gpm_end or any(lv.done for lv in lives)):
+                    group.gpm, window = window.stop(), None
                 if time.monotonic() > grace:
                     for lv in lives:
                         if not lv.done:
@@ -161,6 +166,9 @@ class Coordinator:
                     break
                 time.sleep(0.01)
         finally:
+            if window is not None:
+                group.gpm = window.stop()
+                group.gpm_note = group.gpm_note or window.note
             if sampler is not None:
                 sampler.stop()
         if sink:
@@ -180,8 +188,8 @@ class Coordinator:
             if daemon is not None:
                 daemon.start()
             yield folder, daemon, lives
-        except KeyboardInterrupt:
-            _interrupted(lives)
+        except KeyboardInterrupt as exc:
+            _interrupted(lives, exc)
             raise
         finally:
             for lv in lives:
@@ -190,11 +198,15 @@ class Coordinator:
                 daemon.stop()
             shutil.rmtree(folder, ignore_errors=True)
 
-    def group(self, specs: list[RunSpec], label: str, mps: bool) -> Group:
-        """Start every spec, wait until all are warmed up at the barrier, measure one window."""
+    def group(self, specs: list[RunSpec], label: str, mps: bool, client_env: list[dict[str, str]] | None = None,
+              gpm_window: bool = False) -> Group:
+        """Start every spec, wait until all are warmed up at the barrier, measure one window. client_env:
+        per worker, MPS client settings; gpm_window: read NVML GPM over the window (solo runs)."""
         group = Group(label=label, mps=mps)
         with self._workers(mps) as (folder, daemon, lives):
-            ws = [worker_spec(s, folder, f"w{i}", self.window_s, label, i, daemon) for i, s in enumerate(specs)]
+            ws = [worker_spec(s, folder, f"w{i}", self.window_s, label, i, daemon,
+                              (client_env or [])[i] if client_env and i < len(client_env) else None)
+                  for i, s in enumerate(specs)]
             for spec in ws:
                 live = LiveTrial(self.runner, spec)
                 lives.append(live)
@@ -206,48 +218,116 @@ class Coordinator:
                     if not lv.done:
                         lv.fail("stopped", "stopped: another worker of its group failed before the start")
             else:
-                self._run_window(group, lives, folder, daemon)
+                self._run_window(group, lives, folder, daemon, gpm_window)
         group.trials = [lv.result for lv in lives]
         return group
 
-    def capacity(self, spec: RunSpec, max_workers: int, mps: bool = False) -> tuple[Group, LiveTrial | None]:
-        """Add workers one at a time, each warmed up and holding its memory at the barrier, until one
-        fails or max_workers is reached; then measure all that ran in one window."""
-        group = Group(label="capacity", mps=mps)
-        failed: LiveTrial | None = None
-        sink: list[dict[str, Any]] = []
+    def capacity(self, spec: RunSpec, max_workers: int, mps: bool = False, label: str = "capacity",
+                 client_env: dict[str, str] | None = None) -> CapacityRun:
+        """The co-location study: add instances one at a time; each starts its timed loop as soon as it is
+        warmed up and keeps running. After each one is added, measure every running instance over one
+        window (GPU memory, per-instance rate, aggregate). Stop at the first instance that fails (to start
+        or while running) or at max_workers; then every instance is told to stop and is stored."""
+        run = CapacityRun(label=label, mps=mps)
         with self._workers(mps) as (folder, daemon, lives):
+            barrier.release(folder, delay_s=0.0)  # open-ended: each starts once ready, ends at the stop file
             for i in range(max_workers):
-                live = LiveTrial(self.runner, worker_spec(spec, folder, f"w{i:03d}", self.window_s, "capacity", i,
-                                                          daemon))
+                live = LiveTrial(self.runner, worker_spec(spec, folder, f"w{i:03d}", 0, label, i, daemon,
+                                                          client_env))
                 lives.append(live)
                 live.start()
                 bad = self._wait_ready(lives, folder, len(lives))
                 if bad is not None:
-                    failed = bad
-                    lives.remove(bad)
-                    bad.finish()
-                    self.say(f"worker {i + 1} failed: {bad.result.error}")
+                    run.failed_at, run.failure = bad.result.spec.trial + 1, bad.result.error
+                    self.say(f"instance {i + 1} failed: {bad.result.error}")
                     break
-                self.say(f"worker {i + 1} ready")
-            if lives:
-                probe = self._sampler(lives[0].result.spec, sink)  # memory held by all, before the window
-                if probe is not None:
-                    time.sleep(0.5)
-                    probe.stop()
-                    if sink:
-                        group.memory_used_mib = telemetry.summarize(sink).get("mem_used_mib_max")
-                self._run_window(group, lives, folder, daemon)
-                if sink and group.telemetry:
-                    group.memory_used_mib = max(group.memory_used_mib or 0, group.telemetry.get("mem_used_mib_max") or 0)
-        group.trials = [lv.result for lv in lives]
-        return group, failed
+                step = self._capacity_window(lives, i + 1, daemon)
+                run.steps.append(step)
+                if step.failure:
+                    run.failed_at, run.failure = i + 1, step.failure
+                    self.say(f"with {i + 1} instances: {step.failure}")
+                    break
+                ms = [1e3 / r for r in step.rates if r]
+                self.say(f"{i + 1} instance{'s' if i else ''}: GPU memory {step.memory_used_mib or 0:.0f} MiB, "
+                         f"{sum(ms) / len(ms):.2f} ms per step per instance (mean), {step.aggregate:.4g} {step.unit} "
+                         f"in all" + (f", {step.clients_attached} MPS clients" if step.clients_attached is not None else ""))
+            barrier.stop(folder)
+            deadline = time.monotonic() + 60
+            while not all(lv.done for lv in lives) and time.monotonic() < deadline:
+                self._pump(lives)
+                time.sleep(0.02)
+        run.trials = [lv.result for lv in lives]
+        return run
+
+    def _capacity_window(self, lives: list[LiveTrial], count: int, daemon: MpsDaemon | None) -> CapacityStep:
+        self._pump(lives)
+        time.sleep(min(0.5, self.window_s / 4))  # the newest instance's first steps are not the window's
+        self._pump(lives)
+        marks = [len(lv.result.samples) for lv in lives]
+        sink: list[dict[str, Any]] = []
+        sampler = self._sampler(lives[0].result.spec, sink)
+        end = time.monotonic() + self.window_s
+        try:
+            while time.monotonic() < end and not any(lv.done for lv in lives):
+                self._pump(lives)
+                time.sleep(0.01)
+        finally:
+            if sampler is not None:
+                sampler.stop()
+        step = CapacityStep(count=count)
+        if sink:
+            step.memory_used_mib = telemetry.summarize(sink).get("mem_used_mib_max")
+        if daemon is not None:
+            step.clients_attached = daemon.clients()
+        ended = [lv for lv in lives if lv.done]
+        if ended:
+            lv = ended[0]
+            step.failure = f"instance {lv.result.spec.trial + 1} ended while {count} ran: {lv.result.error or lv.result.status}"
+            return step
+        for lv, mark in zip(lives, marks):
+            got = window_rate(lv.result.samples[mark:], workloads.get(lv.result.spec.workload).declared)
+            if got is None:
+                step.failure = (f"instance {lv.result.spec.trial + 1} finished no step in the {self.window_s:g} s window "
+                                "(make --duration longer than one step)")
+                return step
+            step.rates.append(got[0])
+            step.unit = got[1]
+        return step
 
 
-def _interrupted(lives: list[LiveTrial]) -> None:
+@dataclass
+class CapacityStep:
+    """One count of a capacity sweep: every running instance measured over the same window."""
+
+    count: int
+    rates: list[float] = field(default_factory=list)
+    unit: str = ""
+    memory_used_mib: float | None = None
+    clients_attached: int | None = None
+    failure: str | None = None
+
+    @property
+    def aggregate(self) -> float | None:
+        return sum(self.rates) if self.rates and not self.failure else None
+
+
+@dataclass
+class CapacityRun:
+    label: str
+    mps: bool
+    steps: list[CapacityStep] = field(default_factory=list)
+    failed_at: int | None = None  # the instance (1-based) that failed first, if any
+    failure: str | None = None  # its cause
+    trials: list[TrialResult] = field(default_factory=list)
+
+    def measured(self) -> list[CapacityStep]:
+        return [s for s in self.steps if s.failure is None]
+
+
+def _interrupted(lives: list[LiveTrial], exc: BaseException) -> None:
     for lv in lives:
         if not lv.done:
-            lv.fail("interrupted", "interrupted by the user", status="interrupted")
+            lv.fail("interrupted", interruption(exc), status="interrupted")
 
 
 def gpu_memory_total_mib(device: str) -> float | None:
@@ -259,38 +339,6 @@ def gpu_memory_total_mib(device: str) -> float | None:
     idx = telemetry.visible_gpu_indices(device, 1)[0]
     gpus = info.get("gpus") or []
     return gpus[idx]["memory_mib"] if idx < len(gpus) else None
-
-
-@dataclass
-class Advice:
-    prediction: str  # "mps helps" | "mps hurts" | "no difference" | "will not fit"
-    reasons: list[str]
-
-
-def predict_mps(solo_a: Group, solo_b: Group, total_mib: float | None) -> Advice:
-    """From solo runs' telemetry: MPS lets kernels of two processes run at the same time, which helps
-    jobs that leave the GPU idle part of the time and hurts (or does nothing for) jobs that each keep
-    the SMs or the memory system busy, where they fight for caches and bandwidth."""
-    ta, tb = solo_a.telemetry, solo_b.telemetry
-    reasons = []
-    mem = [(g.memory_used_mib or 0) for g in (solo_a, solo_b)]
-    if total_mib and sum(mem) > 0.95 * total_mib:
-        return Advice("will not fit", [f"memory alone: {mem[0]:.0f} + {mem[1]:.0f} MiB of {total_mib:.0f} MiB"])
-    ua, ub = ta.get("util_gpu_mean"), tb.get("util_gpu_mean")
-    ma, mb = ta.get("util_mem_mean"), tb.get("util_mem_mean")
-    if ua is None or ub is None:
-        return Advice("no difference", ["no GPU telemetry (NVML absent or CPU run): nothing to predict from"])
-    reasons.append(f"GPU busy alone: {ua:.0f}% and {ub:.0f}%")
-    if ma is not None and mb is not None:
-        reasons.append(f"memory-controller busy alone: {ma:.0f}% and {mb:.0f}%")
-    if ua + ub <= 120:
-        reasons.append("together they leave the GPU idle often enough for concurrent kernels to fill the gaps")
-        return Advice("mps helps", reasons)
-    if ma is not None and mb is not None and ma + mb > 100:
-        reasons.append("both keep the memory system busy: concurrent kernels contend for L2 and bandwidth")
-        return Advice("mps hurts", reasons)
-    reasons.append("both keep the GPU busy: little idle time to win back")
-    return Advice("no difference", reasons)
 
 
 def normalized_sum(together: Group, alone: list[float | None]) -> float | None:

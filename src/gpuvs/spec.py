@@ -10,26 +10,13 @@ from typing import Any
 from gpuvs.errors import UsageError
 
 
-# EnvSpec.options keys (the environment options of the CLI, see cli/options.py). An arm or an
-# experiment file that sets one of these changes where the worker runs, not what it runs.
-ENV_KEYS = ("engine", "image", "rootfs", "gpus", "cpus", "memory", "shm_size", "ulimit", "mount", "env_var",
-            "network", "engine_arg", "python", "mps")
-
-
 @dataclass
 class EnvSpec:
-    """Where a worker runs. kind: host | container | pod. options: launcher-specific settings
-    (engine, image, cpus, memory, shm_size, mounts, ...), validated by the environment."""
+    """Where a worker runs: an environment kind (see gpuvs.environments, which owns the kinds and
+    their options) and that kind's options, validated by the environment."""
 
     kind: str = "host"
     options: dict[str, Any] = field(default_factory=dict)
-
-    def label(self) -> str:
-        if self.kind == "host":
-            return "host"
-        image = self.options.get("image") or self.options.get("rootfs") or ""
-        engine = self.options.get("engine") or ""
-        return ":".join(p for p in (self.kind, engine, image) if p)
 
 
 @dataclass

@@ -1,7 +1,10 @@
-"""SQLite store: one file, WAL, one transaction per trial. A trial's row is committed as
-'running' when it starts; its events are collected as they arrive and written with its final
-status in one transaction, so a crash loses at most the trial in flight and nothing measured
-before it. Several trials may be in flight at once (workers sharing a GPU)."""
+"""SQLite store: one file, WAL. A trial's row is committed as 'running' when it starts; its samples
+and telemetry are written in batches while it runs (at most FLUSH_INTERVAL_S apart, by gpuvs, never
+by the worker, so the cost stays out of the measured loop), and the rest with its final status in
+one transaction. A gpuvs killed outright (SIGKILL) loses at most the last second of its trial in
+flight: the next open marks that trial interrupted and keeps what it had measured. Several trials may
+be in flight at once (workers sharing a GPU). A damaged file is one line that says what to do; a
+store on a read-only mount is opened read-only and can still be listed, shown and reported."""
 
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ CREATE INDEX IF NOT EXISTS trials_experiment ON trials(experiment_id);
 """
 
 STATUSES = ("running", "ok", "failed", "interrupted")
+FLUSH_INTERVAL_S = 1.0
 JSON_COLUMNS = ("spec", "fingerprint", "config", "startup", "metrics", "summary")
 
 
@@ -64,21 +68,76 @@ def _pid_alive(owner: str | None) -> bool:
     return True
 
 
+class StoreError(UsageError):
+    """The store's file cannot be used as it is (damaged, not a database, locked for too long)."""
+
+
+class _Checked:
+    """The connection, with every SQLite error turned into one line: the path, the cause, what to do."""
+
+    def __init__(self, db: sqlite3.Connection, path: Path):
+        self._db, self._path = db, path
+
+    def execute(self, sql: str, args: Any = ()) -> sqlite3.Cursor:
+        try:
+            return self._db.execute(sql, args)
+        except sqlite3.DatabaseError as exc:
+            raise _store_error(self._path, exc) from None
+
+    def executescript(self, sql: str) -> None:
+        try:
+            self._db.executescript(sql)
+        except sqlite3.DatabaseError as exc:
+            raise _store_error(self._path, exc) from None
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _store_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
+    cause = str(exc)
+    if "locked" in cause or "busy" in cause:
+        return StoreError(f"store {path} is busy ({cause}): another gpuvs is writing it; wait for it, or use "
+                          "--store with another file")
+    if "readonly" in cause or "read-only" in cause:
+        return StoreError(f"store {path} cannot be written ({cause}): results can be listed, shown and reported "
+                          "from it, but a run needs --store on a writable folder")
+    if "not a database" in cause:
+        return StoreError(f"{path} is not a gpuvs store ({cause}): name another file with --store")
+    return StoreError(f"store {path} is damaged ({cause}): keep a copy of it, then recover what can be read "
+                      f"with `sqlite3 {path} .recover | sqlite3 recovered.db`, or run with --store NEW.db")
+
+
 class Store:
-    def __init__(self, path: str | os.PathLike = "gpuvs.db"):
+    def __init__(self, path: str | os.PathLike = "gpuvs.db", flush_interval_s: float = FLUSH_INTERVAL_S):
         self.path = Path(path)
         if self.path.parent and not self.path.parent.exists():
             raise UsageError(f"cannot create store {self.path}: folder {self.path.parent} does not exist")
+        self.readonly = self.path.exists() and not (os.access(self.path, os.W_OK) and
+                                                   os.access(self.path.parent or ".", os.W_OK))
         try:
-            self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
-            self.db.row_factory = sqlite3.Row
+            if self.readonly:
+                # a read-only mount: no WAL index can be made beside it, and nobody writes it meanwhile
+                raw = sqlite3.connect(f"file:{self.path.resolve()}?mode=ro&immutable=1", uri=True,
+                                      isolation_level=None)
+            else:
+                raw = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+            raw.row_factory = sqlite3.Row
+        except sqlite3.DatabaseError as exc:
+            raise _store_error(self.path, exc) from None
+        self.db = _Checked(raw, self.path)
+        if not self.readonly:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA foreign_keys=ON")
             self.db.executescript(SCHEMA)
-        except sqlite3.DatabaseError as exc:
-            raise UsageError(f"cannot open store {self.path}: {exc}") from None
+        else:
+            self.db.execute("SELECT COUNT(*) FROM experiments").fetchone()  # a damaged file says so now
+        self.flush_interval_s = flush_interval_s
+        self.write_seconds = 0.0  # time gpuvs spent writing events (reported by the storing-cost test)
         self._pending: dict[int, list[dict[str, Any]]] = {}
-        self._reap_orphans()
+        self._flushed_at: dict[int, float] = {}
+        if not self.readonly:
+            self._reap_orphans()
 
     def close(self) -> None:
         self.db.close()
@@ -90,18 +149,36 @@ class Store:
         self.close()
 
     def _reap_orphans(self) -> None:
-        """Trials left 'running' by a gpuvs process that no longer exists were interrupted."""
-        rows = self.db.execute("SELECT id, owner FROM trials WHERE status='running'").fetchall()
-        dead = [r["id"] for r in rows if not _pid_alive(r["owner"])]
-        for trial_id in dead:
+        """Trials left 'running' by a gpuvs process that no longer exists were interrupted; what they had
+        measured (the samples written while they ran) is kept and summarised."""
+        from gpuvs import stats
+
+        rows = self.db.execute("SELECT id, owner, summary FROM trials WHERE status='running'").fetchall()
+        for row in rows:
+            if _pid_alive(row["owner"]):
+                continue
+            samples = self.samples(row["id"])
+            summary = json.loads(row["summary"]) if row["summary"] else stats.summarize_samples(samples)
             self.db.execute("UPDATE trials SET status='interrupted', error=COALESCE(error, "
-                            "'gpuvs stopped while this trial ran') WHERE id=?", (trial_id,))
+                            "'gpuvs stopped while this trial ran'), summary=? WHERE id=?",
+                            (json.dumps(summary, default=str) if samples else row["summary"], row["id"]))
 
     # -- writing ---------------------------------------------------------------------------------
 
     def create_experiment(self, experiment_id: str, name: str, kind: str, meta: dict[str, Any]) -> None:
         self.db.execute("INSERT OR IGNORE INTO experiments (id, name, kind, created, meta) VALUES (?,?,?,?,?)",
                         (experiment_id, name, kind, time.time(), json.dumps(meta, default=str)))
+
+    def set_meta(self, experiment_id: str, meta: dict[str, Any]) -> None:
+        """Replace an experiment's meta in one committed write (runs that are not trials, such as
+        `gpuvs validate`, keep each result there as soon as it is known)."""
+        self.db.execute("UPDATE experiments SET meta=? WHERE id=?", (json.dumps(meta, default=str), experiment_id))
+
+    def update_meta(self, experiment_id: str, **items: Any) -> None:
+        """Add or replace keys of an experiment's meta (a fleet run keeps its verdicts there)."""
+        meta = self.experiment(experiment_id)["meta"]
+        meta.update(items)
+        self.set_meta(experiment_id, meta)
 
     def begin_trial(self, spec, attempt: int = 0) -> int:
         if not spec.experiment_id:
@@ -120,6 +197,19 @@ class Store:
         if event.get("type") in ("sample", "telemetry"):
             self._pending.setdefault(trial_id, []).append(event)
 
+    def due(self, trial_id: int) -> bool:
+        """Events of this trial have waited FLUSH_INTERVAL_S or more since its last write."""
+        if not self._pending.get(trial_id):
+            return False
+        last = self._flushed_at.setdefault(trial_id, time.monotonic())
+        return time.monotonic() - last >= self.flush_interval_s
+
+    def flush(self, trial_id: int, **json_fields: Any) -> None:
+        """Write the trial's waiting events (and its fingerprint, start-up... so far) in one transaction,
+        the trial still 'running'."""
+        self._flushed_at[trial_id] = time.monotonic()
+        self._transaction(trial_id, [], [], json_fields)
+
     def _write_events(self, trial_id: int) -> None:
         for event in self._pending.pop(trial_id, []):
             if event["type"] == "sample":
@@ -135,8 +225,13 @@ class Store:
     def finish_trial(self, trial_id: int, status: str, *, error: str | None = None, error_kind: str | None = None,
                      exit_code: int | None = None, **json_fields: Any) -> None:
         assert status in STATUSES
-        sets = ["status=?", "error=?", "error_kind=?", "exit_code=?", "ended=?"]
-        args: list[Any] = [status, error, error_kind, exit_code, time.time()]
+        self._transaction(trial_id, ["status=?", "error=?", "error_kind=?", "exit_code=?", "ended=?"],
+                          [status, error, error_kind, exit_code, time.time()], json_fields)
+        self._flushed_at.pop(trial_id, None)
+
+    def _transaction(self, trial_id: int, sets: list[str], args: list[Any], json_fields: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        sets, args = list(sets), list(args)
         for col, value in json_fields.items():
             if col not in JSON_COLUMNS:
                 raise ValueError(col)
@@ -145,11 +240,13 @@ class Store:
         self.db.execute("BEGIN IMMEDIATE")
         try:
             self._write_events(trial_id)
-            self.db.execute(f"UPDATE trials SET {', '.join(sets)} WHERE id=?", (*args, trial_id))
+            if sets:
+                self.db.execute(f"UPDATE trials SET {', '.join(sets)} WHERE id=?", (*args, trial_id))
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+        self.write_seconds += time.perf_counter() - t0
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -184,9 +281,15 @@ class Store:
     def experiment(self, experiment_id: str) -> dict[str, Any]:
         row = self.db.execute("SELECT * FROM experiments WHERE id=?", (experiment_id,)).fetchone()
         if row is None:
-            matches = self.db.execute("SELECT * FROM experiments WHERE id LIKE ?", (experiment_id + "%",)).fetchall()
-            if len(matches) != 1:
+            matches = self.db.execute("SELECT * FROM experiments WHERE substr(id, 1, ?) = ? ORDER BY created",
+                                      (len(experiment_id), experiment_id)).fetchall()
+            if not matches:
                 raise UsageError(f"no experiment {experiment_id!r} in {self.path} (see: gpuvs results list)")
+            if len(matches) > 1:
+                shown = ", ".join(m["id"] for m in matches[:10]) + (f" and {len(matches) - 10} more"
+                                                                    if len(matches) > 10 else "")
+                raise UsageError(f"{experiment_id!r} is the start of {len(matches)} experiments in {self.path}: "
+                                 f"{shown}; give more of the id")
             row = matches[0]
         return dict(row, meta=json.loads(row["meta"]))
 

@@ -34,6 +34,31 @@ def _protocol_stream():
     return proto
 
 
+def watch_parent() -> None:
+    """On the host, a worker leads its own process group (gpuvs starts it in a new session). If gpuvs
+    itself is killed outright (SIGKILL, the OOM killer), nobody would stop the group: a thread that wakes
+    twice a second notices the parent is gone and ends the group, children included."""
+    parent = os.environ.get("GPUVS_PARENT_PID")
+    if not parent or not parent.isdigit() or os.getpgrp() != os.getpid() or os.getppid() != int(parent):
+        return  # not a host worker started by this gpuvs (a container's, a rank of --num-gpus)
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == int(parent):
+            time.sleep(0.5)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="gpuvs-parent-watch", daemon=True).start()
+
+
+def end_group_if_orphaned() -> None:
+    """The worker is ending because gpuvs is gone (its protocol pipe broke before the watch woke): its
+    children go with it."""
+    parent = os.environ.get("GPUVS_PARENT_PID")
+    if parent and parent.isdigit() and os.getpgrp() == os.getpid() and os.getppid() != int(parent):
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
 def read_spec(argv: list[str]) -> RunSpec:
     if "--spec-file" in argv:
         path = argv[argv.index("--spec-file") + 1]
@@ -105,17 +130,40 @@ def _shm_message(text: str, spec: RunSpec) -> str:
             + f": {fix} or lower --workers or --batch-size; {cause}")
 
 
-def import_requirements(workload, emit: Emit) -> None:
+def import_requirements(workload, emit: Emit, spec: RunSpec | None = None) -> None:
     t0 = time.perf_counter()
-    for module in workload.requires:
+    order = sorted(workload.requires, key=lambda m: m != "torch")  # torch first: the context starts early
+    for module in order:
         try:
             importlib.import_module(module)
         except ImportError as exc:
             raise WorkloadError("unavailable", f"workload {workload.name} needs the Python module {module!r}, "
                                 f"which this environment lacks ({exc}); python {sys.version.split()[0]} "
                                 f"at {sys.executable}") from None
+        if module == "torch" and spec is not None:
+            start_device(spec, workload)
     if workload.requires:
         emit(events.startup("import_s", time.perf_counter() - t0))
+
+
+def start_device(spec: RunSpec, workload) -> None:
+    """Create the CUDA context in a background thread while the worker imports the rest, takes its
+    fingerprint and builds the model on the host: none of that is measured, and the context (about
+    a second) no longer waits its turn. torch's lazy initialisation is guarded by a lock, so the
+    first CUDA call of the workload simply waits for it. Single-process CUDA runs only."""
+    if "torch" not in workload.requires or not spec.device.startswith("cuda") or spec.num_gpus > 1:
+        return
+    import threading
+
+    def init() -> None:
+        try:
+            import torch
+
+            torch.cuda.init()
+        except Exception:  # the workload's own first CUDA call reports what is wrong
+            pass
+
+    threading.Thread(target=init, name="gpuvs-cuda-init", daemon=True).start()
 
 
 def run_events(spec: RunSpec, emit: Emit) -> None:
@@ -126,7 +174,7 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
         emit(events.startup("launch_to_worker_s", T_START - spec.launched_at))
     workload = workloads.get(spec.workload)
     params = workload.validate(spec.params, spec.device)
-    import_requirements(workload, emit)
+    import_requirements(workload, emit, spec)
     emit({"type": "fingerprint", "data": fingerprint.take(import_torch="torch" in workload.requires)})
     samples: list[dict[str, Any]] = []
 
@@ -149,7 +197,15 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
     finally:
         if sampler is not None:
             sampler.stop()
-    emit({"type": "summary", "data": stats.summarize_samples(samples)})
+    emit({"type": "summary", "data": headline_first(stats.summarize_samples(samples, workload.declared),
+                                                    workload.headline_series(params))})
+
+
+def headline_first(summary: dict[str, Any], headline: str | None) -> dict[str, Any]:
+    """The summary with the workload's headline series first (the order reports and verdicts read)."""
+    if headline in summary:
+        return {headline: summary[headline], **{k: v for k, v in summary.items() if k != headline}}
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_term)
+    watch_parent()
     spec = None
     try:
         spec = read_spec(argv)
@@ -178,8 +235,21 @@ def main(argv: list[str] | None = None) -> int:
         emit(events.error(kind, message))
         return EXIT_CODES.get(kind, 1)
     finally:
+        end_group_if_orphaned()
         proto.flush()
 
 
+def exit_now(code: int) -> None:
+    """End without tearing the interpreter down (module clean-up, the framework's exit hooks): every
+    event is written and flushed by then, and the next trial waits for this process to be gone.
+    The operating system frees the process's memory and the driver its GPU context as for any exit."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -3,13 +3,17 @@ GPU under MPS or by time-slicing, then check the prediction with a short measure
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from gpuvs import sharestats
 from gpuvs.cli import app
 from gpuvs.cli import options as opt
 from gpuvs.cli.run import PASS_THROUGH, resolve_device
@@ -17,15 +21,80 @@ from gpuvs.cli.share import _mem, job_spec
 from gpuvs.errors import UsageError
 from gpuvs.report.terminal import fmt
 from gpuvs.runner import Runner, validate_spec
-from gpuvs.sharing import Coordinator, check_shareable, gpu_memory_total_mib, normalized_sum, predict_mps
+from gpuvs.mps_advice import predict
+from gpuvs.sharing import Coordinator, Group, check_shareable, gpu_memory_total_mib, normalized_sum
 from gpuvs.spec import RunSpec
 from gpuvs.store import Store
 from gpuvs.workloads.base import Param
 
 ADVISE_OPTIONS = (
     Param("duration", float, 10.0, "seconds of each measured window", min=0.5, max=3600),
-    Param("margin", float, 0.02, "work difference under which MPS and time-slicing count as equal", min=0, max=1),
+    Param("margin", float, 0.05, "work ratio (MPS / time-sliced) within which both count as equal", min=0, max=0.9),
+    Param("repeats", int, 3, "fresh process groups per run (the verdict needs 2 or more)", min=1, max=1000),
+    Param("json", str, None, "also write the prediction and the measured verdict to this JSON file (rewritten "
+          "after every repeat)"),
+    Param("predict_only", bool, False, "run each job alone and predict; measure no pair"),
+    Param("pairs", str, None, "a YAML file with pairs: [[JOB_A, JOB_B], ...]: each job alone once per repeat, "
+          "every pair together; one predicted-against-measured table with the hit rate"),
 )
+RUNS = ("A alone", "B alone", "A+B", "A+B, MPS")
+
+
+def _mean(values) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def solo_figures(groups: list[Group]) -> tuple[dict, dict | None, float | None]:
+    """A job's solo windows averaged over repeats: (NVML telemetry means, GPM percentages, memory MiB)."""
+    tel = {k: _mean(g.telemetry.get(k) for g in groups) for k in ("util_gpu_mean", "util_mem_mean")}
+    gpms = [g.gpm for g in groups if g.gpm]
+    gpm_mean = {k: _mean(x.get(k) for x in gpms) for k in gpms[0]} if gpms else None
+    return {k: v for k, v in tel.items() if v is not None}, gpm_mean, _mean(g.memory_used_mib for g in groups)
+
+
+@dataclass
+class PairRuns:
+    """One pair's groups over the repeats: A alone, B alone (shared with other pairs that hold the same
+    job), both time-sliced and both under MPS; work per repeat."""
+
+    a: str
+    b: str
+    runs: dict[str, list[Group]] = field(default_factory=lambda: {r: [] for r in RUNS})
+    work: dict[str, list[float | None]] = field(default_factory=lambda: {"A+B": [], "A+B, MPS": []})
+
+
+def measure(coord: Coordinator, specs: dict[str, RunSpec], pairs: list[PairRuns], repeats: int, cuda: bool,
+            console, save, predict_only: bool = False) -> None:
+    """Each job alone once per repeat (NVML and GPM over its window), then each pair time-sliced and
+    under MPS; fresh process groups every time. Solo runs of a job are shared by every pair that has it."""
+    single = len(pairs) == 1
+    for rep in range(repeats):
+        console.rule(f"repeat {rep + 1} of {repeats}: each job alone (telemetry, GPM), then the pairs", style="dim")
+        solo: dict[str, Group] = {}
+        for i, text in enumerate(specs):
+            label = ("A alone" if i == 0 else "B alone") if single else f"alone: {text}"
+            solo[text] = coord.group([specs[text]], label, False, gpm_window=True)
+        for n, pr in enumerate(pairs):
+            pr.runs["A alone"].append(solo[pr.a])
+            pr.runs["B alone"].append(solo[pr.b])
+        save()  # what was measured so far survives a stop
+        for n, pr in enumerate([] if predict_only else pairs):
+            alone = [solo[pr.a].value(0), solo[pr.b].value(0)]
+            for label, mps in (("A+B", False), ("A+B, MPS", True)):
+                if mps and not cuda:
+                    continue
+                arm = label if single else f"pair {n + 1}: {label}"
+                pr.runs[label].append(coord.group([specs[pr.a], specs[pr.b]], arm, mps))
+                pr.work[label].append(normalized_sum(pr.runs[label][-1], alone))
+            save()
+
+
+def verdicts(pr: PairRuns, total, margin: float):
+    solo = [solo_figures(pr.runs["A alone"]), solo_figures(pr.runs["B alone"])]
+    advice = predict(solo, total, margin)
+    verdict = sharestats.mps_verdict(pr.work["A+B"], pr.work["A+B, MPS"], margin) if pr.work["A+B, MPS"] else None
+    return solo, advice, verdict
 
 
 @app.command("advise-mps", context_settings=PASS_THROUGH, add_help_option=False)
@@ -36,61 +105,127 @@ def advise_mps(ctx: typer.Context) -> None:
     if "--help" in ctx.args or "-h" in ctx.args:
         from gpuvs.cli.info import options_table
 
-        console.print('usage: gpuvs advise-mps "WORKLOAD_A [--param value ...]" "WORKLOAD_B [...]" [options]')
-        for title, group in (("advise-mps options", ADVISE_OPTIONS), ("run options", opt.RUN_OPTIONS),
-                             ("environment options", opt.ENV_OPTIONS)):
+        console.print('usage: gpuvs advise-mps "WORKLOAD_A [--param value ...]" "WORKLOAD_B [...]" [options]\n'
+                      '       gpuvs advise-mps --pairs FILE [options]   (a list of pairs: predicted against measured)')
+        for title, group in [("advise-mps options", ADVISE_OPTIONS), ("run options", opt.RUN_OPTIONS),
+                             *opt.env_groups()]:
             console.print(options_table(title, group))
         raise typer.Exit(0)
     jobs, values = opt.parse(list(ctx.args), groups, positional=2, what="gpuvs advise-mps")
-    if len(jobs) != 2:
+    ao = opt.take(values, ADVISE_OPTIONS)
+    if ao["pairs"]:
+        if jobs:
+            raise UsageError("advise-mps takes either two quoted jobs or --pairs FILE, not both")
+        from gpuvs.cli.share_matrix import load
+
+        data = load(ao["pairs"])
+        if data.get("sweep"):
+            raise UsageError(f"{ao['pairs']}: advise-mps --pairs reads only 'pairs' (no 'sweep')")
+        texts = [(str(x), str(y)) for x, y in data["pairs"]]
+    elif len(jobs) != 2:
         raise UsageError('advise-mps wants two quoted jobs, e.g. gpuvs advise-mps "kernels --app srad" '
-                         '"kernels --app hotspot"')
+                         '"kernels --app hotspot", or --pairs FILE')
+    else:
+        texts = [(jobs[0], jobs[1])]
     run = opt.take(values, opt.RUN_OPTIONS)
     env = opt.env_spec(opt.take(values, opt.ENV_OPTIONS))
-    ao = opt.take(values, ADVISE_OPTIONS)
-    device = resolve_device(run["device"], env.kind, console)
+    device = resolve_device(run["device"], env, console)
     base = RunSpec(workload="selftest", device=device, env=env, timeout_s=run["timeout"])
-    a, b = job_spec(jobs[0], base), job_spec(jobs[1], base)
-    for s in (a, b):
-        check_shareable(s)
-        validate_spec(s)
+    specs: dict[str, RunSpec] = {}
+    for text in [t for pair in texts for t in pair]:
+        if text not in specs:
+            specs[text] = job_spec(text, base)
+            check_shareable(specs[text])
+            validate_spec(specs[text])
+    pairs = [PairRuns(x, y) for x, y in texts]
     exp_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-    a.experiment_id = b.experiment_id = exp_id
+    for s in specs.values():
+        s.experiment_id = exp_id
     total = gpu_memory_total_mib(device)
     with Store(run["store"]) as store:
-        store.create_experiment(exp_id, run["name"] or f"advise-mps {a.workload} + {b.workload}", "advise-mps",
-                                {"a": a.to_dict(), "b": b.to_dict(), "options": ao})
+        store.create_experiment(exp_id, run["name"] or f"advise-mps {len(pairs)} pair(s)", "advise-mps",
+                                {"pairs": texts, "options": ao})
         runner = Runner(store, timeout_s=run["timeout"] + ao["duration"])
         coord = Coordinator(runner, ao["duration"], say=lambda s: console.print("  " + s))
-        console.rule("solo runs (telemetry)", style="dim")
-        solo_a, solo_b = coord.group([a], "A alone", False), coord.group([b], "B alone", False)
-        advice = predict_mps(solo_a, solo_b, total)
-        console.print(f"prediction: {advice.prediction}", style="bold")
-        for reason in advice.reasons:
-            console.print(f"  - {reason}")
-        alone = [solo_a.value(0), solo_b.value(0)]
-        console.rule("measured: both at once, time-slicing then MPS", style="dim")
-        sliced = coord.group([a, b], "A+B", False)
-        shared = coord.group([a, b], "A+B, MPS", True) if device.startswith("cuda") else None
-    t = Table(title=f"advise-mps: A = {jobs[0]}, B = {jobs[1]}", title_justify="left")
-    for col in ("run", "A", "B", "work vs time-slicing", "GPU busy %", "GPU memory MiB"):
-        t.add_column(col, justify="left" if col == "run" else "right")
-    for label, g in (("A alone", solo_a), ("B alone", solo_b), ("A+B", sliced), ("A+B, MPS", shared)):
-        if g is None:
-            continue
-        two = label.startswith("A+B")
-        t.add_row(label, fmt(g.value(0) if label != "B alone" else None),
-                  fmt(g.value(1) if two else (g.value(0) if label == "B alone" else None)),
-                  fmt(normalized_sum(g, alone), 3) if two else "-", fmt(g.telemetry.get("util_gpu_mean")),
-                  _mem(g, total))
-    console.print(t)
-    ws, wm = normalized_sum(sliced, alone), normalized_sum(shared, alone) if shared else None
-    if ws is None or wm is None:
+        save = (lambda: _write_json(ao["json"], pairs, total, ao["margin"])) if ao["json"] else (lambda: None)
+        measure(coord, specs, pairs, ao["repeats"], device.startswith("cuda"), console, save, ao["predict_only"])
+    if len(pairs) == 1:
+        _one_pair(console, pairs[0], total, ao["margin"])
+    else:
+        _pairs_table(console, pairs, total, ao["margin"])
+    console.print(f"stored as experiment {exp_id} in {run['store']}", style="dim")
+
+
+def _one_pair(console, pr: PairRuns, total, margin: float) -> None:
+    solo, advice, verdict = verdicts(pr, total, margin)
+    _table(console, (pr.a, pr.b), pr.runs, pr.work, total)
+    note = next((g.gpm_note for g in pr.runs["A alone"] + pr.runs["B alone"] if g.gpm_note), "")
+    console.print(f"prediction: {advice.prediction} (from {advice.source}{': ' + note if note else ''})", style="bold")
+    for reason in advice.reasons:
+        console.print(f"  - {reason}")
+    if verdict is None or verdict["ratio"] is None:
         console.print("measured: no verdict (MPS needs a GPU, or a run failed)")
         return
-    measured = ("mps helps" if wm > ws * (1 + ao["margin"]) else "mps hurts" if wm < ws * (1 - ao["margin"])
-                else "no difference")
-    agree = measured == advice.prediction
-    console.print(f"measured: {measured} (work {wm:.3f} with MPS vs {ws:.3f} time-sliced); prediction "
-                  f"{'confirmed' if agree else 'NOT confirmed'}", style="bold")
-    console.print(f"stored as experiment {exp_id} in {run['store']}", style="dim")
+    settled = verdict["words"] != "inconclusive"
+    console.print(f"measured: {verdict['words']} (work with MPS / time-sliced {sharestats.ratio_text(verdict)}); "
+                  + (f"prediction {'confirmed' if verdict['words'] == advice.prediction else 'NOT confirmed'}"
+                     if settled else f"no verdict yet: about {verdict['more_trials'] or 'many'} more repeat(s) "
+                     "would settle it"), style="bold")
+
+
+def _pairs_table(console, pairs: list[PairRuns], total, margin: float) -> None:
+    t = Table(title=f"advise-mps: predicted against measured, {len(pairs)} pairs", title_justify="left")
+    for col in ("A", "B", "from", "predicted MPS / sliced", "prediction", "measured MPS / sliced [95%]",
+                "measured", "hit"):
+        t.add_column(col, justify="left" if col in ("A", "B", "from", "prediction", "measured") else "right")
+    hits = settled = 0
+    for pr in pairs:
+        _, advice, verdict = verdicts(pr, total, margin)
+        words = verdict["words"] if verdict and verdict["ratio"] is not None else "no verdict"
+        hit = "-" if words in ("inconclusive", "no verdict") else ("yes" if words == advice.prediction else "NO")
+        settled += hit != "-"
+        hits += hit == "yes"
+        t.add_row(pr.a, pr.b, advice.source, fmt(advice.ratio, 2), advice.prediction,
+                  sharestats.ratio_text(verdict) if verdict else "-", words, hit)
+    t.caption = (f"hit rate: {hits} of {settled} pairs with a measured verdict"
+                 f"{'' if settled == len(pairs) else f' ({len(pairs) - settled} inconclusive or not measured)'}; "
+                 f"verdict margin ±{100 * margin:g}%")
+    console.print(t)
+    console.print(f"hit rate: {hits}/{settled}", style="bold")
+
+
+def _table(console, jobs, runs: dict[str, list[Group]], work, total) -> None:
+    t = Table(title=f"advise-mps: A = {jobs[0]}, B = {jobs[1]} (mean [95% interval] over repeats)",
+              title_justify="left")
+    for col in ("run", "A", "B", "work", "GPU busy %", "SM occupancy %", "tensor %", "DRAM %", "GPU memory MiB"):
+        t.add_column(col, justify="left" if col == "run" else "right")
+    for label, groups in runs.items():
+        if not groups:
+            continue
+        two = label.startswith("A+B")
+        a_vals = [g.value(0) for g in groups] if label != "B alone" else []
+        b_vals = [g.value(1) if two else g.value(0) for g in groups] if label != "A alone" else []
+        gpm = [g.gpm or {} for g in groups]
+        t.add_row(label, sharestats.figure(a_vals).text(), sharestats.figure(b_vals).text(),
+                  sharestats.figure(work[label]).text(3) if two else "-",
+                  fmt(_mean(g.telemetry.get("util_gpu_mean") for g in groups)),
+                  *(fmt(_mean(x.get(k) for x in gpm)) for k in ("sm_occupancy", "tensor_active", "dram_active")),
+                  _mem(groups[-1], total))
+    t.caption = "work = sum over both jobs of together/alone; GPM columns (solo runs) need a Hopper or later GPU"
+    console.print(t)
+
+
+def _write_json(path: str, pairs: list[PairRuns], total, margin: float) -> None:
+    out = []
+    for pr in pairs:
+        solo, advice, verdict = verdicts(pr, total, margin)
+        ok = verdict is not None and verdict["ratio"] is not None
+        out.append({"a": pr.a, "b": pr.b, "predicted": advice.prediction, "source": advice.source,
+                    "predicted_ratio": advice.ratio, "reasons": advice.reasons,
+                    "measured": verdict["words"] if ok else None, "measured_ratio": verdict["ratio"] if ok else None,
+                    "measured_ci": [verdict["ci_low"], verdict["ci_high"]] if ok else None,
+                    "work": pr.work, "solo": [{"telemetry": t, "gpm": g, "memory_mib": m} for t, g, m in solo]})
+    try:
+        Path(path).write_text(json.dumps(out if len(out) > 1 else out[0], indent=1) + "\n")
+    except OSError as exc:
+        raise UsageError(f"--json {path}: cannot write it: {exc.strerror}") from None

@@ -3,11 +3,13 @@
     gpuvs compare WORKLOAD [options] --arm NAME:key=value[,key=value...] --arm ... [--trials N]
                   [--margin 0.02] [--until-confident --max-trials N] [--confidence 0.95]
     gpuvs compare --file experiments/X.yaml [--trials N] [--store PATH] [--quiet] [other options]
+    gpuvs compare --stored BEFORE[:ARM] AFTER[:ARM] [--margin 0.02] [--confidence 0.95] [--store PATH]
 
 Exit status: 0 when every trial ran (whatever the verdict), 1 when a trial failed, 2 on bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from typing import Any
 
@@ -34,7 +36,7 @@ COMPARE_OPTIONS = (
 
 # RUN_OPTIONS that an experiment file also knows (under its own key name).
 FILE_KEYS = {"device": "device", "num_gpus": "num_gpus", "trials": "trials", "timeout": "timeout_s",
-             "retries": "retries", "telemetry_interval": "telemetry_interval_s", "seed": "seed", "name": "name"}
+             "retries": "retries", "telemetry_interval": "telemetry_interval_s", "order_seed": "order_seed", "name": "name"}
 SUMMARY_TABLES = ("verdicts", "speedup", "scaling", "per_trial", "failures")
 
 
@@ -70,14 +72,29 @@ def compare_help(workload) -> None:
     console = Console(markup=False, highlight=False)
     console.print("usage: gpuvs compare WORKLOAD [options] --arm NAME:key=value[,key=value...] --arm ...\n"
                   "       gpuvs compare --file experiments/X.yaml [options that replace the file's]\n"
+                  "       gpuvs compare --stored BEFORE[:ARM] AFTER[:ARM] [--margin M] [--confidence C] [--store PATH]\n"
                   "An arm's keys: device, num_gpus, timeout_s, env, environment options, or workload parameters.")
     if workload is None:
         console.print(f"workloads: {', '.join(workloads.names())}")
     else:
         console.print(param_table(workload))
-    for title, group in (("compare options", COMPARE_OPTIONS), ("run options", opt.RUN_OPTIONS),
-                         ("environment options", opt.ENV_OPTIONS)):
+    for title, group in [("compare options", _as_compare_uses(COMPARE_OPTIONS)),
+                         ("run options", _as_compare_uses(opt.RUN_OPTIONS)), *opt.env_groups()]:
         console.print(options_table(title, group))
+
+
+def _as_compare_uses(group) -> tuple[Param, ...]:
+    """The defaults compare really uses, where they are not the run options' own: help tells the truth."""
+    out = []
+    for p in group:
+        if p.name == "trials":
+            p = dataclasses.replace(p, default=experiment.DEFAULT_TRIALS, help="trials per arm, each in a fresh "
+                                    f"worker process ({experiment.DEFAULT_TRIALS} unless given)")
+        elif p.name == "max_trials":
+            p = dataclasses.replace(p, help=f"{p.help} (default: the larger of {experiment.DEFAULT_MAX_TRIALS} "
+                                            "and --trials)")
+        out.append(p)
+    return tuple(out)
 
 
 def study_from_args(args: list[str], console: Console) -> tuple[Study, dict[str, Any]]:
@@ -98,7 +115,7 @@ def study_from_args(args: list[str], console: Console) -> tuple[Study, dict[str,
     if until and max_trials is None:
         max_trials = max(experiment.DEFAULT_MAX_TRIALS, trials)
     name = run["name"] or f"{prep.workload.name}: " + " vs ".join(a.name for a in arms)
-    exp = Experiment(name=name, base=prep.base, arms=arms, trials=trials, seed=run["seed"], kind="compare",
+    exp = Experiment(name=name, base=prep.base, arms=arms, trials=trials, seed=run["order_seed"], kind="compare",
                      meta={"margin": cmp["margin"], "confidence": cmp["confidence"]})
     return Study(exp, margin=cmp["margin"], confidence=cmp["confidence"], until_confident=until,
                  max_trials=max_trials, retries=run["retries"]), run
@@ -156,11 +173,52 @@ def until_confident(study: Study, console: Console):
     return more
 
 
+STORED_OPTIONS = (
+    Param("stored", str, None, "two stored experiments, before and after: --stored A[:ARM] B[:ARM] (no trials run)",
+          multiple=True),
+    Param("store", str, "gpuvs.db", "SQLite file that keeps the results"),
+) + tuple(p for p in STUDY_PARAMS if p.name in ("margin", "confidence"))
+
+
+def stored_args(args: list[str]) -> list[str]:
+    """`--stored A B` takes two values: as `--stored A --stored B` for the option parser."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i] == "--stored":
+            values = []
+            while i + 1 < len(args) and not args[i + 1].startswith("--") and len(values) < 2:
+                values.append(args[i + 1])
+                i += 1
+            out += [x for v in values for x in ("--stored", v)] or ["--stored"]
+        else:
+            out.append(args[i])
+        i += 1
+    return out
+
+
+def compare_stored(args: list[str], console: Console) -> None:
+    """gpuvs compare --stored A B: the verdicts of two stored experiments, marked as not interleaved."""
+    from gpuvs.cli.results import open_store
+
+    _, values = opt.parse(stored_args(args), (STORED_OPTIONS,), positional=0, what="gpuvs compare --stored")
+    got = opt.take(values, STORED_OPTIONS)
+    refs = got["stored"] or []
+    if len(refs) != 2:
+        raise UsageError(f"--stored needs two experiments, before and after (EXPERIMENT[:ARM]), got {len(refs)}")
+    with open_store(got["store"]) as st:
+        analysis = comparison.from_stored(st, refs[0], refs[1], got["margin"], got["confidence"])
+    terminal.comparison(console, analysis, keys=("verdicts", "arms", "per_trial", "failures", "fingerprints"))
+
+
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def compare(ctx: typer.Context) -> None:
-    """Compare arms: gpuvs compare WORKLOAD --arm A:key=value --arm B:key=value [--trials N] | --file X.yaml"""
+    """Compare arms: gpuvs compare WORKLOAD --arm A:key=value --arm B:key=value [--trials N] | --file X.yaml
+    | --stored A B"""
     console = Console(markup=False, highlight=False)
     args = list(ctx.args)
+    if any(a == "--stored" or a.startswith("--stored=") for a in args):
+        compare_stored(args, console)
+        return
     path = _file_arg(args)
     if path is not None and not any(a in ("--help", "-h") for a in args):
         study, run = study_from_file(path, args)
@@ -175,6 +233,8 @@ def compare(ctx: typer.Context) -> None:
     exp.meta["command"] = "gpuvs compare " + shlex.join(args)
     if study.until_confident and exp.trials < 2:
         exp.trials = 2
+    if study.until_confident:  # the looks are planned now, so that the stopping rule can spend alpha over them
+        exp.meta["sequential"] = {"first": exp.trials, "cap": max(study.max_trials, exp.trials), "step": 2}
     more = until_confident(study, console) if study.until_confident else None
     results = execute(exp, run["store"], console, run["quiet"], run["timeout"], study.retries, progress=True,
                       more=more)

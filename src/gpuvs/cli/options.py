@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from gpuvs import environments
 from gpuvs.errors import UsageError
 from gpuvs.spec import EnvSpec
 from gpuvs.workloads.base import Param
@@ -19,29 +20,24 @@ RUN_OPTIONS = (
     Param("timeout", float, 3600.0, "seconds a trial may take before it is stopped and marked failed", min=0.001),
     Param("retries", int, 0, "times a crashed or timed-out trial is run again", min=0, max=100),
     Param("telemetry_interval", float, 0.1, "seconds between NVML readings (0: off)", min=0.0, max=3600.0),
-    Param("seed", int, None, "seed of the trial order (default: random)", min=0),
+    Param("order_seed", int, None, "seed of the shuffled trial order (default: random; stored with the experiment). "
+          "A workload's own --seed seeds its weights and data", min=0),
     Param("name", str, None, "a name for this experiment in the store"),
     Param("quiet", bool, False, "no step log; per-trial lines and the summary only"),
 )
 
-ENV_OPTIONS = (
-    Param("env", str, "host", "where the worker runs", choices=("host", "container")),
-    Param("engine", str, None, "container engine (default: podman if present, else docker)",
-          choices=("podman", "docker")),
-    Param("image", str, None, "container image holding Python and the framework"),
-    Param("rootfs", str, None, "podman: a directory (or DIR:O for an overlay) used as the container's root"),
-    Param("gpus", str, "auto", "GPU access in a container", choices=("auto", "toolkit", "cdi", "devices", "none")),
-    Param("cpus", float, None, "container CPU limit", min=0.01),
-    Param("memory", str, None, "container memory limit, e.g. 4g"),
-    Param("shm_size", str, None, "container /dev/shm size, e.g. 1g (engines default to 64m)"),
-    Param("ulimit", str, None, "container ulimit NAME=SOFT[:HARD], e.g. memlock=-1", multiple=True),
-    Param("mount", str, None, "extra mount SRC:DST[:ro]", multiple=True),
-    Param("env_var", str, None, "environment variable KEY=VALUE for the worker", multiple=True),
-    Param("network", bool, False, "give the container a network (off by default)"),
-    Param("engine_arg", str, None, "extra argument passed to the engine's global options", multiple=True),
-    Param("python", str, None, "Python interpreter inside the container (default: python3; with --rootfs "
-          "over this host, the one gpuvs runs under)"),
-)
+# Every environment kind's options, `--env` first (owned by the environments registry).
+ENV_OPTIONS = environments.params()
+
+
+def env_groups() -> list[tuple[str, tuple[Param, ...]]]:
+    """(title, options) per environment kind, for help tables."""
+    out = [("environment", (environments.env_param(),))]
+    for name in environments.names():
+        cls = environments.kind(name)
+        if cls.params:
+            out.append((f"--env {name} options ({cls.summary})", cls.params))
+    return out
 
 
 _BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
@@ -74,22 +70,7 @@ def parse(args: list[str], groups: Sequence[Sequence[Param]], positional: int = 
             if p is None:
                 known = ", ".join(q.option for g in groups for q in g)
                 raise UsageError(f"unknown option {opt} for {what}; options: {known}")
-            if p.type is bool and not eq:
-                # a flag; a following true/false word is its value (--check false)
-                if i + 1 < len(args) and args[i + 1].lower() in _BOOL_WORDS:
-                    i += 1
-                    val = args[i]
-                else:
-                    val = "true"
-            elif not eq:
-                if i + 1 >= len(args):
-                    raise UsageError(f"{opt} needs a value: {p.describe_allowed()}")
-                i += 1
-                val = args[i]
-            if p.multiple:
-                values.setdefault(p, []).append(val)
-            else:
-                values[p] = val
+            i = _store(values, p, args, i, opt, eq, val)
         elif tok.startswith("-") and len(tok) > 1 and not _is_number(tok):
             raise UsageError(f"unknown option {tok} for {what} (options are spelled --name value)")
         else:
@@ -98,6 +79,46 @@ def parse(args: list[str], groups: Sequence[Sequence[Param]], positional: int = 
     if len(positionals) > positional:
         raise UsageError(f"unexpected argument {positionals[positional]!r} for {what}")
     return positionals, values
+
+
+def _store(values: dict[Param, Any], p: Param, args: list[str], i: int, opt: str, eq: str, val: str) -> int:
+    """Record the value of option `p` found at args[i] (its value inline, next, or a flag's); the index
+    of the last token it used."""
+    if p.type is bool and not eq:
+        # a flag; a following true/false word is its value (--check false)
+        if i + 1 < len(args) and args[i + 1].lower() in _BOOL_WORDS:
+            i += 1
+            val = args[i]
+        else:
+            val = "true"
+    elif not eq:
+        if i + 1 >= len(args):
+            raise UsageError(f"{opt} needs a value: {p.describe_allowed()}")
+        i += 1
+        val = args[i]
+    if p.multiple:
+        values.setdefault(p, []).append(val)
+    else:
+        values[p] = val
+    return i
+
+
+def take_out(args: list[str], group: Sequence[Param]) -> tuple[dict[Param, Any], list[str]]:
+    """A command's own options taken out of args before the shared parsing (so that they win over an
+    environment option of the same name, e.g. gpuvs fleet's --label): (raw values, the other args)."""
+    values: dict[Param, Any] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        opt, eq, val = tok.partition("=")
+        p = find((group,), opt) if tok.startswith("--") and len(tok) > 2 else None
+        if p is None:
+            rest.append(tok)
+        else:
+            i = _store(values, p, args, i, opt, eq, val)
+        i += 1
+    return values, rest
 
 
 def _is_number(tok: str) -> bool:
@@ -119,15 +140,5 @@ def raw(values: dict[Param, Any], group: Sequence[Param]) -> dict[str, Any]:
 
 
 def env_spec(opts: dict[str, Any]) -> EnvSpec:
-    """EnvSpec from checked ENV_OPTIONS values; options left at None are left out."""
-    kind = opts.get("env") or "host"
-    options = {k: v for k, v in opts.items() if k != "env" and v not in (None, [], False)}
-    if kind == "host":
-        extra = [k for k in options if k not in ("env_var", "gpus") or (k == "gpus" and options[k] != "auto")]
-        if extra:
-            raise UsageError(f"--{extra[0].replace('_', '-')} applies to --env container, not to the host")
-        options = {k: v for k, v in options.items() if k == "env_var"}
-    for item in options.get("env_var") or []:
-        if "=" not in item or not item.split("=", 1)[0]:
-            raise UsageError(f"--env-var wants KEY=VALUE, got {item!r}")
-    return EnvSpec(kind=kind, options=options)
+    """EnvSpec from checked ENV_OPTIONS values (see environments.env_spec)."""
+    return environments.env_spec(opts)

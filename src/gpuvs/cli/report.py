@@ -14,7 +14,7 @@ from gpuvs import comparison
 from gpuvs.cli import app
 from gpuvs.cli.results import STORE_OPT, open_store
 from gpuvs.errors import UsageError
-from gpuvs.report import html, markdown, terminal
+from gpuvs.report import html, markdown, terminal, validation
 from gpuvs.store import trials_csv
 
 FORMATS = {"term": "term", "terminal": "term", "md": "md", "markdown": "md", "html": "html", "json": "json",
@@ -60,13 +60,24 @@ def report(ident: str = typer.Argument(..., help="an experiment id (a unique pre
         raise UsageError(f"-o {output}: folder {Path(output).parent} does not exist")
     with open_store(store) as st:
         exp_id = experiment_of(st, ident)
+        exp = st.experiment(exp_id)
+        if exp["kind"] == validation.KIND:
+            return _write(validation.render(fmt, exp), output, exp_id)
+        if exp["meta"].get("fleet"):  # a gpuvs fleet run: its own report (one row per node)
+            from gpuvs.fleet.run import FleetResult
+            from gpuvs.report import fleet as fleet_report
+
+            return _write(fleet_report.render(fmt, FleetResult.from_dict(exp["meta"]["fleet"])), output, exp_id)
         analysis = comparison.from_store(st, exp_id, with_steps=fmt == "html")
         trials = st.trials(exp_id) if fmt == "csv" else []
     if fmt == "term" and not output:
         terminal.comparison(Console(markup=False, highlight=False), analysis)
         print(f"experiment {exp_id}", file=sys.stderr)
         return
-    text = render(fmt, analysis, trials)
+    _write(render(fmt, analysis, trials), output, exp_id)
+
+
+def _write(text: str, output: str | None, exp_id: str) -> None:
     if output:
         Path(output).write_text(text, encoding="utf-8")
         print(f"experiment {exp_id}: wrote {output}", file=sys.stderr)

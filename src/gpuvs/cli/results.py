@@ -28,12 +28,15 @@ def open_store(path: str) -> Store:
 def list_results(store: str = STORE_OPT) -> None:
     """One line per experiment: id, when, workload, trials ok of all."""
     with open_store(store) as st:
-        t = Table(title=f"experiments in {store}", title_justify="left")
-        for col in ("id", "name", "kind", "workload", "trials ok", "created"):
-            t.add_column(col)
         import time
 
-        for e in st.experiments():
+        found = st.experiments()
+        t = Table(title=f"experiments in {store}", title_justify="left")
+        # an id is what people copy into the next command: never cut, whatever the terminal's width
+        t.add_column("id", no_wrap=True, min_width=max([len(e["id"]) for e in found] + [2]))
+        for col in ("name", "kind", "workload", "trials ok", "created"):
+            t.add_column(col, overflow="fold")
+        for e in found:
             t.add_row(e["id"], e["name"], e["kind"], e["workload"] or "-", f"{e['n_ok'] or 0}/{e['n_trials']}",
                       time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["created"])))
         Console(markup=False, highlight=False).print(t)
@@ -44,10 +47,7 @@ def show(ident: str = typer.Argument(..., help="an experiment id (a unique prefi
          store: str = STORE_OPT, as_json: bool = typer.Option(False, "--json")) -> None:
     """Every trial of an experiment (or one trial): status, figures, start-up, error, where it ran."""
     with open_store(store) as st:
-        if ident.isdigit():
-            trials = [st.trial(int(ident))]
-        else:
-            trials = st.trials(st.experiment(ident)["id"])
+        trials = _trials_of(st, ident)
         if as_json:
             for t in trials:
                 t["samples"] = st.samples(t["id"])
@@ -66,6 +66,16 @@ def show(ident: str = typer.Argument(..., help="an experiment id (a unique prefi
                           fmt(main.get("jitter")), main.get("unit", ""), fmt((t["startup"] or {}).get("first_step_s"), 3),
                           (t["fingerprint"] or {}).get("gpu_name") or "cpu", (t["error"] or "")[:120])
         console.print(table)
+
+
+def _trials_of(st: Store, ident: str) -> list[dict]:
+    """A trial number, else an experiment id or a unique prefix of one (ids start with digits too)."""
+    if ident.isdigit():
+        try:
+            return [st.trial(int(ident))]
+        except UsageError:
+            pass
+    return st.trials(st.experiment(ident)["id"])
 
 
 @results_app.command("export")

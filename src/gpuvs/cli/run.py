@@ -9,14 +9,14 @@ from typing import Any, Callable
 import typer
 from rich.console import Console
 
-from gpuvs import fingerprint, workloads
+from gpuvs import environments, workloads
 from gpuvs.cli import app
 from gpuvs.cli import options as opt
 from gpuvs.cli.info import options_table, param_table
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.report import terminal
 from gpuvs.runner import Arm, Experiment, Runner, TrialResult, validate_experiment
-from gpuvs.spec import RunSpec
+from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store import Store
 
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
@@ -31,11 +31,14 @@ class Prepared:
     positionals: list[str]
 
 
-def resolve_device(device: str | None, env_kind: str, console: Console) -> str:
+def resolve_device(device: str | None, env: EnvSpec | str, console: Console) -> str:
+    """The device asked for, else cuda where the environment has a GPU to give, else cpu (with a note)."""
     if device:
         return device
-    if env_kind in ("host", "container") and fingerprint.gpu_count() == 0:  # engines run here
-        console.print("note: no NVIDIA GPU found here; running on the CPU (--device cpu). "
+    env = env if isinstance(env, EnvSpec) else EnvSpec(kind=env)
+    environment = environments.get(env)
+    if environment.gpu_count() == 0:
+        console.print(f"note: no NVIDIA GPU found {environment.gpus_where}; running on the CPU (--device cpu). "
                       "CPU figures from a shared machine are not GPU performance claims.", style="yellow",
                       highlight=False)
         return "cpu"
@@ -66,7 +69,7 @@ def prepare(args: list[str], what: str, console: Console, extra_groups: tuple = 
     env = opt.env_spec(opt.take(values, opt.ENV_OPTIONS))
     own = {p: values.pop(p) for g in extra_groups for p in g if p in values}
     given = opt.raw(values, workload.params)
-    device = resolve_device(run["device"], env.kind, console)
+    device = resolve_device(run["device"], env, console)
     params = workload.validate(given, device)  # refuse bad values now, with the option's name
     cpu_filled = {k: v for k, v in workload.cpu_defaults.items() if k not in given}
     if device == "cpu" and cpu_filled:
@@ -100,7 +103,8 @@ def run_help(workload) -> None:
     else:
         console.print(param_table(workload))
     console.print(options_table("run options", opt.RUN_OPTIONS))
-    console.print(options_table("environment options", opt.ENV_OPTIONS))
+    for title, group in opt.env_groups():
+        console.print(options_table(title, group))
 
 
 def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,
@@ -116,7 +120,7 @@ def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,
         log.start_trial()
         if bar:
             bar.start(spec, i, n)
-        console.rule(f"trial {i + 1}/{n}: arm {spec.arm}, {spec.workload} on {spec.device} ({spec.env.label()})",
+        console.rule(f"trial {i + 1}/{n}: arm {spec.arm}, {spec.workload} on {spec.device} ({environments.label(spec.env)})",
                      style="dim")
 
     def on_end(result: TrialResult) -> None:
@@ -159,6 +163,6 @@ def run(ctx: typer.Context) -> None:
         raise UsageError(f"unexpected argument {prep.positionals[0]!r}")
     run_opts = prep.run
     exp = Experiment(name=run_opts["name"] or prep.workload.name, base=prep.base, arms=[Arm("default")],
-                     trials=run_opts["trials"], seed=run_opts["seed"], kind="run")
+                     trials=run_opts["trials"], seed=run_opts["order_seed"], kind="run")
     results = execute(exp, run_opts["store"], console, run_opts["quiet"], run_opts["timeout"], run_opts["retries"])
     finish(results)

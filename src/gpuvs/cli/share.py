@@ -4,6 +4,7 @@ and the capacity search."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shlex
 import time
 import uuid
@@ -12,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpuvs import workloads
+from gpuvs import mps_knobs, sharestats, workloads
 from gpuvs.cli import app
 from gpuvs.cli import options as opt
 from gpuvs.cli.run import PASS_THROUGH, Prepared, prepare, run_help
@@ -20,7 +21,8 @@ from gpuvs.errors import RunFailed, UsageError
 from gpuvs.report.terminal import fmt
 from gpuvs.runner import Runner, validate_spec
 from gpuvs.sharing import Coordinator, Group, check_shareable, gpu_memory_total_mib, normalized_sum
-from gpuvs.spec import RunSpec
+from gpuvs.mps_knobs import ShareArm
+from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store import Store
 from gpuvs.workloads.base import Param
 
@@ -29,9 +31,17 @@ SHARE_OPTIONS = (
     Param("mps", str, "off", "run with the MPS daemon off, on, or both", choices=("off", "on", "both")),
     Param("duration", float, 20.0, "seconds of the shared measurement window", min=0.5, max=86400),
     Param("with", str, None, "a second job to pair with, quoted: \"WORKLOAD --param value ...\""),
-    Param("capacity", bool, False, "add workers one at a time until one fails"),
+    Param("capacity", bool, False, "add instances one at a time, each measured count a window, until one fails"),
     Param("max_workers", int, 32, "upper bound of the capacity search", min=1, max=512),
+    Param("also_host", bool, False, "with --capacity and --env container: the same sweep with plain processes"),
     Param("ready_timeout", float, 900.0, "seconds a worker may take to warm up before the window", min=1),
+    Param("repeats", int, 3, "fresh process groups per configuration (intervals and verdicts need 2 or more)",
+          min=1, max=1000),
+    Param("margin", float, 0.05, "ratio difference under which two arms count as equivalent", min=0, max=0.9),
+    Param("mps_threads", str, None, "MPS arms with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE per client: a comma list of "
+          "P (every worker) or PA:PB (--with pairs), e.g. 50,30:70"),
+    Param("mps_mem_limit", str, None, "an MPS arm with CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per client: SIZE (every "
+          "worker) or SIZE_A:SIZE_B, e.g. 4G or 2G:40G"),
 )
 
 
@@ -87,6 +97,10 @@ def share(ctx: typer.Context) -> None:
         validate_spec(other)
     if base.device == "cpu" and so["mps"] != "off":
         raise UsageError("--mps applies to GPU runs (--device cuda)")
+    if so["also_host"] and (not so["capacity"] or base.env.kind == "host"):
+        raise UsageError("--also-host goes with --capacity and --env container (it adds the same sweep on the host)")
+    arms = mps_knobs.arms(so["mps"], so["mps_threads"], so["mps_mem_limit"], 2 if other is not None else 1,
+                          base.device)
     exp_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     base.experiment_id = exp_id
     if other is not None:
@@ -100,11 +114,11 @@ def share(ctx: typer.Context) -> None:
         coord = Coordinator(runner, so["duration"], so["ready_timeout"], say=lambda s: console.print("  " + s))
         total = gpu_memory_total_mib(base.device)
         if so["capacity"]:
-            capacity(console, coord, base, so, total)
+            capacity(console, coord, base, so, arms, total)
         elif other is not None:
-            pairs(console, coord, base, other, so, total)
+            pairs(console, coord, base, other, so, arms, total)
         else:
-            scaling(console, coord, base, counts, so, total)
+            scaling(console, coord, base, counts, so, arms, total)
     console.print(f"stored as experiment {exp_id} in {run['store']}", style="dim")
 
 
@@ -115,85 +129,145 @@ def _trial_line(r) -> str:
     return f"{r.spec.arm}: worker {r.spec.trial}: {fmt(m.get('value'))} {m.get('unit', '')} over {m.get('n')} steps"
 
 
-def _mem(group: Group, total: float | None) -> str:
+def _mem(group, total: float | None) -> str:
     if group.memory_used_mib is None:
         return "-"
     pct = f" ({100 * group.memory_used_mib / total:.0f}%)" if total else ""
     return f"{group.memory_used_mib:.0f}{pct}"
 
 
-def scaling(console, coord: Coordinator, base: RunSpec, counts: list[int], so, total) -> None:
-    alone: Group | None = None
-    rows = []
-    for mps in mps_modes(so["mps"]):
-        for k in ([1] if 1 not in counts else []) + counts:
-            label = f"{k} worker{'s' if k > 1 else ''}{', MPS' if mps else ''}"
-            console.rule(label, style="dim")
-            g = coord.group([base] * k, label, mps)
-            if k == 1 and not mps and alone is None:
-                alone = g
-            rows.append((k, g))
-    t = Table(title=f"{base.workload} sharing one GPU ({so['duration']:g} s window)", title_justify="left")
-    for col in ("workers", "MPS", "per worker (mean)", "min … max", "aggregate", "vs alone", "fairness",
-                "GPU memory MiB", "MPS clients"):
-        t.add_column(col, justify="left" if col in ("MPS",) else "right")
+def _repeat_rule(console, label: str, rep: int, repeats: int) -> None:
+    console.rule(label + (f" (repeat {rep + 1} of {repeats})" if repeats > 1 else ""), style="dim")
+
+
+def scaling(console, coord: Coordinator, base: RunSpec, counts: list[int], so, arms: list[ShareArm], total) -> None:
+    """Each count under each arm, repeated in fresh process groups; the first repeat's order is repeated."""
+    ks = ([1] if 1 not in counts else []) + counts
+    runs: dict[tuple[str, int], list[Group]] = {}
+    for rep in range(so["repeats"]):
+        for arm in arms:
+            for k in ks:
+                label = f"{k} worker{'s' if k > 1 else ''}{'' if arm.label == 'time-sliced' else ', ' + arm.label}"
+                _repeat_rule(console, label, rep, so["repeats"])
+                env = arm.client_env * k if arm.client_env else None
+                runs.setdefault((arm.label, k), []).append(coord.group([base] * k, label, arm.mps, env))
+    base_runs = runs[(arms[0].label, 1)]
+    alone = [g.aggregate for g in base_runs]
+    t = Table(title=f"{base.workload} sharing one GPU ({so['duration']:g} s window, {so['repeats']} repeat(s))",
+              title_justify="left")
+    for col in ("workers", "arm", "per worker (mean)", "aggregate", "vs alone", "fairness", "GPU memory MiB",
+                "MPS clients"):
+        t.add_column(col, justify="left" if col == "arm" else "right")
     unit = ""
-    for k, g in rows:
-        v = g.values()
-        unit = unit or g.unit()
-        vs = g.aggregate / alone.aggregate if g.ok and alone is not None and alone.ok and alone.aggregate else None
-        t.add_row(str(k), "on" if g.mps else "off", fmt(sum(v) / len(v)) if g.ok and v else "failed",
-                  f"{fmt(min(v))} … {fmt(max(v))}" if g.ok else "-", fmt(g.aggregate), fmt(vs, 3),
-                  fmt(g.fairness, 3), _mem(g, total), "-" if g.clients_attached is None else str(g.clients_attached))
-    t.caption = f"unit: {unit}; fairness = slowest worker / fastest worker; vs alone = aggregate / one worker alone"
+    for (arm_label, k), groups in runs.items():
+        ok = [g for g in groups if g.ok]
+        unit = unit or next((g.unit() for g in ok), "")
+        per = sharestats.figure([sum(g.values()) / len(g.values()) for g in ok])
+        vs = sharestats.compare(alone, [g.aggregate for g in groups], so["margin"]) if groups is not base_runs else None
+        last = groups[-1]
+        t.add_row(str(k), arm_label, per.text() if ok else "failed",
+                  sharestats.figure([g.aggregate for g in ok]).text(), sharestats.ratio_text(vs) if vs else "1 (base)",
+                  sharestats.figure([g.fairness for g in ok]).text(3), _mem(last, total),
+                  "-" if last.clients_attached is None else str(last.clients_attached))
+    t.caption = (f"unit: {unit}; mean [95% interval] over repeats; fairness = slowest / fastest worker; vs alone = "
+                 f"aggregate / one worker alone ({arms[0].label}), with compare's verdict (equivalent within "
+                 f"±{100 * so['margin']:g}%)")
     console.print(t)
-    _raise_if_failed([g for _, g in rows])
+    _raise_if_failed([g for groups in runs.values() for g in groups])
 
 
-def pairs(console, coord: Coordinator, a: RunSpec, b: RunSpec, so, total) -> Group:
-    console.rule(f"{a.workload} alone", style="dim")
-    ga = coord.group([a], "A alone", False)
-    console.rule(f"{b.workload} alone", style="dim")
-    gb = coord.group([b], "B alone", False)
-    alone = [ga.value(0), gb.value(0)]
-    rows = [("A alone", ga), ("B alone", gb)]
-    for mps in mps_modes(so["mps"]):
-        label = f"A+B{', MPS' if mps else ''}"
-        console.rule(label, style="dim")
-        rows.append((label, coord.group([a, b], label, mps)))
-    t = Table(title=f"interference: A = {a.workload}, B = {b.workload}", title_justify="left")
-    for col in ("run", "A", "B", "A slowdown", "B slowdown", "work vs time-slicing", "GPU memory MiB"):
+def pairs(console, coord: Coordinator, a: RunSpec, b: RunSpec, so, arms: list[ShareArm], total) -> dict:
+    """A alone, B alone, then A+B under each arm; all repeated in fresh process groups. Work = sum over
+    both jobs of together/alone (alone from the same repeat)."""
+    alone: dict[str, list[Group]] = {"A alone": [], "B alone": []}
+    together: dict[str, list[Group]] = {arm.label: [] for arm in arms}
+    work: dict[str, list[float | None]] = {arm.label: [] for arm in arms}
+    for rep in range(so["repeats"]):
+        for label, spec in (("A alone", a), ("B alone", b)):
+            _repeat_rule(console, f"{label}: {spec.workload}", rep, so["repeats"])
+            alone[label].append(coord.group([spec], label, False))
+        base = [alone["A alone"][-1].value(0), alone["B alone"][-1].value(0)]
+        for arm in arms:
+            _repeat_rule(console, f"A+B, {arm.label}", rep, so["repeats"])
+            g = coord.group([a, b], f"A+B, {arm.label}", arm.mps, arm.client_env or None)
+            together[arm.label].append(g)
+            work[arm.label].append(normalized_sum(g, base))
+    latency = any(sharestats.latency_ms(g.trials[0].samples) for g in alone["A alone"] if g.trials)
+    t = Table(title=f"interference: A = {a.workload}, B = {b.workload} ({so['repeats']} repeat(s))",
+              title_justify="left")
+    cols = ["run", "A", "B"] + (["A p50 ms", "A p99 ms"] if latency else []) + ["work", "vs " + arms[0].label,
+                                                                                   "GPU memory MiB"]
+    for col in cols:
         t.add_column(col, justify="left" if col == "run" else "right")
-    for label, g in rows:
-        if label.startswith("A+B"):
-            va, vb = g.value(0), g.value(1)
-            sa = alone[0] / va if va and alone[0] else None
-            sb = alone[1] / vb if vb and alone[1] else None
-            t.add_row(label, fmt(va), fmt(vb), fmt(sa, 2), fmt(sb, 2), fmt(normalized_sum(g, alone), 3), _mem(g, total))
-        else:
-            t.add_row(label, fmt(g.value(0)) if label[0] == "A" else "-", fmt(g.value(0)) if label[0] == "B" else "-",
-                      "-", "-", "-", _mem(g, total))
-    t.caption = ("slowdown = alone / together; work vs time-slicing = sum of together/alone over both jobs "
-                 "(1.0 = what taking turns gives; above 1, sharing did more work)")
+
+    def lat(groups: list[Group], key: str) -> str:
+        vals = [(sharestats.latency_ms(g.trials[0].samples) or {}).get(key) for g in groups if g.ok]
+        return sharestats.figure(vals).text(2)
+
+    for label, groups in alone.items():
+        fig = sharestats.figure([g.value(0) for g in groups]).text()
+        row = [label, fig if label[0] == "A" else "-", fig if label[0] == "B" else "-"]
+        row += [lat(groups, "p50"), lat(groups, "p99")] if latency and label[0] == "A" else (["-", "-"] if latency else [])
+        t.add_row(*row, "-", "-", _mem(groups[-1], total))
+    verdicts = {}
+    for arm in arms:
+        groups = together[arm.label]
+        row = [f"A+B, {arm.label}", sharestats.figure([g.value(0) for g in groups]).text(),
+               sharestats.figure([g.value(1) for g in groups]).text()]
+        if latency:
+            row += [lat(groups, "p50"), lat(groups, "p99")]
+        vs = sharestats.compare(work[arms[0].label], work[arm.label], so["margin"]) if arm is not arms[0] else None
+        verdicts[arm.label] = vs
+        t.add_row(*row, sharestats.figure(work[arm.label]).text(3), sharestats.ratio_text(vs) if vs else "-",
+                  _mem(groups[-1], total))
+    t.caption = ("mean [95% interval] over repeats; work = sum over both jobs of together/alone (1.0 = what taking "
+                 "turns gives; above 1, sharing did more work); vs = work ratio against the first arm with compare's "
+                 f"verdict (equivalent within ±{100 * so['margin']:g}%)"
+                 + ("; latency = per-batch time of A (CUDA events between consecutive batches)" if latency else ""))
     console.print(t)
-    _raise_if_failed([g for _, g in rows])
-    return rows
+    _raise_if_failed([g for gs in (*alone.values(), *together.values()) for g in gs])
+    return {"alone": alone, "together": together, "work": work, "verdicts": verdicts}
 
 
-def capacity(console, coord: Coordinator, base: RunSpec, so, total) -> None:
-    console.rule(f"capacity search: {base.workload}, up to {so['max_workers']} workers", style="dim")
-    group, failed = coord.capacity(base, so["max_workers"], mps=so["mps"] == "on")
-    ran = len([t for t in group.trials if t.ok])
-    t = Table(title="capacity", show_header=False, title_justify="left")
-    t.add_column("what")
-    t.add_column("value")
-    t.add_row("largest count that ran", str(ran))
-    t.add_row("GPU memory used then", _mem(group, total) + (f" of {total:.0f} MiB" if total else ""))
-    t.add_row("stopped because", f"worker {ran + 1} failed: {failed.result.error}" if failed is not None
-              else f"the cap of {so['max_workers']} workers was reached")
-    t.add_row("aggregate", fmt(group.aggregate))
-    t.add_row("fairness", fmt(group.fairness, 3))
+def capacity(console, coord: Coordinator, base: RunSpec, so, arms: list[ShareArm], total) -> None:
+    """The co-location study: instances added one at a time, for each arm (and on the host too with
+    --also-host), one row per count."""
+    units = [("container" if base.env.kind != "host" else "process", base)]
+    if so["also_host"]:
+        units.append(("process", dataclasses.replace(base, env=EnvSpec())))
+    runs = []
+    for unit, spec in units:
+        for arm in arms:
+            label = f"capacity, {unit}, {arm.label}"
+            console.rule(f"{label}: {spec.workload}, up to {so['max_workers']}", style="dim")
+            runs.append((unit, arm, coord.capacity(spec, so["max_workers"], arm.mps, label,
+                                                   arm.client_env[0] if arm.client_env else None)))
+    t = Table(title=f"capacity: {base.workload} instances added one at a time ({so['duration']:g} s window each)",
+              title_justify="left")
+    for col in ("unit", "arm", "instances", "GPU memory MiB", "per instance: ms per step (mean, min … max)",
+                "aggregate", "vs 1 instance", "MPS clients"):
+        t.add_column(col, justify="left" if col in ("unit", "arm") else "right")
+    unit_name = ""
+    for unit, arm, cap in runs:
+        first = cap.measured()[0].aggregate if cap.measured() else None
+        for st in cap.measured():
+            unit_name = unit_name or st.unit
+            ms = [1e3 / r for r in st.rates if r]
+            t.add_row(unit, arm.label, str(st.count), _mem(st, total),
+                      f"{fmt(sum(ms) / len(ms), 2)} ({fmt(min(ms), 2)} … {fmt(max(ms), 2)})" if ms else "-",
+                      fmt(st.aggregate), fmt(st.aggregate / first, 3) if first else "-",
+                      "-" if st.clients_attached is None else str(st.clients_attached))
+        stop = (f"instance {cap.failed_at} failed (below)" if cap.failed_at is not None
+                else f"cap of {so['max_workers']} reached")
+        t.add_row(unit, arm.label, "stop", "", stop, "", "", "")
+    t.caption = (f"aggregate in {unit_name or 'steps/sec'}; ms per step = 1000 / an instance's rate in that window; "
+                 "GPU memory = NVML memory used on the GPU during the window (the whole GPU: other users too)")
     console.print(t)
+    for unit, arm, cap in runs:
+        console.print(f"{unit}es" if unit == "process" else f"{unit}s", end="")
+        console.print(f", {arm.label}: largest count that ran: {len(cap.measured())}; "
+                      + (f"first failure at instance {cap.failed_at}: {cap.failure}" if cap.failed_at is not None
+                         else f"no failure up to the cap of {so['max_workers']}"))
 
 
 def _raise_if_failed(groups: list[Group]) -> None:

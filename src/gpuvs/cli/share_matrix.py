@@ -19,7 +19,7 @@ from gpuvs.errors import UsageError
 from gpuvs.report.terminal import fmt
 from gpuvs.runner import Runner, validate_spec
 from gpuvs.sharing import Coordinator, check_shareable, normalized_sum
-from gpuvs.spec import RunSpec
+from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store import Store
 
 KEYS = {"name", "device", "duration", "mps", "pairs", "sweep", "timeout_s"}
@@ -57,7 +57,7 @@ def share_matrix(file: str = typer.Argument(..., help="a pairs file, e.g. experi
     """Pairs x sizes x MPS off/on: each job alone, then both in one window; execution time per run."""
     console = Console(markup=False, highlight=False)
     data = load(file)
-    dev = resolve_device(device or data.get("device"), "host", console)
+    dev = resolve_device(device or data.get("device"), EnvSpec(), console)
     window = float(duration or data.get("duration", 8))
     (key, values), = (data.get("sweep") or {"": [None]}).items()
     base = RunSpec(workload="selftest", device=dev, timeout_s=float(data.get("timeout_s", 1800)))

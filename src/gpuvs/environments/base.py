@@ -11,10 +11,15 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 import gpuvs
+from gpuvs.errors import UsageError
 from gpuvs.spec import RunSpec
+from gpuvs.workloads.base import Param
+
+if TYPE_CHECKING:
+    from gpuvs import checkup
 
 
 def package_root() -> str:
@@ -22,24 +27,69 @@ def package_root() -> str:
     return str(Path(gpuvs.__file__).resolve().parent.parent)
 
 
-class Launched:
-    """A running worker: its protocol lines (through a queue, so reads can time out), its stderr
-    tail, and a kill that takes every process it started with it."""
+class WorkerStream:
+    """A started worker as the runner sees it, wherever it runs: its protocol lines (through a queue, so
+    reads can time out), the tail of its other output, whether it still runs, its exit status, and a
+    kill that leaves nothing it started behind."""
+
+    def __init__(self) -> None:
+        self.started_at = time.time()
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=60)
+        self._killed = False
+
+    def read(self, deadline: float | None) -> Iterator[str]:
+        """Protocol lines until EOF; raises TimeoutError once the deadline (time.monotonic) passes."""
+        while True:
+            timeout = None if deadline is None else deadline - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                raise TimeoutError
+            try:
+                line = self.lines.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError from None
+            if line is None:
+                return
+            yield line
+
+    def running(self) -> bool:
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> int:
+        raise NotImplementedError
+
+    def kill(self, grace_s: float = 3.0) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """kill() while the worker runs, else close(): what the runner does after every trial."""
+        if self.running():
+            self.kill()
+        else:
+            self.close()
+
+
+class Launched(WorkerStream):
+    """A worker process (on the host, or an engine's client process): a kill takes every process of its
+    group with it."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None,
                  on_kill: Callable[[], None] | None = None, cwd: str | None = None):
+        super().__init__()
         self.argv = argv
         self.on_kill = on_kill
-        self.started_at = time.time()
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env=env, cwd=cwd, text=True, bufsize=1, start_new_session=True)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=60)
         self._threads = [threading.Thread(target=self._pump_out, daemon=True),
                          threading.Thread(target=self._pump_err, daemon=True)]
         for t in self._threads:
             t.start()
-        self._killed = False
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
 
     @property
     def pid(self) -> int:
@@ -73,20 +123,6 @@ class Launched:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.stderr_tail.append(line.rstrip("\n"))
-
-    def read(self, deadline: float | None) -> Iterator[str]:
-        """Protocol lines until EOF; raises TimeoutError once the deadline (time.monotonic) passes."""
-        while True:
-            timeout = None if deadline is None else deadline - time.monotonic()
-            if timeout is not None and timeout <= 0:
-                raise TimeoutError
-            try:
-                line = self.lines.get(timeout=timeout)
-            except queue.Empty:
-                raise TimeoutError from None
-            if line is None:
-                return
-            yield line
 
     def wait(self, timeout: float | None = None) -> int:
         code = self.proc.wait(timeout=timeout)
@@ -128,16 +164,72 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 class Environment:
-    kind: ClassVar[str]
+    """One kind of environment. A subclass declares, as class attributes, everything the rest of gpuvs
+    needs to know about its kind (the registry in environments/__init__.py reads them), and implements
+    check (before anything starts), launch (one worker) and doctor (what `gpuvs doctor` shows)."""
+
+    kind: ClassVar[str]  # the --env value
+    summary: ClassVar[str] = ""  # one line for help
+    noun: ClassVar[str] = ""  # how messages name where the worker runs: "the host", "a container"
+    rank: ClassVar[int] = 50  # order in help and listings
+    # The options this kind takes (typed, with defaults, limits and help), on the command line, in
+    # an arm or at an experiment file's top level. Kinds may share an option name when it means the
+    # same thing (--image, --memory): the type and `multiple` must then agree.
+    params: ClassVar[tuple[Param, ...]] = ()
+    # Option keys gpuvs itself sets on an EnvSpec (not user options), e.g. the MPS pipe folder.
+    internal_keys: ClassVar[tuple[str, ...]] = ()
+    # True where the worker runs on this machine, so this machine's GPUs are the ones it gets.
+    local: ClassVar[bool] = True
+    # Fingerprint fields this kind adds, shown side by side in comparisons: (dotted key, label).
+    fingerprint_fields: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # Option -> fingerprint fields a difference in which that option explains (not flagged when an
+    # arm varies the option). "*" means every key field (the worker may run on another machine).
+    explains: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # Where a trial's GPUs are looked for, in the note printed when none is found ("here").
+    gpus_where: ClassVar[str] = "here"
 
     def __init__(self, options: dict | None = None):
         self.options = dict(options or {})
 
+    @classmethod
+    def label(cls, options: dict[str, Any]) -> str:
+        """A short name of this environment with these options, for progress lines and tables."""
+        return cls.kind
+
+    def gpu_count(self) -> int | None:
+        """GPUs a worker could get here (None: cannot tell now; check() will say why)."""
+        from gpuvs import fingerprint
+
+        return fingerprint.gpu_count()
+
     def check(self, spec: RunSpec) -> None:
         """Refuse a spec this environment cannot run, before anything starts (raise GpuvsError)."""
 
-    def launch(self, spec: RunSpec) -> Launched:
+    def launch(self, spec: RunSpec) -> WorkerStream:
+        raise NotImplementedError
+
+    def doctor(self, spec: RunSpec, report: "checkup.Report", timeout: float) -> dict[str, Any] | None:
+        """Add this environment's checks to the report; return what a probe inside reported
+        (`python -m gpuvs.inside --probe`), or None when no probe ran."""
         raise NotImplementedError
 
     def describe(self) -> str:
         return self.kind
+
+
+def check_local_gpus(spec: RunSpec) -> None:
+    """For workers that run on this machine: refuse a cuda device this machine does not have."""
+    from gpuvs import fingerprint
+    from gpuvs.spec import device_kind
+
+    if device_kind(spec.device) != "cuda":
+        return
+    count = fingerprint.gpu_count()
+    if count == 0:
+        raise UsageError(f"device {spec.device} asked for, but this machine has no usable NVIDIA GPU "
+                         "(use --device cpu)")
+    _, _, index = spec.device.partition(":")
+    if index and int(index) >= count:
+        raise UsageError(f"device {spec.device} asked for, but only {count} GPU(s) are present (0..{count - 1})")
+    if spec.num_gpus > count:
+        raise UsageError(f"--num-gpus {spec.num_gpus} asked for, but only {count} GPU(s) are present")

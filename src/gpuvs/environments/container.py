@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import gpuvs
-from gpuvs import events
+from gpuvs import checkup, events
 from gpuvs.environments import engine as engines
-from gpuvs.environments import gpu_access
-from gpuvs.environments.base import Environment, Launched
-from gpuvs.errors import UsageError
-from gpuvs.spec import RunSpec, device_kind
+from gpuvs.environments import gpu_access, register
+from gpuvs.environments.base import Environment, Launched, check_local_gpus
+from gpuvs.environments.host import ENV_VAR
+from gpuvs.errors import GpuvsError, UsageError
+from gpuvs.fingerprint import SOFTWARE_FIELDS
+from gpuvs.spec import RunSpec
+from gpuvs.workloads.base import Param
 
 PKG_INSIDE = "/opt/gpuvs"  # PYTHONPATH inside; the package is mounted at PKG_INSIDE/gpuvs
 LABEL = "gpuvs"
@@ -34,6 +37,31 @@ _SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.I)
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MOUNT_OPTS = {"ro", "rw", "z", "Z", "O", "U", "rshared", "rslave", "rprivate", "shared", "slave", "private",
                "nosuid", "nodev", "noexec", "suid", "dev", "exec", "consistent", "cached", "delegated"}
+
+
+# Options that mean the same for a container and a pod (both declare these Params).
+IMAGE = Param("image", str, None, "image holding Python and the framework")
+CPUS = Param("cpus", float, None, "CPU limit (CPUs)", min=0.01)
+MEMORY = Param("memory", str, None, "memory limit, e.g. 4g")
+SHM_SIZE = Param("shm_size", str, None, "/dev/shm size, e.g. 1g (engines default to 64m)")
+MOUNT = Param("mount", str, None, "extra mount SRC:DST[:ro] (in a pod: a hostPath of the node)", multiple=True)
+PYTHON = Param("python", str, None, "Python interpreter inside (default: python3; with --rootfs over this host, "
+               "the one gpuvs runs under)")
+
+PARAMS = (
+    Param("engine", str, None, "container engine (default: podman if present, else docker)",
+          choices=engines.ENGINES),
+    IMAGE,
+    Param("rootfs", str, None, "podman: a directory (or DIR:O for an overlay) used as the container's root"),
+    Param("gpus", str, "auto", "GPU access in a container", choices=gpu_access.MODES),
+    CPUS, MEMORY, SHM_SIZE,
+    Param("ulimit", str, None, "container ulimit NAME=SOFT[:HARD], e.g. memlock=-1", multiple=True),
+    MOUNT,
+    ENV_VAR,
+    Param("network", bool, False, "give the container a network (off by default)"),
+    Param("engine_arg", str, None, "extra argument passed to the engine's global options", multiple=True),
+    PYTHON,
+)
 
 
 def _as_list(value: Any) -> list[str]:
@@ -194,8 +222,22 @@ class ContainerLaunched(Launched):
         return lines
 
 
+@register
 class ContainerEnvironment(Environment):
     kind = "container"
+    summary = "a podman or docker container on this machine"
+    noun = "a container"
+    rank = 10
+    params = PARAMS
+    internal_keys = ("mps",)  # gpuvs share: its MPS daemon's pipe folder, mounted in
+    fingerprint_fields = (("in_container", "in a container"), ("container_image", "image"))
+    explains = {"env": SOFTWARE_FIELDS, "image": SOFTWARE_FIELDS, "rootfs": SOFTWARE_FIELDS,
+                "engine": SOFTWARE_FIELDS, "gpus": ("gpu_count", "gpu_name")}
+
+    @classmethod
+    def label(cls, options: dict[str, Any]) -> str:
+        where = options.get("image") or options.get("rootfs") or ""
+        return ":".join(p for p in (cls.kind, options.get("engine") or "", where) if p)
 
     def __init__(self, options: dict | None = None):
         super().__init__(options)
@@ -226,17 +268,7 @@ class ContainerEnvironment(Environment):
                 _refuse_above_hard_limit(name, value, "CapEff")
         if s.image:
             engines.image_env(eng, s.image)
-        if device_kind(spec.device) == "cuda":
-            from gpuvs import fingerprint
-
-            count = fingerprint.gpu_count()
-            if count == 0:
-                raise UsageError(f"device {spec.device} asked for, but this machine has no usable NVIDIA GPU "
-                                 "(use --device cpu)")
-            _, _, index = spec.device.partition(":")
-            if (index and int(index) >= count) or spec.num_gpus > count:
-                raise UsageError(f"device {spec.device} x{spec.num_gpus} asked for, but only {count} GPU(s) "
-                                 "are present")
+        check_local_gpus(spec)
         self.gpu_plan(spec, eng)
 
     def gpu_plan(self, spec: RunSpec, eng: engines.Engine | None = None) -> gpu_access.GpuPlan:
@@ -353,3 +385,42 @@ class ContainerEnvironment(Environment):
         if code in (125, 126):
             return ("unavailable", f"{self.engine().name} could not start the container: {errline}")
         return None
+
+    # -- gpuvs doctor ------------------------------------------------------------------------
+
+    def doctor(self, spec: RunSpec, report, timeout: float) -> dict[str, Any] | None:
+        """The engine, its settings and quirks, the image, GPU access, then one real container that
+        reports what it sees inside."""
+        try:
+            s = self.settings
+            eng = self.engine()
+        except GpuvsError as exc:
+            report.add("engine", "FAIL", str(exc))
+            return None
+        report.add("engine", "ok", f"{eng.name} {eng.version} at {eng.path}")
+        report.add("engine settings", "ok", " ".join(eng.global_args) or "(none)")
+        for note in eng.notes:
+            report.add("detected", "ok", note)
+        try:
+            self.check(spec)
+            report.add("image" if s.image else "rootfs", "ok", s.image or s.rootfs or "")
+        except GpuvsError as exc:
+            report.add("image / GPU access", "FAIL", str(exc))
+            return None
+        plan = self.gpu_plan(spec, eng)
+        report.add("GPU access", "ok", plan.mode + ("" if not plan.notes else ": " + "; ".join(plan.notes)))
+        t0 = time.monotonic()
+        launched = self.start(spec, entry=("-m", "gpuvs.inside", "--probe"))
+        run = checkup.read_probe(launched, timeout)
+        if run.timed_out:
+            report.add("start a container", "FAIL", f"no answer within {timeout:g} s")
+            return None
+        probe = run.probe
+        if probe is None:
+            found = self.explain(run.code, list(launched.stderr_tail))
+            detail = found[1] if found else f"exit status {run.code}: " + " | ".join(list(launched.stderr_tail)[-4:])
+            report.add("start a container", "FAIL", detail)
+            return None
+        report.add("start a container", "ok",
+                   f"{time.monotonic() - t0:.2f} s, {self.python()} = Python {probe['python']}")
+        return probe

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
+from typing import Any
 
-from gpuvs.environments.base import Environment, Launched, package_root
+from gpuvs.environments import register
+from gpuvs.environments.base import Environment, Launched, check_local_gpus, package_root
 from gpuvs.spec import RunSpec
+from gpuvs.workloads.base import Param
+
+ENV_VAR = Param("env_var", str, None, "environment variable KEY=VALUE for the worker", multiple=True)
 
 
 def worker_env(spec: RunSpec, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -16,15 +23,52 @@ def worker_env(spec: RunSpec, extra: dict[str, str] | None = None) -> dict[str, 
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     env["GPUVS_SPEC"] = spec.to_json()
+    env["GPUVS_PARENT_PID"] = str(os.getpid())  # the worker's group dies with gpuvs, even a SIGKILLed one
     env.update(extra or {})
     return env
 
 
+def env_vars(items: list[str] | None, option: str = "--env-var") -> dict[str, str]:
+    """KEY=VALUE items as a dict; UsageError for an item without a key."""
+    from gpuvs.errors import UsageError
+
+    out = {}
+    for item in items or []:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key:
+            raise UsageError(f"{option} wants KEY=VALUE, got {item!r}")
+        if key == "GPUVS_SPEC":
+            raise UsageError(f"{option} GPUVS_SPEC: gpuvs sets the run spec itself")
+        out[key] = value
+    return out
+
+
+@register
 class HostEnvironment(Environment):
     kind = "host"
+    summary = "a child process of gpuvs on this machine"
+    noun = "the host"
+    rank = 0
+    params = (ENV_VAR,)
+    internal_keys = ("mps",)  # gpuvs share: its MPS daemon's pipe folder (the client env is in env_var)
+
+    def check(self, spec: RunSpec) -> None:
+        env_vars(self.options.get("env_var"))
+        check_local_gpus(spec)
 
     def launch(self, spec: RunSpec) -> Launched:
         spec.launched_at = time.time()
         python = self.options.get("python") or sys.executable
-        extra = dict(item.split("=", 1) for item in self.options.get("env_var") or [])
-        return Launched([python, "-m", "gpuvs.worker"], env=worker_env(spec, extra))
+        return Launched([python, "-m", "gpuvs.worker"], env=worker_env(spec, env_vars(self.options.get("env_var"))))
+
+    def doctor(self, spec: RunSpec, report, timeout: float) -> dict[str, Any] | None:
+        probe_spec = RunSpec(workload="selftest")
+        try:
+            r = subprocess.run([sys.executable, "-m", "gpuvs.inside", "--probe"], capture_output=True, text=True,
+                               timeout=timeout, env=worker_env(probe_spec))
+            probe = json.loads(r.stdout.strip().splitlines()[-1])
+        except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+            report.add("start a process", "FAIL", f"{sys.executable} -m gpuvs.inside --probe: {exc}")
+            return None
+        report.add("start a process", "ok", f"Python {probe['python']} at {probe['executable']}")
+        return probe

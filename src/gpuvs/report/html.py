@@ -16,9 +16,14 @@ from gpuvs.report import charts, tables
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
+def environment() -> jinja2.Environment:
+    """The templates, with every user-supplied name autoescaped."""
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
 def render(a: Analysis) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = environment()
     bars = [c for c in (charts.bar_chart(a, m.name) for m in a.metrics) if c]
     return env.get_template("report.html.j2").render(
         a=a, version=__version__, answer=tables.headline_sentence(a), header=tables.header_lines(a),

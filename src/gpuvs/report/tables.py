@@ -33,19 +33,39 @@ def interval(low: float | None, high: float | None, digits: int = 3) -> str:
 
 
 def verdict_word(v: dict[str, Any]) -> str:
+    """'faster', 'equivalent within ±2%', 'equivalent within ±2%, and 1.5% slower' (both hold),
+    'inconclusive', 'descriptive'."""
     if v["verdict"] == "equivalent":
-        return f"equivalent (±{100 * v['margin']:g}%)"
+        text = f"equivalent within ±{100 * v['margin']:g}%"
+        if v.get("also") and v.get("ratio") is not None:
+            text += f", and {100 * abs(v['ratio'] - 1):.1f}% {v['also']}"
+        return text
     return v["verdict"]
 
 
 def to_settle(v: dict[str, Any]) -> str:
+    if v["verdict"] == "descriptive":
+        return "-"
     if v["verdict"] != "inconclusive":
         return "settled"
     if v.get("ratio") is not None and v.get("reason", "").startswith("needs"):
         return f"2+ trials per arm needed ({v['more_trials']} more)"
     if v["more_trials"] is None:
-        return "more than 10,000 per arm" if v.get("ratio") is not None else (v.get("reason") or "-")
-    return f"~{v['more_trials']} more per arm"
+        return "more than 10,000 per arm" if v.get("se_log") else (v.get("reason") or "-")
+    return f"{v['trials_needed']} per arm ({v['more_trials']} more)"
+
+
+def tested_as(v: dict[str, Any]) -> str:
+    """How the row was tested: its family and the analysis of the design."""
+    if v.get("method") == "paired":
+        how = f"paired, {v['n_pairs']} rounds" + (f" ({v['unused']} trials unpaired, left out)" if v["unused"] else "")
+    elif v.get("method") == "unpaired":
+        how = "unpaired" + ("" if v.get("interleaved", True) else ", not interleaved")
+    else:
+        how = "-"
+    fam = v.get("family", "")
+    short = "descriptive" if fam.startswith("descriptive") else ("Holm" if fam.startswith("other") else "headline")
+    return f"{short}; {how}"
 
 
 def verdict_table(a: Analysis) -> Table | None:
@@ -53,14 +73,21 @@ def verdict_table(a: Analysis) -> Table | None:
         return None
     pct = f"{100 * a.confidence:g}%"
     rows = [[f"{v['metric']} ({v['unit']})" if v["unit"] else v["metric"], v["arm"], fmt(v["mean_a"]),
-             fmt(v["mean_b"]), ratio(v["ratio"]), interval(v["ci_low"], v["ci_high"]), verdict_word(v), to_settle(v)]
-            for v in a.verdicts]
-    note = (f"ratio = mean of arm / mean of {a.arms[0].name} (the baseline) over successful trials; {pct} interval "
-            f"by Welch's t on the log ratio (delta method); equivalent = two one-sided tests within "
-            f"±{100 * a.margin:g}%; for {'time' if a.headline and not a.headline.higher_is_better else 'rates'} "
-            "the direction of faster follows the unit")
+             fmt(v["mean_b"]), ratio(v["ratio"]), interval(v["ci_low"], v["ci_high"]), verdict_word(v), tested_as(v),
+             to_settle(v)] for v in a.verdicts]
+    head = a.headline
+    fams = sorted({v.get("family", "") for v in a.verdicts if v.get("family")}, key=lambda f: not f.startswith("headline"))
+    note = (f"ratio = arm / {a.arms[0].name} (the baseline): per-round ratios (paired) where the trials were "
+            "interleaved and both trials of a round succeeded, else ratio of means (Welch); the interval is at the "
+            f"level each row was tested at ({pct} for one headline comparison at a fixed count); equivalent = two "
+            f"one-sided tests within ±{100 * a.margin:g}%; the headline ({head.name if head else '-'}) carries the "
+            f"verdict, the other metrics are tested with Holm's method once the headline shows a difference, "
+            "else descriptive; each metric's direction and words are the workload's declaration. "
+            + "families: " + "; ".join(fams)
+            + ("" if a.meta.get("interleaved", True) else
+               ". Not interleaved: drift between the two experiments cannot be told apart from the change"))
     return Table("verdicts", f"Verdict: each arm against {a.arms[0].name}",
-                 ["metric", "arm", f"{a.arms[0].name} mean", "arm mean", "ratio", f"{pct} CI", "verdict",
+                 ["metric", "arm", f"{a.arms[0].name} mean", "arm mean", "ratio", "CI", "verdict", "tested as",
                   "trials to settle"], rows, note, right={2, 3, 4, 5})
 
 
@@ -193,5 +220,5 @@ def header_lines(a: Analysis) -> list[tuple[str, str]]:
     if a.meta.get("file"):
         lines.append(("file", a.meta["file"]))
     if a.meta.get("seed") is not None:
-        lines.append(("trial order seed", str(a.meta["seed"])))
+        lines.append(("trial order seed (--order-seed)", str(a.meta["seed"])))
     return lines

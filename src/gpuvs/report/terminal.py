@@ -8,7 +8,7 @@ from typing import Any, Iterable
 from rich.console import Console
 from rich.table import Table
 
-from gpuvs import stats
+from gpuvs import environments, stats
 
 CONFIG_LABELS = [
     ("model", "Model"), ("dataset", "Dataset"), ("mode", "Mode"), ("batch_size_global", "Batch size"),
@@ -38,11 +38,11 @@ class StepLog:
         self.console = console
         self.quiet = quiet
         self.show_config = show_config
-        self._rates: dict[str, list[float]] = {}
+        self._steps: dict[str, tuple[list[float], list[float], list[float]]] = {}  # series -> items, seconds, values
         self._header_done: set[str] = set()
 
     def start_trial(self) -> None:
-        self._rates = {}
+        self._steps = {}
         self._header_done = set()
 
     def __call__(self, result, event: dict[str, Any]) -> None:
@@ -71,9 +71,12 @@ class StepLog:
 
     def sample(self, event: dict[str, Any]) -> None:
         series = event.get("series", "main")
-        rates = self._rates.setdefault(series, [])
+        items, seconds, values = self._steps.setdefault(series, ([], [], []))
         if event.get("value") is not None:
-            rates.append(event["value"])
+            values.append(event["value"])
+            if event.get("seconds") and event.get("items") is not None:
+                items.append(event["items"])
+                seconds.append(event["seconds"])
         loss = (event.get("extra") or {}).get("loss")
         if loss is None and not (event.get("extra") or {}).get("display"):
             return
@@ -82,8 +85,12 @@ class StepLog:
             self.console.print(f"Step\t{event['unit']}{label}\ttotal_loss" if loss is not None
                                else f"Step\t{event['unit']}{label}", highlight=False)
             self._header_done.add(series)
-        line = (f"{event['step']}\t{event['unit']}: {stats.fmt_rate(sum(rates) / len(rates))} +/- "
-                f"{stats.fmt_rate(stats.std_error(rates))} (jitter = {stats.fmt_rate(stats.jitter(rates))})")
+        if seconds and len(seconds) == len(values):  # timed steps: tf_cnn_benchmarks' get_perf_timing
+            rate, pm, jit = stats.perf_timing(items, seconds)
+        else:  # a figure per step that is not items over time (a latency): its mean
+            rate, pm, jit = sum(values) / len(values), stats.std_error(values), stats.jitter(values)
+        line = (f"{event['step']}\t{event['unit']}: {stats.fmt_rate(rate)} +/- {stats.fmt_rate(pm)} "
+                f"(jitter = {stats.fmt_rate(jit)})")
         if loss is not None:
             line += f"\t{loss:.3f}"
         self.console.print(line, highlight=False)
@@ -91,7 +98,7 @@ class StepLog:
 
 def trial_line(result) -> str:
     spec = result.spec
-    where = f"{spec.env.label()}, {spec.device}" + (f" x{spec.num_gpus}" if spec.num_gpus > 1 else "")
+    where = f"{environments.label(spec.env)}, {spec.device}" + (f" x{spec.num_gpus}" if spec.num_gpus > 1 else "")
     head = f"trial {spec.trial + 1} [{spec.arm}] ({where})"
     if not result.ok:
         return f"{head}: {result.status.upper()}: {result.error}"
@@ -107,10 +114,16 @@ def trial_line(result) -> str:
 
 
 def total_block(console: Console, result) -> None:
+    """tf_cnn_benchmarks' closing 'total images/sec: N' line, for the workload's headline series (named
+    when it is not the only one); small figures keep three significant digits instead of printing 0.00."""
     main = result.primary()
     if result.ok and main:
+        series = next(iter(result.summary))
+        named = f" ({series})" if len(result.summary) > 1 else ""
+        value = main.get("value") or 0.0
+        text = f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
         console.print(RULE, highlight=False)
-        console.print(f"total {main.get('unit', '')}: {main.get('value', 0):.2f}", highlight=False)
+        console.print(f"total {main.get('unit', '')}{named}: {text}", highlight=False)
         console.print(RULE, highlight=False)
 
 

@@ -34,6 +34,11 @@ class NlpStub:
                 request_serializer=gpuvs_dot_serve_dot_nlp__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=gpuvs_dot_serve_dot_nlp__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.Metrics = channel.unary_unary(
+                '/gpuvs.nlp.v1.Nlp/Metrics',
+                request_serializer=gpuvs_dot_serve_dot_nlp__pb2.MetricsRequest.SerializeToString,
+                response_deserializer=gpuvs_dot_serve_dot_nlp__pb2.MetricsResponse.FromString,
+                _registered_method=True)
 
 
 class NlpServicer:
@@ -69,6 +74,14 @@ class NlpServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Metrics(self, request, context):
+        """What a person watches while loading the server: calls in flight and queued, refusals, latency
+        percentiles per call, models loaded and their memory. Never queued: it answers while loaded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NlpServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +104,11 @@ def add_NlpServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=gpuvs_dot_serve_dot_nlp__pb2.ListModelsRequest.FromString,
                     response_serializer=gpuvs_dot_serve_dot_nlp__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'Metrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.Metrics,
+                    request_deserializer=gpuvs_dot_serve_dot_nlp__pb2.MetricsRequest.FromString,
+                    response_serializer=gpuvs_dot_serve_dot_nlp__pb2.MetricsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -201,6 +219,33 @@ class Nlp:
             '/gpuvs.nlp.v1.Nlp/ListModels',
             gpuvs_dot_serve_dot_nlp__pb2.ListModelsRequest.SerializeToString,
             gpuvs_dot_serve_dot_nlp__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Metrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuvs.nlp.v1.Nlp/Metrics',
+            gpuvs_dot_serve_dot_nlp__pb2.MetricsRequest.SerializeToString,
+            gpuvs_dot_serve_dot_nlp__pb2.MetricsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,7 +7,14 @@ RESOURCE_EXHAUSTED) before any memory is spent on them. A handler never lets an 
 gRPC: a refusal is its status code, anything unexpected is INTERNAL with the reason, and the server
 serves on.
 
-stop(grace) stops taking calls at once, gives the calls in flight `grace` seconds to finish, then
+Limits under load (admission.py): Train, Predict and Load take a slot (at most max_in_flight run,
+max_queue wait, the rest get RESOURCE_EXHAUSTED with a retry hint); ListModels, Metrics and the
+standard health service (grpc.health.v1.Health) take none, and a few threads are kept spare for
+them, so they answer while the server is loaded. A call whose client cancels it or whose deadline
+passes stops its work: a Train at its next step, a Predict before its forward pass; its slot is free
+once the handler returns. Who may call: security.py.
+
+stop(grace) stops taking calls at once (health says NOT_SERVING), gives the calls in flight `grace` seconds to finish, then
 cancels the rest (a training in flight stops at its next step and saves nothing: the saved model,
 if any, stays as it was) and waits for every handler thread to end."""
 
@@ -23,9 +30,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from gpuvs.serve import metrics as metrics_mod
 from gpuvs.serve import nlp_pb2 as pb
 from gpuvs.serve import validate
+from gpuvs.serve.admission import Admission
+from gpuvs.serve.config import ServeConfig
 from gpuvs.serve.models import ModelStore
 from gpuvs.serve.validate import Limits, Refused
 
@@ -34,6 +45,7 @@ TASK_ENUM = {"ner": pb.NER, "tc": pb.TC}
 
 # on_request(method, seconds, items, status code name): for the nlp-serve workload's figures
 RequestHook = Callable[[str, float, int, str], None]
+GATED = ("Train", "Predict", "Load")  # the calls that take a slot
 
 
 def _log(message: str) -> None:
@@ -41,61 +53,93 @@ def _log(message: str) -> None:
 
 
 class NlpService:
-    def __init__(self, store: ModelStore, limits: Limits, stopping: threading.Event,
+    def __init__(self, store: ModelStore, limits: Limits, stopping: threading.Event, admission: Admission,
                  on_request: RequestHook | None = None):
-        self.store, self.limits, self.stopping = store, limits, stopping
+        self.store, self.limits, self.stopping, self.admission = store, limits, stopping, admission
         self.on_request = on_request
+        self.calls = metrics_mod.CallLog()
+        self.started = time.monotonic()
+        self.budget_refusals = 0
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _report(self, method: str, t0: float, items: int, code: str) -> None:
+    def _report(self, method: str, t0: float, items: int, code: str, admitted: bool) -> None:
+        seconds = time.perf_counter() - t0
+        if admitted:
+            self.calls.record(method, seconds, code == "OK")
         if self.on_request:
-            self.on_request(method, time.perf_counter() - t0, items, code)
+            self.on_request(method, seconds, items, code)
 
-    def _unary(self, method: str, fn):
-        @functools.wraps(fn)
-        def handler(raw: bytes, context: grpc.ServicerContext):
-            t0 = time.perf_counter()
-            try:
-                response, items = fn(raw, context)
-            except Refused as exc:
-                self._report(method, t0, 0, exc.code.name)
-                context.abort(exc.code, exc.message)
-            except Exception as exc:  # never a crashed server: the reason goes back to the caller
-                traceback.print_exc(file=sys.stderr)
-                self._report(method, t0, 0, "INTERNAL")
-                context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-            self._report(method, t0, items, "OK")
-            return response
-        return handler
+    def _calls(self, method: str, raw: bytes, fn, context: grpc.ServicerContext, admitted: list[bool]):
+        """fn's messages, inside a slot when the method takes one (admitted[0] says whether it got in)."""
+        if method not in GATED:
+            admitted[0] = True
+            yield from fn(context)
+            return
+        if method == "Train":  # refused at once, not after a wait in the queue
+            self.store.check_trains(validate.model_name(validate.parse(pb.TrainRequest, raw).model))
+        with self.admission.slot(context):
+            admitted[0] = True
+            yield from fn(context)
 
     def _stream(self, method: str, fn):
+        """A handler around fn(raw, context), which yields (message, items); every outcome reported,
+        every failure a status (a refusal's own, or INTERNAL with the reason: the server serves on)."""
         @functools.wraps(fn)
         def handler(raw: bytes, context: grpc.ServicerContext):
             t0 = time.perf_counter()
             items = 0
+            admitted = [False]
             try:
-                for message, n in fn(raw, context):
+                for message, n in self._calls(method, raw, lambda ctx: fn(raw, ctx), context, admitted):
                     items += n
                     yield message
+            except GeneratorExit:  # gRPC stopped reading a stream: its client went away
+                self._report(method, t0, items, "CANCELLED", admitted[0])
+                self._gave_up(context)
+                raise
             except Refused as exc:
-                self._report(method, t0, items, exc.code.name)
+                self._report(method, t0, items, exc.code.name, admitted[0])
+                if admitted[0]:
+                    self._gave_up(context)
+                if exc.trailers:
+                    context.set_trailing_metadata(exc.trailers)
                 context.abort(exc.code, exc.message)
-            except Exception as exc:
+            except Exception as exc:  # never a crashed server: the reason goes back to the caller
                 traceback.print_exc(file=sys.stderr)
-                self._report(method, t0, items, "INTERNAL")
+                self._report(method, t0, items, "INTERNAL", admitted[0])
                 context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-            self._report(method, t0, items, "OK")
+            self._report(method, t0, items, "OK", True)
+        return handler
+
+    def _gave_up(self, context: grpc.ServicerContext) -> None:
+        """Count a call that ran and whose client cancelled it or whose deadline passed."""
+        if context.is_active():
+            return
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            self.admission.deadline_exceeded += 1
+        else:
+            self.admission.cancelled += 1
+
+    def _unary(self, method: str, fn):
+        stream = self._stream(method, lambda raw, context: iter([fn(raw, context)]))
+
+        @functools.wraps(fn)
+        def handler(raw: bytes, context: grpc.ServicerContext):
+            (response,) = list(stream(raw, context))  # run to the end: the slot is freed, the call reported
+            return response
         return handler
 
     def handler(self) -> grpc.GenericRpcHandler:
         ser = {"Train": pb.TrainProgress, "Predict": pb.PredictResponse, "Load": pb.LoadResponse,
-               "ListModels": pb.ListModelsResponse}
+               "ListModels": pb.ListModelsResponse, "Metrics": pb.MetricsResponse}
         methods = {
             "Train": grpc.unary_stream_rpc_method_handler(self._stream("Train", self.train),
                                                           response_serializer=ser["Train"].SerializeToString),
         }
-        for name, fn in (("Predict", self.predict), ("Load", self.load), ("ListModels", self.list_models)):
+        for name, fn in (("Predict", self.predict), ("Load", self.load), ("ListModels", self.list_models),
+                         ("Metrics", self.metrics_call)):
             methods[name] = grpc.unary_unary_rpc_method_handler(self._unary(name, fn),
                                                                 response_serializer=ser[name].SerializeToString)
         assert set(methods) == {m.name for m in SERVICE.methods}, "nlp.proto and the handlers differ"
@@ -104,11 +148,16 @@ class NlpService:
     # -- the calls -----------------------------------------------------------------------------
 
     def train(self, raw: bytes, context) -> Iterator[tuple[pb.TrainProgress, int]]:
-        job = validate.train_request(validate.parse(pb.TrainRequest, raw), self.limits)
-        with self.store.training(job.name):
-            yield from self._train(job, context)
+        try:
+            job = validate.train_request(validate.parse(pb.TrainRequest, raw), self.limits)
+        except Refused as exc:
+            if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # over the compute budget
+                self.budget_refusals += 1
+            raise
+        with self.store.training(job.name) as progress:
+            yield from self._train(job, context, progress)
 
-    def _train(self, job: validate.TrainJob, context) -> Iterator[tuple[pb.TrainProgress, int]]:
+    def _train(self, job: validate.TrainJob, context, progress) -> Iterator[tuple[pb.TrainProgress, int]]:
         import torch
 
         from gpuvs.nlp import train
@@ -120,10 +169,13 @@ class NlpService:
         t0 = time.perf_counter()
         try:
             trainer = train.Trainer(cfg, job.train, device, labels=job.labels)
-            total = trainer.total_steps
+            total = progress.total = trainer.total_steps
             examples = tokens = 0
             timed = 0.0
-            stop = lambda: self.stopping.is_set() or not context.is_active()  # noqa: E731
+
+            def stop() -> bool:  # asked before every step
+                progress.step += 1
+                return self.stopping.is_set() or not context.is_active()
             for kind, value in trainer.run(warmup_steps=0, display_every=job.progress_every, should_stop=stop):
                 if kind != "steps":
                     continue
@@ -158,6 +210,8 @@ class NlpService:
         loaded, already = self.store.get(name)
         predictor: Any = loaded.predictor
         validate.texts_fit(texts, predictor.max_len, self.limits)
+        if not context.is_active():  # cancelled, or its deadline passed, while the model loaded
+            raise Refused(grpc.StatusCode.CANCELLED, "the call ended before its prediction started")
         t0 = time.perf_counter()
         out = predictor.predict(texts)
         response = pb.PredictResponse(server_seconds=time.perf_counter() - t0,
@@ -183,25 +237,49 @@ class NlpService:
                                 task=TASK_ENUM.get(m["task"], pb.TASK_UNSPECIFIED))
         return response, 0
 
+    def metrics_call(self, raw: bytes, context) -> tuple[pb.MetricsResponse, int]:
+        validate.parse(pb.MetricsRequest, raw)
+        return metrics_mod.to_proto(self.snapshot(), pb), 0
+
+    def snapshot(self) -> metrics_mod.ServerMetrics:
+        a, store = self.admission, self.store
+        models, total = store.usage()
+        return metrics_mod.ServerMetrics(
+            device=store.device, uptime_s=time.monotonic() - self.started, in_flight=a.in_flight, queued=a.queued,
+            max_in_flight=a.max_in_flight, max_queue=a.max_queue, peak_in_flight=a.peak_in_flight,
+            peak_queued=a.peak_queued, refused=a.refused, refused_train=store.refused_trains + self.budget_refusals,
+            cancelled=a.cancelled, deadline_exceeded=a.deadline_exceeded, unauthenticated=self.calls.unauthenticated,
+            trains_running=store.trains_running(), calls=self.calls.stats(), models=models, models_bytes=total,
+            model_cache_bytes=store.cache_bytes, evictions=store.evictions, rss_bytes=metrics_mod.rss_bytes(),
+            gpu_allocated_bytes=metrics_mod.gpu_allocated_bytes(store.device))
+
 
 class NlpServer:
-    """The service on host:port (port 0: a free one), with its own thread pool."""
+    """The service on config.host:config.port (port 0: a free one), with its own thread pool: one
+    thread per slot and queue place, and config.SPARE_THREADS more. gRPC itself refuses calls past
+    HARD_LIMIT x that many at once (RESOURCE_EXHAUSTED, without a hint), so nothing grows unbounded
+    even when a flood outruns the admission code."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 50051, device: str = "cpu",
-                 models_dir: str | Path = "gpuvs-models", limits: Limits | None = None, workers: int = 8,
-                 on_request: RequestHook | None = None, threads: int = 0):
-        self.host, self.requested_port, self.device = host, port, device
-        self.threads = threads
-        self.models_dir = Path(models_dir)
-        self.limits = limits or Limits()
-        self.workers = workers
+    HARD_LIMIT = 4
+
+    def __init__(self, config: ServeConfig, on_request: RequestHook | None = None):
+        self.config = config
+        self.host, self.requested_port, self.device = config.host, config.port, config.device
+        self.threads = config.threads
+        self.models_dir = Path(config.models_dir)
+        self.limits = config.limits
         self.stopping = threading.Event()
-        self.store = ModelStore(self.models_dir, device)
-        self.service = NlpService(self.store, self.limits, self.stopping, on_request)
+        self.store = ModelStore(self.models_dir, self.device, config.cache_bytes, config.max_trains)
+        self.admission = Admission(config.max_in_flight, config.max_queue, config.queue_timeout_s)
+        self.service = NlpService(self.store, self.limits, self.stopping, self.admission, on_request)
+        self.health = health.HealthServicer(experimental_non_blocking=True)
         self.port: int | None = None
         self.ready_s = 0.0
         self._server: grpc.Server | None = None
         self._executor: futures.ThreadPoolExecutor | None = None
+
+    def _unauthenticated(self) -> None:
+        self.service.calls.unauthenticated += 1
 
     def warm_up(self) -> float:
         """Import torch and start the device before taking calls, so the first call does not pay for it."""
@@ -218,15 +296,22 @@ class NlpServer:
     def start(self) -> int:
         """Bind the port (OSError if it cannot), warm up (self.ready_s), then take calls."""
         self.models_dir.mkdir(parents=True, exist_ok=True)
-        self._executor = futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="gpuvs-serve")
+        pool = self.config.threads_in_pool
+        credentials = self.config.security.credentials()
+        interceptors = self.config.security.interceptors(self._unauthenticated)
+        self._executor = futures.ThreadPoolExecutor(max_workers=pool, thread_name_prefix="gpuvs-serve")
         size = self.limits.max_message_bytes
-        self._server = grpc.server(self._executor, options=[
+        self._server = grpc.server(self._executor, interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size),
-            ("grpc.so_reuseport", 0)])
+            ("grpc.so_reuseport", 0)], maximum_concurrent_rpcs=self.HARD_LIMIT * pool)
         self._server.add_generic_rpc_handlers((self.service.handler(),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        for name in ("", SERVICE.full_name):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         address = f"{self.host}:{self.requested_port}"
         try:
-            port = self._server.add_insecure_port(address)
+            port = (self._server.add_secure_port(address, credentials) if credentials is not None
+                    else self._server.add_insecure_port(address))
         except RuntimeError as exc:
             port, reason = 0, str(exc)
         else:
@@ -246,6 +331,7 @@ class NlpServer:
         if self._server is None:
             return
         server, self._server = self._server, None
+        self.health.enter_graceful_shutdown()
         try:
             server.stop(grace).wait()
         finally:

@@ -21,9 +21,9 @@ _TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 class Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str, trailers: tuple[tuple[str, str], ...] = ()):
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.message, self.trailers = code, message, trailers
 
 
 def invalid(message: str) -> Refused:
@@ -38,6 +38,9 @@ class Limits:
     max_generated: int = 200_000      # generated_sentences in one Train
     max_epochs: int = 1000
     max_len: int = 512                # the largest options.max_len
+    # the compute budget of one Train, checked before anything starts (see train_cost)
+    max_train_flops: float = 1e15
+    max_model_params: int = 100_000_000
 
 
 @dataclass
@@ -149,6 +152,9 @@ def train_request(req: pb.TrainRequest, limits: Limits) -> TrainJob:
             raise invalid("labels go with examples; the generated corpus has its own")
         if not 20 <= req.generated_sentences <= limits.max_generated:
             raise invalid(f"generated_sentences {req.generated_sentences} is out of range: 20 to {limits.max_generated}")
+        sample = corpus.as_examples(task, corpus.generate(task, 100, opts["seed"]).train)
+        per_sentence = sum(min(len(ex[0]), opts["max_len"]) for ex in sample) / len(sample)
+        check_budget(opts, 0.9 * req.generated_sentences * per_sentence, limits)  # 90% is trained on
         gen = corpus.generate(task, req.generated_sentences, opts["seed"])
         job.train, job.eval = corpus.as_examples(task, gen.train), corpus.as_examples(task, gen.eval)
         job.labels = gen.labels
@@ -167,7 +173,38 @@ def train_request(req: pb.TrainRequest, limits: Limits) -> TrainJob:
     held = set(order[:len(examples) // 10]) if len(examples) >= 20 else set()
     job.train = [ex for i, ex in enumerate(examples) if i not in held]
     job.eval = [ex for i, ex in enumerate(examples) if i in held] or job.train
+    check_budget(opts, sum(len(ex[0]) for ex in job.train), limits)
     return job
+
+
+def model_params(opts: dict[str, Any]) -> int:
+    """Parameters of the model's layers, embeddings left out (they grow with the vocabulary, and a
+    lookup costs no multiply-adds): 12 d² a transformer layer (attention 4 d², feed-forward 8 d²),
+    6 d² a BiLSTM layer (two directions of 4 gates, hidden d/2, input d)."""
+    d, layers = opts["d_model"], opts["layers"]
+    return layers * d * d * (12 if opts["arch"] == "transformer" else 6)
+
+
+def train_cost(opts: dict[str, Any], tokens: float) -> float:
+    """Training FLOPs, the usual estimate: 6 x parameters x tokens seen (forward 2, backward 4)."""
+    return 6.0 * model_params(opts) * tokens * opts["epochs"]
+
+
+def check_budget(opts: dict[str, Any], tokens: float, limits: Limits) -> None:
+    """Refuse a Train over the compute budget before any model is built (RESOURCE_EXHAUSTED, the limit in it)."""
+    params = model_params(opts)
+    shape = f"{opts['arch']} d_model {opts['d_model']} x {opts['layers']} layers"
+    if params > limits.max_model_params:
+        raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"the model ({shape}) has {params:,} parameters, over the server's limit of "
+                      f"{limits.max_model_params:,} (--max-model-params)")
+    flops = train_cost(opts, tokens)
+    if flops > limits.max_train_flops:
+        raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"this training would cost about {flops:.3g} FLOPs (6 x {params:,} parameters x "
+                      f"{tokens:,.0f} tokens x {opts['epochs']} epochs), over the server's budget of "
+                      f"{limits.max_train_flops:.3g} (--max-train-flops); use a smaller model, fewer examples "
+                      "or fewer epochs")
 
 
 def _declared_labels(labels: list[str], task: str) -> list[str] | None:

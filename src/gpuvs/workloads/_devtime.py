@@ -39,6 +39,30 @@ def timed_blocks(torch, cuda: bool, step: Callable[[], object], inner: int, bloc
     return out
 
 
+def window_blocks(torch, cuda: bool, step: Callable[[], object], inner: int, window_open: Callable[[], bool],
+                  max_blocks: int) -> list[float]:
+    """Blocks of `step` x inner until a shared window closes (gpuvs share): each block is synchronised
+    before the host looks at the window, so that the device never runs past it."""
+    out: list[float] = []
+    prev = None
+    if cuda:
+        prev = torch.cuda.Event(enable_timing=True)
+        prev.record()
+    while len(out) < max_blocks and window_open():
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            step()
+        if cuda:
+            mark = torch.cuda.Event(enable_timing=True)
+            mark.record()
+            mark.synchronize()
+            out.append(prev.elapsed_time(mark) / 1e3)
+            prev = mark
+        else:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
 def inner_count(torch, cuda: bool, step: Callable[[], object], target_s: float, max_inner: int = 4096) -> int:
     """How many steps make a block of about target_s (one step at least), from three timed steps."""
     est = statistics.median(timed_blocks(torch, cuda, step, 1, 3))

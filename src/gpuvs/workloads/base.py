@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator
 
@@ -85,6 +86,65 @@ class Param:
         return value
 
 
+BETTER = ("higher", "lower", "neither")
+
+
+@dataclass(frozen=True)
+class MetricDecl:
+    """What a workload says about one of its figures (a sample series or a scalar metric): which way
+    is better and the word for each direction, so that nothing is guessed from a unit.
+
+    pattern: the name, or a glob over names built at run time ("*/us_per_gemm", "latency_p*_ms").
+    up / down: the verdict's word when an arm's figure is above / below the baseline's ("faster" and
+    "slower" for a rate, "slower" and "faster" for a time, "worse"/"better", "more"/"less",
+    "higher"/"lower"). headline: this figure carries the workload's verdict. tested: False for a
+    figure only shown (a count, a size, a check), never given a verdict."""
+
+    pattern: str
+    better: str
+    up: str
+    down: str
+    headline: bool = False
+    tested: bool = True
+
+    def __post_init__(self) -> None:
+        if self.better not in BETTER:
+            raise ValueError(f"metric {self.pattern}: better must be one of {BETTER}, not {self.better!r}")
+
+    def matches(self, name: str) -> bool:
+        return fnmatch.fnmatchcase(name, self.pattern)
+
+    @property
+    def higher_is_better(self) -> bool | None:
+        return {"higher": True, "lower": False}.get(self.better)
+
+
+def rate(pattern: str, headline: bool = False) -> MetricDecl:
+    """Work per unit of time: higher is faster."""
+    return MetricDecl(pattern, "higher", "faster", "slower", headline)
+
+
+def duration(pattern: str, headline: bool = False) -> MetricDecl:
+    """A time: higher is slower."""
+    return MetricDecl(pattern, "lower", "slower", "faster", headline)
+
+
+def score(pattern: str, better: str = "higher") -> MetricDecl:
+    """A quality figure (accuracy, loss): better or worse."""
+    return MetricDecl(pattern, better, "better" if better == "higher" else "worse",
+                      "worse" if better == "higher" else "better")
+
+
+def amount(pattern: str, better: str = "lower", tested: bool = True) -> MetricDecl:
+    """A quantity (memory footprint, failed requests): more or less."""
+    return MetricDecl(pattern, better, "more", "less", tested=tested)
+
+
+def level(pattern: str, better: str = "neither", tested: bool = True) -> MetricDecl:
+    """A level (% of peak, a ratio): higher or lower."""
+    return MetricDecl(pattern, better, "higher", "lower", tested=tested)
+
+
 @dataclass
 class RunContext:
     """What a workload gets: the spec, its checked parameters, and its place in a multi-process run."""
@@ -101,28 +161,41 @@ class RunContext:
 
     def start_window(self) -> None:
         """Call right before the timed part. Under a start barrier (gpuvs share), report ready, wait
-        for every other worker, and open a measurement window of the agreed length."""
+        for every other worker, and open a measurement window of the agreed length (none: open until
+        the coordinator writes the barrier's stop file, as a capacity sweep does)."""
         self._window_end = None
+        self._stop_dir = None
         barrier = self.spec.barrier
         if not barrier or self.rank != 0:
             return
+        import time
+
         from gpuvs import barrier as b
 
         b.arrive(barrier["dir"], barrier["name"])
         start = b.wait_go(barrier["dir"], barrier.get("wait_s", 1800.0))
+        self._stop_dir, self._stop_checked = barrier["dir"], 0.0
         if barrier.get("window_s"):
-            import time
-
             self._window_end = time.perf_counter() + (start + barrier["window_s"] - time.time())
 
     def window_open(self) -> bool:
-        """False once the agreed window is over (always True without a barrier)."""
-        end = getattr(self, "_window_end", None)
-        if end is None:
-            return True
+        """False once the agreed window is over or the coordinator said stop (always True without a
+        barrier). The stop file is looked at no more than every 50 ms."""
         import time
 
-        return time.perf_counter() < end
+        now = time.perf_counter()
+        end = getattr(self, "_window_end", None)
+        if end is not None and now >= end:
+            return False
+        folder = getattr(self, "_stop_dir", None)
+        if folder is not None and now - self._stop_checked >= 0.05:
+            self._stop_checked = now
+            from gpuvs import barrier as b
+
+            if b.stopped(folder):
+                self._window_end = now
+                return False
+        return True
 
 
 class Workload:
@@ -139,9 +212,16 @@ class Workload:
     window_param: ClassVar[str] = "steps"  # the count a shared window replaces (set very high under share)
     # Python modules the worker needs inside the environment (checked by environments/doctor).
     requires: ClassVar[tuple[str, ...]] = ()
+    # Every figure the workload yields (series and scalar metrics), in order: the first pattern that
+    # matches a name declares it. Exactly one headline.
+    metrics: ClassVar[tuple[MetricDecl, ...]] = ()
     # Defaults that replace the GPU-sized ones when the device is the CPU (so a default run ends
     # in minutes there); a value the user gives always wins.
     cpu_defaults: ClassVar[dict[str, Any]] = {}
+
+    def declared(self, name: str) -> MetricDecl | None:
+        """The declaration of a figure, or None when the workload does not declare it."""
+        return next((d for d in self.metrics if d.matches(name)), None)
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -170,6 +250,12 @@ class Workload:
 
     def check(self, params: dict[str, Any]) -> None:
         """Cross-parameter checks; raise UsageError."""
+
+    def headline_series(self, params: dict[str, Any]) -> str | None:
+        """Of the series the headline declaration matches (a glob such as "*" may match several), the one a
+        person would quote for a run with these parameters: it leads the trial's summary, so it is the one
+        reports show first and verdicts are taken on. None: the first series measured."""
+        return None
 
     def run(self, ctx: RunContext) -> Iterator[dict[str, Any]]:
         raise NotImplementedError

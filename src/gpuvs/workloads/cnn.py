@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from gpuvs import events
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.workloads import register
-from gpuvs.workloads.base import Param, RunContext, Workload
+from gpuvs.workloads.base import Param, RunContext, Workload, duration, rate
 
 # name -> (torchvision constructor, default image size, smallest image size it accepts, extra kwargs)
 MODELS: dict[str, tuple[str, int, int, dict[str, Any]]] = {
@@ -50,6 +50,7 @@ COMMON = (
 
 class _CnnBase(Workload):
     unit = "images/sec"
+    metrics = (rate("main", headline=True), duration("latency_*_ms"))
     cpu_defaults = {"batch_size": 8, "steps": 20, "warmup_steps": 2, "display_every": 5}
     multi_gpu = True
     windowed = True
@@ -74,8 +75,11 @@ class _CnnBase(Workload):
         p = ctx.params
         fn, _, _, kwargs = MODELS[p["model"]]
         torch.manual_seed(p["seed"])
-        model = getattr(torchvision.models, fn)(weights=None, num_classes=p["num_classes"], **kwargs)
         device = torch.device(ctx.device)
+        # built where it runs: on a GPU the weights are made and initialised there, not on the host
+        # and then copied (about a second of ResNet-50's start-up, none of it measured)
+        with device:
+            model = getattr(torchvision.models, fn)(weights=None, num_classes=p["num_classes"], **kwargs)
         model = model.to(device)
         if p["data_format"] == "NHWC":
             model = model.to(memory_format=torch.channels_last)

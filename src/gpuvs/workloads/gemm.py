@@ -17,8 +17,9 @@ from typing import Any, Iterator
 from gpuvs import events, peaks
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.workloads import register
-from gpuvs.workloads._devtime import inner_count, is_cuda, sync, timed_blocks
-from gpuvs.workloads.base import Param, RunContext, Workload
+from gpuvs.workloads._devtime import inner_count, is_cuda, sync, timed_blocks, window_blocks
+from gpuvs.workloads.aggregate import Totals
+from gpuvs.workloads.base import Param, RunContext, Workload, duration, level, rate
 
 SETS: dict[str, list[str]] = {
     # DeepBench training GEMMs (M x N x K)
@@ -59,6 +60,9 @@ def parse_shapes(values: list[str] | None) -> list[tuple[int, int, int]]:
             if dims not in out:
                 out.append(dims)
     return out
+
+
+ALL_SHAPES = "all shapes"  # the headline series of a run of several shapes
 
 
 def label(dims: tuple[int, int, int]) -> str:
@@ -183,6 +187,10 @@ class Gemm(Workload):
     name = "gemm"
     summary = "GEMM throughput: DeepBench, square and inference shapes (us per GEMM, TFLOP/s, % of peak)"
     unit = "TFLOP/s"
+    metrics = (duration("*/us_per_gemm"), level("*/pct_of_peak", "higher", tested=False),
+               level("check_error_ratio", "lower", tested=False), rate("*", headline=True))
+    windowed = True  # one shape (gemm) or one copy (membw) per job under gpuvs share
+    window_param = "repeats"
     requires = ("torch", "numpy")
     params = (
         Param("set", str, "all", "shape set: all (train + square + inference), train (DeepBench), square, "
@@ -250,28 +258,45 @@ class Gemm(Workload):
             yield events.metric("check_error_ratio", worst)
             yield events.log(f"check: {precision} {label(CHECK_SHAPE)} against float64: largest error "
                              f"{worst:.2g} of |A|.|B| (tolerance {TOLERANCE[precision]:g}): ok")
+        if ctx.spec.barrier and len(shapes) != 1:
+            raise WorkloadError("input", "gpuvs share runs one GEMM shape per job: give --shape MxNxK")
         warm_total = 0.0
         done = 0
+        total = Totals()
         for dims in shapes:
             if precision == "fp8" and any(d % 16 for d in dims):
                 yield events.log(f"{label(dims)}: skipped: fp8 GEMMs need every dimension a multiple of 16")
                 continue
             try:
-                secs, inner, nbuf, warm_s = self.time_shape(torch, op, dims, cuda, p, gen)
+                secs, inner, nbuf, warm_s = self.time_shape(torch, op, dims, cuda, p, gen, ctx)
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
                 yield events.log(f"{label(dims)}: skipped: out of GPU memory")
                 continue
             warm_total += warm_s
             done += 1
+            for i, sec in enumerate(secs, 1):
+                total.add(i, flops(dims) * inner / 1e12, sec)
             yield from self.shape_events(dims, secs, inner, nbuf, peak_rate)
             if cuda:
                 torch.cuda.empty_cache()
         yield events.startup("warmup_s", warm_total)
         if not done:
             raise WorkloadError("oom" if cuda else "input", "no shape could be run (see the log lines above)")
+        if done > 1:
+            # the figure to quote: all the shapes' work over all their time, one sample per repeat
+            repeats = total.complete(done)
+            for i, tflop, sec in repeats:
+                yield events.sample(i, tflop / sec, self.unit, series=ALL_SHAPES, seconds=sec, items=tflop,
+                                    display=False)
+            rate = sum(t for _, t, _ in repeats) / sum(s for _, _, s in repeats)
+            yield events.log(f"{ALL_SHAPES:>20}  {rate:12.4g} TFLOP/s (every shape's work over its time)")
 
-    def time_shape(self, torch, op: GemmOp, dims, cuda: bool, p: dict[str, Any], gen):
+    def headline_series(self, params: dict[str, Any]) -> str | None:
+        shapes = self.shapes(params)
+        return ALL_SHAPES if len(shapes) > 1 else label(shapes[0])
+
+    def time_shape(self, torch, op: GemmOp, dims, cuda: bool, p: dict[str, Any], gen, ctx: RunContext | None = None):
         nbuf = buffer_sets(op, dims, cuda, p["buffers"])
         sets = [op.operands(dims, gen) for _ in range(nbuf)]
         out = op.output(dims[0], dims[1])
@@ -286,7 +311,11 @@ class Gemm(Workload):
         sync(torch, cuda)
         inner = inner_count(torch, cuda, step, p["block_ms"] / 1000.0)
         warm_s = time.perf_counter() - t0
-        secs = timed_blocks(torch, cuda, step, inner, p["repeats"])
+        if ctx is not None and ctx.spec.barrier:
+            ctx.start_window()
+            secs = window_blocks(torch, cuda, step, inner, ctx.window_open, p["repeats"])
+        else:
+            secs = timed_blocks(torch, cuda, step, inner, p["repeats"])
         return secs, inner, nbuf, warm_s
 
     def shape_events(self, dims, secs: list[float], inner: int, nbuf: int, peak_rate) -> Iterator[dict[str, Any]]:

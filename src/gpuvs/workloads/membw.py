@@ -11,8 +11,8 @@ from typing import Any, Iterator
 from gpuvs import events, peaks
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.workloads import register
-from gpuvs.workloads._devtime import inner_count, is_cuda, sync, timed_blocks
-from gpuvs.workloads.base import Param, RunContext, Workload
+from gpuvs.workloads._devtime import inner_count, is_cuda, sync, timed_blocks, window_blocks
+from gpuvs.workloads.base import Param, RunContext, Workload, level, rate
 
 KINDS = ("d2d", "h2d", "d2h")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
@@ -49,6 +49,10 @@ def size_label(n: int) -> str:
     return f"{n}B"
 
 
+def series_name(kind: str, mem: str, size: int) -> str:
+    return f"{kind}{' ' + mem if mem else ''} {size_label(size)}"
+
+
 def pcie_link(device: str) -> float | None:
     """One-direction GB/s of the GPU's PCIe link (max generation x width, from NVML); None if unknown."""
     try:
@@ -71,6 +75,9 @@ class MemBw(Workload):
     name = "membw"
     summary = "memory bandwidth: device copy (read+write), host<->device pinned and pageable (GB/s, % of peak)"
     unit = "GB/s"
+    metrics = (level("*/pct_of_*", "higher", tested=False), rate("*", headline=True))
+    windowed = True  # one shape (gemm) or one copy (membw) per job under gpuvs share
+    window_param = "repeats"
     requires = ("torch",)
     params = (
         Param("kind", str, None, "d2d, h2d, d2h (repeat or comma-separate; default: all there are on the "
@@ -84,7 +91,7 @@ class MemBw(Workload):
               min=0.0, max=60000.0),
         Param("seed", int, 0, "random seed of the buffer contents", min=0),
     )
-    cpu_defaults = {"size": "1MiB,16MiB,64MiB", "repeats": 5}
+    cpu_defaults = {"size": "1MiB,16MiB,256MiB", "repeats": 5}  # the largest is beyond any CPU's last-level cache
 
     def validate(self, raw: dict[str, Any], device: str | None = None) -> dict[str, Any]:
         values = super().validate(raw, device)
@@ -110,6 +117,11 @@ class MemBw(Workload):
         if not params["size"]:
             raise UsageError("--size needs at least one size")
 
+    def headline_series(self, params: dict[str, Any]) -> str | None:
+        """The first kind's largest size: the copy least flattered by a cache (d2d unless --kind says)."""
+        kind, mem = self.plan(params, cuda=True)[0]
+        return series_name(kind, mem, max(parse_sizes(params["size"])))
+
     def plan(self, params: dict[str, Any], cuda: bool) -> list[tuple[str, str]]:
         """(kind, host memory) pairs in run order; host memory is '' for d2d."""
         kinds = params["kind"] or (list(KINDS) if cuda else ["d2d"])
@@ -131,12 +143,15 @@ class MemBw(Workload):
             peak_memory_gbps=hbm or "unknown", pcie_link_gbps=round(link, 1) if link else "unknown",
             bytes_counted="d2d: read + written; h2d, d2h: transferred", repeats=p["repeats"])
         gen = torch.Generator(device=device).manual_seed(p["seed"])
+        if ctx.spec.barrier and len(plan) * len(sizes) != 1:
+            raise WorkloadError("input", "gpuvs share runs one copy per job: give one --kind (and --host-memory) "
+                                "and one --size")
         done = 0
         for kind, mem in plan:
             for size in sizes:
-                series = f"{kind}{' ' + mem if mem else ''} {size_label(size)}"
+                series = series_name(kind, mem, size)
                 try:
-                    secs, inner = self.time_copy(torch, kind, mem, size, device, cuda, p, gen)
+                    secs, inner = self.time_copy(torch, kind, mem, size, device, cuda, p, gen, ctx)
                 except torch.cuda.OutOfMemoryError:
                     torch.cuda.empty_cache()
                     yield events.log(f"{series}: skipped: out of GPU memory")
@@ -158,7 +173,8 @@ class MemBw(Workload):
         if not done:
             raise WorkloadError("oom", "no size could be run (see the log lines above)")
 
-    def time_copy(self, torch, kind: str, mem: str, size: int, device: str, cuda: bool, p: dict[str, Any], gen):
+    def time_copy(self, torch, kind: str, mem: str, size: int, device: str, cuda: bool, p: dict[str, Any], gen,
+                  ctx: RunContext | None = None):
         """Random bytes (never zeros) copied src -> dst; the copy is checked once, then timed."""
         data = torch.randint(0, 256, (size,), dtype=torch.uint8, device=device, generator=gen)
         if kind == "d2d":
@@ -178,4 +194,7 @@ class MemBw(Workload):
             dst.copy_(src, non_blocking=non_blocking)
 
         inner = inner_count(torch, cuda, step, p["block_ms"] / 1000.0)
+        if ctx is not None and ctx.spec.barrier:
+            ctx.start_window()
+            return window_blocks(torch, cuda, step, inner, ctx.window_open, p["repeats"]), inner
         return timed_blocks(torch, cuda, step, inner, p["repeats"]), inner

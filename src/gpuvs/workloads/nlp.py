@@ -17,7 +17,7 @@ from typing import Any, Iterator
 from gpuvs import events
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.workloads import register
-from gpuvs.workloads.base import Param, RunContext, Workload
+from gpuvs.workloads.base import Param, RunContext, Workload, amount, duration, rate, score
 
 ARCHS = ("transformer", "bilstm")
 
@@ -45,6 +45,10 @@ def usable_cores() -> int:
 
 
 class _NlpBase(Workload):
+    # after each kind's headline series: tokens/sec, the scores and times both kinds end with
+    common_metrics = (rate("tokens"), duration("*_s"), rate("*_per_sec"), score("final_loss", "lower"),
+                      score("accuracy"), score("entity_f1"), amount("baseline_accuracy", "neither", tested=False),
+                      duration("latency_*_ms"))
     task: str = "tc"
     requires = ("torch",)
 
@@ -81,6 +85,7 @@ class _NlpBase(Workload):
 
 class _TrainBase(_NlpBase):
     unit = "examples/sec"
+    metrics = (rate("train", headline=True), *_NlpBase.common_metrics)
     cpu_defaults = {"epochs": 1, "sentences": 2000}
     params = MODEL_PARAMS + (
         Param("epochs", int, 2, "passes over the training sentences", min=1, max=100000),
@@ -160,6 +165,7 @@ class _TrainBase(_NlpBase):
 
 class _PredictBase(_NlpBase):
     unit = "examples/sec"
+    metrics = (rate("predict", headline=True), *_NlpBase.common_metrics)
     cpu_defaults = {"sentences": 2000, "requests": 100}
     params = MODEL_PARAMS + (
         Param("model_path", str, "", "a model file (from *-train --save-model, or a gpuvs serve --models-dir); "

@@ -10,9 +10,10 @@ import time
 from typing import Any, Iterator
 
 from gpuvs import events
+from gpuvs.barrier import ready
 from gpuvs.errors import WorkloadError
 from gpuvs.workloads import register
-from gpuvs.workloads.base import Param, RunContext, Workload
+from gpuvs.workloads.base import Param, RunContext, Workload, rate
 
 
 @register
@@ -20,6 +21,7 @@ class SelfTest(Workload):
     name = "selftest"
     summary = "harness self-check: timed sleeps (timeouts, kills, clean-up, stray output)"
     unit = "steps/sec"
+    metrics = (rate("main", headline=True),)
     windowed = True
     params = (
         Param("steps", int, 5, "timed steps", min=1, max=10_000_000),
@@ -30,6 +32,13 @@ class SelfTest(Workload):
         Param("exit_at_step", int, 0, "die abruptly (exit status --exit-status) at this step (0: never)", min=0),
         Param("exit_status", int, 17, "the status of that abrupt exit", min=0, max=255),
         Param("text", str, "", "a free-text value, echoed back as a log line"),
+        Param("fail_at_start", bool, False, "fail while warming up, before the timed part (and its start barrier)"),
+        Param("room", int, 0, "under gpuvs share: fail like an allocation that does not fit when this many workers "
+              "already wait at the start barrier (0: no limit)", min=0),
+        Param("allocate_mib", int, 0, "allocate and touch this much memory before the steps (a memory limit's "
+              "OOM kill)", min=0, max=1 << 20),
+        Param("write_mib", int, 0, "write a file of this size in the temporary folder before the steps (a disk "
+              "limit's eviction)", min=0, max=1 << 20),
     )
 
     def run(self, ctx: RunContext) -> Iterator[dict[str, Any]]:
@@ -41,6 +50,29 @@ class SelfTest(Workload):
             yield events.log("children " + " ".join(str(k.pid) for k in kids))
         if p["text"]:
             yield events.log(f"text {p['text']}")
+        if p["fail_at_start"]:
+            raise WorkloadError("crash", "selftest failed before its timed part as asked (--fail-at-start)")
+        barrier = ctx.spec.barrier or {}
+        if p["room"] and barrier and len(ready(barrier["dir"])) >= p["room"]:
+            raise WorkloadError("oom", f"out of room: {p['room']} selftest workers already hold the device "
+                                "(--room, a deterministic stand-in for running out of memory)")
+        hold = bytearray(p["allocate_mib"] << 20)
+        for i in range(0, len(hold), 4096):  # touch every page, so that the memory is really used
+            hold[i] = 1
+        if p["write_mib"]:
+            import tempfile
+
+            with tempfile.NamedTemporaryFile(prefix="gpuvs-selftest-", delete=True) as f:
+                for _ in range(p["write_mib"]):
+                    f.write(b"x" * (1 << 20))
+                f.flush()
+                os.fsync(f.fileno())
+                yield from self._steps(ctx)
+            return
+        yield from self._steps(ctx)
+
+    def _steps(self, ctx: RunContext) -> Iterator[dict[str, Any]]:
+        p = ctx.params
         ctx.start_window()
         for step in range(1, p["steps"] + 1):
             if not ctx.window_open():

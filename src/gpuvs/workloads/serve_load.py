@@ -4,7 +4,10 @@ sees: elapsed time, throughput (requests and texts per second) and latency perce
 Before the timed requests: the model is trained on the server if it is missing (--train auto),
 loaded (the server's own load time is reported as start-up model_load_s), and warmed up with a few
 requests, the first timed apart. Each client has its own channel and TCP connection and sends one
-request at a time; --requests is the total over all clients."""
+request at a time; --requests is the total over all clients. A request the server refuses as busy
+(RESOURCE_EXHAUSTED) is sent again after the server's retry hint, up to --retries times; its latency
+is from its first send to its answer, waits included, and every refusal is counted (refused_responses).
+Over TLS (--tls or --tls-ca) and with a token (--token-file) when the server asks for them."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from typing import Any, Iterator
 from gpuvs import events
 from gpuvs.errors import WorkloadError
 from gpuvs.workloads import register
-from gpuvs.workloads.base import Param, RunContext, Workload
+from gpuvs.workloads.base import Param, RunContext, Workload, amount, duration, rate
 
 
 @register
@@ -23,6 +26,9 @@ class ServeLoad(Workload):
     name = "serve-load"
     summary = "load on a gpuvs serve target: requests/sec, latency percentiles (gRPC clients)"
     unit = "requests/sec"
+    metrics = (rate("throughput", headline=True), duration("latency"), duration("*_s"), rate("*_per_sec"),
+               duration("*_ms"), amount("failed_requests"),
+               amount("refused_responses"))
     requires = ("grpc", "google.protobuf")
     params = (
         Param("target", str, "", "HOST:PORT of a running gpuvs serve"),
@@ -43,6 +49,12 @@ class ServeLoad(Workload):
         Param("window", float, 0.5, "seconds per throughput sample", min=0.01, max=3600.0),
         Param("connect_timeout", float, 10.0, "seconds to wait for the server to answer", min=0.1, max=3600.0),
         Param("seed", int, 0, "seed of the texts sent", min=0),
+        Param("retries", int, 20, "times a request refused as busy is sent again (after the server's hint)", min=0,
+              max=1000),
+        Param("tls", bool, False, "connect over TLS, trusting the system's CAs"),
+        Param("tls_ca", str, "", "CA certificate (PEM) to trust: connect over TLS"),
+        Param("server_name", str, "", "name the server's certificate must carry, when not the target's host"),
+        Param("token_file", str, "", "file holding the server's token"),
     )
 
     def check(self, params: dict[str, Any]) -> None:
@@ -58,6 +70,12 @@ class ServeLoad(Workload):
 
         if not NAME.fullmatch(params["model"]):
             raise UsageError(f"--model {params['model']!r}: letters, digits, '_', '.' or '-' (at most 64)")
+        from gpuvs.serve.client import Access
+        from gpuvs.serve.security import read_secret
+
+        Access(token_file=params["token_file"]).token()  # readable, one line: else one clear line now
+        if params["tls_ca"]:
+            read_secret(params["tls_ca"], "CA certificate")
 
     def run(self, ctx: RunContext) -> Iterator[dict[str, Any]]:
         import grpc
@@ -68,8 +86,9 @@ class ServeLoad(Workload):
         from gpuvs.serve import nlp_pb2 as pb
 
         p = ctx.params
+        access = client.Access(p["tls"], p["tls_ca"], p["server_name"], p["token_file"])
         try:
-            channel, stub = client.connect(p["target"], p["connect_timeout"])
+            channel, stub = client.connect(p["target"], p["connect_timeout"], access=access)
         except ConnectionError as exc:
             raise WorkloadError("unavailable", str(exc)) from None
         yield events.config(mode="load", target=p["target"], task=p["task"], model=p["model"], clients=p["clients"],
@@ -104,7 +123,7 @@ class ServeLoad(Workload):
         yield events.startup("warmup_s", time.perf_counter() - t0)
         channel.close()
 
-        load = _Load(p["target"], p["clients"], p["requests"], request, p["connect_timeout"])
+        load = _Load(p["target"], p["clients"], p["requests"], request, p["connect_timeout"], access, p["retries"])
         yield from load.run(p["window"])
         done = [r for r in load.results if r[2] == "OK"]
         if not done:
@@ -124,9 +143,11 @@ class ServeLoad(Workload):
         yield events.metric("server_p50_ms", float(np.percentile(server, 50)), "ms")
         failed = len(load.results) - len(done)
         yield events.metric("failed_requests", failed)
+        yield events.metric("refused_responses", load.refusals)
         yield events.log(f"{len(done)} requests in {elapsed:.2f} s from {p['clients']} clients: "
                          f"{len(done) / elapsed:.1f} requests/sec, latency p50 {np.percentile(lat, 50):.2f} ms, "
-                         f"p99 {np.percentile(lat, 99):.2f} ms" + (f"; {failed} failed, first: "
+                         f"p99 {np.percentile(lat, 99):.2f} ms; {load.refusals} busy refusals retried"
+                         + (f"; {failed} failed, first: "
                          f"{next(r[3] for r in load.results if r[2] != 'OK')}" if failed else ""))
 
     def _train(self, stub, pb, p: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -148,9 +169,10 @@ class _Load:
     """`clients` threads, each with its own channel, taking request numbers from one counter.
     results: (t_end, latency_s, status name, details, server_seconds) per request."""
 
-    def __init__(self, target: str, clients: int, requests: int, make, connect_timeout: float):
+    def __init__(self, target: str, clients: int, requests: int, make, connect_timeout: float, access, retries: int):
         self.target, self.clients, self.requests, self.make = target, clients, requests, make
-        self.connect_timeout = connect_timeout
+        self.connect_timeout, self.access, self.retries = connect_timeout, access, retries
+        self.refusals = 0
         self.results: list[tuple[float, float, str, str, float]] = []
         self._next = self._finished = 0
         self._lock = threading.Lock()
@@ -172,11 +194,19 @@ class _Load:
             while (i := self._take()) is not None:
                 req = self.make(i + 1000)
                 t0 = time.perf_counter()
-                try:
-                    resp = stub.Predict(req)
-                    row = (time.perf_counter(), time.perf_counter() - t0, "OK", "", resp.server_seconds)
-                except grpc.RpcError as exc:
-                    row = (time.perf_counter(), time.perf_counter() - t0, exc.code().name, exc.details() or "", 0.0)
+                for attempt in range(self.retries + 1):
+                    try:
+                        resp = stub.Predict(req)
+                        row = (time.perf_counter(), time.perf_counter() - t0, "OK", "", resp.server_seconds)
+                        break
+                    except grpc.RpcError as exc:
+                        row = (time.perf_counter(), time.perf_counter() - t0, exc.code().name, exc.details() or "", 0.0)
+                        wait = retry_after_s(exc)
+                        if wait is None or attempt == self.retries:
+                            break
+                        with self._lock:
+                            self.refusals += 1
+                        time.sleep(wait)
                 with self._lock:
                     self.results.append(row)
         finally:
@@ -194,7 +224,7 @@ class _Load:
         go = threading.Event()
         threads = []
         for _ in range(self.clients):
-            channel, stub = client.connect(self.target, self.connect_timeout, own_connection=True)
+            channel, stub = client.connect(self.target, self.connect_timeout, own_connection=True, access=self.access)
             threads.append(threading.Thread(target=self._client, args=(channel, stub, go), daemon=True))
         for t in threads:
             t.start()
@@ -216,3 +246,21 @@ class _Load:
                 break
         for t in threads:
             t.join()
+
+
+def retry_after_s(exc) -> float | None:
+    """Seconds to wait before sending again, from a busy refusal's hint (RESOURCE_EXHAUSTED with the
+    trailing metadata retry-after-ms); None for any other failure (not retried)."""
+    import grpc
+
+    from gpuvs.serve.admission import RETRY_METADATA
+
+    if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    for key, value in exc.trailing_metadata() or ():
+        if key == RETRY_METADATA:
+            try:
+                return min(30.0, max(0.0, int(value) / 1000.0))
+            except ValueError:
+                return None
+    return None

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 from gpuvs import events
 from gpuvs.errors import WorkloadError
 from gpuvs.workloads import register
-from gpuvs.workloads.base import Param, RunContext, Workload
+from gpuvs.workloads.base import Param, RunContext, Workload, duration
 
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "alexnet")
 
@@ -25,6 +25,7 @@ class Startup(Workload):
     name = "startup"
     summary = "launch to first GPU result, and total wall time, of a short job (one launch per trial)"
     unit = "s"
+    metrics = (duration("first_result_s", headline=True), duration("*_s"))
     requires = ("torch",)
     params = (
         Param("job", str, "kernel", "kernel: one tiny kernel; model: build a small model, one forward pass",

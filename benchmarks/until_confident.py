@@ -1,0 +1,138 @@
+"""GPU proof of issue 14: the shipped host arm of experiments/host-vs-container.yaml against itself
+(two host arms, seeds 1 and 2), settled with --until-confident, and the per-trial overhead (what a
+trial costs beyond its timed steps) before and after, in one command.
+
+- before: a checkout of gpuvs before this change (BEFORE, its src/ is used) runs 3 trials of the
+  same job (`gpuvs run`): its per-trial wall time and start-up;
+- after: this checkout runs `gpuvs compare ... --until-confident` (default cap 20): its wall time to
+  the verdict and its per-trial wall time and start-up;
+- the old stopping rule (BEFORE's stats.compare_arms after every pair, no correction) applied to the
+  same trials says at which look it would have stopped; before's wall time to a verdict is that many
+  trials at before's per-trial wall time (median).
+
+usage: python benchmarks/until_confident.py BEFORE_DIR OUT_DIR [--limit-before S] [--limit-after S] [--cpu]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+PARAMS = ["cnn-train", "--model", "resnet50", "--batch-size", "256", "--precision", "bf16", "--data-format", "NHWC",
+          "--warmup-steps", "10", "--steps", "30", "--device", "cuda", "--quiet"]
+STARTUP = ("launch_to_worker_s", "import_s", "model_build_s", "data_setup_s", "first_step_s", "warmup_s",
+           "launch_to_timed_s")
+
+
+if "--cpu" in sys.argv:  # a check of this script on a machine without a GPU, at toy sizes
+    PARAMS = ["cnn-train", "--model", "resnet18", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "1",
+              "--steps", "3", "--device", "cpu", "--quiet"]
+
+
+def gpuvs(src: Path, args: list[str], limit: float) -> tuple[float, int, str]:
+    env = dict(os.environ, PYTHONPATH=str(src))
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run([sys.executable, "-m", "gpuvs", *args], capture_output=True, text=True, env=env,
+                           timeout=limit, cwd=src.parent)
+        code, text = r.returncode, r.stdout[-3000:] + r.stderr[-2000:]
+    except subprocess.TimeoutExpired as exc:
+        code, text = 124, f"time limit {limit:g} s: {exc}"
+    return time.monotonic() - t0, code, text
+
+
+def trials(db: Path) -> list[dict]:
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    out = []
+    for r in con.execute("SELECT * FROM trials WHERE status='ok' ORDER BY id"):
+        summary = json.loads(r["summary"] or "{}").get("main", {})
+        out.append({"arm": r["arm"], "trial": r["trial"], "wall": r["ended"] - r["started"],
+                    "timed": summary.get("total_seconds", 0.0), "value": summary.get("value"),
+                    "startup": json.loads(r["startup"] or "{}")})
+    return out
+
+
+def old_rule_stop(before_src: Path, rows: list[dict], first: int = 3, margin: float = 0.01) -> int | None:
+    """The look (trials per arm) at which the old rule (no correction) would have stopped."""
+    spec = importlib.util.spec_from_file_location("before_stats", before_src / "gpuvs" / "stats.py")
+    old = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(old)
+    arms = sorted({r["arm"] for r in rows})
+    n = first
+    while True:
+        a = [r["value"] for r in rows if r["arm"] == arms[0] and r["trial"] < n]
+        b = [r["value"] for r in rows if r["arm"] == arms[1] and r["trial"] < n]
+        if len(a) < n or len(b) < n:
+            return None
+        if old.compare_arms(a, b, margin=margin)["verdict"] != "inconclusive":
+            return n
+        n += 2
+
+
+def main() -> int:
+    before, out = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
+    def opt(name, default):
+        return float(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+    limit_before, limit_after = opt("--limit-before", 70.0), opt("--limit-after", 160.0)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    wall_b, code_b, text_b = gpuvs(before / "src", ["run", *PARAMS, "--trials", "3", "--store", str(out / "before.db")],
+                                   limit_before)
+    cmd = ["compare", *PARAMS, "--margin", "0.01", "--arm", "a:seed=1", "--arm", "b:seed=2", "--until-confident",
+           "--order-seed", "7", "--store", str(out / "after.db")]
+    wall_a, code_a, text_a = gpuvs(HERE / "src", cmd, limit_after)
+    tb, ta = trials(out / "before.db"), trials(out / "after.db")
+    (out / "logs.txt").write_text(f"before exit {code_b}\n{text_b}\n\nafter exit {code_a}\n{text_a}\n")
+
+    def per_trial(rows):
+        walls = [r["wall"] for r in rows]
+        over = [r["wall"] - r["timed"] for r in rows]
+        parts = {k: statistics.median(r["startup"][k] for r in rows if k in r["startup"])
+                 for k in STARTUP if any(k in r["startup"] for r in rows)}
+        return statistics.median(walls), statistics.median(over), parts, walls
+
+    lines.append("| | trials | per-trial wall s (median) | per-trial overhead s (wall - timed steps, median) | "
+                 + " | ".join(k.removesuffix("_s") for k in STARTUP) + " |")
+    lines.append("| --- " * (4 + len(STARTUP)) + "|")
+    res = {}
+    for label, rows in (("before", tb), ("after", ta)):
+        if not rows:
+            lines.append(f"| {label} | 0 | - | - |" + " - |" * len(STARTUP))
+            continue
+        w, o, parts, walls = per_trial(rows)
+        res[label] = (w, o)
+        lines.append(f"| {label} | {len(rows)} | {w:.2f} | {o:.2f} | "
+                     + " | ".join(f"{parts[k]:.2f}" if k in parts else "-" for k in STARTUP) + " |")
+        lines.append(f"|   (every trial's wall s) | | {', '.join(f'{x:.1f}' for x in walls)} | | " + " |" * len(STARTUP))
+    stop_old = old_rule_stop(before / "src", ta) if ta else None
+    n_after = 1 + max((r["trial"] for r in ta), default=-1)
+    lines.append("")
+    lines.append(f"after: `gpuvs {' '.join(cmd)}`: exit {code_a}, {wall_a:.1f} s to the verdict, {n_after} trials "
+                 f"per arm (new rule: alpha spending over the looks)")
+    if stop_old and "before" in res:
+        lines.append(f"before: the old rule would have stopped these trials after {stop_old} per arm; at before's "
+                     f"{res['before'][0]:.2f} s per trial that is {2 * stop_old * res['before'][0]:.1f} s of trials "
+                     f"(plus gpuvs's own start)")
+    lines.append(f"before: `gpuvs run {' '.join(PARAMS)} --trials 3`: exit {code_b}, {wall_b:.1f} s")
+    for t in ta:
+        lines.append(f"- after trial {t['trial'] + 1} [{t['arm']}]: {t['value']:.1f} images/sec, wall {t['wall']:.2f} s")
+    for t in tb:
+        lines.append(f"- before trial {t['trial'] + 1}: {t['value']:.1f} images/sec, wall {t['wall']:.2f} s")
+    text = "\n".join(lines)
+    (out / "until_confident.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

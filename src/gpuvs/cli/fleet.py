@@ -1,0 +1,170 @@
+"""gpuvs fleet WORKLOAD [options]: the same workload on every GPU node of a cluster (one pod per trial,
+pinned to its node), each node compared with the fleet; which nodes are slower, by how much, how sure.
+
+    gpuvs fleet spin --device cpu --image IMAGE [--nodes a,b,c] [--node-label KEY[=VALUE]] [--all-nodes]
+                [--trials 4 --max-trials 12] [--parallel N] [--reference NODE] [--margin 0.05]
+                [--label [--dry-run]] [--format term|md|html|json|csv -o FILE] [pod options]
+
+Exit status: 0 when the fleet ran (whatever the verdicts), 1 when a node ran no trial, 2 on bad input."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from gpuvs import workloads
+from gpuvs.cli import app
+from gpuvs.cli import options as opt
+from gpuvs.cli.info import options_table, param_table
+from gpuvs.cli.run import PASS_THROUGH, prepare
+from gpuvs.errors import RunFailed, UsageError
+from gpuvs.fleet import adaptive, kube, labels, nodes
+from gpuvs.fleet import run as fleet_run
+from gpuvs.report import fleet as report
+from gpuvs.report import terminal
+from gpuvs.runner import Runner, TrialResult, validate_spec
+from gpuvs.store import Store
+from gpuvs.workloads.base import Param
+
+DEFAULT_TRIALS = 4
+MIN_TRIALS = 4  # BENCHMARKS.md: 3 trials per node let the fleet's false-alarm rate reach 12%
+FLEET_OPTIONS = (
+    Param("nodes", str, None, "only these nodes (comma-separated; may be repeated)", multiple=True),
+    Param("node_label", str, None, "only nodes with this label, KEY or KEY=VALUE (may be repeated)", multiple=True),
+    Param("all_nodes", bool, False, "nodes without allocatable GPUs too (default: only nodes with --gpu-resource)"),
+    Param("reference", str, None, "compare every node with this node (default: the fleet band of the others)"),
+    Param("parallel", int, 1, "trials at once across nodes (never two on one node)", min=1, max=1000),
+    Param("max_trials", int, None, f"trials per node at most, for unsettled nodes (default: 3 x --trials)",
+          min=2, max=10000),
+    Param("margin", float, 0.05, "equivalence margin of a node against the fleet (0.05: ±5%)", min=0.0, max=0.5),
+    Param("confidence", float, 0.95, "1 - the false-call rate for the whole fleet", min=0.5, max=0.999),
+    Param("label", bool, False, "write gpuvs.io/perf=ok|slow|inconclusive and gpuvs.io/perf-ratio on the nodes"),
+    Param("dry_run", bool, False, "with --label: show the labels, write nothing"),
+    Param("format", str, "term", "report format", choices=report.FORMATS),
+    Param("output", str, None, "write the report here (else standard output)"),
+)
+
+
+def fleet_help(workload) -> None:
+    console = Console(markup=False, highlight=False)
+    console.print("usage: gpuvs fleet WORKLOAD --image IMAGE [fleet options] [workload options] [pod options]\n"
+                  "Runs WORKLOAD in a pod on every GPU node, compares each node with the fleet. See docs/fleet.md.")
+    if workload is None:
+        console.print(f"workloads: {', '.join(workloads.names())}")
+    else:
+        console.print(param_table(workload))
+    console.print(options_table("fleet options", FLEET_OPTIONS))
+    console.print(options_table("run options", tuple(p for p in opt.RUN_OPTIONS if p.name != "num_gpus")))
+    for title, group in opt.env_groups():
+        if "pod" in title:
+            console.print(options_table(title + " (--label is the fleet's here)", group))
+
+
+def _nodes_arg(items: list[str] | None) -> list[str] | None:
+    names = [n.strip() for item in items or [] for n in str(item).split(",") if n.strip()]
+    return names or None
+
+
+@app.command(context_settings=PASS_THROUGH, add_help_option=False)
+def fleet(ctx: typer.Context) -> None:
+    """Find the slow nodes: gpuvs fleet WORKLOAD --image IMAGE [--nodes ...] [--label] (gpuvs fleet --help)."""
+    args = list(ctx.args)
+    own_raw, rest = opt.take_out(args, FLEET_OPTIONS)
+    o = opt.take(dict(own_raw), FLEET_OPTIONS)
+    # a report in another format on stdout: progress goes to stderr
+    console = Console(markup=False, highlight=False, stderr=o["format"] != "term" and not o["output"])
+    if not any(a == "--env" or a.startswith("--env=") for a in rest):
+        rest = ["--env", "pod"] + rest
+    prep = prepare(rest, "gpuvs fleet", console, help_fn=fleet_help)
+    if prep.positionals:
+        raise UsageError(f"unexpected argument {prep.positionals[0]!r}")
+    base, run = prep.base, prep.run
+    if base.env.kind != "pod":
+        raise UsageError(f"gpuvs fleet runs pods on the cluster's nodes: --env {base.env.kind} is not allowed "
+                         "(leave --env out, or give --env pod)")
+    if base.env.options.get("node"):
+        raise UsageError("--node pins one node; a fleet runs on many: use --nodes a,b,c")
+    if o["dry_run"] and not o["label"]:
+        raise UsageError("--dry-run applies with --label (it shows the labels instead of writing them)")
+    if o["output"] and not Path(o["output"]).resolve().parent.is_dir():
+        raise UsageError(f"--output {o['output']}: folder {Path(o['output']).parent} does not exist")
+    trials = run["trials"] if any(a == "--trials" or a.startswith("--trials=") for a in rest) else DEFAULT_TRIALS
+    if trials < MIN_TRIALS:
+        raise UsageError(f"--trials {trials}: a fleet needs at least {MIN_TRIALS} trials per node (with fewer, the "
+                         "false-alarm rate across many nodes exceeds 1 - confidence; see docs/fleet.md)")
+    max_trials = o["max_trials"] if o["max_trials"] is not None else 3 * trials
+    if max_trials < trials:
+        raise UsageError(f"--max-trials {max_trials} is below --trials {trials}")
+    plan = adaptive.Plan(trials=trials, max_trials=max_trials, step=trials)
+
+    pod = base.env.options
+    from gpuvs.environments.pod import parse_options
+
+    settings = parse_options(pod)
+    from gpuvs.kube import client
+
+    cluster = client.connect(pod.get("kubeconfig"), pod.get("context"), pod.get("namespace"))
+    chosen, excluded = nodes.select(kube.nodes(cluster), names=_nodes_arg(o["nodes"]), labels=o["node_label"],
+                                    gpu_resource=settings.gpu_resource, need_gpus=not o["all_nodes"],
+                                    image=settings.image, pull_never=settings.pull_policy == "Never",
+                                    tolerations=settings.tolerations)
+    if o["reference"] and o["reference"] not in {n.name for n in chosen}:
+        raise UsageError(f"--reference {o['reference']}: not one of the fleet's nodes that can run the pod "
+                         f"({', '.join(n.name for n in chosen) or 'none'})")
+    exp = fleet_run.fleet_experiment(run["name"] or f"fleet {prep.workload.name}", base, [n.name for n in chosen],
+                                     {"command": "gpuvs fleet " + shlex.join(args), "margin": o["margin"],
+                                      "confidence": o["confidence"]}, run["order_seed"])
+    usable = []
+    for node, arm in zip(chosen, exp.arms):  # the pod environment's own checks, per node: a refusal is a row
+        try:
+            validate_spec(exp.spec_for(arm, 0))
+            usable.append(node)
+        except UsageError as exc:
+            excluded.append(nodes.Excluded(node.name, str(exc)))
+    if len(usable) < 2:
+        why = "; ".join(f"{e.node}: {e.reason}" for e in excluded) or "no node matched"
+        raise UsageError(f"a fleet needs at least 2 nodes that can run the pod, found {len(usable)} ({why})")
+    if len(usable) < len(chosen):
+        exp = fleet_run.fleet_experiment(exp.name, base, [n.name for n in usable], exp.meta, run["order_seed"])
+    for e in excluded:
+        console.print(f"node {e.node}: left out, {e.reason}", style="yellow")
+    console.print(f"fleet of {len(usable)} node(s): {prep.workload.name} x {plan.trials} trial(s) each "
+                  f"(up to {plan.max_trials} where unsettled), {o['parallel']} at once", style="dim")
+
+    def on_end(r: TrialResult) -> None:
+        console.print(terminal.trial_line(r), style=None if r.ok else "red", highlight=False)
+
+    unit = prep.workload.unit
+    with Store(run["store"]) as st:
+        try:
+            result, ex = fleet_run.run(Runner(st, timeout_s=run["timeout"]), exp, usable, excluded, plan=plan,
+                                       parallel=o["parallel"], margin=o["margin"], confidence=o["confidence"],
+                                       reference=o["reference"], unit=unit, on_end=on_end)
+        finally:
+            kube.sweep(cluster, exp.id)
+        if o["label"]:
+            changes = labels.plan(result.rows, experiment_id=exp.id, workload=prep.workload.name)
+            outcome = ([(c.node, "dry run: not written") for c in changes] if o["dry_run"]
+                       else [(n, err or "written") for n, err in labels.apply(cluster.core, changes)])
+            status = dict(outcome)
+            result.labels = [{"node": c.node, "labels": c.labels, "annotations": c.annotations,
+                              "status": status[c.node]} for c in changes]
+        st.update_meta(exp.id, fleet=result.to_dict())
+    text = report.render(o["format"], result)
+    if o["output"]:
+        Path(o["output"]).write_text(text, encoding="utf-8")
+        report.terminal(console, result)
+        console.print(f"wrote {o['output']}", style="dim")
+    elif o["format"] == "term":
+        report.terminal(console, result)
+    else:
+        sys.stdout.write(text)
+    console.print(f"experiment {exp.id} in {run['store']} (gpuvs report {exp.id} --format html -o fleet.html)",
+                  style="dim")
+    failed = [r for r in result.rows if r.verdict == "failed"]
+    if failed:
+        raise RunFailed(f"{len(failed)} node(s) ran no trial: " + "; ".join(f"{r.node}: {r.reason}" for r in failed))

@@ -1,0 +1,118 @@
+"""Error rates over the whole family of comparisons of one experiment: every arm against the
+baseline, on every metric.
+
+- The headline metric (the one the workload declares) carries the verdict at the stated
+  confidence: each of the k arms is tested at alpha / k (Bonferroni), and under --until-confident
+  at the nominal level of the current look of an alpha / k spending plan (sequential.py).
+- The other tested metrics are a second family, behind a parallel gatekeeper: they share
+  alpha * r / k, where r is the number of arms whose headline difference was established, and are
+  tested with Holm's step-down method within that share. With no headline difference (r = 0) they
+  are descriptive: figures and intervals, no verdict. Bonferroni in the first family is what makes
+  the gate valid: the chance of any false verdict, headline or not, stays at alpha.
+- For every comparison both hypotheses are tested at its level (different; equivalent within the
+  margin): at most one of them is true, so a comparison counts once. Holm's count is the number of
+  comparisons with a hypothesis not yet rejected.
+- Metrics declared `tested=False`, or not declared by the workload, are descriptive."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuvs import stats
+from gpuvs.sequential import Plan
+
+
+def headline_levels(alpha: float, k: int, plan: Plan | None = None, rounds: int = 0) -> tuple[float, float]:
+    """(difference level, equivalence level) of each arm's headline comparison."""
+    share = alpha / max(1, k)
+    if plan is None:
+        return share, share
+    return plan.levels(rounds, share)
+
+
+def describe(row: dict[str, Any], alpha: float, why: str) -> dict[str, Any]:
+    """A comparison shown, not tested: its interval at 1 - alpha, no verdict."""
+    if row.get("se_log"):
+        stats.decide(row, alpha, alpha, False)
+    row.update(verdict="descriptive", also=None, different=False, equivalent=False, tested=False,
+               trials_needed=None, more_trials=None, reason=why)
+    return row
+
+
+def holm(rows: list[dict[str, Any]], alpha: float, estimate: bool = True) -> None:
+    """Holm's step-down over the difference and equivalence hypotheses of `rows` (compare_arms
+    results with p-values) at family level alpha; each row's verdict is made at the level of the
+    step that decided it (so its interval agrees with its verdict)."""
+    hyps = sorted(((r["p_different"], i, "diff") for i, r in enumerate(rows) if r.get("p_different") is not None),
+                  key=lambda h: h[0])
+    hyps += sorted(((r["p_equivalent"], i, "eq") for i, r in enumerate(rows) if r.get("p_equivalent") is not None),
+                   key=lambda h: h[0])
+    hyps.sort(key=lambda h: h[0])
+    open_ = {i: 2 for i, r in enumerate(rows) if r.get("p_different") is not None}
+    decided: dict[int, float] = {}
+    threshold = alpha / max(1, len(open_))
+    for p, i, _ in hyps:
+        threshold = alpha / max(1, sum(1 for c in open_.values() if c > 0))
+        if p > threshold:
+            break
+        open_[i] -= 1
+        decided.setdefault(i, threshold)
+    for i, r in enumerate(rows):
+        if r.get("p_different") is not None:
+            level = decided.get(i, threshold)
+            stats.decide(r, level, level, estimate)
+            r["tested"] = True
+
+
+def adjust(rows: list[dict[str, Any]], alpha: float, arms: int, plan: Plan | None = None, rounds: int = 0,
+           estimate: bool = True) -> None:
+    """Set the verdicts of one experiment's comparisons in place. rows: compare_arms results with
+    'headline' (bool) and 'tested' (declared tested) keys; arms: the number of arms compared with
+    the baseline."""
+    level, level_eq = headline_levels(alpha, arms, plan, rounds)
+    heads = [r for r in rows if r["headline"]]
+    for r in heads:
+        if r.get("se_log"):
+            stats.decide(r, level, level_eq, estimate)
+        r["tested"] = True
+        r["family"] = (f"headline: {arms} arm{'s' if arms > 1 else ''} at alpha/{arms}" if arms > 1 else "headline") + (
+            f", look {plan.look(rounds) + 1} of {len(plan.looks())} (alpha spending)" if plan else "")
+    established = sum(1 for r in heads if r["different"])
+    share = alpha * established / max(1, arms)
+    others = [r for r in rows if not r["headline"]]
+    gated = []
+    for r in others:
+        if not r.get("declared_tested", True):
+            describe(r, alpha, "descriptive: the workload does not test this figure")
+            r["family"] = "descriptive"
+        elif share <= 0:
+            describe(r, alpha, "descriptive: tested only once the headline shows a difference")
+            r["family"] = "descriptive"
+        else:
+            gated.append(r)
+    holm(gated, share, estimate)
+    for r in gated:
+        r["family"] = f"other metrics: Holm over {len(gated)} at alpha x {established}/{arms}"
+
+
+def compare_all(metrics, values: list[dict[str, dict[Any, float]]], names: list[str], *, margin: float,
+                confidence: float, paired: bool, floors: list[dict[str, float]] | None = None,
+                plan: Plan | None = None, rounds: int = 0, estimate: bool = True) -> list[dict[str, Any]]:
+    """Every arm against the first on every metric, verdicts made for the family. metrics: objects
+    with name, unit, better, up, down, headline, tested (comparison.Metric); values[i][metric]:
+    arm i's figures by round ({round: figure}); floors[i][metric]: its per-trial floor; estimate:
+    compute trials to settle (the simulations in benchmarks/verdicts.py skip it where not needed)."""
+    rows = []
+    for metric in metrics:
+        for i in range(1, len(values)):
+            fa = floors[0].get(metric.name, 0.0) if floors else 0.0
+            fb = floors[i].get(metric.name, 0.0) if floors else 0.0
+            result = stats.compare_arms(values[0].get(metric.name, {}), values[i].get(metric.name, {}),
+                                        better=metric.better, words=(metric.up, metric.down), margin=margin,
+                                        confidence=confidence, paired=paired, floor_a=fa, floor_b=fb,
+                                        estimate=False)
+            rows.append({"metric": metric.name, "unit": metric.unit, "arm": names[i], "baseline": names[0],
+                         "headline": metric.headline, "declared_tested": metric.tested, "interleaved": paired,
+                         **result})
+    adjust(rows, round(1 - confidence, 12), len(values) - 1, plan, rounds, estimate)
+    return rows

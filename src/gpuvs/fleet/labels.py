@@ -1,0 +1,71 @@
+"""Node labels from a fleet's verdicts, written only when asked (--label), shown with --dry-run.
+
+gpuvs.io/perf        ok | slow | inconclusive   (faster and equivalent are ok)
+gpuvs.io/perf-ratio  the node's relative speed against the fleet, e.g. 0.512
+annotation gpuvs.io/perf-details  JSON: experiment, workload, verdict, ratio, interval, reference, time
+
+A scheduler's affinity or a person can act on them; gpuvs never taints or cordons a node itself."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gpuvs.fleet.run import NodeRow
+
+PERF = "gpuvs.io/perf"
+RATIO = "gpuvs.io/perf-ratio"
+DETAILS = "gpuvs.io/perf-details"
+VALUES = {"slower": "slow", "faster": "ok", "equivalent": "ok", "reference": "ok"}  # anything else: inconclusive
+
+
+@dataclass
+class LabelChange:
+    node: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+
+    def patch(self) -> dict[str, Any]:
+        """A merge patch of the node's metadata (labels and annotations only)."""
+        return {"metadata": {"labels": self.labels, "annotations": self.annotations}}
+
+
+def plan(rows: list[NodeRow], *, experiment_id: str, workload: str) -> list[LabelChange]:
+    """The labels of the measured nodes (excluded and failed nodes are left as they are)."""
+    out = []
+    for r in rows:
+        if r.verdict in ("excluded", "failed"):
+            continue
+        labels = {PERF: VALUES.get(r.verdict, "inconclusive")}
+        if r.speed is not None:
+            labels[RATIO] = f"{r.speed:.3f}"
+        details = {"experiment": experiment_id, "workload": workload, "verdict": r.verdict, "speed": r.speed,
+                   "interval": [r.speed_low, r.speed_high], "reference": r.reference, "trials": r.n_ok,
+                   "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        out.append(LabelChange(r.node, labels, {DETAILS: json.dumps(details, sort_keys=True)}))
+    return out
+
+
+def apply(core: Any, changes: list[LabelChange]) -> list[tuple[str, str | None]]:
+    """Patch each node (CoreV1Api); [(node, error or None)]. One node's refusal does not stop the others."""
+    from gpuvs.kube.client import api_message
+
+    done = []
+    for c in changes:
+        try:
+            core.patch_node(c.node, c.patch())
+            done.append((c.node, None))
+        except Exception as exc:  # ApiException: forbidden, node gone
+            done.append((c.node, api_message(exc)))
+    return done
+
+
+def read(core: Any, nodes: list[str]) -> dict[str, dict[str, str]]:
+    """The gpuvs.io labels each node carries now."""
+    out = {}
+    for name in nodes:
+        labels = core.read_node(name).metadata.labels or {}
+        out[name] = {k: v for k, v in labels.items() if k.startswith("gpuvs.io/")}
+    return out

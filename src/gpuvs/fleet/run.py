@@ -1,0 +1,219 @@
+"""A fleet run: trials on the chosen nodes (one pod per trial, pinned to its node) through the
+runner's LiveTrial, so every event is stored as it arrives like any experiment; concurrency up to
+`parallel`, never two trials on one node; adaptive.run decides how many; the result is a FleetResult
+(one row per node, the excluded ones included) that every report renders and the store keeps."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from gpuvs import workloads
+from gpuvs.errors import UsageError, interruption
+from gpuvs.fleet import adaptive, fingerprints
+from gpuvs.fleet.nodes import Excluded, NodeInfo
+from gpuvs.fleet.schedule import Item, Slots
+from gpuvs.runner import Arm, Experiment, LiveTrial, Runner, TrialResult
+
+POLL_S = 0.05
+
+
+@dataclass
+class NodeRow:
+    node: str
+    verdict: str  # slower | faster | equivalent | inconclusive | reference | failed | excluded
+    reason: str = ""
+    n_ok: int = 0
+    n_trials: int = 0
+    mean: float | None = None
+    speed: float | None = None  # relative to the fleet; below 1 is slower, whatever the unit
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    speed_low: float | None = None
+    speed_high: float | None = None
+    p_adjusted: float | None = None  # of the verdict that was reached (different or equivalent)
+    reference: list[str] = field(default_factory=list)
+    differs: dict[str, list[Any]] = field(default_factory=dict)  # label -> [its value, the majority's]
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FleetResult:
+    id: str
+    workload: str
+    unit: str
+    higher_is_better: bool
+    margin: float
+    confidence: float
+    plan: dict[str, Any]
+    control: dict[str, Any]
+    looks_used: int
+    rows: list[NodeRow]
+    command: str = ""
+    labels: list[dict[str, Any]] = field(default_factory=list)  # planned/written label changes
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FleetResult:
+        data = dict(data)
+        data["rows"] = [NodeRow(**r) for r in data.get("rows") or []]
+        return cls(**data)
+
+    def measured(self) -> list[NodeRow]:
+        return [r for r in self.rows if r.verdict not in ("excluded", "failed")]
+
+
+class Executor:
+    """Runs batches of (node, trial) items for adaptive.run; keeps every TrialResult."""
+
+    def __init__(self, runner: Runner, exp: Experiment, parallel: int,
+                 on_end: Callable[[TrialResult], None] | None = None):
+        self.runner, self.exp, self.parallel, self.on_end = runner, exp, parallel, on_end
+        self.arms = {a.name: a for a in exp.arms}
+        self.results: list[TrialResult] = []
+        self.failed_nodes: dict[str, str] = {}  # node -> why it ran nothing
+        self.max_in_flight = 0
+        self.value_of: Callable[[TrialResult], float | None] = lambda r: r.primary().get("value")
+
+    def __call__(self, items: list[Item]) -> dict[str, list[float]]:
+        slots = Slots([it for it in items if it[0] not in self.failed_nodes], self.parallel)
+        live: dict[Item, LiveTrial] = {}
+        got: dict[str, list[float]] = {}
+        try:
+            while not slots.finished:
+                for item in slots.take():
+                    live[item] = self._start(item)
+                self.max_in_flight = max(self.max_in_flight, len(live))
+                for item, lv in list(live.items()):
+                    if not self._poll(lv):
+                        continue
+                    del live[item]
+                    slots.done(item)
+                    self._ended(item, lv.result, slots, got)
+                if live:
+                    time.sleep(POLL_S)
+        except KeyboardInterrupt as exc:
+            for lv in live.values():
+                lv.fail("interrupted", interruption(exc), status="interrupted")
+                lv.finish()
+            raise
+        return got
+
+    def _start(self, item: Item) -> LiveTrial:
+        node, trial = item
+        lv = LiveTrial(self.runner, self.exp.spec_for(self.arms[node], trial))
+        try:
+            lv.start()
+        except KeyboardInterrupt as exc:  # stopped while the pod was being created: the trial is kept, the
+            lv.fail("interrupted", interruption(exc), status="interrupted")  # pod killed (and swept at the end)
+            lv.finish()
+            raise
+        except Exception as exc:  # the launcher refused (API error, ...)
+            lv.fail(getattr(exc, "kind", "unavailable"), str(exc) or type(exc).__name__)
+        return lv
+
+    def _poll(self, lv: LiveTrial) -> bool:
+        if lv.done:
+            lv.finish()
+            return True
+        try:
+            if not lv.pump(block=False):
+                return False
+        except TimeoutError:
+            lv.fail("timeout", f"timed out after {lv.timeout:g} s; the worker was stopped")
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            lv.fail(getattr(exc, "kind", "crash"), str(exc) or type(exc).__name__)
+        lv.finish()
+        return True
+
+    def _ended(self, item: Item, result: TrialResult, slots: Slots, got: dict[str, list[float]]) -> None:
+        self.results.append(result)
+        if self.on_end:
+            self.on_end(result)
+        node = item[0]
+        value = self.value_of(result) if result.ok else None
+        if value is not None:
+            got.setdefault(node, []).append(float(value))
+            return
+        if not any(r.ok for r in self.results if r.spec.arm == node):
+            # nothing ran there yet: the node cannot run the pod; stop sending it trials
+            self.failed_nodes[node] = (result.error or result.status).splitlines()[0][:300]
+            slots.drop(node)
+
+
+def headline_higher(workload: str) -> bool:
+    """Which way is better for the workload's headline, as the workload declares it (never from a unit)."""
+    decl = next((d for d in workloads.get(workload).metrics if d.headline), None)
+    if decl is None or decl.better == "neither":
+        raise UsageError(f"workload {workload} declares no headline figure with a direction; gpuvs fleet "
+                         "needs one to say which node is slower")
+    return decl.better == "higher"
+
+
+def fleet_experiment(name: str, base, nodes: list[str], meta: dict[str, Any], seed: int | None) -> Experiment:
+    """One arm per node, pinned to it through the pod environment's `node` option."""
+    return Experiment(name=name, base=base, arms=[Arm(n, {"node": n}) for n in nodes], trials=0, seed=seed,
+                      kind="fleet", meta=meta)
+
+
+def run(runner: Runner, exp: Experiment, nodes: list[NodeInfo], excluded: list[Excluded], *, plan: adaptive.Plan,
+        parallel: int, margin: float, confidence: float, reference: str | None, unit: str,
+        on_end: Callable[[TrialResult], None] | None = None) -> tuple[FleetResult, Executor]:
+    """Create the experiment in the store, run the fleet, and keep the result with it."""
+    t0 = time.monotonic()
+    higher = headline_higher(exp.base.workload)
+    runner.store.create_experiment(exp.id, exp.name, exp.kind, {**exp.meta, "workload": exp.base.workload,
+                                                                "base": exp.base.to_dict(), "seed": exp.seed,
+                                                                "arms": [{"name": a.name, "overrides": a.overrides}
+                                                                         for a in exp.arms]})
+    ex = Executor(runner, exp, parallel, on_end)
+    outcome = adaptive.run([n.name for n in nodes], ex, plan, higher_is_better=higher, margin=margin,
+                           confidence=confidence, reference=reference, seed=exp.seed)
+    result = build(exp, nodes, excluded, outcome, ex, plan=plan, margin=margin, confidence=confidence, unit=unit)
+    result.seconds = time.monotonic() - t0
+    return result, ex
+
+
+def build(exp: Experiment, nodes: list[NodeInfo], excluded: list[Excluded], outcome: adaptive.Outcome,
+          ex: Executor, *, plan: adaptive.Plan, margin: float, confidence: float, unit: str) -> FleetResult:
+    fps: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        worker = next((r.fingerprint for r in ex.results if r.spec.arm == node.name and r.ok and r.fingerprint), None)
+        fps[node.name] = fingerprints.combined(worker, node.system)
+    differs = fingerprints.majority_differences(fps)
+    verdict_of = {v.node: v for v in outcome.verdicts}
+    higher = headline_higher(exp.base.workload)
+    rows = []
+    for node in nodes:
+        n = node.name
+        tried = [r for r in ex.results if r.spec.arm == n]
+        row = NodeRow(n, "inconclusive", n_ok=sum(r.ok for r in tried), n_trials=len(tried), fingerprint=fps[n],
+                      differs={k: list(v) for k, v in differs.get(n, {}).items()})
+        v = verdict_of.get(n)
+        if n in ex.failed_nodes and not row.n_ok:
+            row.verdict, row.reason = "failed", ex.failed_nodes[n]
+        elif v is not None:
+            row.verdict, row.reason, row.mean, row.reference = v.verdict, v.reason, v.mean, list(v.reference)
+            row.ratio, row.ci_low, row.ci_high, row.speed = v.ratio, v.ci_low, v.ci_high, v.speed
+            if v.ci_low is not None and v.ci_high is not None:
+                row.speed_low, row.speed_high = ((v.ci_low, v.ci_high) if higher else (1 / v.ci_high, 1 / v.ci_low))
+            row.p_adjusted = v.p_equivalent_adj if v.verdict == "equivalent" else v.p_different_adj
+            if v.verdict == "reference":
+                row.speed = row.ratio = 1.0
+        rows.append(row)
+    rows += [NodeRow(e.node, "excluded", reason=e.reason) for e in excluded]
+    return FleetResult(id=exp.id, workload=exp.base.workload, unit=unit, higher_is_better=higher, margin=margin,
+                       confidence=confidence, plan=asdict(plan), control=outcome.control.to_dict(),
+                       looks_used=outcome.looks_used, rows=sort_rows(rows), command=exp.meta.get("command", ""))
+
+
+def sort_rows(rows: list[NodeRow]) -> list[NodeRow]:
+    """Slowest first; nodes without a figure (failed, excluded) last."""
+    return sorted(rows, key=lambda r: (r.speed is None, r.speed if r.speed is not None else 0.0, r.node))

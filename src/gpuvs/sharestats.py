@@ -1,0 +1,101 @@
+"""Every statistic the sharing commands print, in one place, on top of stats.py's public functions:
+a figure over repeated groups (mean and confidence interval), a ratio of two arms with compare's
+verdict words, and the MPS verdict (helps / hurts / no difference / inconclusive) as that ratio of
+work with MPS over work time-sliced, within a margin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from gpuvs import stats
+
+_PER_SECOND = {"s": 1.0, "sec": 1.0, "seconds": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}
+
+
+def as_rate(summary: dict[str, Any]) -> tuple[float, str]:
+    """A series summary's headline as a rate: itself, or for a duration (ms per run) runs per second, so
+    that workers' figures can be added up."""
+    unit = summary.get("unit", "")
+    value = summary.get("value") or 0.0
+    if summary.get("better") != "lower":  # the workload declared it; only a time is turned into a rate
+        return value, unit
+    return (_PER_SECOND.get(unit.strip().lower(), 1.0) / value if value else 0.0), "runs/sec"
+
+
+def window_rate(samples: list[dict[str, Any]], declared) -> tuple[float, str] | None:
+    """The rate of the samples of one worker that arrived within one window (its first series);
+    `declared` is its workload's Workload.declared (which way is better)."""
+    if not samples:
+        return None
+    series = samples[0].get("series", "main")
+    decl = declared(series)
+    return as_rate(stats.summarize_series([s for s in samples if s.get("series", "main") == series],
+                                          decl.better if decl else None))
+
+
+def latency_ms(samples: list[dict[str, Any]]) -> dict[str, float] | None:
+    """p50 and p99 of the per-step time (ms) of samples that carry their seconds (one batch each)."""
+    secs = [1e3 * s["seconds"] for s in samples if s.get("seconds")]
+    if not secs:
+        return None
+    s = stats.summarize_series([{"value": v, "unit": "ms"} for v in secs])
+    return {"p50": s["p50"], "p99": s["p99"], "n": s["n"]}
+
+
+@dataclass
+class Figure:
+    """One figure over repeated groups: mean and its confidence interval (None bounds under 2 values)."""
+
+    values: list[float]
+    mean: float | None
+    low: float | None
+    high: float | None
+
+    def text(self, digits: int = 1) -> str:
+        from gpuvs.report.terminal import fmt
+
+        if self.mean is None:
+            return "-"
+        if self.low is None:
+            return fmt(self.mean, digits)
+        return f"{fmt(self.mean, digits)} [{fmt(self.low, digits)}, {fmt(self.high, digits)}]"
+
+
+def figure(values: Sequence[float | None], confidence: float = 0.95) -> Figure:
+    vals = [float(v) for v in values if v is not None]
+    s = stats.summarize_trials(vals, confidence)
+    if not s["n"]:
+        return Figure([], None, None, None)
+    two = s["n"] >= 2
+    return Figure(vals, s["mean"], s["ci_low"] if two else None, s["ci_high"] if two else None)
+
+
+def compare(base: Sequence[float | None], other: Sequence[float | None], margin: float) -> dict[str, Any]:
+    """other against base over repeated groups: compare's ratio, interval and verdict words. Every figure
+    compared here is a rate (throughput, work done): higher is faster."""
+    return stats.compare_arms([v for v in base if v is not None], [v for v in other if v is not None],
+                              better="higher", words=("faster", "slower"), margin=margin)
+
+
+MPS_WORDS = {"faster": "mps helps", "slower": "mps hurts", "equivalent": "no difference",
+             "inconclusive": "inconclusive"}
+
+
+def mps_verdict(sliced_work: Sequence[float | None], mps_work: Sequence[float | None],
+                margin: float) -> dict[str, Any]:
+    """MPS against time-slicing on the work done (sum over jobs of together/alone): the comparison with
+    its verdict in the advisor's words (helps / hurts / no difference within ±margin / inconclusive)."""
+    out = compare(sliced_work, mps_work, margin)
+    out["words"] = MPS_WORDS[out["verdict"]]
+    return out
+
+
+def ratio_text(c: dict[str, Any]) -> str:
+    from gpuvs.report.terminal import fmt
+
+    if c.get("ratio") is None:
+        return "-"
+    if c.get("ci_low") is None:
+        return f"{fmt(c['ratio'], 3)} ({c.get('reason') or 'no interval'})"
+    return f"{fmt(c['ratio'], 3)} [{fmt(c['ci_low'], 3)}, {fmt(c['ci_high'], 3)}] {c['verdict']}"

@@ -1,0 +1,234 @@
+"""The validation pods and what is done to them. One shell probe serves every check: it prints what the
+container sees of the GPU (NVIDIA_VISIBLE_DEVICES, /dev/nvidia<N> device nodes, `nvidia-smi -L` where the
+image has it), a `ready` line, then a beat with the time every half second until the pod is deleted
+(or its activeDeadlineSeconds, the server-side backstop, ends it). Every wait has a deadline."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gpuvs.kube.client import Cluster, client_module
+
+LABEL = "gpuvs-validate"
+PREFIX = "gpuvs-probe "
+SCRIPT = r"""
+echo "gpuvs-probe visible=${NVIDIA_VISIBLE_DEVICES:-}"
+for d in /dev/nvidia[0-9]*; do [ -e "$d" ] && echo "gpuvs-probe node=$d"; done
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi -L 2>&1 | while read -r l; do echo "gpuvs-probe smi=$l"; done
+else
+  echo "gpuvs-probe smi-missing"
+fi
+echo "gpuvs-probe ready"
+while :; do echo "gpuvs-probe beat=$(date +%s)"; sleep 0.5; done
+"""
+
+
+class Timeout(Exception):
+    """A wait ran past its deadline; the message says what was awaited and what was last seen."""
+
+
+def until(what: str, fn: Callable[[], Any], timeout: float, step: float = 0.25,
+          last: Callable[[], str] | None = None) -> Any:
+    """fn()'s first true value, polled every `step` seconds; Timeout after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            seen = f" (last seen: {last()})" if last else ""
+            raise Timeout(f"timed out after {timeout:g} s waiting for {what}{seen}")
+        time.sleep(step)
+
+
+@dataclass
+class Seen:
+    """What the probe printed about the GPU."""
+
+    visible: str = ""
+    nodes: list[str] = field(default_factory=list)
+    smi: list[str] | None = None  # None: no nvidia-smi in the image
+    beats: list[int] = field(default_factory=list)
+    ready: bool = False
+
+    @property
+    def names(self) -> list[str]:
+        return [m.group(1).strip() for m in (re.match(r"GPU \d+: (.*?)(?: \(UUID.*)?$", s) for s in self.smi or [])
+                if m]
+
+    @property
+    def count(self) -> int:
+        """GPUs the container sees: nvidia-smi's list where there is one, else the device nodes."""
+        return len(self.names) if self.smi is not None and self.names else len(self.nodes)
+
+    def describe(self) -> str:
+        smi = ("no nvidia-smi in the image" if self.smi is None else
+               f"nvidia-smi: {', '.join(self.names) or ' / '.join(self.smi) or 'no GPU listed'}")
+        return (f"{len(self.nodes)} device node(s) ({', '.join(self.nodes) or 'none'}); "
+                f"NVIDIA_VISIBLE_DEVICES={self.visible or '(unset)'}; {smi}")
+
+
+def parse(log: str) -> Seen:
+    seen = Seen()
+    for line in log.splitlines():
+        if not line.startswith(PREFIX):
+            continue
+        key, _, value = line[len(PREFIX):].partition("=")
+        if key == "visible":
+            seen.visible = value
+        elif key == "node":
+            seen.nodes.append(value)
+        elif key == "smi":
+            seen.smi = (seen.smi or []) + [value]
+        elif key == "smi-missing":
+            seen.smi = None
+        elif key == "ready":
+            seen.ready = True
+        elif key == "beat" and value.isdigit():
+            seen.beats.append(int(value))
+    return seen
+
+
+@dataclass
+class Pods:
+    """Creates, watches and deletes the pods of one validation run (all labelled gpuvs-validate=<run>)."""
+
+    cluster: Cluster
+    run: str
+    image: str
+    pull: str
+    resource: str
+    deadline_s: int  # activeDeadlineSeconds: the server-side backstop of every pod
+    request_timeout: float = 10.0
+
+    def body(self, name: str, gpus: int, node: str | None = None) -> dict[str, Any]:
+        limits = {self.resource: str(gpus)} if gpus else {}
+        spec: dict[str, Any] = {
+            "restartPolicy": "Never", "activeDeadlineSeconds": self.deadline_s, "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "probe", "image": self.image, "imagePullPolicy": self.pull,
+                            "command": ["sh", "-c", SCRIPT], "resources": {"limits": limits},
+                            "securityContext": {"allowPrivilegeEscalation": False}}]}
+        if node:
+            spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "labels": {"gpuvs": "1", LABEL: self.run}}, "spec": spec}
+
+    def name(self, what: str) -> str:
+        return f"gpuvs-validate-{self.run}-{what}"
+
+    def create(self, what: str, gpus: int, node: str | None = None) -> str:
+        name = self.name(what)
+        self.cluster.core.create_namespaced_pod(self.cluster.namespace, self.body(name, gpus, node),
+                                                _request_timeout=self.request_timeout)
+        return name
+
+    def get(self, name: str) -> Any | None:
+        try:
+            return self.cluster.core.read_namespaced_pod(name, self.cluster.namespace,
+                                                         _request_timeout=self.request_timeout)
+        except client_module().client.exceptions.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def log(self, name: str) -> str:
+        # the client hands an empty log back as None
+        return self.cluster.core.read_namespaced_pod_log(name, self.cluster.namespace,
+                                                         _request_timeout=self.request_timeout) or ""
+
+    def exec(self, name: str, command: list[str]) -> str:
+        from kubernetes.stream import stream
+
+        return stream(self.cluster.core.connect_get_namespaced_pod_exec, name, self.cluster.namespace,
+                      command=command, stdout=True, stderr=True, stdin=False, tty=False,
+                      _request_timeout=self.request_timeout)
+
+    def delete(self, name: str) -> None:
+        try:
+            self.cluster.core.delete_namespaced_pod(name, self.cluster.namespace, grace_period_seconds=0,
+                                                    _request_timeout=self.request_timeout)
+        except client_module().client.exceptions.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def leftovers(self) -> list[str]:
+        pods = self.cluster.core.list_namespaced_pod(self.cluster.namespace, label_selector=f"{LABEL}={self.run}",
+                                                     _request_timeout=self.request_timeout)
+        return [p.metadata.name for p in pods.items]
+
+    def delete_all(self, timeout: float) -> list[str]:
+        """Delete every pod of this run and wait until they are gone; names still there at the deadline."""
+        deadline = time.monotonic() + timeout
+        left: list[str] = []
+        while time.monotonic() < deadline:
+            try:
+                left = self.leftovers()
+                for name in left:
+                    self.delete(name)
+            except Exception:  # noqa: BLE001 - the API may be coming back; try again until the deadline
+                left = left or ["(API not answering)"]
+                time.sleep(0.5)
+                continue
+            if not left:
+                return []
+            time.sleep(0.25)
+        return left
+
+    # -- states -------------------------------------------------------------------------------------
+
+    def scheduled(self, name: str) -> Any:
+        pod = self.get(name)
+        return pod if pod and pod.spec.node_name else None
+
+    def running(self, name: str) -> Any:
+        pod = self.get(name)
+        if pod and pod.status.phase in ("Failed", "Succeeded"):
+            raise Timeout(f"pod {name} ended ({pod.status.phase}: {reason(pod)}) before it was seen running")
+        return pod if pod and pod.status.phase == "Running" else None
+
+    def seen(self, name: str, what: Callable[[Seen], bool] = lambda s: s.ready) -> Seen | None:
+        try:
+            s = parse(self.log(name))
+        except client_module().client.exceptions.ApiException:
+            return None
+        return s if what(s) else None
+
+
+def reason(pod: Any) -> str:
+    """The pod's state in the cluster's own words: conditions' messages, containers' waiting/terminated reasons."""
+    if pod is None:
+        return "gone"
+    parts = [pod.status.phase or "?"]
+    if pod.status.reason or pod.status.message:  # e.g. UnexpectedAdmissionError, Evicted, DeadlineExceeded
+        parts[0] += f" {pod.status.reason or ''}: {pod.status.message or ''}".rstrip(": ")
+    for c in pod.status.conditions or []:
+        if c.status != "True" and (c.reason or c.message):
+            parts.append(f"{c.type}={c.status} {c.reason or ''}: {c.message or ''}".strip())
+    for cs in pod.status.container_statuses or []:
+        st = cs.state
+        if st and st.waiting:
+            parts.append(f"waiting {st.waiting.reason}: {st.waiting.message or ''}".strip())
+        if st and st.terminated:
+            parts.append(f"terminated {st.terminated.reason} (exit {st.terminated.exit_code})")
+    return "; ".join(parts)
+
+
+def container(pod: Any) -> tuple[str | None, int]:
+    """(container ID, restart count) of the probe container."""
+    for cs in (pod.status.container_statuses or []) if pod else []:
+        return cs.container_id, cs.restart_count or 0
+    return None, 0
+
+
+def allocatable(cluster: Cluster, node: str, resource: str) -> tuple[bool, int]:
+    """(node Ready, allocatable GPUs) as the API server has them."""
+    from gpuvs.kube.client import allocatable as alloc
+
+    n = cluster.core.read_node(node, _request_timeout=5)
+    ready = any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+    return ready, alloc(n, resource)

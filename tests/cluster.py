@@ -1,0 +1,108 @@
+"""The real Kubernetes test cluster for the tests (scripts/test-cluster; docs/kubernetes.md).
+
+    from cluster import cluster  # noqa: F401  (the session fixture)
+
+    @pytest.mark.cluster
+    def test_x(cluster):
+        cluster.kubeconfig, cluster.nodes, cluster.script("plugin", "restart", cluster.nodes[0])
+
+A running cluster (`scripts/test-cluster status` exits 0, as after .ci/run's `up`) is reused and left running;
+otherwise the fixture runs `up` and, at the end of the session, `down` (GPUVS_CLUSTER_KEEP=1 keeps it) unless
+another test session still uses it: each session notes its pid in STATE/users/ while it runs.
+Binaries not built: the test fails under CI=true and is skipped elsewhere, with the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, missing_part
+
+SCRIPT = ROOT / "scripts" / "test-cluster"
+STATE = Path(os.environ.get("GPUVS_CLUSTER_DIR", "/tmp/gpuvs-cluster"))
+BIN = Path(os.environ.get("GPUVS_K8S_CACHE", "/var/cache/gpuvs-k8s")) / "bin"
+
+
+@dataclass
+class Cluster:
+    kubeconfig: Path
+    nodes: list[str]
+    gpus: int
+
+    def script(self, *args: str, timeout: float = 300, check: bool = True, env: dict | None = None
+               ) -> subprocess.CompletedProcess:
+        """scripts/test-cluster ARGS with this interpreter (the plugin fixture needs its grpcio)."""
+        r = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                           env=None if env is None else {**os.environ, **env})
+        if check:
+            assert r.returncode == 0, f"test-cluster {' '.join(args)}: {r.stdout}{r.stderr}"
+        return r
+
+    def command(self, *args: str) -> str:
+        """The script's command line as one string, for gpuvs validate's --...-cmd options."""
+        import shlex
+
+        return shlex.join([sys.executable, str(SCRIPT), *args])
+
+    def core(self):
+        """A CoreV1Api on the admin kubeconfig (the official client, as gpuvs uses it)."""
+        from kubernetes import client, config
+
+        return client.CoreV1Api(config.new_client_from_config(config_file=str(self.kubeconfig)))
+
+
+def _status() -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "status"], capture_output=True, text=True, timeout=60)
+
+
+USERS = STATE / "users"
+LOCK = STATE.parent / f".{STATE.name}.lock"  # scripts/test-cluster's: one cluster command at a time
+
+
+def _started(pid: int) -> str:
+    """The process's start time (a reused pid has another)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def other_users() -> list[int]:
+    """Other live test sessions using the cluster."""
+    out = []
+    for f in USERS.glob("*") if USERS.exists() else []:
+        pid = int(f.name) if f.name.isdigit() else None
+        if pid and pid != os.getpid() and _started(pid) and _started(pid) == f.read_text().strip():
+            out.append(pid)
+    return out
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    started = False
+    if _status().returncode != 0:
+        missing = [b for b in ("kube-apiserver", "kubelet", "kube-scheduler", "kube-controller-manager")
+                   if not (BIN / b).exists()]
+        if missing:
+            missing_part(f"the Kubernetes test cluster is not built ({', '.join(missing)} missing in {BIN}): "
+                         f"run scripts/test-cluster build")
+        r = subprocess.run([sys.executable, str(SCRIPT), "up"], capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            pytest.fail(f"scripts/test-cluster up failed: {r.stdout[-2000:]}{r.stderr[-2000:]}", pytrace=False)
+        started = True
+    shape = json.loads((STATE / "shape.json").read_text())
+    USERS.mkdir(parents=True, exist_ok=True)
+    mine = USERS / str(os.getpid())
+    mine.write_text(_started(os.getpid()))
+    try:
+        yield Cluster(STATE / "kubeconfig", [f"gpuvs-node-{i}" for i in range(1, shape["nodes"] + 1)], shape["gpus"])
+    finally:
+        mine.unlink(missing_ok=True)
+    if started and os.environ.get("GPUVS_CLUSTER_KEEP") != "1" and not other_users():
+        subprocess.run([sys.executable, str(SCRIPT), "down"], capture_output=True, text=True, timeout=300)

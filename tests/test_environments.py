@@ -1,0 +1,129 @@
+"""The environments registry: one module per kind declares its options, checks, label and fingerprint
+fields; the command line, experiment files, the runner and comparisons only ask the registry. A new
+kind registered here (no other change) is parsed, checked, labelled and run like the built-in ones."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gpuvs import comparison, environments, experiment, workloads
+from gpuvs.cli import options as opt
+from gpuvs.environments.base import Environment
+from gpuvs.environments.host import HostEnvironment
+from gpuvs.errors import UsageError
+from gpuvs.runner import Arm, Experiment, Runner, validate_spec
+from gpuvs.spec import EnvSpec, RunSpec
+from gpuvs.store import Store
+from gpuvs.workloads.base import Param
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "gpuvs"
+
+
+class LocalTwin(HostEnvironment):
+    """A test kind: a host process under another name, with options of its own and a shared one."""
+
+    kind = "twin"
+    summary = "a host process, for the registry's test"
+    noun = "a twin"
+    rank = 99
+    params = (Param("flavour", str, "plain", "a choice of the twin", choices=("plain", "salted")),
+              Param("memory", str, None, "a memory limit, shared with the container kind"),
+              Param("env_var", str, None, "KEY=VALUE", multiple=True))
+    fingerprint_fields = (("twin_field", "twin field"),)
+    explains = {"env": ("*",), "flavour": ("cpu_model",)}
+
+    @classmethod
+    def label(cls, options):
+        return f"twin:{options.get('flavour', 'plain')}"
+
+    def check(self, spec):
+        if self.options.get("flavour") == "salted" and spec.device != "cpu":
+            raise UsageError("a salted twin runs on the cpu only")
+        super().check(spec)
+
+
+@pytest.fixture
+def twin():
+    environments.register(LocalTwin)
+    try:
+        yield LocalTwin
+    finally:
+        environments._REGISTRY.pop("twin", None)
+
+
+def test_built_in_kinds_and_their_options_come_from_their_modules():
+    assert environments.names()[:2] == ["host", "container"]
+    keys = environments.option_keys()
+    for name in environments.names():
+        cls = environments.kind(name)
+        assert all(p.name in keys for p in cls.params) and set(cls.internal_keys) <= set(keys)
+    assert environments.param("cpus").type is float and environments.param("nope") is None
+    assert [p.name for p in opt.ENV_OPTIONS][0] == "env"
+    with pytest.raises(UsageError, match="unknown environment 'moon'; known: host, container, pod"):
+        environments.kind("moon")
+
+
+def test_a_new_kind_is_one_registration(twin, tmp_path):
+    assert environments.names()[-1] == "twin" and "flavour" in environments.option_keys()
+    assert "twin" in environments.env_param().choices
+    # the command line's one group now knows --flavour; the help has a table for the twin
+    groups = (opt.RUN_OPTIONS, environments.params())
+    _, values = opt.parse(["--env", "twin", "--flavour", "salted", "--memory", "1g"], groups, positional=0)
+    env = environments.env_spec(opt.take(values, environments.params()))
+    assert env == EnvSpec("twin", {"flavour": "salted", "memory": "1g"})
+    assert any(title.startswith("--env twin options") for title, _ in opt.env_groups())
+    with pytest.raises(UsageError, match="--flavour: 'pepper' is not allowed; expected one of plain, salted"):
+        environments.env_spec({"env": "twin", "flavour": "pepper"})
+    # options of other kinds are refused by name; shared ones name every kind that takes them
+    with pytest.raises(UsageError, match=r"^--image applies to --env container, not to a twin \(--env pod takes it too\)$"):
+        environments.env_spec({"env": "twin", "image": "x"})
+    with pytest.raises(UsageError, match=r"^--flavour applies to --env twin, not to the host$"):
+        environments.env_spec({"env": "host", "flavour": "salted"})
+    with pytest.raises(UsageError, match=r"^memory applies to env container, not to the host "
+                                         r"\(env pod, env twin takes it too\)$"):
+        environments.check_options("host", {"memory": "1g"}, cli=False)
+    # an experiment's arm may switch to it; its check runs before anything starts; it runs like any kind
+    wl = workloads.get("selftest")
+    base = RunSpec(workload="selftest", device="cpu", params=wl.validate({"steps": 3}, "cpu"))
+    arms = experiment.build_arms(wl, base, [("host", {}, "--arm #1", {}),
+                                            ("twin", {"env": "twin", "flavour": "salted"}, "--arm #2", {})])
+    exp = Experiment("x", base, arms, trials=1, seed=1)
+    spec = exp.spec_for(arms[1], 0)
+    assert spec.env == EnvSpec("twin", {"flavour": "salted"}) and environments.label(spec.env) == "twin:salted"
+    with pytest.raises(UsageError, match="a salted twin runs on the cpu only"):
+        validate_spec(RunSpec(workload="selftest", device="cuda", env=spec.env))
+    with Store(tmp_path / "s.db") as store:
+        results = Runner(store).run_experiment(exp)
+        assert [r.status for r in results] == ["ok", "ok"]
+        a = comparison.from_store(store, exp.id)
+    assert {arm.name: arm.env for arm in a.arms} == {"host": "host", "twin": "twin:salted"}
+    # varying env into a kind whose `explains` has "*" explains every key field
+    assert environments.explained({"env"}, {"host", "twin"}) >= {"gpu_name", "driver", "torch"}
+    assert environments.explained({"flavour"}, {"twin"}) == {"cpu_model"}
+    assert environments.explained({"steps"}, {"host", "twin"}) == set()
+    assert ("twin_field", "twin field") in comparison.fingerprint_fields()
+
+
+def test_two_kinds_must_agree_on_a_shared_option(twin):
+    class Clash(Environment):
+        kind = "clash"
+        rank = 100
+        params = (Param("flavour", int, 1, "an integer, where the twin has a string"),)
+
+    environments.register(Clash)
+    try:
+        with pytest.raises(RuntimeError, match="option 'flavour' is declared as str by environment twin and as "
+                                               "int by clash"):
+            environments.params()
+    finally:
+        environments._REGISTRY.pop("clash", None)
+
+
+@pytest.mark.parametrize("module", ["runner.py", "experiment.py", "comparison.py", "spec.py", "cli/options.py",
+                                    "cli/run.py", "cli/compare.py", "cli/doctor.py", "report/terminal.py"])
+def test_no_module_outside_environments_names_a_kind(module):
+    text = (SRC / module).read_text()
+    kinds = [k for k in environments.names() if k != environments.DEFAULT]
+    found = [m.group(0) for m in re.finditer(r"[\"'](%s)[\"']" % "|".join(kinds), text)]
+    assert found == [], f"{module} names kinds {found}: ask gpuvs.environments instead"

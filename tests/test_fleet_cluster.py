@@ -1,0 +1,181 @@
+"""gpuvs fleet on the project's real test cluster (tests/cluster.py: kube-apiserver, scheduler and three
+kubelets on this machine): one node made really slower by a CPU quota on its cgroup root is named
+slower with its ratio and the others equivalent; with no node slowed none is called slower; a node
+that is not ready and a cordoned one are reported with their reasons; labels are written only with
+--label and read back; SIGTERM deletes every fleet pod. The CPU `spin` workload makes node speed
+visible without a GPU. Few and short runs: CI has 2 cores."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from cluster import cluster  # noqa: F401  (the session fixture)
+
+from conftest import gpuvs_env, missing_part, run_cli
+
+IMAGE = "localhost/gpuvs-python:test"
+SPIN = ["--device", "cpu", "--steps", "4", "--ops", "300000", "--warmup-steps", "1"]
+pytestmark = pytest.mark.cluster
+
+
+def three(cluster):  # noqa: F811
+    if len(cluster.nodes) < 3:  # .ci/run starts it with 3; a shared cluster of another shape is not changed here
+        missing_part(f"the fleet tests need the test cluster with 3 nodes (scripts/test-cluster up --nodes 3); "
+                     f"the running one has {len(cluster.nodes)}")
+    return cluster.nodes[:3]
+
+
+def fleet_args(cluster, tmp_path, nodes, *extra):  # noqa: F811
+    return ["fleet", "spin", *SPIN, "--image", IMAGE, "--image-pull-policy", "Never", "--kubeconfig",
+            str(cluster.kubeconfig), "--nodes", ",".join(nodes), "--store", str(tmp_path / "gpuvs.db"), *extra]
+
+
+def run_fleet(cluster, tmp_path, nodes, *extra, expect=0):  # noqa: F811
+    out = tmp_path / "fleet.json"
+    t0 = time.monotonic()
+    r = run_cli(*fleet_args(cluster, tmp_path, nodes, "--format", "json", "--output", str(out), *extra),
+                timeout=900, cwd=tmp_path)
+    took = time.monotonic() - t0
+    assert r.returncode == expect, r.stdout[-3000:] + r.stderr[-3000:]
+    if expect != 0 and not out.exists():
+        return r, None, took
+    return r, json.loads(out.read_text()), took
+
+
+def gpuvs_labels(core, nodes):
+    return {n: {k: v for k, v in (core.read_node(n).metadata.labels or {}).items() if k.startswith("gpuvs.io/")}
+            for n in nodes}
+
+
+def clear_labels(core, nodes):
+    for n in nodes:
+        core.patch_node(n, {"metadata": {"labels": {"gpuvs.io/perf": None, "gpuvs.io/perf-ratio": None},
+                                         "annotations": {"gpuvs.io/perf-details": None}}})
+
+
+def fleet_pods(core, exp_id=None):
+    sel = f"gpuvs.experiment={exp_id}" if exp_id else "gpuvs=1"
+    return [p.metadata.name for p in core.list_namespaced_pod("default", label_selector=sel).items
+            if not p.metadata.deletion_timestamp or exp_id]
+
+
+def test_the_slowed_node_is_named_with_its_ratio_and_labels_are_written_only_when_asked(cluster, tmp_path):  # noqa: F811
+    nodes = three(cluster)
+    core = cluster.core()
+    slow = nodes[1]
+    clear_labels(core, nodes)
+    cluster.script("slow", slow, "10")
+    try:
+        r, res, took = run_fleet(cluster, tmp_path, nodes, "--label", "--margin", "0.1", "--trials", "4",
+                                 "--max-trials", "12")
+    finally:
+        cluster.script("slow", slow, "0")
+    rows = {row["node"]: row for row in res["rows"]}
+    assert rows[slow]["verdict"] == "slower", rows
+    assert rows[slow]["speed"] < 0.7 and rows[slow]["speed_high"] < 0.9
+    for n in nodes:
+        if n != slow:
+            assert rows[n]["verdict"] == "equivalent", rows[n]
+    assert res["rows"][0]["node"] == slow  # slowest first
+    assert all(rows[n]["n_trials"] <= 12 for n in nodes)
+    print(f"\nslowed {slow} to 10% of one CPU: speed {rows[slow]['speed']:.3f} "
+          f"[{rows[slow]['speed_low']:.3f}-{rows[slow]['speed_high']:.3f}], trials per node "
+          f"{[rows[n]['n_trials'] for n in nodes]}, {took:.0f} s")
+    got = gpuvs_labels(core, nodes)
+    assert got[slow] == {"gpuvs.io/perf": "slow", "gpuvs.io/perf-ratio": f"{rows[slow]['speed']:.3f}"}
+    assert all(got[n]["gpuvs.io/perf"] == "ok" for n in nodes if n != slow)
+    details = json.loads(core.read_node(slow).metadata.annotations["gpuvs.io/perf-details"])
+    assert details["experiment"] == res["id"] and details["verdict"] == "slower"
+    assert not any(core.read_node(n).spec.unschedulable or core.read_node(n).spec.taints for n in nodes)
+    # the run is stored like any experiment, and gpuvs report renders it again
+    md = run_cli("report", res["id"], "--format", "md", "--store", str(tmp_path / "gpuvs.db"), cwd=tmp_path)
+    assert md.returncode == 0 and f"| {slow} | slower" in md.stdout
+    clear_labels(core, nodes)
+
+
+def test_no_node_slowed_none_called_slower_and_dry_run_writes_no_label(cluster, tmp_path):  # noqa: F811
+    nodes = three(cluster)
+    core = cluster.core()
+    clear_labels(core, nodes)
+    r, res, took = run_fleet(cluster, tmp_path, nodes, "--label", "--dry-run", "--margin", "0.1")
+    assert not [row for row in res["rows"] if row["verdict"] == "slower"], res["rows"]
+    assert {lab["status"] for lab in res["labels"]} == {"dry run: not written"}
+    assert {lab["node"] for lab in res["labels"]} == set(nodes)
+    assert gpuvs_labels(core, nodes) == {n: {} for n in nodes}
+    print(f"\nno node slowed: {[(row['node'], row['verdict'], round(row['speed'], 3)) for row in res['rows']]}, "
+          f"{took:.0f} s")
+
+
+def test_not_ready_and_cordoned_nodes_are_reported_with_reasons(cluster, tmp_path):  # noqa: F811
+    nodes = three(cluster)
+    core = cluster.core()
+    down, cordoned = nodes[2], nodes[1]
+    core.patch_node(cordoned, {"spec": {"unschedulable": True}})
+    cluster.script("kubelet", "stop", down)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the node controller marks it after its grace period (40 s)
+            ready = [c for c in core.read_node(down).status.conditions if c.type == "Ready"][0]
+            if ready.status != "True":
+                break
+            time.sleep(2)
+        else:
+            pytest.fail(f"{down} still Ready 120 s after its kubelet stopped")
+        # one node left: nothing starts, one line names every reason
+        r, _, _ = run_fleet(cluster, tmp_path, nodes, expect=2)
+        line = r.stderr.strip()
+        assert len(line.splitlines()) == 1 and "at least 2 nodes" in line
+        assert f"{down}: not ready" in line and f"{cordoned}: unschedulable (cordoned" in line
+        # uncordoned: the fleet runs on two nodes, the not-ready one is a row with its reason
+        core.patch_node(cordoned, {"spec": {"unschedulable": None}})
+        r, res, _ = run_fleet(cluster, tmp_path, nodes, "--trials", "4", "--max-trials", "4")
+        rows = {row["node"]: row for row in res["rows"]}
+        assert rows[down]["verdict"] == "excluded" and rows[down]["reason"].startswith("not ready")
+        assert rows[nodes[0]]["n_trials"] == rows[cordoned]["n_trials"] == 4
+        assert f"node {down}: left out, not ready" in r.stdout
+    finally:
+        core.patch_node(cordoned, {"spec": {"unschedulable": None}})
+        cluster.script("kubelet", "start", down)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            ready = [c for c in core.read_node(down).status.conditions if c.type == "Ready"][0]
+            if ready.status == "True":
+                break
+            time.sleep(2)
+
+
+def test_sigterm_deletes_every_fleet_pod(cluster, tmp_path):  # noqa: F811
+    nodes = three(cluster)
+    core = cluster.core()
+    args = fleet_args(cluster, tmp_path, nodes, "--parallel", "3")
+    args[args.index("--steps") + 1] = "100000"  # long enough to be stopped in flight
+    p = subprocess.Popen([sys.executable, "-m", "gpuvs", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=gpuvs_env(), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        running = []
+        while time.monotonic() < deadline and len(running) < 2:
+            running = [x for x in core.list_namespaced_pod("default", label_selector="gpuvs=1").items
+                       if x.status.phase == "Running" and x.metadata.labels.get("gpuvs.experiment")]
+            time.sleep(0.5)
+        assert len(running) >= 2, "fleet pods never ran"
+        # never two on one node, concurrently across nodes
+        assert len({x.spec.node_selector.get("kubernetes.io/hostname") if x.spec.node_selector else x.spec.node_name
+                    for x in running}) == len(running)
+        exp_id = running[0].metadata.labels["gpuvs.experiment"]
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143, err[-2000:]
+    assert "stopped by SIGTERM" in err
+    deadline = time.monotonic() + 30
+    while fleet_pods(core, exp_id) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert fleet_pods(core, exp_id) == []

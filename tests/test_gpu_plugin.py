@@ -1,0 +1,127 @@
+"""The device-plugin fixture (tests/fixtures/gpu_device_plugin/plugin.py) over real gRPC on unix sockets, with a
+registration server standing where the kubelet's is (the cluster tests run it against real kubelets): what it
+registers, what Allocate answers in fake and --real mode, registering again when the kubelet's folder is wiped,
+and SIGTERM removing its socket."""
+
+from __future__ import annotations
+
+import glob
+import re
+import subprocess
+import sys
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from conftest import ROOT
+
+HERE = ROOT / "tests" / "fixtures" / "gpu_device_plugin"
+sys.path.insert(0, str(HERE))
+import deviceplugin_pb2 as pb  # noqa: E402
+import deviceplugin_pb2_grpc as pb_grpc  # noqa: E402
+
+GPUS = sorted(p for p in glob.glob("/dev/nvidia*") if re.fullmatch(r"/dev/nvidia\d+", p))
+
+
+class Kubelet(pb_grpc.RegistrationServicer):
+    """The kubelet's Registration service on <folder>/kubelet.sock."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.requests = folder, []
+        self.server = None
+        self.start()
+
+    def start(self):
+        self.server = grpc.server(futures.ThreadPoolExecutor(2))
+        pb_grpc.add_RegistrationServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"unix://{self.folder / 'kubelet.sock'}")
+        self.server.start()
+
+    def Register(self, request, context):
+        self.requests.append(request)
+        return pb.Empty()
+
+    def wait(self, n: int, timeout: float = 20) -> pb.RegisterRequest:
+        deadline = time.monotonic() + timeout
+        while len(self.requests) < n:
+            assert time.monotonic() < deadline, f"no registration #{n}"
+            time.sleep(0.05)
+        return self.requests[n - 1]
+
+    def restart(self):
+        """What a kubelet restart does to the folder: everything removed, kubelet.sock made again."""
+        self.server.stop(None).wait()
+        for f in self.folder.iterdir():
+            f.unlink()
+        self.start()
+
+
+def plugin(folder: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(HERE / "plugin.py"), "--dir", str(folder), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def stub(folder: Path, endpoint: str) -> pb_grpc.DevicePluginStub:
+    return pb_grpc.DevicePluginStub(grpc.insecure_channel(f"unix://{folder / endpoint}"))
+
+
+def test_fake_devices_allocate_and_register_again_after_a_kubelet_restart(tmp_path):
+    kubelet = Kubelet(tmp_path)
+    p = plugin(tmp_path, "--count", "3")
+    try:
+        req = kubelet.wait(1)
+        assert (req.version, req.resource_name) == ("v1beta1", "nvidia.com/gpu")
+        ids = [d.ID for d in next(stub(tmp_path, req.endpoint).ListAndWatch(pb.Empty())).devices]
+        assert ids == ["fake-gpu-0", "fake-gpu-1", "fake-gpu-2"]
+        answer = stub(tmp_path, req.endpoint).Allocate(pb.AllocateRequest(
+            container_requests=[pb.ContainerAllocateRequest(devicesIDs=["fake-gpu-2", "fake-gpu-0"])]))
+        c = answer.container_responses[0]
+        assert dict(c.envs) == {"NVIDIA_VISIBLE_DEVICES": "fake-gpu-2,fake-gpu-0",
+                                "CUDA_VISIBLE_DEVICES": "fake-gpu-2,fake-gpu-0"}
+        assert [(d.container_path, d.host_path) for d in c.devices] == [("/dev/nvidia2", "/dev/null"),
+                                                                        ("/dev/nvidia0", "/dev/null")]
+        with pytest.raises(grpc.RpcError) as err:
+            stub(tmp_path, req.endpoint).Allocate(pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devicesIDs=["fake-gpu-9"])]))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        kubelet.restart()
+        again = kubelet.wait(2)
+        assert again.endpoint == req.endpoint and (tmp_path / req.endpoint).exists()
+    finally:
+        p.terminate()
+        out = p.communicate(timeout=20)[0]
+        kubelet.server.stop(None)
+    assert p.returncode == 0 and "stopped" in out
+    assert not (tmp_path / req.endpoint).exists()  # its socket goes with it
+
+
+@pytest.mark.skipif(bool(GPUS), reason="this machine has GPUs: the --real test below runs instead")
+def test_real_mode_without_a_gpu_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, str(HERE / "plugin.py"), "--dir", str(tmp_path), "--real"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == "gpu-plugin: --real: no /dev/nvidia<N> on this machine"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPUS, reason="no /dev/nvidia<N> here")
+def test_real_mode_hands_the_gpu_nodes_and_driver_files(tmp_path):
+    kubelet = Kubelet(tmp_path)
+    p = plugin(tmp_path, "--real")
+    try:
+        req = kubelet.wait(1)
+        ids = [d.ID for d in next(stub(tmp_path, req.endpoint).ListAndWatch(pb.Empty())).devices]
+        assert len(ids) == len(GPUS)
+        c = stub(tmp_path, req.endpoint).Allocate(pb.AllocateRequest(
+            container_requests=[pb.ContainerAllocateRequest(devicesIDs=[ids[0]])])).container_responses[0]
+        nodes = [d.host_path for d in c.devices]
+        assert nodes[0] in GPUS and "/dev/nvidiactl" in nodes and not set(nodes) & (set(GPUS) - {nodes[0]})
+        mounts = [m.host_path for m in c.mounts]
+        assert any("libcuda.so" in m for m in mounts) and all(m.read_only for m in c.mounts)
+        assert c.envs["NVIDIA_VISIBLE_DEVICES"] == ids[0]
+    finally:
+        p.terminate()
+        p.communicate(timeout=20)
+        kubelet.server.stop(None)

@@ -1,0 +1,387 @@
+"""--env pod: the pod's manifest and options (no cluster needed), then the same worker in real pods of
+the project's test cluster (tests/cluster.py): a CPU workload end to end, host vs pod with a verdict,
+every fault the test cluster can cause, clean-up after each, SIGTERM during a pod run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import yaml
+from cluster import cluster  # noqa: F401  (the session fixture)
+
+from gpuvs import environments
+from gpuvs.environments import pod
+from gpuvs.errors import UsageError
+from gpuvs.spec import EnvSpec, RunSpec
+
+
+def spec_for(device="cpu", num_gpus=1, **options) -> RunSpec:
+    return RunSpec(workload="selftest", device=device, num_gpus=num_gpus, arm="my arm/1", experiment_id="exp-1",
+                   timeout_s=120, env=EnvSpec("pod", {"image": "img:1", **options}))
+
+
+def test_pod_is_a_registered_kind_with_its_own_options():
+    assert "pod" in environments.names() and not environments.local("pod")
+    keys = environments.option_keys()
+    for name in ("image", "namespace", "kubeconfig", "context", "node", "gpu_resource", "toleration", "shm_size"):
+        assert name in keys
+    assert environments.label(EnvSpec("pod", {"image": "img:1"})) == "pod:img:1"
+    with pytest.raises(UsageError, match="^--node applies to --env pod, not to the host$"):
+        environments.env_spec({"env": "host", "node": "n1"})
+
+
+def test_manifest_carries_spec_limits_labels_and_no_privilege():
+    spec = spec_for("cuda", 2, cpus=1.5, memory="2g", memory_request="1g", shm_size="512m", node="n1",
+                    toleration=["gpu=yes:NoSchedule", "dedicated"], label=["team=ml"], runtime_class="nvidia",
+                    image_pull_policy="Never", env_var=["A=1"], mount=["/opt/torch:/opt/torch:ro"])
+    s = pod.parse_options(spec.env.options)
+    m = pod.manifest(spec, s)
+    assert m["metadata"]["name"] == f"gpuvs-{spec.run_id}"
+    labels = m["metadata"]["labels"]
+    assert labels == {"team": "ml", "gpuvs": "1", "gpuvs.run_id": spec.run_id, "gpuvs.arm": "my-arm-1",
+                      "gpuvs.experiment": "exp-1"}
+    ps = m["spec"]
+    assert ps["restartPolicy"] == "Never" and ps["automountServiceAccountToken"] is False
+    assert ps["activeDeadlineSeconds"] == 120 + 30 + 300 + pod.DEADLINE_EXTRA_S
+    assert ps["nodeSelector"] == {"kubernetes.io/hostname": "n1"} and "nodeName" not in ps
+    assert ps["tolerations"] == [{"key": "gpu", "operator": "Equal", "value": "yes", "effect": "NoSchedule"},
+                                 {"key": "dedicated", "operator": "Exists"}]
+    assert ps["runtimeClassName"] == "nvidia" and "hostNetwork" not in ps
+    c = ps["containers"][0]
+    assert c["command"] == ["python3", "-m", "gpuvs.inside"]  # no shell anywhere
+    assert c["resources"] == {"limits": {"cpu": "1.5", "memory": "2Gi", "nvidia.com/gpu": "2"},
+                              "requests": {"memory": "1Gi"}}
+    assert c["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False}
+    env = {e["name"]: e for e in c["env"]}
+    assert RunSpec.from_json(env["GPUVS_SPEC"]["value"]).run_id == spec.run_id
+    assert env["PYTHONPATH"]["value"] == "/gpuvs/gpuvs.zip" and env["A"]["value"] == "1"
+    assert env["GPUVS_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["GPUVS_POD_GPUS"]["value"] == "2"
+    vols = {v["name"]: v for v in ps["volumes"]}
+    assert vols["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "512Mi"}
+    assert vols["gpuvs"]["configMap"]["name"] == m["metadata"]["name"]
+    assert vols["mount-0"] == {"name": "mount-0", "hostPath": {"path": "/opt/torch"}}
+    assert {"name": "mount-0", "mountPath": "/opt/torch", "readOnly": True} in c["volumeMounts"]
+    # CPU device: no GPU limit; another resource name; nodeName when no scheduler is wanted
+    s2 = pod.parse_options({"image": "i", "gpu_resource": "nvidia.com/mig-1g.10gb", "node": "n1",
+                            "bypass_scheduler": True, "cap_add": ["CAP_SYS_PTRACE"], "host_network": True})
+    m2 = pod.manifest(spec_for("cuda"), s2, package=False)
+    assert m2["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/mig-1g.10gb": "1"}}
+    assert m2["spec"]["nodeName"] == "n1" and "nodeSelector" not in m2["spec"] and m2["spec"]["hostNetwork"]
+    assert m2["spec"]["containers"][0]["securityContext"]["capabilities"] == {"add": ["SYS_PTRACE"]}
+    assert "PYTHONPATH" not in {e["name"] for e in m2["spec"]["containers"][0]["env"]}
+    assert "resources" not in pod.manifest(spec_for("cpu"), pod.parse_options({"image": "i"}))["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("options,message", [
+    ({}, "--env pod needs --image IMAGE"),
+    ({"image": "i", "memory": "lots"}, "--memory: 'lots' is not a size"),
+    ({"image": "i", "toleration": ["k=v:Sometimes"]}, "the effect must be one of NoSchedule"),
+    ({"image": "i", "label": ["gpuvs.arm=x"]}, "set by gpuvs itself"),
+    ({"image": "i", "label": ["bad key=x"]}, "--label: expected KEY=VALUE"),
+    ({"image": "i", "bypass_scheduler": True}, "--bypass-scheduler needs --node"),
+    ({"image": "i", "node": "Bad_Node"}, "not a Kubernetes object name"),
+    ({"image": "i", "gpu_resource": "gpu"}, "--gpu-resource gpu: expected an extended resource name"),
+    ({"image": "i", "env_var": ["GPUVS_SPEC=x"]}, "gpuvs sets the run spec itself"),
+    ({"image": "i", "mount": ["rel:/x"]}, "--mount: expected NODE_PATH:PATH_INSIDE"),
+])
+def test_bad_pod_options_are_one_line(options, message):
+    with pytest.raises(UsageError, match=message):
+        pod.parse_options(options)
+
+
+def test_sizes_are_quantities_like_a_containers():
+    assert [pod.quantity("memory", v) for v in ("4g", "4G", "512m", "2Gi", "1048576", "100b")] == \
+        ["4Gi", "4Gi", "512Mi", "2Gi", "1048576", "100"]
+
+
+def test_the_package_zip_runs_the_worker_from_pythonpath(tmp_path):
+    data = pod.package_zip()
+    assert len(data) < 900_000  # a ConfigMap holds 1 MiB, base64 included
+    assert data == pod.package_zip()  # the same bytes each time
+    path = tmp_path / "gpuvs.zip"
+    path.write_bytes(data)
+    assert "gpuvs/inside.py" in zipfile.ZipFile(path).namelist()
+    spec = RunSpec(workload="selftest", params={"steps": 2})
+    r = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv.pop()); import gpuvs, runpy; "
+                        "print('from', gpuvs.__file__, file=sys.stderr); "
+                        "runpy.run_module('gpuvs.inside', run_name='__main__')", str(path)],
+                       env={"GPUVS_SPEC": spec.to_json(), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                       timeout=120)
+    kinds = [json.loads(line)["type"] for line in r.stdout.splitlines() if line.startswith("{")]
+    assert r.returncode == 0, r.stderr
+    assert f"from {path}/gpuvs/__init__.py" in r.stderr
+    assert "fingerprint" in kinds and kinds[-1] == "summary"
+
+
+# -- on the project's test cluster ------------------------------------------------------------------
+
+IMAGE = "localhost/gpuvs-python:test"
+
+
+NS = f"gpuvs-podtest-{os.getpid()}"  # this session's own namespace: other sessions' pods are not ours to count
+
+
+def pod_args(cluster, *extra, namespace=None) -> list[str]:
+    return ["--env", "pod", "--image", IMAGE, "--image-pull-policy", "Never", "--kubeconfig", str(cluster.kubeconfig),
+            "--namespace", namespace or NS, *extra]
+
+
+def pod_options(cluster, **extra) -> dict:
+    return {"image": IMAGE, "image_pull_policy": "Never", "kubeconfig": str(cluster.kubeconfig), "namespace": NS,
+            **extra}
+
+
+def core(cluster):
+    return cluster.core()
+
+
+RUN_OBJECTS = "gpuvs=1,gpuvs.run_id"  # what --env pod creates (gpuvs validate's own probes carry other labels)
+
+
+def gpuvs_objects(cluster) -> list[str]:
+    """Every pod and ConfigMap of a gpuvs run in the test namespace."""
+    api = core(cluster)
+    pods = api.list_namespaced_pod(NS, label_selector=RUN_OBJECTS).items
+    maps = api.list_namespaced_config_map(NS, label_selector=RUN_OBJECTS).items
+    return [f"pod/{p.metadata.name}" for p in pods] + [f"configmap/{m.metadata.name}" for m in maps]
+
+
+@pytest.fixture(scope="module")
+def namespace(cluster):
+    api = core(cluster)
+    api.create_namespace({"metadata": {"name": NS}})
+    import time
+
+    for _ in range(150):  # pods need the namespace's default service account, which the controller-manager makes
+        if api.list_namespaced_service_account(NS).items:
+            break
+        time.sleep(0.2)
+    yield NS
+    api.delete_namespace(NS)
+
+
+@pytest.fixture
+def kube(cluster, namespace):
+    """The cluster, with nothing of gpuvs's in this session's namespace before the test and nothing left after it."""
+    assert gpuvs_objects(cluster) == []
+    yield cluster
+    assert gpuvs_objects(cluster) == []
+
+
+def run_pod_trial(cluster, steps=3, step_seconds=0.01, device="cpu", num_gpus=1, timeout=120, store=None, **opts):
+    from gpuvs.runner import Runner
+    from gpuvs.store import Store
+
+    spec = RunSpec(workload="selftest", device=device, num_gpus=num_gpus, timeout_s=timeout,
+                   params={"steps": steps, "step_seconds": step_seconds, **opts.pop("params", {})},
+                   env=EnvSpec("pod", pod_options(cluster, **opts)))
+    environments.get(spec.env).check(spec)
+    with Store(store or ":memory:") as st:
+        return Runner(st).run_trial(spec)
+
+
+@pytest.mark.cluster
+def test_cpu_workload_in_a_pod_end_to_end(kube, cli, tmp_path):
+    r = cli("run", "selftest", "--steps", "5", "--device", "cpu", "--cpus", "0.5", "--memory", "256m",
+            *pod_args(kube))
+    assert r.returncode == 0, r.stderr + r.stdout
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "gpuvs.db")
+    (status, fp, startup, summary) = db.execute("SELECT status, fingerprint, startup, summary FROM trials").fetchone()
+    assert status == "ok"
+    fp, startup, summary = json.loads(fp), json.loads(startup), json.loads(summary)
+    assert fp["in_pod"] is True and fp["node_name"] in kube.nodes and fp["pod_name"].startswith("gpuvs-")
+    assert fp["pod_limits"]["cpu"] == 0.5 and fp["pod_limits"]["memory_mib"] == 256 and fp["pod_limits"]["gpus"] == 0
+    assert fp["container_image"] == IMAGE and fp["limits"]["cpu_limit"] == 0.5
+    assert summary["main"]["n"] == 5
+    order = [startup[k] for k in ("pod_created_s", "pod_scheduled_s", "pod_started_s", "pod_first_line_s",
+                                  "pod_first_result_s", "launch_to_exit_s")]
+    assert order == sorted(order) and order[0] > 0 and "pod_image_ready_s" in startup
+    assert startup["pod_image_ready_s"] <= startup["pod_first_line_s"]
+
+
+@pytest.mark.cluster
+def test_host_vs_pod_compare_gives_a_verdict(kube, cli):
+    r = cli("compare", "selftest", "--device", "cpu", "--steps", "4", "--trials", "2", "--order-seed", "3",
+            "--arm", "host:env=host,step_seconds=0.005",
+            "--arm", f"pod:env=pod,image={IMAGE},image_pull_policy=Never,kubeconfig={kube.kubeconfig},"
+                     f"namespace={NS},step_seconds=0.05", "--quiet")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "Verdict: each arm against host" in r.stdout and "pod vs host:" in r.stdout and "slower" in r.stdout
+
+
+@pytest.mark.cluster
+def test_bad_input_is_one_line_and_exit_2_before_any_trial(kube, cli, tmp_path):
+    bad_config = tmp_path / "bad.yaml"
+    bad_config.write_text("this: [is not a kubeconfig")
+    nowhere = tmp_path / "nowhere.yaml"
+    config = yaml.safe_load(kube.kubeconfig.read_text())  # JSON or YAML
+    for entry in config["clusters"]:
+        entry["cluster"]["server"] = "https://127.0.0.1:1"
+    nowhere.write_text(yaml.safe_dump(config))
+    cases = [
+        (["--env", "pod", "--kubeconfig", kube.kubeconfig], "--env pod needs --image"),
+        (pod_args(kube, namespace="nope"), "--namespace nope: no such namespace"),
+        (pod_args(kube, "--node", "nope"), "--node nope: no such node (nodes: "),
+        (pod_args(kube, "--cpus", "1", "--cpu-request", "2"), "the cluster refuses the pod"),
+        (["--env", "pod", "--image", IMAGE, "--kubeconfig", str(bad_config)], f"kubeconfig {bad_config}"),
+        (["--env", "pod", "--image", IMAGE, "--kubeconfig", str(nowhere)], "no cluster reachable at https://127.0.0.1:1"),
+        (["--env", "pod", "--image", IMAGE, "--kubeconfig", str(tmp_path / "missing")], "no such file"),
+    ]
+    for args, message in cases:
+        r = cli("run", "selftest", "--device", "cpu", *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "gpuvs.db").exists() or "trials" not in str(
+        __import__("sqlite3").connect(tmp_path / "gpuvs.db").execute("SELECT count(*) FROM trials").fetchone())
+
+
+@pytest.mark.cluster
+def test_faults_are_failed_trials_with_the_clusters_reason(kube):
+    gpus = max(kube_allocatable(kube))
+    t0 = __import__("time").monotonic()
+    unschedulable = run_pod_trial(kube, device="cuda", num_gpus=gpus + 1, schedule_timeout=2)
+    assert unschedulable.status == "failed" and unschedulable.error_kind == "unavailable"
+    assert "could not be scheduled within 2 s" in unschedulable.error
+    assert f"Insufficient nvidia.com/gpu" in unschedulable.error
+    no_image = run_pod_trial(kube, image="localhost/no-such-image:1")
+    assert no_image.status == "failed" and no_image.error_kind == "unavailable"
+    assert "image localhost/no-such-image:1 cannot be used" in no_image.error and "ErrImageNeverPull" in no_image.error
+    oom = run_pod_trial(kube, memory="48m", params={"allocate_mib": 200})
+    assert oom.status == "failed" and oom.error_kind == "oom" and "OOMKilled" in oom.error and "48m" in oom.error
+    evicted = run_pod_trial(kube, steps=60, step_seconds=0.5, ephemeral_storage="8m", params={"write_mib": 40})
+    assert evicted.status == "failed" and "was evicted from node" in evicted.error, evicted.error
+    assert "ephemeral" in evicted.error  # the kubelet's own message
+    no_python = run_pod_trial(kube, python="/no/such/python3")
+    assert no_python.status == "failed" and no_python.error_kind == "unavailable"
+    assert "could not start" in no_python.error and "/no/such/python3" in no_python.error, no_python.error
+    never = run_pod_trial(kube, start_timeout=0.1)
+    assert never.status == "failed" and "did not start within 0.1 s" in never.error
+    assert __import__("time").monotonic() - t0 < 150  # each wait is bounded
+
+
+def kube_allocatable(cluster) -> list[int]:
+    return [int((n.status.allocatable or {}).get("nvidia.com/gpu", 0)) for n in core(cluster).list_node().items]
+
+
+@pytest.mark.cluster
+def test_a_pod_deleted_from_outside_is_a_failed_trial(kube):
+    import threading
+    import time
+
+    api = core(kube)
+
+    def delete_when_running():
+        for _ in range(300):
+            pods = api.list_namespaced_pod(NS, label_selector=RUN_OBJECTS).items
+            if pods and pods[0].status.phase == "Running":
+                time.sleep(4)  # a few steps measured
+                api.delete_namespaced_pod(pods[0].metadata.name, NS, grace_period_seconds=0)
+                return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=delete_when_running)
+    t.start()
+    result = run_pod_trial(kube, steps=200, step_seconds=0.1)
+    t.join()
+    assert result.status == "failed" and "deleted from outside gpuvs" in result.error
+    assert 1 <= len(result.samples) < 200  # what ran before is kept
+
+
+@pytest.mark.cluster
+def test_the_log_survives_a_kubelet_restart(kube):
+    """The log stream breaks when the pod's kubelet restarts; every line still arrives, once."""
+    import threading
+    import time
+
+    api = core(kube)
+    node = kube.nodes[0]
+
+    def restart_when_running():
+        for _ in range(300):
+            pods = api.list_namespaced_pod(NS, label_selector=RUN_OBJECTS).items
+            if pods and pods[0].status.phase == "Running":
+                time.sleep(1.0)
+                kube.script("kubelet", "restart", node)
+                return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=restart_when_running)
+    t.start()
+    result = run_pod_trial(kube, steps=60, step_seconds=0.25, node=node, timeout=180)
+    t.join()
+    assert result.status == "ok", result.error
+    assert [s["step"] for s in result.samples] == list(range(1, 61))
+
+
+@pytest.mark.cluster
+def test_sigterm_during_a_pod_run_deletes_the_pod(kube, tmp_path):
+    import signal
+    import sqlite3
+    import time
+
+    from conftest import gpuvs_env
+
+    proc = subprocess.Popen([sys.executable, "-m", "gpuvs", "run", "selftest", "--device", "cpu", "--steps", "300",
+                             "--step-seconds", "0.2", "--quiet", *pod_args(kube)], cwd=tmp_path, env=gpuvs_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not gpuvs_objects(kube):
+        time.sleep(0.2)
+    assert gpuvs_objects(kube), "the pod never appeared"
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT status, error FROM trials").fetchall()
+    assert rows == [("interrupted", "gpuvs was stopped by SIGTERM")]
+
+
+@pytest.mark.cluster
+def test_doctor_checks_the_cluster_and_a_pod(kube, cli):
+    r = cli("doctor", "--device", "cpu", *pod_args(kube))
+    assert r.returncode == 0, r.stdout + r.stderr
+    for row in ("cluster API", "namespace", "permissions", "GPU nodes", "pod accepted", "start a pod", "numpy"):
+        assert row in r.stdout
+    assert "all checks passed" in r.stdout
+    r = cli("doctor", "--device", "cpu", *pod_args(kube), "--image", "localhost/no-such-image:1")
+    assert r.returncode != 0 and "ErrImageNeverPull" in r.stdout + r.stderr
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_lost_node_is_a_failed_trial_and_its_pod_is_removed(kube):
+    """The kubelet of the pod's node stops: once the node is not Ready (the controller-manager's 40 s grace),
+    the trial fails with the node's condition, and the pod is removed although its kubelet never confirms."""
+    import threading
+    import time
+
+    api = core(kube)
+    node = kube.nodes[-1]
+
+    def stop_when_running():
+        for _ in range(300):
+            pods = api.list_namespaced_pod(NS, label_selector=RUN_OBJECTS).items
+            if pods and pods[0].status.phase == "Running":
+                time.sleep(4)  # a few steps measured first
+                kube.script("kubelet", "stop", node)
+                return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=stop_when_running)
+    t.start()
+    try:
+        result = run_pod_trial(kube, steps=1000, step_seconds=0.2, node=node, node_lost_timeout=1, timeout=240)
+    finally:
+        t.join()
+        kube.script("kubelet", "start", node)
+    assert result.status == "failed" and f"node {node} was lost while pod" in result.error, result.error
+    assert "Ready=Unknown" in result.error and 5 <= len(result.samples) < 1000
