@@ -408,9 +408,11 @@ def test_dataloader_workers_out_of_shared_memory_is_one_plain_line(cli, tmp_path
     for cls in ("a", "b"):
         (data / cls).mkdir(parents=True)
         for i in range(8):
-            Image.fromarray(rng.integers(0, 255, (80, 80, 3), dtype=np.uint8)).save(data / cls / f"{i}.png")
+            Image.fromarray(rng.integers(0, 255, (144, 144, 3), dtype=np.uint8)).save(data / cls / f"{i}.png")
+    # one batch (8 x 3 x 128 x 128 float32 = 1.5 MiB) cannot fit in the 1 MiB /dev/shm, whatever torch's sharing
+    # strategy (64-pixel batches of 0.4 MiB sometimes fit, and the run succeeded)
     r = cli("run", "cnn-train", "--env", "container", "--rootfs", "/:O", "--shm-size", "1m", "--model", "resnet18",
-            "--batch-size", "8", "--image-size", "64", "--steps", "3", "--warmup-steps", "1", "--data-dir", data,
+            "--batch-size", "8", "--image-size", "128", "--steps", "3", "--warmup-steps", "1", "--data-dir", data,
             "--mount", f"{data}:{data}:ro", "--workers", "2", "--num-classes", "2", "--device", "cpu")
     assert r.returncode == 1, r.stdout + r.stderr
     err = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT error, error_kind FROM trials").fetchone()

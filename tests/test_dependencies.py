@@ -74,3 +74,31 @@ def test_the_check_catches_an_undeclared_import(tmp_path, monkeypatch):
     found = imported_top_level(tmp_path / "pkg")
     assert set(found) == {"click", "yaml"}
     assert found["click"] == ["pkg/a.py:2"]
+
+
+WORKER_SIDE = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        top = name.split(".")[0]
+        if top not in sys.stdlib_module_names and top not in {"gpuvs", "numpy"}:
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Block())
+import gpuvs.worker
+from gpuvs.workloads import get, names
+for name in names():
+    workload = get(name)
+    workload.headline_series(workload.defaults("cpu"))
+print(len(names()))
+"""
+
+
+def test_the_worker_side_imports_nothing_but_numpy():
+    """A containerised or pod worker runs in the user's image, which holds Python and numpy and maybe nothing else:
+    loading the worker and discovering every workload (their defaults and headlines) must not import grpc, torch,
+    yaml... (serve's config once pulled grpc into every worker through the nlp-serve workload's defaults)."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", WORKER_SIDE], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) >= 10

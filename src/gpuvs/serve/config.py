@@ -4,10 +4,13 @@ checks that refuse a bad setting before anything listens."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpuvs.errors import UsageError
-from gpuvs.serve.security import Security
-from gpuvs.serve.validate import Limits
+
+if TYPE_CHECKING:  # both import grpc; the defaults below are read by workload discovery, which must not
+    from gpuvs.serve.security import Security
+    from gpuvs.serve.validate import Limits
 
 MAX_IN_FLIGHT = 8       # Train/Predict/Load calls that run at once
 MAX_QUEUE = 16          # more that wait for a slot; past both: RESOURCE_EXHAUSTED at once
@@ -17,20 +20,26 @@ MODEL_CACHE_MB = 1024.0 # loaded models' parameters and buffers; least recently 
 SPARE_THREADS = 8       # threads beyond the slots and the queue: health, Metrics, ListModels, refusals
 
 
+def _default(module: str, name: str):
+    import importlib
+
+    return getattr(importlib.import_module(f"gpuvs.serve.{module}"), name)()
+
+
 @dataclass
 class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     device: str = "cpu"
     models_dir: str = "gpuvs-models"
-    limits: Limits = field(default_factory=Limits)
+    limits: Limits = field(default_factory=lambda: _default("validate", "Limits"))
     max_in_flight: int = MAX_IN_FLIGHT
     max_queue: int = MAX_QUEUE
     queue_timeout_s: float = QUEUE_TIMEOUT_S
     max_trains: int = MAX_TRAINS
     model_cache_mb: float = MODEL_CACHE_MB
     threads: int = 0
-    security: Security = field(default_factory=Security)
+    security: Security = field(default_factory=lambda: _default("security", "Security"))
 
     def check(self) -> ServeConfig:
         """UsageError (one line: what, and what is allowed) for a setting out of range."""
