@@ -10,39 +10,27 @@ cluster client, say) at module level, so that discovering the kinds stays cheap.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any
 
 from gpuvs.environments.base import Environment, Launched, WorkerStream
 from gpuvs.errors import UsageError
+from gpuvs.registry import Registry
 from gpuvs.spec import EnvSpec
 from gpuvs.workloads.base import Param
 
 __all__ = ["Environment", "Launched", "WorkerStream", "register", "get", "kind", "names", "params", "param", "option_keys",
            "env_spec", "options_for", "check_options", "label", "fingerprint_fields", "explained", "local"]
 
-_REGISTRY: dict[str, type[Environment]] = {}
-_discovered = False
 DEFAULT = EnvSpec().kind  # the kind used where none is named (host)
-
-
-def register(cls: type[Environment]) -> type[Environment]:
-    if cls.kind in _REGISTRY and _REGISTRY[cls.kind] is not cls:
-        raise RuntimeError(f"environment {cls.kind!r} registered twice")
-    _REGISTRY[cls.kind] = cls
-    return cls
+# after discovery, _union refuses two kinds that declare one option differently, at once
+_kinds: Registry[type[Environment]] = Registry(__name__, __path__, "environment", lambda cls: cls.kind,
+                                               after=lambda: _union())
+_REGISTRY = _kinds.classes
+register = _kinds.register
 
 
 def _discover() -> None:
-    global _discovered
-    if _discovered:
-        return
-    _discovered = True
-    for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-    _union()  # refuse two kinds that declare one option differently, at once
+    _kinds.discover()
 
 
 def names() -> list[str]:

@@ -4,38 +4,18 @@ discovering the registry stays cheap and the core runs without them."""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from gpuvs.errors import UsageError
+from gpuvs.registry import Registry
 from gpuvs.workloads.base import Param, RunContext, Workload
 
 __all__ = ["Param", "RunContext", "Workload", "register", "get", "names", "all_workloads"]
 
-_REGISTRY: dict[str, type[Workload]] = {}
-_discovered = False
-
-
-def register(cls: type[Workload]) -> type[Workload]:
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise RuntimeError(f"workload {cls.name!r} registered twice")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def _discover() -> None:
-    global _discovered
-    if _discovered:
-        return
-    _discovered = True
-    for info in pkgutil.iter_modules(__path__):
-        if info.name != "base" and not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
+_workloads: Registry[type[Workload]] = Registry(__name__, __path__, "workload", lambda cls: cls.name, skip=("base",))
+register = _workloads.register
 
 
 def names() -> list[str]:
-    _discover()
-    return sorted(_REGISTRY)
+    return sorted(_workloads.discover())
 
 
 def all_workloads() -> list[Workload]:
@@ -43,8 +23,7 @@ def all_workloads() -> list[Workload]:
 
 
 def get(name: str) -> Workload:
-    _discover()
     try:
-        return _REGISTRY[name]()
+        return _workloads.discover()[name]()
     except KeyError:
         raise UsageError(f"unknown workload {name!r}; known workloads: {', '.join(names())}") from None
