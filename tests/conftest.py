@@ -61,6 +61,19 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+class Pid(int):
+    """A PID whose repr names the command, so that a failed 'nothing left' assertion says what was left."""
+
+    def __repr__(self) -> str:
+        try:
+            cmd = Path(f"/proc/{int(self)}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            cmd = "?"
+        return f"{int(self)} ({cmd.strip()[:160]})"
+
+    __str__ = int.__repr__  # f"/proc/{pid}" stays a path
+
+
 def gpuvs_processes() -> list[int]:
     """PIDs of live processes started (directly or not) by this test session."""
     marker = f"GPUVS_TEST_TAG={TEST_TAG}".encode()
@@ -72,7 +85,7 @@ def gpuvs_processes() -> list[int]:
             except OSError:
                 continue
             if marker in env.split(b"\0") and pid_alive(int(d.name)):
-                out.append(int(d.name))
+                out.append(Pid(d.name))
     return out
 
 

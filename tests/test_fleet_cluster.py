@@ -20,6 +20,10 @@ from conftest import gpuvs_env, missing_part, run_cli
 
 IMAGE = "localhost/gpuvs-python:test"
 SPIN = ["--device", "cpu", "--steps", "4", "--ops", "300000", "--warmup-steps", "1"]
+# The 2-vCPU machines this runs on change speed by up to 2x within seconds (spin alone on the host, pinned to
+# one CPU, read 7.3 to 16.9 M ops/s in 0.1 s steps): trials of 0.1 s differed by a quarter, and two healthy
+# nodes stayed inconclusive at +/-10% after 12 trials each. Trials of about 2.5 s average part of that out.
+SPIN_LONG = ["--device", "cpu", "--steps", "10", "--ops", "3000000", "--warmup-steps", "1"]
 pytestmark = pytest.mark.cluster
 
 
@@ -27,18 +31,19 @@ def three(cluster):  # noqa: F811
     if len(cluster.nodes) < 3:  # .ci/run starts it with 3; a shared cluster of another shape is not changed here
         missing_part(f"the fleet tests need the test cluster with 3 nodes (scripts/test-cluster up --nodes 3); "
                      f"the running one has {len(cluster.nodes)}")
+    cluster.wait_ready(cluster.nodes[:3])
     return cluster.nodes[:3]
 
 
-def fleet_args(cluster, tmp_path, nodes, *extra):  # noqa: F811
-    return ["fleet", "spin", *SPIN, "--image", IMAGE, "--image-pull-policy", "Never", "--kubeconfig",
+def fleet_args(cluster, tmp_path, nodes, *extra, spin=SPIN):  # noqa: F811
+    return ["fleet", "spin", *spin, "--image", IMAGE, "--image-pull-policy", "Never", "--kubeconfig",
             str(cluster.kubeconfig), "--nodes", ",".join(nodes), "--store", str(tmp_path / "gpuvs.db"), *extra]
 
 
-def run_fleet(cluster, tmp_path, nodes, *extra, expect=0):  # noqa: F811
+def run_fleet(cluster, tmp_path, nodes, *extra, expect=0, spin=SPIN):  # noqa: F811
     out = tmp_path / "fleet.json"
     t0 = time.monotonic()
-    r = run_cli(*fleet_args(cluster, tmp_path, nodes, "--format", "json", "--output", str(out), *extra),
+    r = run_cli(*fleet_args(cluster, tmp_path, nodes, "--format", "json", "--output", str(out), *extra, spin=spin),
                 timeout=900, cwd=tmp_path)
     took = time.monotonic() - t0
     assert r.returncode == expect, r.stdout[-3000:] + r.stderr[-3000:]
@@ -69,10 +74,13 @@ def test_the_slowed_node_is_named_with_its_ratio_and_labels_are_written_only_whe
     core = cluster.core()
     slow = nodes[1]
     clear_labels(core, nodes)
-    cluster.script("slow", slow, "10")
+    cluster.script("slow", slow, "25")
     try:
-        r, res, took = run_fleet(cluster, tmp_path, nodes, "--label", "--margin", "0.1", "--trials", "4",
-                                 "--max-trials", "12")
+        # +/-30%: on these machines two healthy nodes' 12 trials of 2.5 s each gave intervals of about +/-15%
+        # ([0.814-1.119] and [0.894-1.228] in one run), so +/-10% cannot be settled here; the slowed node is far
+        # outside any of these (0.19x at a quarter of one CPU)
+        r, res, took = run_fleet(cluster, tmp_path, nodes, "--label", "--margin", "0.3", "--trials", "4",
+                                 "--max-trials", "12", spin=SPIN_LONG)
     finally:
         cluster.script("slow", slow, "0")
     rows = {row["node"]: row for row in res["rows"]}
@@ -83,7 +91,7 @@ def test_the_slowed_node_is_named_with_its_ratio_and_labels_are_written_only_whe
             assert rows[n]["verdict"] == "equivalent", rows[n]
     assert res["rows"][0]["node"] == slow  # slowest first
     assert all(rows[n]["n_trials"] <= 12 for n in nodes)
-    print(f"\nslowed {slow} to 10% of one CPU: speed {rows[slow]['speed']:.3f} "
+    print(f"\nslowed {slow} to 25% of one CPU: speed {rows[slow]['speed']:.3f} "
           f"[{rows[slow]['speed_low']:.3f}-{rows[slow]['speed_high']:.3f}], trials per node "
           f"{[rows[n]['n_trials'] for n in nodes]}, {took:.0f} s")
     got = gpuvs_labels(core, nodes)
@@ -94,7 +102,7 @@ def test_the_slowed_node_is_named_with_its_ratio_and_labels_are_written_only_whe
     assert not any(core.read_node(n).spec.unschedulable or core.read_node(n).spec.taints for n in nodes)
     # the run is stored like any experiment, and gpuvs report renders it again
     md = run_cli("report", res["id"], "--format", "md", "--store", str(tmp_path / "gpuvs.db"), cwd=tmp_path)
-    assert md.returncode == 0 and f"| {slow} | slower" in md.stdout
+    assert md.returncode == 0 and f"| **{slow}** | slower (" in md.stdout  # a slow node's row is marked (bold)
     clear_labels(core, nodes)
 
 
