@@ -50,23 +50,15 @@ class Cluster:
 
         return shlex.join([sys.executable, str(SCRIPT), *args])
 
-    def wait_ready(self, nodes: list[str], timeout: float = 120) -> None:
-        """Until every node reads Ready with no not-ready taint left (a test before may have restarted a kubelet:
-        the node lifecycle controller lifts its taint seconds after the node reads Ready again)."""
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Until `scripts/test-cluster status` reads healthy: every node Ready with no not-ready taint left and its
+        GPUs allocatable (a test before may have restarted a kubelet: the node lifecycle controller lifts its taint
+        seconds after the node reads Ready again)."""
         import time
 
-        core, deadline = self.core(), time.monotonic() + timeout
-        while True:
-            bad = []
-            for name in nodes:
-                n = core.read_node(name)
-                ready = any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
-                taints = [t.key for t in n.spec.taints or [] if t.key.startswith("node.kubernetes.io/")]
-                if not ready or taints:
-                    bad.append(f"{name} (ready={ready}, taints={taints})")
-            if not bad:
-                return
-            assert time.monotonic() < deadline, f"nodes not back in service after {timeout:.0f} s: {', '.join(bad)}"
+        deadline = time.monotonic() + timeout
+        while (r := _status()).returncode != 0:
+            assert time.monotonic() < deadline, f"the cluster is not back in service after {timeout:.0f} s: {r.stdout}"
             time.sleep(0.5)
 
     def core(self):

@@ -31,7 +31,7 @@ def three(cluster):  # noqa: F811
     if len(cluster.nodes) < 3:  # .ci/run starts it with 3; a shared cluster of another shape is not changed here
         missing_part(f"the fleet tests need the test cluster with 3 nodes (scripts/test-cluster up --nodes 3); "
                      f"the running one has {len(cluster.nodes)}")
-    cluster.wait_ready(cluster.nodes[:3])
+    cluster.wait_ready()
     return cluster.nodes[:3]
 
 
