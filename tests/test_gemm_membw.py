@@ -169,3 +169,30 @@ def test_membw_inline_checks_the_copy_and_names_series(one_thread):
     samples = [e for e in evs if e["type"] == "sample"]
     assert [s["series"] for s in samples] == ["d2d 4KiB"] * 2
     assert next(e for e in evs if e["type"] == "config")["items"]["peak_memory_gbps"] == "unknown"
+
+
+def _busy(seconds: float, first: float = 0.0):
+    """A step that spins for `seconds` (its first call for `first` more: a lazy first touch)."""
+    import time
+
+    calls = []
+
+    def step():
+        end = time.perf_counter() + seconds + (first if not calls else 0.0)
+        calls.append(1)
+        while time.perf_counter() < end:
+            pass
+    return step, calls
+
+
+@pytest.mark.parametrize("step_s, first_s", [(20e-6, 0.0), (20e-6, 0.02), (2e-3, 0.0)])
+def test_block_calibration_times_many_steps_and_shrugs_off_a_slow_first_one(step_s, first_s):
+    from gpuvs.workloads._devtime import inner_count
+
+    step, calls = _busy(step_s, first_s)
+    inner = inner_count(torch, False, step, 0.005)
+    want = 0.005 / step_s  # 250 steps of 20 us, 2.5 of 2 ms: a 5 ms block either way
+    assert max(1, 0.5 * want) <= inner <= 2 * want + 1, (inner, want)
+    # microsecond steps are timed by the hundred, not one at a time; a step of milliseconds is not repeated idly
+    assert (len(calls) >= 100) if step_s < 1e-4 else len(calls) <= 12, len(calls)
+    assert inner_count(torch, False, _busy(1e-6)[0], 0.005, max_inner=64) == 64  # the cap holds

@@ -168,10 +168,12 @@ def namespace(cluster):
 
 @pytest.fixture
 def kube(cluster, namespace):
-    """The cluster, with nothing of gpuvs's in this session's namespace before the test and nothing left after it."""
+    """The cluster, with nothing of gpuvs's in this session's namespace before the test and nothing left after it,
+    every node in service again."""
     assert gpuvs_objects(cluster) == []
     yield cluster
     assert gpuvs_objects(cluster) == []
+    cluster.wait_ready(120)  # a test that restarted or stopped a kubelet leaves every node in service
 
 
 def run_pod_trial(cluster, steps=3, step_seconds=0.01, device="cpu", num_gpus=1, timeout=120, store=None, **opts):

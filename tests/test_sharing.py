@@ -427,9 +427,13 @@ def test_gemm_and_membw_share_a_window_one_shape_or_copy_each(store_path):
         coord = Coordinator(Runner(st, timeout_s=120), window_s=1.0)
         g = coord.group([gemm, copy], "gemm+membw", False)
         assert g.ok, [t.error for t in g.trials]
-        # the window, not a count of blocks, ended each: about 1 s of blocks (5 ms each when the CPU is free)
+        # the window, not a count of blocks (--repeats), ended each: blocks of 5 ms when the CPU is free, but two
+        # jobs' thread pools on this machine's few cores can stretch one a hundredfold, so the test asks what holds
+        # whatever their length: about the window's worth of blocks, and none started after the window closed
         for t in g.trials:
-            assert t.primary()["n"] >= 2 and t.primary()["total_seconds"] == pytest.approx(1.0, abs=0.35), t.primary()
+            secs = [x["seconds"] for x in t.samples]
+            assert len(secs) == t.primary()["n"] and sum(secs) == pytest.approx(t.primary()["total_seconds"])
+            assert sum(secs) >= 0.65 and sum(secs[:-1]) <= 1.1, secs
         whole_set = RunSpec(workload="gemm", device="cpu", params={"set": "square"})
         bad = coord.group([whole_set], "set", False)
     assert not bad.ok and "one GEMM shape per job: give --shape MxNxK" in bad.failure

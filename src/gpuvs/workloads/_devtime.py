@@ -64,6 +64,14 @@ def window_blocks(torch, cuda: bool, step: Callable[[], object], inner: int, win
 
 
 def inner_count(torch, cuda: bool, step: Callable[[], object], target_s: float, max_inner: int = 4096) -> int:
-    """How many steps make a block of about target_s (one step at least), from three timed steps."""
-    est = statistics.median(timed_blocks(torch, cuda, step, 1, 3))
-    return max(1, min(max_inner, math.ceil(target_s / max(est, 1e-7))))
+    """How many steps make a block of about target_s (one step at least). As pyperf calibrates its loops, the
+    count doubles until the median of three blocks takes a quarter of the target, so that a step of
+    microseconds is timed over many steps, not alone (one step's time is mostly timer, launch and first-touch
+    noise), and one slow block (a lazy first call, a preempted thread) does not decide it."""
+    n = 1
+    while True:
+        block = statistics.median(timed_blocks(torch, cuda, step, n, 3))
+        if block >= target_s / 4 or n >= max_inner:
+            break
+        n *= 2
+    return max(1, min(max_inner, math.ceil(target_s / max(block / n, 1e-9))))
