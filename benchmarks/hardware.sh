@@ -5,6 +5,8 @@
 #
 #   OUT=/tmp/out PYTHONPATH=src bash benchmarks/hardware.sh            # on a GPU machine (about 7 minutes on an H100)
 #   OUT=/tmp/out PYTHONPATH=src DEVICE=cpu bash benchmarks/hardware.sh # check the script without a GPU (tiny sizes)
+#   ONLY="gemm_vs_bare membw_vs_bare" ... bash benchmarks/hardware.sh    # some sections only: gemm gemm_vs_bare
+#                                                                       # membw membw_vs_bare telemetry kernels
 #
 # Writes $OUT/hardware.md (tables and the exact commands) and $OUT/hardware.db (the gpuvs store of every run,
 # telemetry readings included). A part that fails is reported in the markdown; the others still run.
@@ -312,29 +314,44 @@ PY
 : > "$TMP/body"; : > "$TMP/commands"; : > "$TMP/failures"
 note "hardware proof on $DEVICE -> $MD"
 
+# a section runs unless ONLY names others
+want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+
 # 1. the GEMM set at fp32, tf32, bf16, and gpuvs against a bare torch.matmul
-for p in fp32 tf32 bf16; do gpuvs 180 run gemm --device "$DEVICE" --precision $p $GEMM_ARGS --name gemm-$p; done
-{ echo "## GEMM: the DeepBench training shapes, square and inference shapes"; echo; } >> "$TMP/body"
-part 60 gemm_tables
-{ echo "## gpuvs GEMM vs bare torch.matmul"; echo; } >> "$TMP/body"
-part 120 gemm_vs_bare
+if want gemm; then
+  for p in fp32 tf32 bf16; do gpuvs 180 run gemm --device "$DEVICE" --precision $p $GEMM_ARGS --name gemm-$p; done
+  { echo "## GEMM: the DeepBench training shapes, square and inference shapes"; echo; } >> "$TMP/body"
+  part 60 gemm_tables
+fi
+if want gemm_vs_bare; then
+  { echo "## gpuvs GEMM vs bare torch.matmul"; echo; } >> "$TMP/body"
+  part 120 gemm_vs_bare
+fi
 
 # 2. memory bandwidth, and gpuvs against a bare copy_
-gpuvs 150 run membw --device "$DEVICE" $MEMBW_ARGS --name membw
-{ echo "## Memory bandwidth"; echo; } >> "$TMP/body"
-part 60 membw_tables
-{ echo "## gpuvs d2d copy vs bare copy_"; echo; } >> "$TMP/body"
-part 100 membw_vs_bare
+if want membw; then
+  gpuvs 150 run membw --device "$DEVICE" $MEMBW_ARGS --name membw
+  { echo "## Memory bandwidth"; echo; } >> "$TMP/body"
+  part 60 membw_tables
+fi
+if want membw_vs_bare; then
+  { echo "## gpuvs d2d copy vs bare copy_"; echo; } >> "$TMP/body"
+  part 100 membw_vs_bare
+fi
 
 # 3. telemetry overhead
-{ echo "## Telemetry overhead"; echo; } >> "$TMP/body"
-part 120 telemetry_overhead
+if want telemetry; then
+  { echo "## Telemetry overhead"; echo; } >> "$TMP/body"
+  part 120 telemetry_overhead
+fi
 
 # 4. the kernel suite on the GPU and on the CPU
-gpuvs 180 run kernels --device "$KDEV" $KGPU_ARGS --name kernels-gpu
-gpuvs 150 run kernels --device cpu $KCPU_ARGS --name kernels-cpu
-{ echo "## Kernel suite (Rodinia-style apps): GPU vs CPU"; echo; } >> "$TMP/body"
-part 40 kernel_tables
+if want kernels; then
+  gpuvs 180 run kernels --device "$KDEV" $KGPU_ARGS --name kernels-gpu
+  gpuvs 150 run kernels --device cpu $KCPU_ARGS --name kernels-cpu
+  { echo "## Kernel suite (Rodinia-style apps): GPU vs CPU"; echo; } >> "$TMP/body"
+  part 40 kernel_tables
+fi
 
 {
   echo "# gpuvs hardware proof ($(date -u +%Y-%m-%dT%H:%MZ), device $DEVICE)"

@@ -163,7 +163,7 @@ waitfor "node $NODE with allocatable nvidia.com/gpu" 90 node_ready || exit 1
 TORCH_PY=$("$PY" -c 'import sys; print(sys.executable)')
 MOUNTS=(--mount /usr:/usr:ro --mount /etc:/etc:ro --mount /opt:/opt:ro)
 for m in $("$PY" -c 'import sys; print(sys.prefix, sys.base_prefix)'); do  # a venv or pyenv outside them
-  case "$m" in /usr/*|/opt/*) ;; *) MOUNTS+=(--mount "$m:$m:ro");; esac
+  case "$m" in /usr|/usr/*|/opt|/opt/*|/etc|/etc/*) ;; *) MOUNTS+=(--mount "$m:$m:ro");; esac
 done
 POD=(--image $REG/gpuvs-node:gpu --image-pull-policy IfNotPresent --kubeconfig "$P/admin.kubeconfig" --node $NODE
      --bypass-scheduler --host-network --python "$TORCH_PY" "${MOUNTS[@]}" --env-var "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" --env-var "PATH=$PATH"

@@ -148,8 +148,8 @@ def main(dest: str) -> int:
     tc = test_cluster_module()
     shutil.copy2(tc.pause_image(), d / "images" / "pause.tar")
     node_image(tc, d / "images" / "node.tar")
-    subprocess.run(["rsync", "-a", "--delete", "--exclude", ".git", "--exclude", ".venv", "--exclude", "__pycache__",
-                    "--exclude", "docs/img", "--exclude", ".pytest_cache", f"{REPO}/", f"{d}/wt/"], check=True)
+    skip = [".git", ".venv", "__pycache__", "docs/img", ".pytest_cache", ".carry"]  # .carry: this folder's parent
+    subprocess.run(["rsync", "-a", "--delete", *(f"--exclude={x}" for x in skip), f"{REPO}/", f"{d}/wt/"], check=True)
     total = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
     print(f"{d}: {total / 2**20:.1f} MiB")
     for f in sorted(d.rglob("*.xz")):

@@ -40,17 +40,29 @@ if "--cpu" in sys.argv:  # a check of this script on a machine without a GPU, at
 def gpuvs(src: Path, args: list[str], limit: float) -> tuple[float, int, str]:
     env = dict(os.environ, PYTHONPATH=str(src))
     t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuvs", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=src.parent)
     try:
-        r = subprocess.run([sys.executable, "-m", "gpuvs", *args], capture_output=True, text=True, env=env,
-                           timeout=limit, cwd=src.parent)
-        code, text = r.returncode, r.stdout[-3000:] + r.stderr[-2000:]
-    except subprocess.TimeoutExpired as exc:
-        code, text = 124, f"time limit {limit:g} s: {exc}"
-    return time.monotonic() - t0, code, text
+        out, err = proc.communicate(timeout=limit)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:  # SIGTERM: gpuvs stores the trials it finished and stops its worker
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        code, err = 124, f"time limit {limit:g} s\n{err}"
+    return time.monotonic() - t0, code, out[-3000:] + err[-2000:]
 
 
 def trials(db: Path) -> list[dict]:
+    """The finished trials in a store ([] when the run ended before it stored any)."""
+    if not db.exists():
+        return []
     con = sqlite3.connect(db)
+    if not con.execute("SELECT 1 FROM sqlite_master WHERE name='trials'").fetchone():
+        return []
     con.row_factory = sqlite3.Row
     out = []
     for r in con.execute("SELECT * FROM trials WHERE status='ok' ORDER BY id"):
@@ -117,12 +129,15 @@ def main() -> int:
     stop_old = old_rule_stop(before / "src", ta) if ta else None
     n_after = 1 + max((r["trial"] for r in ta), default=-1)
     lines.append("")
-    lines.append(f"after: `gpuvs {' '.join(cmd)}`: exit {code_a}, {wall_a:.1f} s to the verdict, {n_after} trials "
-                 f"per arm (new rule: alpha spending over the looks)")
-    if stop_old and "before" in res:
-        lines.append(f"before: the old rule would have stopped these trials after {stop_old} per arm; at before's "
-                     f"{res['before'][0]:.2f} s per trial that is {2 * stop_old * res['before'][0]:.1f} s of trials "
-                     f"(plus gpuvs's own start)")
+    ended = (f"no verdict by its {limit_after:g} s limit" if code_a == 124 else f"{wall_a:.1f} s to the verdict")
+    lines.append(f"after: `gpuvs {' '.join(cmd)}`: exit {code_a}, {ended}, {n_after} trials per arm at most "
+                 f"(new rule: alpha spending over the looks)")
+    if stop_old:
+        cost = (f"; at before's {res['before'][0]:.2f} s per trial that is {2 * stop_old * res['before'][0]:.1f} s "
+                f"of trials (plus gpuvs's own start)" if "before" in res else "")
+        lines.append(f"before: the old rule would have stopped these trials after {stop_old} per arm{cost}")
+    elif ta:
+        lines.append("before: the old rule did not stop at any look these trials allow (3, 5, ... per arm)")
     lines.append(f"before: `gpuvs run {' '.join(PARAMS)} --trials 3`: exit {code_b}, {wall_b:.1f} s")
     for t in ta:
         lines.append(f"- after trial {t['trial'] + 1} [{t['arm']}]: {t['value']:.1f} images/sec, wall {t['wall']:.2f} s")

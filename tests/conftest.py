@@ -30,9 +30,20 @@ def run_cli(*args, timeout=600, cwd=None, address_space=None, **env):
     too large fails there and then, whatever the machine's overcommit setting."""
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-    return subprocess.run([sys.executable, "-m", "gpuvs", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=gpuvs_env(**env),
-                          preexec_fn=limit if address_space else None)
+    proc = subprocess.Popen([sys.executable, "-m", "gpuvs", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=gpuvs_env(**env),
+                            preexec_fn=limit if address_space else None)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:  # a timeout here or pytest-timeout's: SIGTERM, so that gpuvs cleans up (its workers,
+        proc.terminate()   # containers and MPS daemon), as subprocess.run's SIGKILL would not let it
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.fixture
@@ -130,3 +141,12 @@ def pytest_make_collect_report(collector):
     if _in_ci() and report.skipped:
         report.outcome = "failed"
         report.longrepr = f"CI=true and this module was skipped: {report.longrepr}"
+
+
+def cell(text: str, first: str) -> dict[str, str]:
+    """The table row whose first cell is `first`, as {header: cell}."""
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("┃"))
+    names = [h.strip() for h in header.strip("┃").split("┃")]
+    row = next(line for line in lines if line.startswith("│") and line.strip("│").split("│")[0].strip() == first)
+    return dict(zip(names, [c.strip() for c in row.strip("│").split("│")]))

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import gpuvs_processes, require
+from conftest import cell, gpuvs_processes, require
 from gpuvs import barrier, mps, mps_knobs, sharestats
 from gpuvs.errors import EnvironmentUnavailable
 from gpuvs.mps_advice import predict
@@ -73,15 +73,6 @@ def test_share_cli_scaling_table(cli, tmp_path):
     assert vs.split()[-1] in ("faster", "inconclusive") and 1.6 < float(vs.split("[")[0]) < 2.5 and "[" in vs, vs
     rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm, status FROM trials").fetchall()
     assert rows == [("1 worker", "ok"), ("2 workers", "ok"), ("2 workers", "ok")] * 2
-
-
-def cell(text: str, first: str) -> dict[str, str]:
-    """The table row whose first cell is `first`, as {header: cell}."""
-    lines = text.splitlines()
-    header = next(line for line in lines if line.startswith("┃"))
-    names = [h.strip() for h in header.strip("┃").split("┃")]
-    row = next(line for line in lines if line.startswith("│") and line.strip("│").split("│")[0].strip() == first)
-    return dict(zip(names, [c.strip() for c in row.strip("│").split("│")]))
 
 
 def test_share_cli_pairs_with_intervals(cli, tmp_path):
