@@ -121,6 +121,10 @@ def test_availability_suite_through_the_test_cluster_script(cluster, tmp_path):
         assert obs["allocatable_before"] == obs["allocatable_after"] == cluster.gpus
         assert 0 < row["recovery_s"] < 90
         assert obs["new_gpu_pod"].startswith("new GPU pod ran")
+    # back after a kubelet restart means the new kubelet has reported, not its predecessor's Ready still showing
+    kubelet = got["kubelet restart"]["observed"]
+    assert 0 < kubelet["kubelet_reported_s"] <= got["kubelet restart"]["recovery_s"], kubelet
+    assert "kubelet_reported_s" not in got["device plugin restart"]["observed"]
     # the outage was real: the API server did not answer while it was stopped, for about the time asked
     assert got["API server outage"]["observed"]["api_silent_s"] >= 3
     assert got["API server outage"]["recovery_s"] >= 5

@@ -232,3 +232,12 @@ def allocatable(cluster: Cluster, node: str, resource: str) -> tuple[bool, int]:
     n = cluster.core.read_node(node, _request_timeout=5)
     ready = any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
     return ready, alloc(n, resource)
+
+
+def ready_report(cluster: Cluster, node: str) -> Any:
+    """When the node's kubelet last reported its Ready condition (lastHeartbeatTime; None if never). A
+    kubelet reports it when it starts, so a newer one than before a restart means the new kubelet has
+    spoken: until then the node still shows its predecessor's Ready. Compared with an earlier reading
+    of the same field, never with this machine's clock (the node's may differ)."""
+    n = cluster.core.read_node(node, _request_timeout=5)
+    return next((c.last_heartbeat_time for c in n.status.conditions or [] if c.type == "Ready"), None)
