@@ -7,8 +7,9 @@
 #   OUT=/some/folder PYTHONPATH=src bash benchmarks/serve_load.sh
 #
 # Settings: SL_CLIENTS ("1 2 4 8 16 32 64"), SL_SECONDS_PER_POINT (about 4 s of requests a point, sized from
-# the previous point's rate), SL_DEVICES ("cuda cpu"), SL_BUDGET_S (180: points not started by then are skipped).
-# Both servers run with their defaults (--max-in-flight 8, --max-queue 16) and read one models folder: the
+# the previous point's rate), SL_DEVICES ("cuda cpu"), SL_BUDGET_S (180: points not started by then are skipped),
+# SL_SERVE_ARGS (more `gpuvs serve` options, e.g. "--max-in-flight 2"; none by default).
+# Both servers run with their defaults (--max-in-flight 8, --max-queue 16) unless SL_SERVE_ARGS says otherwise and read one models folder: the
 # model is trained once, by the first serve-load, on the first server. Writes $OUT/serve_load.md (with the
 # server's Metrics after each point) and $OUT/serve_load.db. A check run without a GPU: SL_DEVICES=cpu SL_SMALL=1.
 set -u
@@ -43,7 +44,8 @@ PY
 RATE=200
 for DEV in $DEVICES; do
   over_budget && { say "skip $DEV: budget"; continue; }
-  start_server "serve-$DEV" --device "$DEV" --models-dir "$WORK/models"
+  read -r -a EXTRA <<< "${SL_SERVE_ARGS:-}"
+  start_server "serve-$DEV" --device "$DEV" --models-dir "$WORK/models" "${EXTRA[@]}"
   if [ -z "$PORT" ]; then echo "gpuvs serve on $DEV did not start: $(tail -2 "$WORK/serve-$DEV.err")" >> "$MD"; continue; fi
   say "$(head -1 "$WORK/serve-$DEV.out")"
   echo "\`$(head -1 "$WORK/serve-$DEV.out")\`" >> "$MD"
