@@ -316,41 +316,31 @@ note "hardware proof on $DEVICE -> $MD"
 
 # a section runs unless ONLY names others
 want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+# titled TITLE LIMIT PART: a "## TITLE" heading in the markdown, then the helper part under it
+titled() { { echo "## $1"; echo; } >> "$TMP/body"; part "$2" "$3"; }
 
 # 1. the GEMM set at fp32, tf32, bf16, and gpuvs against a bare torch.matmul
 if want gemm; then
   for p in fp32 tf32 bf16; do gpuvs 180 run gemm --device "$DEVICE" --precision $p $GEMM_ARGS --name gemm-$p; done
-  { echo "## GEMM: the DeepBench training shapes, square and inference shapes"; echo; } >> "$TMP/body"
-  part 60 gemm_tables
+  titled "GEMM: the DeepBench training shapes, square and inference shapes" 60 gemm_tables
 fi
-if want gemm_vs_bare; then
-  { echo "## gpuvs GEMM vs bare torch.matmul"; echo; } >> "$TMP/body"
-  part 120 gemm_vs_bare
-fi
+want gemm_vs_bare && titled "gpuvs GEMM vs bare torch.matmul" 120 gemm_vs_bare
 
 # 2. memory bandwidth, and gpuvs against a bare copy_
 if want membw; then
   gpuvs 150 run membw --device "$DEVICE" $MEMBW_ARGS --name membw
-  { echo "## Memory bandwidth"; echo; } >> "$TMP/body"
-  part 60 membw_tables
+  titled "Memory bandwidth" 60 membw_tables
 fi
-if want membw_vs_bare; then
-  { echo "## gpuvs d2d copy vs bare copy_"; echo; } >> "$TMP/body"
-  part 100 membw_vs_bare
-fi
+want membw_vs_bare && titled "gpuvs d2d copy vs bare copy_" 100 membw_vs_bare
 
 # 3. telemetry overhead
-if want telemetry; then
-  { echo "## Telemetry overhead"; echo; } >> "$TMP/body"
-  part 120 telemetry_overhead
-fi
+want telemetry && titled "Telemetry overhead" 120 telemetry_overhead
 
 # 4. the kernel suite on the GPU and on the CPU
 if want kernels; then
   gpuvs 180 run kernels --device "$KDEV" $KGPU_ARGS --name kernels-gpu
   gpuvs 150 run kernels --device cpu $KCPU_ARGS --name kernels-cpu
-  { echo "## Kernel suite (Rodinia-style apps): GPU vs CPU"; echo; } >> "$TMP/body"
-  part 40 kernel_tables
+  titled "Kernel suite (Rodinia-style apps): GPU vs CPU" 40 kernel_tables
 fi
 
 {

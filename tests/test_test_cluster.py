@@ -7,7 +7,6 @@ from __future__ import annotations
 import fcntl
 import subprocess
 import time
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -18,13 +17,19 @@ from conftest import missing_part
 pytestmark = pytest.mark.cluster
 
 
-def gpus(c, node: str, since: datetime | None = None) -> tuple[bool, int]:
-    """(Ready, allocatable GPUs) of a node; with `since`, Ready counts only when a kubelet posted it since
-    then (a restarted kubelet's node still shows its predecessor's Ready until the new one reports)."""
+def gpus(c, node: str, after=None) -> tuple[bool, int]:
+    """(Ready, allocatable GPUs) of a node; with `after` (an earlier reading of the Ready condition's
+    lastHeartbeatTime), Ready counts only when a kubelet reported it since (a restarted kubelet's node still
+    shows its predecessor's Ready until the new one reports)."""
     n = c.core().read_node(node)
-    ready = any(x.type == "Ready" and x.status == "True" and (since is None or x.last_heartbeat_time >= since)
+    ready = any(x.type == "Ready" and x.status == "True" and (after is None or x.last_heartbeat_time > after)
                 for x in n.status.conditions)
     return ready, int(n.status.allocatable.get("nvidia.com/gpu", "0"))
+
+
+def reported(c, node: str):
+    """When the node's kubelet last reported its Ready condition."""
+    return next(x.last_heartbeat_time for x in c.core().read_node(node).status.conditions if x.type == "Ready")
 
 
 def wait_for(what, fn, timeout=60.0):
@@ -61,11 +66,11 @@ def test_plugin_registers_again_after_kubelet_restart(cluster):
     node = cluster.nodes[-1]
     log = STATE / "logs" / f"{node}-plugin.log"
     before = log.read_text().count("registered ")
-    since = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(seconds=1)  # heartbeats: whole seconds
+    report0 = reported(cluster, node)
     cluster.script("kubelet", "restart", node)
     wait_for("the plugin to register again", lambda: log.read_text().count("registered ") > before)
-    wait_for("the new kubelet to report Ready with the GPUs", lambda: gpus(cluster, node, since) == (True, cluster.gpus),
-             90)
+    wait_for("the new kubelet to report Ready with the GPUs",
+             lambda: gpus(cluster, node, report0) == (True, cluster.gpus), 90)
     # in service again: the controller lifts the not-ready taint the restart may have caused
     cluster.wait_ready(90)
 

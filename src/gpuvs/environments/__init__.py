@@ -29,18 +29,14 @@ _REGISTRY = _kinds.classes
 register = _kinds.register
 
 
-def _discover() -> None:
-    _kinds.discover()
-
-
 def names() -> list[str]:
     """Kinds, in their declared order (host first)."""
-    _discover()
+    _kinds.discover()
     return [k for k, _ in sorted(_REGISTRY.items(), key=lambda kv: (kv[1].rank, kv[0]))]
 
 
 def kind(name: str) -> type[Environment]:
-    _discover()
+    _kinds.discover()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -80,20 +76,20 @@ def env_param() -> Param:
 
 def params() -> tuple[Param, ...]:
     """Every environment option, `--env` first: the group the command line parses."""
-    _discover()
+    _kinds.discover()
     return (env_param(),) + tuple(_union().values())
 
 
 def param(option: str) -> Param | None:
     """The Param of an environment option by name (None if no kind takes it)."""
-    _discover()
+    _kinds.discover()
     return _union().get(option)
 
 
 def option_keys() -> tuple[str, ...]:
     """EnvSpec.options keys: every kind's option names and internal keys. An arm or an experiment
     file that sets one of these changes where the worker runs, not what it runs."""
-    _discover()
+    _kinds.discover()
     keys = list(_union())
     for name in names():
         keys += [k for k in _REGISTRY[name].internal_keys if k not in keys]
@@ -154,7 +150,7 @@ def label(env: EnvSpec | dict[str, Any]) -> str:
     """A short name of where a spec runs ("host", "container:podman:/:O", "pod:IMAGE")."""
     if isinstance(env, dict):
         env = EnvSpec(kind=env.get("kind", DEFAULT), options=env.get("options") or {})
-    _discover()
+    _kinds.discover()
     cls = _REGISTRY.get(env.kind)
     return cls.label(env.options) if cls else env.kind
 
@@ -185,6 +181,6 @@ def explained(varied: set[str], kinds: set[str]) -> set[str]:
 
 def local(kind_name: str) -> bool:
     """True where the kind's worker runs on this machine."""
-    _discover()
+    _kinds.discover()
     cls = _REGISTRY.get(kind_name)
     return cls.local if cls else True

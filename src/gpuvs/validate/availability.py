@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable
 
 from gpuvs.kube.client import client_module
-from gpuvs.validate.probe import Timeout, allocatable, container, ready_report, reason, until
+from gpuvs.validate.probe import Timeout, container, node_state, reason, until
 from gpuvs.validate.suite import PASS, CheckFailed, Suite, checked, run_command
 
 SUITE = "availability"
@@ -31,15 +31,23 @@ class Watch:
     def __init__(self, suite: Suite, node: str):
         self.suite, self.node = suite, node
         self.samples: list[tuple[float, bool | None, int | None]] = []  # (t, ready, gpus); None: API silent
+        self.reports: list[tuple[float, Any]] = []  # (t, when the kubelet last reported Ready), API answering
         self.t0 = time.monotonic()
 
     def poll(self) -> tuple[bool | None, int | None]:
+        t = time.monotonic() - self.t0
         try:
-            ready, gpus = allocatable(self.suite.cluster, self.node, self.suite.settings.resource)
+            n = node_state(self.suite.cluster, self.node, self.suite.settings.resource)
         except Exception:  # noqa: BLE001 - the API server may be the part that is down
-            ready, gpus = None, None
-        self.samples.append((time.monotonic() - self.t0, ready, gpus))
-        return ready, gpus
+            self.samples.append((t, None, None))
+            return None, None
+        self.samples.append((t, n.ready, n.gpus))
+        self.reports.append((t, n.reported))
+        return n.ready, n.gpus
+
+    def reported_after(self, before: Any) -> float | None:
+        """Seconds until the node's Ready condition was first seen reported after `before` (None: not yet)."""
+        return next((t for t, r in self.reports if r is not None and r > before), None)
 
     def lowest(self) -> int | None:
         seen = [g for _, _, g in self.samples if g is not None]
@@ -117,31 +125,30 @@ def _outage(suite: Suite, watch: Watch) -> None:
 def disruption(suite: Suite, job: str, label: str, step: Callable[[Suite, Watch], None]) -> tuple[str, dict]:
     s, pods = suite.settings, suite.pods
     node = s.node
-    ready0, gpus0 = allocatable(suite.cluster, node, s.resource)
+    before = node_state(suite.cluster, node, s.resource)
+    ready0, gpus0 = before.ready, before.gpus
     # after a kubelet restart the node still reads Ready from the old kubelet until the new one reports:
     # back means a report newer than this one
-    report0 = ready_report(suite.cluster, node) if label == "kubelet restart" else None
-    reported: list[float] = []
+    report0 = before.reported if label == "kubelet restart" else None
     cid0, restarts0 = container(pods.get(job))
     wall0 = time.time()
     watch = Watch(suite, node)
     step(suite, watch)
 
+    def heard() -> bool:  # from the restarted kubelet (nothing to hear after other disruptions)
+        return report0 is None or watch.reported_after(report0) is not None
+
     def back() -> bool:
         ready, gpus = watch.poll()
-        if report0 is not None and not reported:
-            try:
-                report = ready_report(suite.cluster, node) if ready is not None else None
-            except Exception:  # noqa: BLE001 - an API hiccup: ask again at the next poll
-                report = None
-            if report is None or report <= report0:
-                return False
-            reported.append(time.monotonic() - watch.t0)
-        return bool(ready) and gpus == gpus0
+        return heard() and bool(ready) and gpus == gpus0
+
+    def last() -> str:
+        _, ready, gpus = watch.samples[-1]
+        return f"ready={ready}, {s.resource}={gpus}" + ("" if heard() else ", no report from the new kubelet yet")
     until(f"{node} Ready with {gpus0} allocatable {s.resource} again"
           + (" (reported by the restarted kubelet)" if report0 is not None else ""), back, s.timeout, step=0.25,
-          last=lambda: f"ready={watch.samples[-1][1]}, {s.resource}={watch.samples[-1][2]}"
-          + (", no report from the new kubelet yet" if report0 is not None and not reported else ""))
+          last=last)
+    reported = watch.reported_after(report0) if report0 is not None else None
     new_pod = _new_gpu_pod(suite, label, gpus0)
     recovery = time.monotonic() - watch.t0
     # the job: same container, not restarted, beating all along
@@ -157,14 +164,14 @@ def disruption(suite: Suite, job: str, label: str, step: Callable[[Suite, Watch]
         "api_silent_s": round(watch.api_silent_s(), 2), "allocatable_before": gpus0,
         "allocatable_lowest": watch.lowest(), "allocatable_after": gpus0, "new_gpu_pod": new_pod,
         "recovery_s": round(recovery, 3)}
-    if reported:
-        observed["kubelet_reported_s"] = round(reported[0], 2)
+    if reported is not None:
+        observed["kubelet_reported_s"] = round(reported, 2)
     survived = pod is not None and pod.status.phase == "Running" and cid == cid0 and restarts == restarts0
     detail = (f"job {'kept running' if survived else 'did NOT survive'} ({reason(pod)}; restarts "
               f"+{restarts - restarts0}, {'same' if cid == cid0 else 'new'} container, longest gap between beats "
               f"{gap} s); node NotReady for {observed['node_not_ready_s']} s; {s.resource} {gpus0} → lowest "
               f"{watch.lowest()} → {gpus0}; {new_pod}; back as before in {recovery:.1f} s"
-              + (f" (the new kubelet's first report after {reported[0]:.1f} s)" if reported else ""))
+              + (f" (the new kubelet's first report after {reported:.1f} s)" if reported is not None else ""))
     checked(survived, detail)
     checked(gap is not None and gap <= MAX_GAP_S and beats and beats[-1] >= int(wall0) + int(recovery) - 2,
             f"the job stalled: {detail}")

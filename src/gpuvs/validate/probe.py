@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuvs.kube.client import Cluster, client_module
+from gpuvs.kube.client import allocatable as alloc
 
 LABEL = "gpuvs-validate"
 PREFIX = "gpuvs-probe "
@@ -225,19 +226,20 @@ def container(pod: Any) -> tuple[str | None, int]:
     return None, 0
 
 
-def allocatable(cluster: Cluster, node: str, resource: str) -> tuple[bool, int]:
-    """(node Ready, allocatable GPUs) as the API server has them."""
-    from gpuvs.kube.client import allocatable as alloc
+@dataclass(frozen=True)
+class NodeState:
+    """One reading of a node as the API server has it."""
+    ready: bool          # the Ready condition holds
+    gpus: int            # allocatable GPUs (the resource asked for)
+    reported: Any        # when its kubelet last reported the Ready condition (lastHeartbeatTime; None if never)
 
+
+def node_state(cluster: Cluster, node: str, resource: str) -> NodeState:
+    """The node read once. A kubelet reports its Ready condition when it starts, so a `reported` newer than
+    one read before a restart means the new kubelet has spoken: until then the node still shows its
+    predecessor's Ready. Compare it with an earlier reading of the same field, never with this machine's
+    clock (the node's may differ)."""
     n = cluster.core.read_node(node, _request_timeout=5)
-    ready = any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
-    return ready, alloc(n, resource)
-
-
-def ready_report(cluster: Cluster, node: str) -> Any:
-    """When the node's kubelet last reported its Ready condition (lastHeartbeatTime; None if never). A
-    kubelet reports it when it starts, so a newer one than before a restart means the new kubelet has
-    spoken: until then the node still shows its predecessor's Ready. Compared with an earlier reading
-    of the same field, never with this machine's clock (the node's may differ)."""
-    n = cluster.core.read_node(node, _request_timeout=5)
-    return next((c.last_heartbeat_time for c in n.status.conditions or [] if c.type == "Ready"), None)
+    ready = next((c for c in n.status.conditions or [] if c.type == "Ready"), None)
+    return NodeState(ready is not None and ready.status == "True", alloc(n, resource),
+                     ready.last_heartbeat_time if ready is not None else None)

@@ -73,5 +73,5 @@ def inner_count(torch, cuda: bool, step: Callable[[], object], target_s: float, 
         block = statistics.median(timed_blocks(torch, cuda, step, n, 3))
         if block >= target_s / 4 or n >= max_inner:
             break
-        n *= 2
+        n = min(2 * n, max_inner)
     return max(1, min(max_inner, math.ceil(target_s / max(block / n, 1e-9))))
