@@ -1,0 +1,111 @@
+"""The user's own metrics: `--metric NAME=REGEX,higher|lower[,UNIT]` for a figure the job prints once and
+`--step-metric` (same syntax) for a figure it prints every step, turned into declarations before anything starts,
+and the parser that reads them.
+
+- The figure is the regex's first group (or its group named `value`); for a step metric, a group named `step`
+  gives the step number, otherwise matches are numbered 1, 2, 3... in the order printed.
+- Each line is searched once per metric (the first match on a line counts); both streams are read.
+- A figure printed once that is printed again: every printing is a reading, and the last one printed stands for
+  the trial (a final figure follows the intermediate ones a job prints on its way).
+- The regex may hold commas: the direction and unit are read from the right."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from gpuvs.errors import UsageError
+from gpuvs.outputs.base import DIRECTIONS, Line, Metric, Parser, Reading, check_name, number
+
+SYNTAX = "NAME=REGEX,higher|lower[,UNIT]"
+_WORD = re.compile(r"[A-Za-z]+")
+
+
+def parse_metric_spec(text: str, per_step: bool = False) -> Metric:
+    """The declaration a --metric (per_step=False) or --step-metric (True) text stands for, or one UsageError line
+    saying what is wrong and what is allowed."""
+    option = "--step-metric" if per_step else "--metric"
+
+    def bad(why: str) -> UsageError:
+        return UsageError(f"{option} {text!r}: {why} (expected {SYNTAX})")
+
+    name, eq, rest = text.partition("=")
+    name = name.strip()
+    if not eq:
+        raise bad("no '=' between the name and the regex")
+    if not name:
+        raise bad("the name is empty")
+    try:
+        check_name(name)
+    except UsageError:
+        why = f"{name!r} is not a metric name: use letters, digits, _ . - / (starting with a letter or _)"
+        raise bad(why) from None
+    parts = rest.rsplit(",", 2)
+    unit = ""
+    if len(parts) >= 2 and parts[-1].strip().lower() in DIRECTIONS:
+        regex, better = ",".join(parts[:-1]), parts[-1].strip().lower()
+    elif len(parts) == 3 and parts[-2].strip().lower() in DIRECTIONS:
+        regex, better, unit = parts[0], parts[-2].strip().lower(), parts[-1].strip()
+    else:
+        words = [p.strip() for p in parts[1:] if _WORD.fullmatch(p.strip())]
+        if words:
+            raise bad(f"unknown direction {words[0]!r}: say higher or lower (which way is better is never guessed)")
+        raise bad("no direction: end it with ,higher or ,lower (which way is better is never guessed)")
+    if not regex:
+        raise bad("the regex is empty")
+    try:
+        compiled = re.compile(regex)
+    except re.error as exc:
+        raise bad(f"the regex {regex!r} does not compile: {exc}") from None
+    if value_group(compiled) is None:
+        raise bad(f"the regex {regex!r} has no group for the figure: put it in parentheses, e.g. 'loss: ([0-9.]+)'")
+    return Metric(name, better, unit, per_step=per_step, pattern=regex)
+
+
+def value_group(regex: re.Pattern[str]) -> int | str | None:
+    """The group holding the figure: the one named `value`, else the first that is not named `step`."""
+    if "value" in regex.groupindex:
+        return "value"
+    step = regex.groupindex.get("step")
+    return next((g for g in range(1, regex.groups + 1) if g != step), None)
+
+
+class PatternParser(Parser):
+    """Reads the user's --metric and --step-metric declarations (not in the registry: made from their texts)."""
+
+    name = "metric"
+    summary = "--metric / --step-metric: the first group of the user's regex"
+    label = "--metric/--step-metric"  # type: ignore[assignment]
+
+    def __init__(self, metrics: Iterable[Metric]):
+        super().__init__()
+        self.metrics = tuple(metrics)
+        self._regex = {}
+        for m in self.metrics:
+            if m.pattern is None:
+                raise UsageError(f"metric {m.name}: a --metric declaration needs its regex")
+            regex = re.compile(m.pattern)
+            self._regex[m.name] = (regex, value_group(regex), regex.groupindex.get("step"))
+        self._count: dict[str, int] = {}
+
+    @classmethod
+    def from_specs(cls, metrics: Iterable[str] = (), step_metrics: Iterable[str] = ()) -> "PatternParser":
+        return cls([parse_metric_spec(t) for t in metrics]
+                   + [parse_metric_spec(t, per_step=True) for t in step_metrics])
+
+    def feed(self, line: Line) -> list[Reading]:
+        out = []
+        for m in self.metrics:
+            regex, group, step_group = self._regex[m.name]
+            match = regex.search(line.text)
+            if match is None or match.group(group) is None:  # no match, or an optional group that took no part
+                continue
+            value = number(match.group(group), f"metric {m.name} ({m.where}) on {line.source}")
+            step = None
+            if m.per_step:
+                self._count[m.name] = self._count.get(m.name, 0) + 1
+                raw_step = match.group(step_group) if step_group is not None else None
+                step = (int(number(raw_step, f"the step of metric {m.name} on {line.source}"))
+                        if raw_step is not None else self._count[m.name])
+            out.append(self.reading(m.name, value, line, step))
+        return out
