@@ -1,5 +1,5 @@
-"""Each node against the fleet, with the error rate controlled across the whole fleet. The only
-module of gpuvs.fleet that calls gpuvs.stats (its public compare_arms).
+"""Each node against the fleet, with the error rate controlled across the whole fleet. It calls
+gpuvs.stats for the comparison (its public compare_arms and log_ratio).
 
 Reference. A node is compared with the fleet band of the OTHER nodes: those whose mean (of their
 per-trial figures) lies within +/-margin of the median of the other nodes' means, their trials pooled;
@@ -22,7 +22,10 @@ Error control across the fleet (m nodes tested, L looks at the data, level alpha
   tests/test_fleet_stats.py and BENCHMARKS.md measures it on this code);
 - the interval shown is simultaneous at that level: Bonferroni, confidence 1 - alpha / (L m).
 A node is "equivalent" when Holm accepts its equivalence, else "slower"/"faster" when Holm finds a
-difference, else "inconclusive" (same order as gpuvs compare)."""
+difference, else "inconclusive" (same order as gpuvs compare).
+
+band_speeds gives the same ratio on the log scale with its standard error and df, as a node's history
+(gpuvs.fleet.history) needs it."""
 
 from __future__ import annotations
 
@@ -112,6 +115,39 @@ def reference_for(node: str, means: Mapping[str, float], named: str | None = Non
     if own is None or own <= 0:
         return [pair[0][1]]
     return [min(pair, key=lambda mn: abs(math.log(mn[0] / own)))[1]]
+
+
+@dataclass(frozen=True)
+class BandSpeed:
+    """A node's speed against the fleet band of its peers in one run, on the log scale (positive: faster,
+    whatever the unit): the ratio assess compares, with its standard error and (Welch) df."""
+
+    node: str
+    reference: tuple[str, ...]
+    log_speed: float
+    se: float
+    df: float
+    n: int  # the node's successful trials
+    mean: float  # the node's mean figure, in the workload's unit
+
+
+def band_speeds(values: Mapping[str, Sequence[float]], *, higher_is_better: bool, margin: float,
+                reference: str | None = None) -> dict[str, BandSpeed]:
+    """Each node with 2+ trials against the same reference as assess (reference_for), by the same
+    unpaired ratio (stats.log_ratio, as compare_arms uses it): {node: BandSpeed}. Nodes without a
+    reference (or the named reference itself) are left out."""
+    means = {n: _mean(v) for n, v in values.items() if len(v) >= 2}
+    out: dict[str, BandSpeed] = {}
+    for node, vals in values.items():
+        if node not in means or node == reference or means[node] <= 0:
+            continue
+        ref = reference_for(node, means, reference, margin)
+        if not ref:
+            continue
+        p = stats.log_ratio([x for r in ref for x in values[r]], list(vals))
+        sign = 1.0 if higher_is_better else -1.0
+        out[node] = BandSpeed(node, tuple(ref), sign * p["log_r"], p["se"], p["df"], len(vals), means[node])
+    return out
 
 
 def holm(pvalues: Mapping[str, float], alpha: float) -> tuple[set[str], dict[str, float]]:
