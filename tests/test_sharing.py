@@ -12,11 +12,12 @@ import time
 import pytest
 
 from conftest import cell, gpuvs_processes, require
-from gpuvs import barrier, mps, mps_knobs, sharestats
+from gpuvs.sharing import barrier, knobs, mps
+from gpuvs.sharing import stats as sharestats
 from gpuvs.errors import EnvironmentUnavailable
-from gpuvs.mps_advice import predict
+from gpuvs.sharing.advice import predict
 from gpuvs.runner import Runner
-from gpuvs.sharing import Coordinator, Group, normalized_sum, worker_spec
+from gpuvs.sharing.group import Coordinator, Group, normalized_sum, worker_spec
 from gpuvs.spec import RunSpec
 from gpuvs.store import Store
 
@@ -211,7 +212,7 @@ def test_sharing_figures_and_mps_verdict_words():
 
 
 def test_mps_knob_arms():
-    arms = mps_knobs.arms("both", "50,30:70", "2G:40G", 2, "cuda:1")
+    arms = knobs.arms("both", "50,30:70", "2G:40G", 2, "cuda:1")
     assert [a.label for a in arms] == ["time-sliced", "MPS", "MPS, threads 50%", "MPS, threads 30:70%",
                                        "MPS, memory limit 2G:40G"]
     assert arms[2].client_env == [{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}] * 2

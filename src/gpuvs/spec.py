@@ -34,7 +34,7 @@ class RunSpec:
     telemetry_interval_s: float = 0.1
     timeout_s: float | None = None
     launched_at: float | None = None  # wall clock when the launcher started the worker
-    # Start barrier for workers that must measure the same window (sharing.py):
+    # Start barrier for workers that must measure the same window (sharing/group.py):
     # {"dir": path, "name": this worker's name, "window_s": seconds or None, "wait_s": seconds}
     barrier: dict[str, Any] | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpuvs import sharestats
+from gpuvs.sharing import stats as sharestats
 from gpuvs.cli import app
 from gpuvs.cli import options as opt
 from gpuvs.cli.run import PASS_THROUGH, resolve_device
@@ -21,8 +21,8 @@ from gpuvs.cli.share import _mem, job_spec
 from gpuvs.errors import UsageError
 from gpuvs.report.terminal import fmt
 from gpuvs.runner import Runner, validate_spec
-from gpuvs.mps_advice import predict
-from gpuvs.sharing import Coordinator, Group, check_shareable, gpu_memory_total_mib, normalized_sum
+from gpuvs.sharing.advice import predict
+from gpuvs.sharing.group import Coordinator, Group, check_shareable, gpu_memory_total_mib, normalized_sum
 from gpuvs.spec import RunSpec
 from gpuvs.store import Store
 from gpuvs.workloads.base import Param

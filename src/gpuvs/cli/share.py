@@ -13,15 +13,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpuvs import mps_knobs, sharestats, workloads
+from gpuvs import workloads
+from gpuvs.sharing import knobs
+from gpuvs.sharing import stats as sharestats
 from gpuvs.cli import app
 from gpuvs.cli import options as opt
 from gpuvs.cli.run import PASS_THROUGH, Prepared, prepare, run_help
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.report.terminal import fmt
 from gpuvs.runner import Runner, validate_spec
-from gpuvs.sharing import Coordinator, Group, check_shareable, gpu_memory_total_mib, normalized_sum
-from gpuvs.mps_knobs import ShareArm
+from gpuvs.sharing.group import Coordinator, Group, check_shareable, gpu_memory_total_mib, normalized_sum
+from gpuvs.sharing.knobs import ShareArm
 from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store import Store
 from gpuvs.workloads.base import Param
@@ -99,7 +101,7 @@ def share(ctx: typer.Context) -> None:
         raise UsageError("--mps applies to GPU runs (--device cuda)")
     if so["also_host"] and (not so["capacity"] or base.env.kind == "host"):
         raise UsageError("--also-host goes with --capacity and --env container (it adds the same sweep on the host)")
-    arms = mps_knobs.arms(so["mps"], so["mps_threads"], so["mps_mem_limit"], 2 if other is not None else 1,
+    arms = knobs.arms(so["mps"], so["mps_threads"], so["mps_mem_limit"], 2 if other is not None else 1,
                           base.device)
     exp_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     base.experiment_id = exp_id

@@ -18,7 +18,7 @@ from gpuvs.cli.share import job_spec, mps_modes
 from gpuvs.errors import UsageError
 from gpuvs.report.terminal import fmt
 from gpuvs.runner import Runner, validate_spec
-from gpuvs.sharing import Coordinator, check_shareable, normalized_sum
+from gpuvs.sharing.group import Coordinator, check_shareable, normalized_sum
 from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store import Store
 

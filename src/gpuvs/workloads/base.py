@@ -170,7 +170,7 @@ class RunContext:
             return
         import time
 
-        from gpuvs import barrier as b
+        from gpuvs.sharing import barrier as b
 
         b.arrive(barrier["dir"], barrier["name"])
         start = b.wait_go(barrier["dir"], barrier.get("wait_s", 1800.0))
@@ -190,7 +190,7 @@ class RunContext:
         folder = getattr(self, "_stop_dir", None)
         if folder is not None and now - self._stop_checked >= 0.05:
             self._stop_checked = now
-            from gpuvs import barrier as b
+            from gpuvs.sharing import barrier as b
 
             if b.stopped(folder):
                 self._window_end = now

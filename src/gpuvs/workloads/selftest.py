@@ -10,7 +10,7 @@ import time
 from typing import Any, Iterator
 
 from gpuvs import events
-from gpuvs.barrier import ready
+from gpuvs.sharing.barrier import ready
 from gpuvs.errors import WorkloadError
 from gpuvs.workloads import register
 from gpuvs.workloads.base import Param, RunContext, Workload, rate
