@@ -12,10 +12,10 @@ from gpuvs.cli import options as opt
 from gpuvs.environments.base import Environment
 from gpuvs.environments.host import HostEnvironment
 from gpuvs.errors import UsageError
+from gpuvs.params import Param
 from gpuvs.runner import Arm, Experiment, Runner, validate_spec
 from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store import Store
-from gpuvs.workloads.base import Param
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "gpuvs"
 

@@ -18,6 +18,7 @@ from gpuvs.cli import options as opt
 from gpuvs.cli.run import PASS_THROUGH, resolve_device
 from gpuvs.cli.share import _mem, job_spec
 from gpuvs.errors import UsageError
+from gpuvs.params import Param
 from gpuvs.report.sharing import figure_text, ratio_text
 from gpuvs.report.terminal import fmt
 from gpuvs.runner import Runner, validate_spec
@@ -27,7 +28,6 @@ from gpuvs.sharing.advisor import PairRuns, mean, measure, verdicts
 from gpuvs.sharing.group import Coordinator, Group, check_shareable, gpu_memory_total_mib
 from gpuvs.spec import RunSpec
 from gpuvs.store import Store
-from gpuvs.workloads.base import Param
 
 ADVISE_OPTIONS = (
     Param("duration", float, 10.0, "seconds of each measured window", min=0.5, max=3600),

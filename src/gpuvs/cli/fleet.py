@@ -24,11 +24,11 @@ from gpuvs.cli.run import PASS_THROUGH, prepare
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.fleet import adaptive, kube, labels, nodes
 from gpuvs.fleet import run as fleet_run
+from gpuvs.params import Param
 from gpuvs.report import fleet as report
 from gpuvs.report import terminal
 from gpuvs.runner import Runner, TrialResult, validate_spec
 from gpuvs.store import Store
-from gpuvs.workloads.base import Param
 
 DEFAULT_TRIALS = 4
 MIN_TRIALS = 4  # BENCHMARKS.md: 3 trials per node let the fleet's false-alarm rate reach 12%

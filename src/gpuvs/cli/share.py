@@ -17,6 +17,7 @@ from gpuvs.cli import app
 from gpuvs.cli import options as opt
 from gpuvs.cli.run import PASS_THROUGH, prepare, run_help
 from gpuvs.errors import UsageError
+from gpuvs.params import Param
 from gpuvs.report.sharing import figure_text, ratio_text
 from gpuvs.report.terminal import fmt
 from gpuvs.runner import Runner, validate_spec
@@ -25,7 +26,6 @@ from gpuvs.sharing import stats as sharestats
 from gpuvs.sharing.group import Coordinator, Group, check_shareable, gpu_memory_total_mib
 from gpuvs.spec import RunSpec
 from gpuvs.store import Store
-from gpuvs.workloads.base import Param
 
 SHARE_OPTIONS = (
     Param("workers", str, "1,2", "worker counts to measure, e.g. 1,2,4"),

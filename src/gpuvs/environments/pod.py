@@ -27,8 +27,8 @@ from gpuvs.environments.container import CPUS, IMAGE, MEMORY, MOUNT, PYTHON, SHM
 from gpuvs.environments.host import ENV_VAR, env_vars
 from gpuvs.errors import GpuvsError, UsageError
 from gpuvs.fingerprint import SOFTWARE_FIELDS
+from gpuvs.params import Param
 from gpuvs.spec import RunSpec, device_kind
-from gpuvs.workloads.base import Param
 
 PKG_DIR = "/gpuvs"  # not under /opt or /usr, which a --mount of the node's own may cover read-only
 PKG_KEY = "gpuvs.zip"

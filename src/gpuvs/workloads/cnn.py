@@ -12,8 +12,9 @@ from typing import Any, Iterator
 
 from gpuvs import events
 from gpuvs.errors import UsageError, WorkloadError
+from gpuvs.params import Param
 from gpuvs.workloads import register
-from gpuvs.workloads.base import Param, RunContext, Workload, duration, rate
+from gpuvs.workloads.base import RunContext, Workload, duration, rate
 
 # name -> (torchvision constructor, default image size, smallest image size it accepts, extra kwargs)
 MODELS: dict[str, tuple[str, int, int, dict[str, Any]]] = {

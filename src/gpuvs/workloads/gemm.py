@@ -16,10 +16,11 @@ from typing import Any, Iterator
 
 from gpuvs import events, peaks
 from gpuvs.errors import UsageError, WorkloadError
+from gpuvs.params import Param
 from gpuvs.workloads import register
 from gpuvs.workloads._devtime import inner_count, is_cuda, sync, timed_blocks, window_blocks
 from gpuvs.workloads.aggregate import Totals
-from gpuvs.workloads.base import Param, RunContext, Workload, duration, level, rate
+from gpuvs.workloads.base import RunContext, Workload, duration, level, rate
 
 SETS: dict[str, list[str]] = {
     # DeepBench training GEMMs (M x N x K)

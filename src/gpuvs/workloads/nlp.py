@@ -16,8 +16,9 @@ from typing import Any, Iterator
 
 from gpuvs import events
 from gpuvs.errors import UsageError, WorkloadError
+from gpuvs.params import Param
 from gpuvs.workloads import register
-from gpuvs.workloads.base import Param, RunContext, Workload, amount, duration, rate, score
+from gpuvs.workloads.base import RunContext, Workload, amount, duration, rate, score
 
 ARCHS = ("transformer", "bilstm")
 

@@ -15,10 +15,11 @@ from typing import Any, Iterator
 
 from gpuvs import events
 from gpuvs.errors import UsageError, WorkloadError
+from gpuvs.params import Param
 from gpuvs.workloads import register
 from gpuvs.workloads._devtime import is_cuda, sync
 from gpuvs.workloads.aggregate import Totals
-from gpuvs.workloads.base import Param, RunContext, Workload, amount, duration
+from gpuvs.workloads.base import RunContext, Workload, amount, duration
 from gpuvs.workloads.kernels import dynprog, graph, learn, linalg, stencil  # noqa: F401  (they register apps)
 from gpuvs.workloads.kernels.app import APPS, App
 
