@@ -20,7 +20,7 @@ from gpuvs.cli.share import _mem, job_spec
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
 from gpuvs.report.sharing import figure_text, ratio_text
-from gpuvs.report.terminal import fmt
+from gpuvs.report.numbers import fmt
 from gpuvs.runner import Runner, validate_spec
 from gpuvs.sharing import matrix
 from gpuvs.sharing import stats as sharestats

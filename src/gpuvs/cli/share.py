@@ -19,7 +19,7 @@ from gpuvs.cli.run import PASS_THROUGH, prepare, run_help
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
 from gpuvs.report.sharing import figure_text, ratio_text
-from gpuvs.report.terminal import fmt
+from gpuvs.report.numbers import fmt
 from gpuvs.runner import Runner, validate_spec
 from gpuvs.sharing import knobs, studies
 from gpuvs.sharing import stats as sharestats

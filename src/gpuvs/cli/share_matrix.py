@@ -15,7 +15,7 @@ from rich.table import Table
 from gpuvs.cli import app
 from gpuvs.cli.run import resolve_device
 from gpuvs.cli.share import job_spec
-from gpuvs.report.terminal import fmt
+from gpuvs.report.numbers import fmt
 from gpuvs.runner import Runner, validate_spec
 from gpuvs.sharing import matrix
 from gpuvs.sharing.group import Coordinator, check_shareable, normalized_sum

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuvs.report.terminal import fmt
+from gpuvs.report.numbers import fmt
 from gpuvs.sharing.stats import Figure
 
 
