@@ -78,6 +78,11 @@ def device_kind(device: str) -> str:
     return device.split(":", 1)[0]
 
 
+def gpus_asked(spec: RunSpec) -> int:
+    """How many GPUs a run asks for: its --num-gpus on a GPU device, none on the CPU."""
+    return spec.num_gpus if device_kind(spec.device) == "cuda" else 0
+
+
 def check_device_syntax(device: str) -> None:
     kind, _, index = device.partition(":")
     if kind not in ("cuda", "cpu") or (index and (kind == "cpu" or not index.isdigit())):
