@@ -4,7 +4,7 @@ the measured work of pairs stored by `advise-mps --pairs` (arms "alone: JOB", "p
 Used where the device time allowed only one repeat: measured verdicts then come from the point ratio and
 the margin, without an interval (said in the output).
 
-Each row shows the prediction as stored and, beside it, the current rule (gpuvs.mps_advice.predict) applied to the
+Each row shows the prediction as stored and, beside it, the current rule (gpuvs.sharing.advice.predict) applied to the
 same stored solo figures: a re-score, not an independent test.
 
 usage: PYTHONPATH=src python benchmarks/advise_table.py PREDICT.json MARGIN SOURCE [SOURCE ...]
@@ -17,8 +17,8 @@ import json
 import sqlite3
 import sys
 
-from gpuvs.mps_advice import predict
-from gpuvs.sharestats import as_rate
+from gpuvs.sharing.advice import predict
+from gpuvs.sharing.stats import as_rate
 
 
 def rate(summary: str | None) -> float | None:

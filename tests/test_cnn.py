@@ -37,12 +37,37 @@ def test_every_model_trains_one_timed_step(model, size):
     assert {"model_build_s", "first_step_s", "warmup_s"} <= startup
 
 
-@pytest.mark.parametrize("precision, fmt", [("bf16", "NHWC"), ("fp16", "NCHW"), ("tf32", "NHWC")])
-def test_precisions_and_formats_run_on_cpu(precision, fmt):
-    evs = run_inline("cnn-train", model="resnet18", batch_size=2, image_size=32, steps=3, warmup_steps=1,
-                     display_every=3, precision=precision, data_format=fmt, num_classes=10, optimizer="momentum")
-    losses = [e["extra"]["loss"] for e in evs if e["type"] == "sample" and "loss" in e["extra"]]
-    assert len([e for e in evs if e["type"] == "sample"]) == 3 and len(losses) == 1 and losses[0] == losses[0]
+@pytest.mark.parametrize("name, precision, fmt", [("cnn-train", "bf16", "NHWC"), ("cnn-train", "fp16", "NCHW"),
+                                                 ("cnn-train", "tf32", "NHWC"), ("cnn-train", "fp32", "NCHW"),
+                                                 ("cnn-infer", "bf16", "NHWC")])
+def test_precisions_and_formats_are_applied_on_cpu(name, precision, fmt):
+    """What --precision and --data-format change, seen in the model's first convolution on every step: the
+    dtype it computes in (autocast), the memory format of its input batch and of its weights; and TF32
+    allowed for tf32 only."""
+    first_conv = []
+
+    def watch(module, args, output):
+        if isinstance(module, torch.nn.Conv2d) and args[0].shape[1] == 3:  # the stem: its input is the batch
+            first_conv.append((output.dtype, args[0].is_contiguous(memory_format=torch.channels_last),
+                               module.weight.is_contiguous(memory_format=torch.channels_last)))
+
+    hook = torch.nn.modules.module.register_module_forward_hook(watch)
+    try:
+        evs = run_inline(name, model="resnet18", batch_size=2, image_size=32, steps=3, warmup_steps=1,
+                         display_every=3, precision=precision, data_format=fmt, num_classes=10,
+                         **({"optimizer": "momentum"} if name == "cnn-train" else {}))
+    finally:
+        hook.remove()
+    assert len([e for e in evs if e["type"] == "sample"]) == 3
+    if name == "cnn-train":
+        losses = [e["extra"]["loss"] for e in evs if e["type"] == "sample" and "loss" in e["extra"]]
+        assert len(losses) == 1 and losses[0] == losses[0]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    channels_last = fmt == "NHWC"
+    assert len(first_conv) >= 3 and set(first_conv) == {(dtype, channels_last, channels_last)}, first_conv
+    assert torch.backends.cuda.matmul.allow_tf32 == torch.backends.cudnn.allow_tf32 == (precision == "tf32")
+    cfg = next(e for e in evs if e["type"] == "config")["items"]
+    assert (cfg["precision"], cfg["data_format"]) == (precision, fmt)
 
 
 def test_training_actually_learns_the_fixed_batch():

@@ -106,6 +106,27 @@ def test_fingerprint_differences_nobody_asked_for_are_flagged():
     assert any(f.startswith("arm a: its trials ran with different") for f in a.flags)
 
 
+def test_arms_that_vary_the_device_are_not_flagged_for_the_gpu_it_brings():
+    """A GPU pod against a CPU pod: the CPU pod has no GPU, so GPU name, driver and GPU count differ because
+    the device was varied; a difference in anything else (torch) is still flagged."""
+    gpu = {"driver": "580", "torch": "2.11", "gpu_name": "H100", "gpu_count": 1, "cpu_model": "Xeon"}
+    cpu = {"driver": None, "torch": "2.11", "gpu_name": None, "gpu_count": 0, "cpu_model": "Xeon"}
+    pod = {"kind": "pod", "options": {"image": "x"}}
+    recs = [record("gpu", t, 1000.0, device="cuda", fp=gpu, env=pod) for t in range(2)]
+    recs += [record("cpu", t, 20.0, fp=cpu, env=pod) for t in range(2)]
+    for overrides in ({"device": "cuda"}, {}):  # from --arm device=... or two stored experiments: no overrides
+        a = comparison.analyse(header([("gpu", overrides), ("cpu", {"device": "cpu"} if overrides else {})]), recs)
+        assert a.flags == [], a.flags
+    a = comparison.analyse(header([("gpu", {}), ("cpu", {"device": "cpu"})]),
+                           recs[:2] + [record("cpu", t, 20.0, fp={**cpu, "torch": "2.9"}, env=pod) for t in range(2)])
+    assert a.flags == ["arm cpu differs from arm gpu in torch (2.11 vs 2.9), which this comparison did not vary"]
+    # the same GPU difference where the device did not vary is flagged, as before
+    same = [record("a", t, 100.0, device="cuda", fp=gpu, env=pod) for t in range(2)]
+    same += [record("b", t, 100.0, device="cuda", fp=cpu, env=pod) for t in range(2)]
+    a = comparison.analyse(header([("a", {}), ("b", {"batch_size": 64})]), same)
+    assert len(a.flags) == 1 and all(f in a.flags[0] for f in ("gpu_name", "driver", "gpu_count"))
+
+
 def test_retries_count_once_and_failures_are_listed():
     recs = [record("a", 0, 100.0), record("a", 1, 0.0, status="failed"), record("a", 1, 101.0, attempt=1),
             record("b", 0, 100.0), record("b", 1, 0.0, status="failed")]

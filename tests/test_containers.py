@@ -422,7 +422,7 @@ def test_dataloader_workers_out_of_shared_memory_is_one_plain_line(cli, tmp_path
 
 
 def test_an_error_re_raised_from_a_child_names_where_and_its_cause():
-    from gpuvs.worker import classify
+    from gpuvs.failures import classify
 
     text = ("Caught ValueError in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n"
             '  File "x.py", line 1, in f\n    g()\nValueError: image 17 is truncated\n')

@@ -2,7 +2,7 @@
 fields; the command line, experiment files, the runner and comparisons only ask the registry. A new
 kind registered here (no other change) is parsed, checked, labelled and run like the built-in ones."""
 
-import re
+import ast
 from pathlib import Path
 
 import pytest
@@ -12,10 +12,10 @@ from gpuvs.cli import options as opt
 from gpuvs.environments.base import Environment
 from gpuvs.environments.host import HostEnvironment
 from gpuvs.errors import UsageError
+from gpuvs.params import Param
 from gpuvs.runner import Arm, Experiment, Runner, validate_spec
 from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store import Store
-from gpuvs.workloads.base import Param
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "gpuvs"
 
@@ -120,10 +120,49 @@ def test_two_kinds_must_agree_on_a_shared_option(twin):
         environments._REGISTRY.pop("clash", None)
 
 
-@pytest.mark.parametrize("module", ["runner.py", "experiment.py", "comparison.py", "spec.py", "cli/options.py",
-                                    "cli/run.py", "cli/compare.py", "cli/doctor.py", "report/terminal.py"])
-def test_no_module_outside_environments_names_a_kind(module):
-    text = (SRC / module).read_text()
+def kinds_named(text: str, kinds: list[str]) -> list[str]:
+    """Where code decides by a kind's name or builds one: 'line: kind' for a kind's name (quoted) compared
+    with something, matched in a case, given after "--env", as EnvSpec's kind, as a kind=/env= argument,
+    or as the value of an "env"/"kind" key. The same word as a fingerprint key or a label is not a kind."""
+    found: list[tuple[int, int, str]] = []
+
+    def named(node) -> list[ast.Constant]:
+        elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return [e for e in elts if isinstance(e, ast.Constant) and e.value in kinds]
+
+    for node in ast.walk(ast.parse(text)):
+        hits: list[ast.Constant] = []
+        if isinstance(node, ast.Compare):
+            hits = [c for operand in (node.left, *node.comparators) for c in named(operand)]
+        elif isinstance(node, ast.MatchValue):
+            hits = named(node.value)
+        elif isinstance(node, (ast.List, ast.Tuple)):
+            hits = [b for a, b in zip(node.elts, node.elts[1:])
+                    if isinstance(a, ast.Constant) and a.value == "--env" and named(b)]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "EnvSpec":
+            hits = named(node.args[0]) if node.args else []
+        elif isinstance(node, ast.keyword) and node.arg in ("kind", "env"):
+            hits = named(node.value)
+        elif isinstance(node, ast.Dict):
+            hits = [c for k, v in zip(node.keys, node.values)
+                    if isinstance(k, ast.Constant) and k.value in ("kind", "env") for c in named(v)]
+        found += [(c.lineno, c.col_offset, c.value) for c in hits]
+    return [f"{line}: {value}" for line, _, value in sorted(found)]
+
+
+def test_the_kind_guard_sees_each_way_of_naming_a_kind():
+    code = ('if spec.env.kind == "pod": pass\nif kind in ("container", "x"): pass\nargs = ["--env", "pod"]\n'
+            'e = EnvSpec("container")\nf(kind="pod")\nd = {"env": "container"}\nmatch k:\n    case "pod": pass\n'
+            'fp.get("container")\nrow = ("container", "yes")\nunit = "container" if x != "host" else "process"\n')
+    assert kinds_named(code, ["container", "pod"]) == ["1: pod", "2: container", "3: pod", "4: container",
+                                                       "5: pod", "6: container", "8: pod"]
+
+
+def test_no_module_outside_environments_names_a_kind():
+    """Every module of src/gpuvs but the environments package itself asks gpuvs.environments about kinds
+    instead of naming one (the default kind, host, may be named: it is EnvSpec's own default)."""
     kinds = [k for k in environments.names() if k != environments.DEFAULT]
-    found = [m.group(0) for m in re.finditer(r"[\"'](%s)[\"']" % "|".join(kinds), text)]
-    assert found == [], f"{module} names kinds {found}: ask gpuvs.environments instead"
+    modules = [p for p in sorted(SRC.rglob("*.py")) if "environments" not in p.relative_to(SRC).parts]
+    assert len(modules) > 100 and SRC / "cli" / "fleet.py" in modules
+    found = {str(p.relative_to(SRC)): kinds_named(p.read_text(), kinds) for p in modules}
+    assert {m: f for m, f in found.items() if f} == {}, "these name kinds: ask gpuvs.environments instead"

@@ -324,6 +324,14 @@ def test_bad_fleet_input_is_one_line_and_exit_2(cli):
         assert "Traceback" not in r.stderr
 
 
+def test_fleet_help_shows_the_options_of_the_kind_it_runs_in(cli):
+    """A fleet runs in pods (the kind that takes --node): its help shows the pod options, not the container's
+    (whose summary, "a podman or docker container", once matched a search for "pod")."""
+    r = cli("fleet", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "--env pod options" in r.stdout and "--env container options" not in r.stdout
+
+
 def test_spin_reports_operations_per_second(cli, tmp_path):
     from gpuvs.store import Store
 

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from conftest import cell, gpuvs_env, gpuvs_processes
-from gpuvs import fingerprint, mps
+from gpuvs import fingerprint
+from gpuvs.sharing import mps
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(fingerprint.gpu_count() == 0, reason="needs an NVIDIA GPU (CPU paths: other files)")]
@@ -66,7 +67,7 @@ def test_ctrl_c_during_an_mps_run_stops_workers_and_daemon(tmp_path):
 
 ZOMBIES = r"""
 import ctypes, os, sys
-from gpuvs import mps
+from gpuvs.sharing import mps
 ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: what gpuvs is as PID 1 of a container or pod
 with mps.MpsDaemon() as daemon:
     assert daemon.servers() is not None
@@ -92,7 +93,7 @@ def test_an_mps_daemon_leaves_no_zombie_when_gpuvs_is_its_reaper():
 
 
 def test_gpm_reads_how_much_of_the_gpu_a_job_fills_or_says_why_not():
-    from gpuvs import gpm
+    from gpuvs.sharing import gpm
 
     window, why = gpm.start(0)
     if window is None:  # a GPU before Hopper: the reason is a plain sentence, and the advisor falls back

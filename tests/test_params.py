@@ -3,7 +3,7 @@ import pytest
 from gpuvs import workloads
 from gpuvs.cli import options as opt
 from gpuvs.errors import UsageError
-from gpuvs.workloads.base import Param
+from gpuvs.params import Param
 
 
 def test_param_coerces_and_refuses_with_the_option_name():

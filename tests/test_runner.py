@@ -1,7 +1,9 @@
 """The runner against real worker processes (the selftest workload needs no framework)."""
 
+import contextlib
 import os
 import signal
+import sys
 import time
 from collections import Counter
 
@@ -101,13 +103,50 @@ def test_retries_run_a_crashed_trial_again(store_path):
     assert res.status == "failed" and [r["attempt"] for r in rows] == [0, 1, 2]
 
 
-def test_validation_happens_before_anything_starts():
-    with pytest.raises(UsageError, match="no usable NVIDIA GPU|only"):
-        validate_spec(RunSpec(workload="cnn-train", device="cuda"))
-    with pytest.raises(UsageError, match="unknown device"):
-        validate_spec(RunSpec(workload="selftest", device="gpu"))
-    with pytest.raises(UsageError, match="runs on one device"):
-        validate_spec(RunSpec(workload="selftest", device="cpu", num_gpus=2))
+PROCESS_EVENTS = ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.exec")
+_WATCH: list[list] = []  # while a test watches: its list of the process starts Python's audit hooks saw
+
+
+def _audit(event: str, args) -> None:
+    if _WATCH and event in PROCESS_EVENTS:
+        _WATCH[-1].append((event, args))
+
+
+sys.addaudithook(_audit)  # hooks cannot be removed: this one records only while _WATCH holds a list
+
+
+@contextlib.contextmanager
+def process_starts():
+    """Every process this interpreter starts in the block (subprocess, fork, spawn, exec, system), as
+    Python's audit events report it: one that started and ended in the block is seen too."""
+    seen: list = []
+    _WATCH.append(seen)
+    try:
+        yield seen
+    finally:
+        _WATCH.remove(seen)
+
+
+def test_validation_happens_before_anything_starts(store_path):
+    # the GPU check may import torch, whose import looks up libraries with `ldconfig -p` (ctypes): that is
+    # the framework loading, not a start of gpuvs's, so it happens before the watch
+    with contextlib.suppress(ImportError):
+        import torch  # noqa: F401
+    with process_starts() as started:
+        with pytest.raises(UsageError, match="no usable NVIDIA GPU|only"):
+            validate_spec(RunSpec(workload="cnn-train", device="cuda"))
+        with pytest.raises(UsageError, match="unknown device"):
+            validate_spec(RunSpec(workload="selftest", device="gpu"))
+        with pytest.raises(UsageError, match="runs on one device"):
+            validate_spec(RunSpec(workload="selftest", device="cpu", num_gpus=2))
+        with pytest.raises(UsageError, match="--steps"):
+            validate_spec(_spec(steps=0))
+        validate_spec(_spec(steps=1))  # a valid spec: checked, still nothing started
+    assert started == []
+    # the same watch sees a trial's worker start (so the empty list above means something)
+    with process_starts() as started, Store(store_path) as st:
+        assert Runner(st).run_with_retries(_spec(steps=1)).ok
+    assert [e for e, _ in started].count("subprocess.Popen") >= 1
     assert gpuvs_processes() == []
 
 

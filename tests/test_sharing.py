@@ -12,11 +12,13 @@ import time
 import pytest
 
 from conftest import cell, gpuvs_processes, require
-from gpuvs import barrier, mps, mps_knobs, sharestats
 from gpuvs.errors import EnvironmentUnavailable
-from gpuvs.mps_advice import predict
+from gpuvs.report.sharing import figure_text
 from gpuvs.runner import Runner
-from gpuvs.sharing import Coordinator, Group, normalized_sum, worker_spec
+from gpuvs.sharing import barrier, knobs, mps
+from gpuvs.sharing import stats as sharestats
+from gpuvs.sharing.advice import predict
+from gpuvs.sharing.group import Coordinator, Group, normalized_sum, worker_spec
 from gpuvs.spec import RunSpec
 from gpuvs.store import Store
 
@@ -198,9 +200,9 @@ def test_mps_prediction_without_gpm_says_so():
 
 def test_sharing_figures_and_mps_verdict_words():
     f = sharestats.figure([10.0, 12.0, None, 11.0])
-    assert f.mean == pytest.approx(11.0) and f.low < 11.0 < f.high and f.text() == \
+    assert f.mean == pytest.approx(11.0) and f.low < 11.0 < f.high and figure_text(f) == \
         f"11.0 [{f.low:.1f}, {f.high:.1f}]"
-    assert sharestats.figure([5.0]).text() == "5.0" and sharestats.figure([]).text() == "-"
+    assert figure_text(sharestats.figure([5.0])) == "5.0" and figure_text(sharestats.figure([])) == "-"
     sliced = [1.00, 1.01, 0.99, 1.00]
     assert sharestats.mps_verdict(sliced, [1.30, 1.28, 1.31, 1.29], 0.05)["words"] == "mps helps"
     assert sharestats.mps_verdict(sliced, [0.80, 0.82, 0.79, 0.81], 0.05)["words"] == "mps hurts"
@@ -211,7 +213,7 @@ def test_sharing_figures_and_mps_verdict_words():
 
 
 def test_mps_knob_arms():
-    arms = mps_knobs.arms("both", "50,30:70", "2G:40G", 2, "cuda:1")
+    arms = knobs.arms("both", "50,30:70", "2G:40G", 2, "cuda:1")
     assert [a.label for a in arms] == ["time-sliced", "MPS", "MPS, threads 50%", "MPS, threads 30:70%",
                                        "MPS, memory limit 2G:40G"]
     assert arms[2].client_env == [{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}] * 2

@@ -370,14 +370,22 @@ def _scaling(arms: list[ArmResult], head: Metric | None, confidence: float) -> l
 
 
 def varied_keys(arms: list[ArmResult]) -> set[str]:
-    return {k for a in arms for k in a.overrides}
+    """What the arms vary: the keys they override, and "device" wherever their devices differ (arms
+    compared from the store carry no overrides)."""
+    keys = {k for a in arms for k in a.overrides}
+    if len({a.device for a in arms}) > 1:
+        keys.add("device")
+    return keys
 
 
 def _flags(arms: list[ArmResult], records: list[dict[str, Any]]) -> list[str]:
     """Key fingerprint fields that differ where the user did not ask them to."""
     flags = []
     kinds = {((r.get("spec") or {}).get("env") or {}).get("kind", environments.DEFAULT) for r in records}
-    explained = environments.explained(varied_keys(arms), kinds)
+    varied = varied_keys(arms)
+    explained = environments.explained(varied, kinds)
+    if "device" in varied:  # the GPU a run sees follows from its device: a CPU arm in a pod sees none
+        explained |= set(fingerprint.DEVICE_FIELDS)
     for arm in arms:
         fps = [r["fingerprint"] for r in records if r["arm"] == arm.name and r["status"] == "ok" and r.get("fingerprint")]
         for other in fps[1:]:

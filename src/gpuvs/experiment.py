@@ -21,9 +21,9 @@ import yaml
 
 from gpuvs import environments, workloads
 from gpuvs.errors import UsageError
+from gpuvs.params import Param
 from gpuvs.runner import SPEC_FIELDS, Arm, Experiment
 from gpuvs.spec import EnvSpec, RunSpec, check_device_syntax
-from gpuvs.workloads.base import Param
 
 DEFAULT_TRIALS = 3
 DEFAULT_MAX_TRIALS = 20

@@ -16,6 +16,8 @@ from gpuvs import __version__
 KEY_FIELDS = ("gpu_name", "driver", "cuda", "torch", "cudnn", "cpu_model", "gpu_count")
 # The key fields that come with the software of an image (not with the machine).
 SOFTWARE_FIELDS = ("torch", "cuda", "cudnn")
+# The key fields that come with the device a run is given: a CPU run in a pod without a GPU sees none.
+DEVICE_FIELDS = ("gpu_name", "driver", "gpu_count")
 
 
 def _read(path: str) -> str | None:

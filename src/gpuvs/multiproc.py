@@ -22,7 +22,7 @@ def _free_port() -> int:
 def _rank_main(spec_json: str, params: dict[str, Any], rank: int, world: int, port: int, q) -> None:
     from gpuvs import workloads
     from gpuvs.spec import RunSpec
-    from gpuvs.worker import classify
+    from gpuvs.failures import classify
     from gpuvs.workloads.base import RunContext
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),

@@ -238,7 +238,7 @@ class Runner:
 
 class LiveTrial:
     """One trial in flight: its worker, its result so far, its row in the store. Several can be in
-    flight at once (sharing.py polls them without blocking)."""
+    flight at once (sharing/group.py polls them without blocking)."""
 
     def __init__(self, runner: Runner, spec: RunSpec, attempt: int = 0):
         self.runner = runner

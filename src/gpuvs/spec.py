@@ -34,7 +34,7 @@ class RunSpec:
     telemetry_interval_s: float = 0.1
     timeout_s: float | None = None
     launched_at: float | None = None  # wall clock when the launcher started the worker
-    # Start barrier for workers that must measure the same window (sharing.py):
+    # Start barrier for workers that must measure the same window (sharing/group.py):
     # {"dir": path, "name": this worker's name, "window_s": seconds or None, "wait_s": seconds}
     barrier: dict[str, Any] | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
@@ -76,6 +76,11 @@ def parse_kv(items: list[str] | None) -> dict[str, str]:
 def device_kind(device: str) -> str:
     """'cuda:1' -> 'cuda'; 'cpu' -> 'cpu'."""
     return device.split(":", 1)[0]
+
+
+def gpus_asked(spec: RunSpec) -> int:
+    """How many GPUs a run asks for: its --num-gpus on a GPU device, none on the CPU."""
+    return spec.num_gpus if device_kind(spec.device) == "cuda" else 0
 
 
 def check_device_syntax(device: str) -> None:

@@ -1,31 +1,33 @@
 """gpuvs advise-mps "A ..." "B ...": predict from short solo runs whether two jobs should share the
-GPU under MPS or by time-slicing, then check the prediction with a short measured run."""
+GPU under MPS or by time-slicing, then check the prediction with a short measured run. The study is
+gpuvs.sharing.advisor's; this module parses and renders."""
 
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpuvs import sharestats
 from gpuvs.cli import app
 from gpuvs.cli import options as opt
 from gpuvs.cli.run import PASS_THROUGH, resolve_device
 from gpuvs.cli.share import _mem, job_spec
 from gpuvs.errors import UsageError
-from gpuvs.report.terminal import fmt
+from gpuvs.params import Param
+from gpuvs.report.sharing import figure_text, ratio_text
+from gpuvs.report.numbers import fmt
 from gpuvs.runner import Runner, validate_spec
-from gpuvs.mps_advice import predict
-from gpuvs.sharing import Coordinator, Group, check_shareable, gpu_memory_total_mib, normalized_sum
+from gpuvs.sharing import matrix
+from gpuvs.sharing import stats as sharestats
+from gpuvs.sharing.advisor import PairRuns, mean, measure, verdicts
+from gpuvs.sharing.group import Coordinator, Group, check_shareable, gpu_memory_total_mib
 from gpuvs.spec import RunSpec
 from gpuvs.store import Store
-from gpuvs.workloads.base import Param
 
 ADVISE_OPTIONS = (
     Param("duration", float, 10.0, "seconds of each measured window", min=0.5, max=3600),
@@ -37,64 +39,6 @@ ADVISE_OPTIONS = (
     Param("pairs", str, None, "a YAML file with pairs: [[JOB_A, JOB_B], ...]: each job alone once per repeat, "
           "every pair together; one predicted-against-measured table with the hit rate"),
 )
-RUNS = ("A alone", "B alone", "A+B", "A+B, MPS")
-
-
-def _mean(values) -> float | None:
-    vals = [v for v in values if v is not None]
-    return sum(vals) / len(vals) if vals else None
-
-
-def solo_figures(groups: list[Group]) -> tuple[dict, dict | None, float | None]:
-    """A job's solo windows averaged over repeats: (NVML telemetry means, GPM percentages, memory MiB)."""
-    tel = {k: _mean(g.telemetry.get(k) for g in groups) for k in ("util_gpu_mean", "util_mem_mean")}
-    gpms = [g.gpm for g in groups if g.gpm]
-    gpm_mean = {k: _mean(x.get(k) for x in gpms) for k in gpms[0]} if gpms else None
-    return {k: v for k, v in tel.items() if v is not None}, gpm_mean, _mean(g.memory_used_mib for g in groups)
-
-
-@dataclass
-class PairRuns:
-    """One pair's groups over the repeats: A alone, B alone (shared with other pairs that hold the same
-    job), both time-sliced and both under MPS; work per repeat."""
-
-    a: str
-    b: str
-    runs: dict[str, list[Group]] = field(default_factory=lambda: {r: [] for r in RUNS})
-    work: dict[str, list[float | None]] = field(default_factory=lambda: {"A+B": [], "A+B, MPS": []})
-
-
-def measure(coord: Coordinator, specs: dict[str, RunSpec], pairs: list[PairRuns], repeats: int, cuda: bool,
-            console, save, predict_only: bool = False) -> None:
-    """Each job alone once per repeat (NVML and GPM over its window), then each pair time-sliced and
-    under MPS; fresh process groups every time. Solo runs of a job are shared by every pair that has it."""
-    single = len(pairs) == 1
-    for rep in range(repeats):
-        console.rule(f"repeat {rep + 1} of {repeats}: each job alone (telemetry, GPM), then the pairs", style="dim")
-        solo: dict[str, Group] = {}
-        for i, text in enumerate(specs):
-            label = ("A alone" if i == 0 else "B alone") if single else f"alone: {text}"
-            solo[text] = coord.group([specs[text]], label, False, gpm_window=True)
-        for n, pr in enumerate(pairs):
-            pr.runs["A alone"].append(solo[pr.a])
-            pr.runs["B alone"].append(solo[pr.b])
-        save()  # what was measured so far survives a stop
-        for n, pr in enumerate([] if predict_only else pairs):
-            alone = [solo[pr.a].value(0), solo[pr.b].value(0)]
-            for label, mps in (("A+B", False), ("A+B, MPS", True)):
-                if mps and not cuda:
-                    continue
-                arm = label if single else f"pair {n + 1}: {label}"
-                pr.runs[label].append(coord.group([specs[pr.a], specs[pr.b]], arm, mps))
-                pr.work[label].append(normalized_sum(pr.runs[label][-1], alone))
-            save()
-
-
-def verdicts(pr: PairRuns, total, margin: float):
-    solo = [solo_figures(pr.runs["A alone"]), solo_figures(pr.runs["B alone"])]
-    advice = predict(solo, total, margin)
-    verdict = sharestats.mps_verdict(pr.work["A+B"], pr.work["A+B, MPS"], margin) if pr.work["A+B, MPS"] else None
-    return solo, advice, verdict
 
 
 @app.command("advise-mps", context_settings=PASS_THROUGH, add_help_option=False)
@@ -116,9 +60,7 @@ def advise_mps(ctx: typer.Context) -> None:
     if ao["pairs"]:
         if jobs:
             raise UsageError("advise-mps takes either two quoted jobs or --pairs FILE, not both")
-        from gpuvs.cli.share_matrix import load
-
-        data = load(ao["pairs"])
+        data = matrix.load(ao["pairs"])
         if data.get("sweep"):
             raise UsageError(f"{ao['pairs']}: advise-mps --pairs reads only 'pairs' (no 'sweep')")
         texts = [(str(x), str(y)) for x, y in data["pairs"]]
@@ -148,7 +90,8 @@ def advise_mps(ctx: typer.Context) -> None:
         runner = Runner(store, timeout_s=run["timeout"] + ao["duration"])
         coord = Coordinator(runner, ao["duration"], say=lambda s: console.print("  " + s))
         save = (lambda: _write_json(ao["json"], pairs, total, ao["margin"])) if ao["json"] else (lambda: None)
-        measure(coord, specs, pairs, ao["repeats"], device.startswith("cuda"), console, save, ao["predict_only"])
+        measure(coord, specs, pairs, ao["repeats"], device.startswith("cuda"), save, ao["predict_only"],
+                heading=lambda text: console.rule(text, style="dim"))
     if len(pairs) == 1:
         _one_pair(console, pairs[0], total, ao["margin"])
     else:
@@ -167,7 +110,7 @@ def _one_pair(console, pr: PairRuns, total, margin: float) -> None:
         console.print("measured: no verdict (MPS needs a GPU, or a run failed)")
         return
     settled = verdict["words"] != "inconclusive"
-    console.print(f"measured: {verdict['words']} (work with MPS / time-sliced {sharestats.ratio_text(verdict)}); "
+    console.print(f"measured: {verdict['words']} (work with MPS / time-sliced {ratio_text(verdict)}); "
                   + (f"prediction {'confirmed' if verdict['words'] == advice.prediction else 'NOT confirmed'}"
                      if settled else f"no verdict yet: about {verdict['more_trials'] or 'many'} more repeat(s) "
                      "would settle it"), style="bold")
@@ -186,7 +129,7 @@ def _pairs_table(console, pairs: list[PairRuns], total, margin: float) -> None:
         settled += hit != "-"
         hits += hit == "yes"
         t.add_row(pr.a, pr.b, advice.source, fmt(advice.ratio, 2), advice.prediction,
-                  sharestats.ratio_text(verdict) if verdict else "-", words, hit)
+                  ratio_text(verdict) if verdict else "-", words, hit)
     t.caption = (f"hit rate: {hits} of {settled} pairs with a measured verdict"
                  f"{'' if settled == len(pairs) else f' ({len(pairs) - settled} inconclusive or not measured)'}; "
                  f"verdict margin ±{100 * margin:g}%")
@@ -206,10 +149,10 @@ def _table(console, jobs, runs: dict[str, list[Group]], work, total) -> None:
         a_vals = [g.value(0) for g in groups] if label != "B alone" else []
         b_vals = [g.value(1) if two else g.value(0) for g in groups] if label != "A alone" else []
         gpm = [g.gpm or {} for g in groups]
-        t.add_row(label, sharestats.figure(a_vals).text(), sharestats.figure(b_vals).text(),
-                  sharestats.figure(work[label]).text(3) if two else "-",
-                  fmt(_mean(g.telemetry.get("util_gpu_mean") for g in groups)),
-                  *(fmt(_mean(x.get(k) for x in gpm)) for k in ("sm_occupancy", "tensor_active", "dram_active")),
+        t.add_row(label, figure_text(sharestats.figure(a_vals)), figure_text(sharestats.figure(b_vals)),
+                  figure_text(sharestats.figure(work[label]), 3) if two else "-",
+                  fmt(mean(g.telemetry.get("util_gpu_mean") for g in groups)),
+                  *(fmt(mean(x.get(k) for x in gpm)) for k in ("sm_occupancy", "tensor_active", "dram_active")),
                   _mem(groups[-1], total))
     t.caption = "work = sum over both jobs of together/alone; GPM columns (solo runs) need a Hopper or later GPU"
     console.print(t)

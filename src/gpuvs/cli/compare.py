@@ -23,10 +23,10 @@ from gpuvs.cli.info import options_table, param_table
 from gpuvs.cli.run import PASS_THROUGH, execute, finish, prepare
 from gpuvs.errors import UsageError
 from gpuvs.experiment import STUDY_PARAMS, Study
+from gpuvs.params import Param
 from gpuvs.report import terminal
 from gpuvs.runner import Experiment, TrialResult, validate_spec
 from gpuvs.store import Store
-from gpuvs.workloads.base import Param
 
 COMPARE_OPTIONS = (
     Param("arm", str, None, "an arm: NAME:key=value[,key=value...] (two or more; the first is the baseline)",

@@ -14,8 +14,8 @@ from gpuvs.cli import app
 from gpuvs.cli import options as opt
 from gpuvs.cli.run import PASS_THROUGH, resolve_device
 from gpuvs.errors import EnvironmentUnavailable
+from gpuvs.params import Param
 from gpuvs.spec import RunSpec, check_device_syntax
-from gpuvs.workloads.base import Param
 
 DOCTOR_OPTIONS = (
     Param("device", str, None, "cuda, cuda:N or cpu (default: cuda when the environment has a GPU)"),

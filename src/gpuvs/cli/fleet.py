@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from gpuvs import workloads
+from gpuvs import environments, workloads
 from gpuvs.cli import app
 from gpuvs.cli import options as opt
 from gpuvs.cli.info import options_table, param_table
@@ -24,11 +24,11 @@ from gpuvs.cli.run import PASS_THROUGH, prepare
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.fleet import adaptive, kube, labels, nodes
 from gpuvs.fleet import run as fleet_run
+from gpuvs.params import Param
 from gpuvs.report import fleet as report
 from gpuvs.report import terminal
 from gpuvs.runner import Runner, TrialResult, validate_spec
 from gpuvs.store import Store
-from gpuvs.workloads.base import Param
 
 DEFAULT_TRIALS = 4
 MIN_TRIALS = 4  # BENCHMARKS.md: 3 trials per node let the fleet's false-alarm rate reach 12%
@@ -60,8 +60,14 @@ def fleet_help(workload) -> None:
     console.print(options_table("fleet options", FLEET_OPTIONS))
     console.print(options_table("run options", tuple(p for p in opt.RUN_OPTIONS if p.name != "num_gpus")))
     for title, group in opt.env_groups():
-        if "pod" in title:
+        if any(title.startswith(f"--env {k} ") for k in node_kinds()):
             console.print(options_table(title + " (--label is the fleet's here)", group))
+
+
+def node_kinds() -> list[str]:
+    """The environment kinds that place a worker on a named node of a cluster (those that take --node):
+    a fleet runs in the first of them unless told otherwise."""
+    return environments.takers("node")
 
 
 def _nodes_arg(items: list[str] | None) -> list[str] | None:
@@ -78,14 +84,14 @@ def fleet(ctx: typer.Context) -> None:
     # a report in another format on stdout: progress goes to stderr
     console = Console(markup=False, highlight=False, stderr=o["format"] != "term" and not o["output"])
     if not any(a == "--env" or a.startswith("--env=") for a in rest):
-        rest = ["--env", "pod"] + rest
+        rest = ["--env", node_kinds()[0]] + rest
     prep = prepare(rest, "gpuvs fleet", console, help_fn=fleet_help)
     if prep.positionals:
         raise UsageError(f"unexpected argument {prep.positionals[0]!r}")
     base, run = prep.base, prep.run
-    if base.env.kind != "pod":
+    if base.env.kind not in node_kinds():
         raise UsageError(f"gpuvs fleet runs pods on the cluster's nodes: --env {base.env.kind} is not allowed "
-                         "(leave --env out, or give --env pod)")
+                         f"(leave --env out, or give --env {' or --env '.join(node_kinds())})")
     if base.env.options.get("node"):
         raise UsageError("--node pins one node; a fleet runs on many: use --nodes a,b,c")
     if o["dry_run"] and not o["label"]:

@@ -9,8 +9,8 @@ from typing import Any, Sequence
 
 from gpuvs import environments
 from gpuvs.errors import UsageError
+from gpuvs.params import Param
 from gpuvs.spec import EnvSpec
-from gpuvs.workloads.base import Param
 
 RUN_OPTIONS = (
     Param("device", str, None, "cuda, cuda:N or cpu (default: cuda when a GPU is present, else cpu)"),

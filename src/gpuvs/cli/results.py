@@ -12,7 +12,7 @@ from rich.table import Table
 
 from gpuvs.cli import results_app
 from gpuvs.errors import UsageError
-from gpuvs.report.terminal import fmt
+from gpuvs.report.numbers import fmt
 from gpuvs.store import Store
 
 STORE_OPT = typer.Option("gpuvs.db", "--store", help="SQLite file that keeps the results")

@@ -1,10 +1,9 @@
 """gpuvs share: K workers on one GPU in one measured window (MPS off, on or both), mixed pairs,
-and the capacity search."""
+and the capacity search. The studies are gpuvs.sharing.studies'; this module parses and renders."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import shlex
 import time
 import uuid
@@ -13,18 +12,20 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpuvs import mps_knobs, sharestats, workloads
+from gpuvs import workloads
 from gpuvs.cli import app
 from gpuvs.cli import options as opt
-from gpuvs.cli.run import PASS_THROUGH, Prepared, prepare, run_help
-from gpuvs.errors import RunFailed, UsageError
-from gpuvs.report.terminal import fmt
+from gpuvs.cli.run import PASS_THROUGH, prepare, run_help
+from gpuvs.errors import UsageError
+from gpuvs.params import Param
+from gpuvs.report.sharing import figure_text, ratio_text
+from gpuvs.report.numbers import fmt
 from gpuvs.runner import Runner, validate_spec
-from gpuvs.sharing import Coordinator, Group, check_shareable, gpu_memory_total_mib, normalized_sum
-from gpuvs.mps_knobs import ShareArm
-from gpuvs.spec import EnvSpec, RunSpec
+from gpuvs.sharing import knobs, studies
+from gpuvs.sharing import stats as sharestats
+from gpuvs.sharing.group import Coordinator, Group, check_shareable, gpu_memory_total_mib
+from gpuvs.spec import RunSpec
 from gpuvs.store import Store
-from gpuvs.workloads.base import Param
 
 SHARE_OPTIONS = (
     Param("workers", str, "1,2", "worker counts to measure, e.g. 1,2,4"),
@@ -70,10 +71,6 @@ def job_spec(text: str, base: RunSpec) -> RunSpec:
     return spec
 
 
-def mps_modes(choice: str) -> list[bool]:
-    return {"off": [False], "on": [True], "both": [False, True]}[choice]
-
-
 def share_help(workload) -> None:
     run_help(workload)
     from gpuvs.cli.info import options_table
@@ -99,8 +96,8 @@ def share(ctx: typer.Context) -> None:
         raise UsageError("--mps applies to GPU runs (--device cuda)")
     if so["also_host"] and (not so["capacity"] or base.env.kind == "host"):
         raise UsageError("--also-host goes with --capacity and --env container (it adds the same sweep on the host)")
-    arms = mps_knobs.arms(so["mps"], so["mps_threads"], so["mps_mem_limit"], 2 if other is not None else 1,
-                          base.device)
+    arms = knobs.arms(so["mps"], so["mps_threads"], so["mps_mem_limit"], 2 if other is not None else 1,
+                      base.device)
     exp_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     base.experiment_id = exp_id
     if other is not None:
@@ -113,12 +110,21 @@ def share(ctx: typer.Context) -> None:
                         on_trial_end=lambda r: console.print("  " + _trial_line(r), style=None if r.ok else "red"))
         coord = Coordinator(runner, so["duration"], so["ready_timeout"], say=lambda s: console.print("  " + s))
         total = gpu_memory_total_mib(base.device)
+
+        def heading(text: str) -> None:
+            console.rule(text, style="dim")
+
         if so["capacity"]:
-            capacity(console, coord, base, so, arms, total)
+            sweeps = studies.capacity(coord, base, arms, so["max_workers"], so["also_host"], heading)
+            capacity_table(console, base, so, sweeps, total)
         elif other is not None:
-            pairs(console, coord, base, other, so, arms, total)
+            found = studies.pairs(coord, base, other, arms, so["repeats"], heading)
+            pairs_table(console, base, other, so, found, total)
+            studies.raise_if_failed(found.groups())
         else:
-            scaling(console, coord, base, counts, so, arms, total)
+            found = studies.scaling(coord, base, counts, arms, so["repeats"], heading)
+            scaling_table(console, base, so, found, total)
+            studies.raise_if_failed(found.groups())
     console.print(f"stored as experiment {exp_id} in {run['store']}", style="dim")
 
 
@@ -136,22 +142,8 @@ def _mem(group, total: float | None) -> str:
     return f"{group.memory_used_mib:.0f}{pct}"
 
 
-def _repeat_rule(console, label: str, rep: int, repeats: int) -> None:
-    console.rule(label + (f" (repeat {rep + 1} of {repeats})" if repeats > 1 else ""), style="dim")
-
-
-def scaling(console, coord: Coordinator, base: RunSpec, counts: list[int], so, arms: list[ShareArm], total) -> None:
-    """Each count under each arm, repeated in fresh process groups; the first repeat's order is repeated."""
-    ks = ([1] if 1 not in counts else []) + counts
-    runs: dict[tuple[str, int], list[Group]] = {}
-    for rep in range(so["repeats"]):
-        for arm in arms:
-            for k in ks:
-                label = f"{k} worker{'s' if k > 1 else ''}{'' if arm.label == 'time-sliced' else ', ' + arm.label}"
-                _repeat_rule(console, label, rep, so["repeats"])
-                env = arm.client_env * k if arm.client_env else None
-                runs.setdefault((arm.label, k), []).append(coord.group([base] * k, label, arm.mps, env))
-    base_runs = runs[(arms[0].label, 1)]
+def scaling_table(console, base: RunSpec, so, found: studies.Scaling, total) -> None:
+    arms, runs, base_runs = found.arms, found.runs, found.base_runs
     alone = [g.aggregate for g in base_runs]
     t = Table(title=f"{base.workload} sharing one GPU ({so['duration']:g} s window, {so['repeats']} repeat(s))",
               title_justify="left")
@@ -165,33 +157,18 @@ def scaling(console, coord: Coordinator, base: RunSpec, counts: list[int], so, a
         per = sharestats.figure([sum(g.values()) / len(g.values()) for g in ok])
         vs = sharestats.compare(alone, [g.aggregate for g in groups], so["margin"]) if groups is not base_runs else None
         last = groups[-1]
-        t.add_row(str(k), arm_label, per.text() if ok else "failed",
-                  sharestats.figure([g.aggregate for g in ok]).text(), sharestats.ratio_text(vs) if vs else "1 (base)",
-                  sharestats.figure([g.fairness for g in ok]).text(3), _mem(last, total),
+        t.add_row(str(k), arm_label, figure_text(per) if ok else "failed",
+                  figure_text(sharestats.figure([g.aggregate for g in ok])), ratio_text(vs) if vs else "1 (base)",
+                  figure_text(sharestats.figure([g.fairness for g in ok]), 3), _mem(last, total),
                   "-" if last.clients_attached is None else str(last.clients_attached))
     t.caption = (f"unit: {unit}; mean [95% interval] over repeats; fairness = slowest / fastest worker; vs alone = "
                  f"aggregate / one worker alone ({arms[0].label}), with compare's verdict (equivalent within "
                  f"±{100 * so['margin']:g}%)")
     console.print(t)
-    _raise_if_failed([g for groups in runs.values() for g in groups])
 
 
-def pairs(console, coord: Coordinator, a: RunSpec, b: RunSpec, so, arms: list[ShareArm], total) -> dict:
-    """A alone, B alone, then A+B under each arm; all repeated in fresh process groups. Work = sum over
-    both jobs of together/alone (alone from the same repeat)."""
-    alone: dict[str, list[Group]] = {"A alone": [], "B alone": []}
-    together: dict[str, list[Group]] = {arm.label: [] for arm in arms}
-    work: dict[str, list[float | None]] = {arm.label: [] for arm in arms}
-    for rep in range(so["repeats"]):
-        for label, spec in (("A alone", a), ("B alone", b)):
-            _repeat_rule(console, f"{label}: {spec.workload}", rep, so["repeats"])
-            alone[label].append(coord.group([spec], label, False))
-        base = [alone["A alone"][-1].value(0), alone["B alone"][-1].value(0)]
-        for arm in arms:
-            _repeat_rule(console, f"A+B, {arm.label}", rep, so["repeats"])
-            g = coord.group([a, b], f"A+B, {arm.label}", arm.mps, arm.client_env or None)
-            together[arm.label].append(g)
-            work[arm.label].append(normalized_sum(g, base))
+def pairs_table(console, a: RunSpec, b: RunSpec, so, found: studies.Interference, total) -> None:
+    arms, alone, together, work = found.arms, found.alone, found.together, found.work
     latency = any(sharestats.latency_ms(g.trials[0].samples) for g in alone["A alone"] if g.trials)
     t = Table(title=f"interference: A = {a.workload}, B = {b.workload} ({so['repeats']} repeat(s))",
               title_justify="left")
@@ -202,53 +179,38 @@ def pairs(console, coord: Coordinator, a: RunSpec, b: RunSpec, so, arms: list[Sh
 
     def lat(groups: list[Group], key: str) -> str:
         vals = [(sharestats.latency_ms(g.trials[0].samples) or {}).get(key) for g in groups if g.ok]
-        return sharestats.figure(vals).text(2)
+        return figure_text(sharestats.figure(vals), 2)
 
     for label, groups in alone.items():
-        fig = sharestats.figure([g.value(0) for g in groups]).text()
+        fig = figure_text(sharestats.figure([g.value(0) for g in groups]))
         row = [label, fig if label[0] == "A" else "-", fig if label[0] == "B" else "-"]
         row += [lat(groups, "p50"), lat(groups, "p99")] if latency and label[0] == "A" else (["-", "-"] if latency else [])
         t.add_row(*row, "-", "-", _mem(groups[-1], total))
-    verdicts = {}
     for arm in arms:
         groups = together[arm.label]
-        row = [f"A+B, {arm.label}", sharestats.figure([g.value(0) for g in groups]).text(),
-               sharestats.figure([g.value(1) for g in groups]).text()]
+        row = [f"A+B, {arm.label}", figure_text(sharestats.figure([g.value(0) for g in groups])),
+               figure_text(sharestats.figure([g.value(1) for g in groups]))]
         if latency:
             row += [lat(groups, "p50"), lat(groups, "p99")]
         vs = sharestats.compare(work[arms[0].label], work[arm.label], so["margin"]) if arm is not arms[0] else None
-        verdicts[arm.label] = vs
-        t.add_row(*row, sharestats.figure(work[arm.label]).text(3), sharestats.ratio_text(vs) if vs else "-",
+        t.add_row(*row, figure_text(sharestats.figure(work[arm.label]), 3), ratio_text(vs) if vs else "-",
                   _mem(groups[-1], total))
     t.caption = ("mean [95% interval] over repeats; work = sum over both jobs of together/alone (1.0 = what taking "
                  "turns gives; above 1, sharing did more work); vs = work ratio against the first arm with compare's "
                  f"verdict (equivalent within ±{100 * so['margin']:g}%)"
                  + ("; latency = per-batch time of A (CUDA events between consecutive batches)" if latency else ""))
     console.print(t)
-    _raise_if_failed([g for gs in (*alone.values(), *together.values()) for g in gs])
-    return {"alone": alone, "together": together, "work": work, "verdicts": verdicts}
 
 
-def capacity(console, coord: Coordinator, base: RunSpec, so, arms: list[ShareArm], total) -> None:
-    """The co-location study: instances added one at a time, for each arm (and on the host too with
-    --also-host), one row per count."""
-    units = [("container" if base.env.kind != "host" else "process", base)]
-    if so["also_host"]:
-        units.append(("process", dataclasses.replace(base, env=EnvSpec())))
-    runs = []
-    for unit, spec in units:
-        for arm in arms:
-            label = f"capacity, {unit}, {arm.label}"
-            console.rule(f"{label}: {spec.workload}, up to {so['max_workers']}", style="dim")
-            runs.append((unit, arm, coord.capacity(spec, so["max_workers"], arm.mps, label,
-                                                   arm.client_env[0] if arm.client_env else None)))
+def capacity_table(console, base: RunSpec, so, sweeps: list[studies.CapacitySweep], total) -> None:
     t = Table(title=f"capacity: {base.workload} instances added one at a time ({so['duration']:g} s window each)",
               title_justify="left")
     for col in ("unit", "arm", "instances", "GPU memory MiB", "per instance: ms per step (mean, min … max)",
                 "aggregate", "vs 1 instance", "MPS clients"):
         t.add_column(col, justify="left" if col in ("unit", "arm") else "right")
     unit_name = ""
-    for unit, arm, cap in runs:
+    for sweep in sweeps:
+        unit, arm, cap = sweep.unit, sweep.arm, sweep.run
         first = cap.measured()[0].aggregate if cap.measured() else None
         for st in cap.measured():
             unit_name = unit_name or st.unit
@@ -263,15 +225,9 @@ def capacity(console, coord: Coordinator, base: RunSpec, so, arms: list[ShareArm
     t.caption = (f"aggregate in {unit_name or 'steps/sec'}; ms per step = 1000 / an instance's rate in that window; "
                  "GPU memory = NVML memory used on the GPU during the window (the whole GPU: other users too)")
     console.print(t)
-    for unit, arm, cap in runs:
+    for sweep in sweeps:
+        unit, arm, cap = sweep.unit, sweep.arm, sweep.run
         console.print(f"{unit}es" if unit == "process" else f"{unit}s", end="")
         console.print(f", {arm.label}: largest count that ran: {len(cap.measured())}; "
                       + (f"first failure at instance {cap.failed_at}: {cap.failure}" if cap.failed_at is not None
                          else f"no failure up to the cap of {so['max_workers']}"))
-
-
-def _raise_if_failed(groups: list[Group]) -> None:
-    bad = [g for g in groups if not g.ok]
-    if bad:
-        raise RunFailed(f"{len(bad)} of {len(groups)} group(s) had a failed worker; first: "
-                        f"{bad[0].failure or next((t.error for t in bad[0].trials if not t.ok), 'failed')}")

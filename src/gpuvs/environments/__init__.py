@@ -14,9 +14,9 @@ from typing import Any
 
 from gpuvs.environments.base import Environment, Launched, WorkerStream
 from gpuvs.errors import UsageError
+from gpuvs.params import Param
 from gpuvs.registry import Registry
 from gpuvs.spec import EnvSpec
-from gpuvs.workloads.base import Param
 
 __all__ = ["Environment", "Launched", "WorkerStream", "register", "get", "kind", "names", "params", "param", "option_keys",
            "env_spec", "options_for", "check_options", "label", "fingerprint_fields", "explained", "local"]

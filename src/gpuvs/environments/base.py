@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 import gpuvs
 from gpuvs.errors import UsageError
+from gpuvs.params import Param
 from gpuvs.spec import RunSpec
-from gpuvs.workloads.base import Param
 
 if TYPE_CHECKING:
     from gpuvs import checkup

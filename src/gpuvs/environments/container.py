@@ -27,8 +27,8 @@ from gpuvs.environments.base import Environment, Launched, check_local_gpus
 from gpuvs.environments.host import ENV_VAR
 from gpuvs.errors import GpuvsError, UsageError
 from gpuvs.fingerprint import SOFTWARE_FIELDS
+from gpuvs.params import Param
 from gpuvs.spec import RunSpec
-from gpuvs.workloads.base import Param
 
 PKG_INSIDE = "/opt/gpuvs"  # PYTHONPATH inside; the package is mounted at PKG_INSIDE/gpuvs
 LABEL = "gpuvs"

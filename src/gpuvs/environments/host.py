@@ -11,8 +11,8 @@ from typing import Any
 
 from gpuvs.environments import register
 from gpuvs.environments.base import Environment, Launched, check_local_gpus, package_root
+from gpuvs.params import Param
 from gpuvs.spec import RunSpec
-from gpuvs.workloads.base import Param
 
 ENV_VAR = Param("env_var", str, None, "environment variable KEY=VALUE for the worker", multiple=True)
 

@@ -27,8 +27,8 @@ from gpuvs.environments.container import CPUS, IMAGE, MEMORY, MOUNT, PYTHON, SHM
 from gpuvs.environments.host import ENV_VAR, env_vars
 from gpuvs.errors import GpuvsError, UsageError
 from gpuvs.fingerprint import SOFTWARE_FIELDS
-from gpuvs.spec import RunSpec, device_kind
-from gpuvs.workloads.base import Param
+from gpuvs.params import Param
+from gpuvs.spec import RunSpec, gpus_asked
 
 PKG_DIR = "/gpuvs"  # not under /opt or /usr, which a --mount of the node's own may cover read-only
 PKG_KEY = "gpuvs.zip"
@@ -207,10 +207,6 @@ def _label_value(text: str) -> str:
 
 def pod_name(spec: RunSpec) -> str:
     return f"gpuvs-{spec.run_id}"
-
-
-def gpus_asked(spec: RunSpec) -> int:
-    return spec.num_gpus if device_kind(spec.device) == "cuda" else 0
 
 
 def deadline_s(spec: RunSpec, s: PodSettings) -> int:

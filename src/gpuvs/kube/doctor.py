@@ -9,14 +9,13 @@ from typing import Any
 
 from gpuvs import checkup
 from gpuvs.errors import GpuvsError
-from gpuvs.spec import RunSpec
+from gpuvs.spec import RunSpec, gpus_asked
 
 PERMISSIONS = (("create", "pods", None), ("get", "pods", None), ("delete", "pods", None), ("get", "pods", "log"),
                ("create", "configmaps", None), ("delete", "configmaps", None))
 
 
 def doctor(env, spec: RunSpec, report, timeout: float) -> dict[str, Any] | None:
-    from gpuvs.environments.pod import gpus_asked
     from gpuvs.kube import client
 
     try:

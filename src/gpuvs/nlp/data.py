@@ -1,5 +1,5 @@
-"""Tokenisation, vocabularies, label sets and metrics: plain Python, no framework, so that the
-gRPC server can check requests without touching a model."""
+"""Tokenisation, vocabularies, label sets, batch widths and metrics: plain Python, no framework, so
+that the gRPC server can check requests without touching a model."""
 
 from __future__ import annotations
 
@@ -38,6 +38,12 @@ class Vocab:
 
     def encode(self, tokens: Sequence[str]) -> list[int]:
         return [self.stoi.get(t, 1) for t in tokens]
+
+
+def padded_width(longest: int, max_len: int) -> int:
+    """Pad to a multiple of 8 (at most max_len): few distinct shapes, so kernels chosen for a shape
+    on its first use are reused rather than chosen again batch after batch (training and prediction)."""
+    return max(1, min(max_len, -(-longest // 8) * 8))
 
 
 def check_tags(tags: Iterable[str]) -> str | None:

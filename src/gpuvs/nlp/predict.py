@@ -6,9 +6,9 @@ from typing import Any, Sequence
 
 import torch
 
+from gpuvs import precision
 from gpuvs.nlp import data
 from gpuvs.nlp.models import Bundle
-from gpuvs.nlp.train import autocast, padded_width
 
 CHUNK = 512  # texts per forward pass
 
@@ -35,13 +35,13 @@ class Predictor:
         if not toks:
             return []
         vocab, labels = self.bundle.vocab, self.bundle.labels
-        width = padded_width(max(len(t) for t in toks), self.max_len)
+        width = data.padded_width(max(len(t) for t in toks), self.max_len)
         ids = torch.zeros(len(toks), width, dtype=torch.long)
         for row, t in enumerate(toks):
             if t:
                 ids[row, :len(t)] = torch.tensor(vocab.encode(t))
         lengths = torch.tensor([max(1, len(t)) for t in toks])
-        with torch.inference_mode(), autocast(self.precision, self.device):
+        with torch.inference_mode(), precision.autocast(self.precision, self.device):
             logits = self.bundle.model(ids.to(self.device, non_blocking=True), lengths).float()
             if self.bundle.task == "tc":
                 probs = logits.softmax(-1)

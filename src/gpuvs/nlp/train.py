@@ -4,7 +4,6 @@ the figures, and held-out evaluation (accuracy, entity F1, the majority-label ba
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -12,6 +11,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from gpuvs import precision
 from gpuvs.nlp import data
 from gpuvs.nlp.models import Bundle
 
@@ -61,18 +61,6 @@ class StepStat:
     loss: float | None = None
 
 
-def autocast(precision: str, device: torch.device):
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def set_precision(precision: str) -> None:
-    tf32 = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-
-
 def make_batches(task: str, examples: Sequence[Example], vocab: data.Vocab, label_index: dict[str, int],
                  batch_size: int, max_len: int, device: torch.device, seed: int = 0) -> list[Batch]:
     """Shuffled once, cut into batches, padded to each batch's longest example, moved to the device."""
@@ -82,7 +70,7 @@ def make_batches(task: str, examples: Sequence[Example], vocab: data.Vocab, labe
     for start in range(0, len(order), batch_size):
         chunk = [examples[i] for i in order[start:start + batch_size]]
         toks = [ex[0][:max_len] for ex in chunk]
-        width = padded_width(max(len(t) for t in toks), max_len)
+        width = data.padded_width(max(len(t) for t in toks), max_len)
         ids = torch.zeros(len(chunk), width, dtype=torch.long)
         if task == "ner":
             target = torch.full((len(chunk), width), -100, dtype=torch.long)
@@ -96,12 +84,6 @@ def make_batches(task: str, examples: Sequence[Example], vocab: data.Vocab, labe
         lengths = torch.tensor([max(1, len(t)) for t in toks])
         batches.append(Batch(ids.to(device), lengths, target.to(device), len(chunk), sum(len(t) for t in toks)))
     return batches
-
-
-def padded_width(longest: int, max_len: int) -> int:
-    """Pad to a multiple of 8 (at most max_len): few distinct shapes, so kernels chosen for a shape
-    on its first use are reused rather than chosen again batch after batch."""
-    return max(1, min(max_len, -(-longest // 8) * 8))
 
 
 class StepTimer:
@@ -175,7 +157,7 @@ class Trainer:
     def step(self, batch: Batch) -> torch.Tensor:
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
-        with autocast(self.cfg.precision, self.device):
+        with precision.autocast(self.cfg.precision, self.device):
             logits = self.model(batch.ids, batch.lengths)
             loss = self.loss_fn(logits.reshape(-1, logits.shape[-1]).float(), batch.target.reshape(-1))
         loss.backward()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuvs.comparison import Analysis, fingerprint_rows
-from gpuvs.report.terminal import fmt
+from gpuvs.report.numbers import fmt
 
 
 @dataclass

@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuvs import environments, stats
+from gpuvs.report import tables
+from gpuvs.report.numbers import fmt
 
 CONFIG_LABELS = [
     ("model", "Model"), ("dataset", "Dataset"), ("mode", "Mode"), ("batch_size_global", "Batch size"),
@@ -17,18 +19,6 @@ CONFIG_LABELS = [
     ("warmup_steps", "Warm-up steps"), ("steps", "Timed steps"),
 ]
 RULE = "-" * 64
-
-
-def fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if value != value:  # nan
-            return "-"
-        if abs(value) >= 1e5 or (0 < abs(value) < 10 ** -digits):
-            return f"{value:.3g}"
-        return f"{value:,.{digits}f}"
-    return str(value)
 
 
 class StepLog:
@@ -253,8 +243,6 @@ def rich_table(t) -> Table:
 
 def comparison(console: Console, analysis, keys: tuple[str, ...] | None = None) -> None:
     """A comparison's report on the terminal: the answer, flags, then its tables (all, or `keys`)."""
-    from gpuvs.report import tables
-
     if keys is None:
         for label, value in tables.header_lines(analysis):
             console.print(f"{label + ':':<18}{value}", highlight=False, markup=False)

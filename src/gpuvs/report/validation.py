@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from gpuvs.report import markdown, tables
-from gpuvs.report.terminal import fmt
+from gpuvs.report.numbers import fmt
 from gpuvs.validate.suite import FAIL, FIGURES, NOT_RUN, PASS, Row
 
 KIND = "validate"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from gpuvs.errors import UsageError
 from gpuvs.registry import Registry
-from gpuvs.workloads.base import Param, RunContext, Workload
+from gpuvs.workloads.base import RunContext, Workload
 
-__all__ = ["Param", "RunContext", "Workload", "register", "get", "names", "all_workloads"]
+__all__ = ["RunContext", "Workload", "register", "get", "names", "all_workloads"]
 
 _workloads: Registry[type[Workload]] = Registry(__name__, __path__, "workload", lambda cls: cls.name, skip=("base",))
 register = _workloads.register

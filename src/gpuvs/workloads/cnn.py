@@ -10,10 +10,11 @@ import os
 import time
 from typing import Any, Iterator
 
-from gpuvs import events
+from gpuvs import events, precision
 from gpuvs.errors import UsageError, WorkloadError
+from gpuvs.params import Param
 from gpuvs.workloads import register
-from gpuvs.workloads.base import Param, RunContext, Workload, duration, rate
+from gpuvs.workloads.base import RunContext, Workload, duration, rate
 
 # name -> (torchvision constructor, default image size, smallest image size it accepts, extra kwargs)
 MODELS: dict[str, tuple[str, int, int, dict[str, Any]]] = {
@@ -86,23 +87,12 @@ class _CnnBase(Workload):
         return model, device
 
     @staticmethod
-    def set_precision(precision: str, device) -> None:
+    def set_precision(precision_name: str, device) -> None:
+        """TF32 as --precision says (gpuvs.precision), and cuDNN picks its fastest algorithms."""
         import torch
 
-        tf32 = precision == "tf32"
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
+        precision.allow_tf32(precision_name)
         torch.backends.cudnn.benchmark = True
-
-    @staticmethod
-    def autocast(precision: str, device):
-        import contextlib
-
-        import torch
-
-        if precision in ("fp16", "bf16"):
-            return torch.autocast(device.type, dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
-        return contextlib.nullcontext()
 
     def batches(self, ctx: RunContext, device) -> Iterator[tuple[Any, Any]]:
         """Endless (images, labels) on the device: one fixed synthetic batch, or a real DataLoader."""
@@ -257,9 +247,9 @@ class CnnTrain(_CnnBase):
         p = ctx.params
         opt = torch.optim.SGD(model.parameters(), lr=p["lr"], momentum=0.9 if p["optimizer"] == "momentum" else 0.0)
         loss_fn = torch.nn.CrossEntropyLoss()
-        scaler = torch.amp.GradScaler(device.type) if p["precision"] == "fp16" else None
+        scaler = precision.grad_scaler(p["precision"], device)
         model.train()
-        autocast = self.autocast(p["precision"], device)
+        autocast = precision.autocast(p["precision"], device)
 
         def step(batch):
             x, y = batch
@@ -289,7 +279,7 @@ class CnnInfer(_CnnBase):
         import torch
 
         model.eval()
-        autocast = self.autocast(ctx.params["precision"], device)
+        autocast = precision.autocast(ctx.params["precision"], device)
 
         def step(batch):
             x, _ = batch

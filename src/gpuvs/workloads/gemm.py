@@ -15,11 +15,13 @@ import time
 from typing import Any, Iterator
 
 from gpuvs import events, peaks
+from gpuvs.precision import dtype as precision_dtype, matmul_precision
 from gpuvs.errors import UsageError, WorkloadError
+from gpuvs.params import Param
 from gpuvs.workloads import register
 from gpuvs.workloads._devtime import inner_count, is_cuda, sync, timed_blocks, window_blocks
 from gpuvs.workloads.aggregate import Totals
-from gpuvs.workloads.base import Param, RunContext, Workload, duration, level, rate
+from gpuvs.workloads.base import RunContext, Workload, duration, level, rate
 
 SETS: dict[str, list[str]] = {
     # DeepBench training GEMMs (M x N x K)
@@ -95,9 +97,8 @@ class GemmOp:
 
     def __init__(self, torch, precision: str, device: str):
         self.torch, self.precision, self.device = torch, precision, device
-        torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
-        self.dtype = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
-                      "bf16": torch.bfloat16}.get(precision)
+        matmul_precision(precision)
+        self.dtype = precision_dtype(precision)
         if precision == "fp8":
             if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
                 raise WorkloadError("unavailable", f"torch {torch.__version__} has no float8 GEMM (torch._scaled_mm)")

@@ -10,9 +10,10 @@ from typing import Any, Iterator
 
 from gpuvs import events, peaks
 from gpuvs.errors import UsageError, WorkloadError
+from gpuvs.params import Param
 from gpuvs.workloads import register
 from gpuvs.workloads._devtime import inner_count, is_cuda, sync, timed_blocks, window_blocks
-from gpuvs.workloads.base import Param, RunContext, Workload, level, rate
+from gpuvs.workloads.base import RunContext, Workload, level, rate
 
 KINDS = ("d2d", "h2d", "d2h")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,

@@ -14,10 +14,11 @@ import tempfile
 import time
 from typing import Any, Iterator
 
-from gpuvs import events
+from gpuvs import events, precision
 from gpuvs.errors import UsageError, WorkloadError
+from gpuvs.params import Param
 from gpuvs.workloads import register
-from gpuvs.workloads.base import Param, RunContext, Workload, amount, duration, rate, score
+from gpuvs.workloads.base import RunContext, Workload, amount, duration, rate, score
 
 ARCHS = ("transformer", "bilstm")
 
@@ -61,11 +62,9 @@ class _NlpBase(Workload):
     def setup(self, ctx: RunContext):
         import torch
 
-        from gpuvs.nlp import train
-
         threads = ctx.params["threads"] or usable_cores()
         torch.set_num_threads(threads)
-        train.set_precision(ctx.params["precision"])
+        precision.allow_tf32(ctx.params["precision"])
         return torch.device(ctx.device), threads
 
     def train_config(self, p: dict[str, Any], epochs: int):

@@ -13,9 +13,10 @@ import time
 from typing import Any, Iterator
 
 from gpuvs import events
+from gpuvs.params import Param
 from gpuvs.serve import config as cfg
 from gpuvs.workloads import register
-from gpuvs.workloads.base import Param, RunContext, Workload, amount, duration, rate
+from gpuvs.workloads.base import RunContext, Workload, amount, duration, rate
 
 
 @register

@@ -10,10 +10,11 @@ import time
 from typing import Any, Iterator
 
 from gpuvs import events
-from gpuvs.barrier import ready
 from gpuvs.errors import WorkloadError
+from gpuvs.params import Param
+from gpuvs.sharing.barrier import ready
 from gpuvs.workloads import register
-from gpuvs.workloads.base import Param, RunContext, Workload, rate
+from gpuvs.workloads.base import RunContext, Workload, rate
 
 
 @register

@@ -17,8 +17,9 @@ from typing import Any, Iterator
 
 from gpuvs import events
 from gpuvs.errors import WorkloadError
+from gpuvs.params import Param
 from gpuvs.workloads import register
-from gpuvs.workloads.base import Param, RunContext, Workload, amount, duration, rate
+from gpuvs.workloads.base import RunContext, Workload, amount, duration, rate
 
 
 @register

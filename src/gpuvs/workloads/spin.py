@@ -8,8 +8,9 @@ import time
 from typing import Any, Iterator
 
 from gpuvs import events
+from gpuvs.params import Param
 from gpuvs.workloads import register
-from gpuvs.workloads.base import Param, RunContext, Workload, rate
+from gpuvs.workloads.base import RunContext, Workload, rate
 
 
 def spin(ops: int) -> int:

@@ -14,8 +14,9 @@ from typing import Any, Iterator
 
 from gpuvs import events
 from gpuvs.errors import WorkloadError
+from gpuvs.params import Param
 from gpuvs.workloads import register
-from gpuvs.workloads.base import Param, RunContext, Workload, duration
+from gpuvs.workloads.base import RunContext, Workload, duration
 
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "alexnet")
 

@@ -13,12 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from gpuvs import events
+from gpuvs import events, precision
 from gpuvs.errors import UsageError, WorkloadError
+from gpuvs.params import Param
 from gpuvs.workloads import register
 from gpuvs.workloads._devtime import is_cuda, sync
 from gpuvs.workloads.aggregate import Totals
-from gpuvs.workloads.base import Param, RunContext, Workload, amount, duration
+from gpuvs.workloads.base import RunContext, Workload, amount, duration
 from gpuvs.workloads.kernels import dynprog, graph, learn, linalg, stencil  # noqa: F401  (they register apps)
 from gpuvs.workloads.kernels.app import APPS, App
 
@@ -121,7 +122,7 @@ class Kernels(Workload):
 
         p, device = ctx.params, ctx.device
         cuda = is_cuda(device)
-        torch.set_float32_matmul_precision("highest")
+        precision.matmul_precision("fp32")  # strict float32: no TF32 in the apps' matmuls
         apps = [APPS[name] for name in p["app"]]
         if ctx.spec.barrier and len(apps) != 1:
             raise WorkloadError("input", "gpuvs share runs one kernels app per job: give --app NAME")

@@ -1,7 +1,7 @@
 """Every statistic the sharing commands print, in one place, on top of stats.py's public functions:
 a figure over repeated groups (mean and confidence interval), a ratio of two arms with compare's
 verdict words, and the MPS verdict (helps / hurts / no difference / inconclusive) as that ratio of
-work with MPS over work time-sliced, within a margin."""
+work with MPS over work time-sliced, within a margin. Statistics only: their text is report/sharing.py's."""
 
 from __future__ import annotations
 
@@ -52,15 +52,6 @@ class Figure:
     low: float | None
     high: float | None
 
-    def text(self, digits: int = 1) -> str:
-        from gpuvs.report.terminal import fmt
-
-        if self.mean is None:
-            return "-"
-        if self.low is None:
-            return fmt(self.mean, digits)
-        return f"{fmt(self.mean, digits)} [{fmt(self.low, digits)}, {fmt(self.high, digits)}]"
-
 
 def figure(values: Sequence[float | None], confidence: float = 0.95) -> Figure:
     vals = [float(v) for v in values if v is not None]
@@ -89,13 +80,3 @@ def mps_verdict(sliced_work: Sequence[float | None], mps_work: Sequence[float | 
     out = compare(sliced_work, mps_work, margin)
     out["words"] = MPS_WORDS[out["verdict"]]
     return out
-
-
-def ratio_text(c: dict[str, Any]) -> str:
-    from gpuvs.report.terminal import fmt
-
-    if c.get("ratio") is None:
-        return "-"
-    if c.get("ci_low") is None:
-        return f"{fmt(c['ratio'], 3)} ({c.get('reason') or 'no interval'})"
-    return f"{fmt(c['ratio'], 3)} [{fmt(c['ci_low'], 3)}, {fmt(c['ci_high'], 3)}] {c['verdict']}"

@@ -12,11 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuvs import barrier, gpm, telemetry, workloads
+from gpuvs import telemetry, workloads
+from gpuvs.sharing import barrier, gpm
 from gpuvs.errors import UsageError, interruption
-from gpuvs.mps import MpsDaemon
+from gpuvs.sharing.mps import MpsDaemon
 from gpuvs.runner import LiveTrial, Runner, TrialResult
-from gpuvs.sharestats import as_rate, window_rate
+from gpuvs.sharing.stats import as_rate, window_rate
 from gpuvs.spec import EnvSpec, RunSpec
 
 BIG_STEPS = 10_000_000  # the window, not the step count, ends a shared run

@@ -1,0 +1,77 @@
+"""The pairs file (read by `gpuvs share-matrix` and `gpuvs advise-mps --pairs`) and the matrix's runs:
+pairs of jobs x an input-size sweep x MPS off/on, each pair measured alone and together in shared
+windows (the published MPS study's matrix)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from gpuvs.errors import UsageError
+from gpuvs.sharing.group import Coordinator, Group
+from gpuvs.spec import RunSpec
+
+KEYS = {"name", "device", "duration", "mps", "pairs", "sweep", "timeout_s"}
+
+
+def load(path: str) -> dict:
+    """A pairs file, checked: every fault is one UsageError naming the file and what is allowed."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{path}: no such file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a mapping with keys {', '.join(sorted(KEYS))}")
+    unknown = set(data) - KEYS
+    if unknown:
+        raise UsageError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(KEYS))}")
+    pairs = data.get("pairs")
+    if not isinstance(pairs, list) or not pairs or not all(isinstance(x, list) and len(x) == 2 for x in pairs):
+        raise UsageError(f"{path}: 'pairs' must be a list of [JOB_A, JOB_B] pairs of quoted jobs")
+    sweep = data.get("sweep") or {}
+    if not isinstance(sweep, dict) or len(sweep) > 1 or not all(isinstance(v, list) and v for v in sweep.values()):
+        raise UsageError(f"{path}: 'sweep' must be one parameter with a list of values, e.g. sweep: {{scale: [small, full]}}")
+    if data.get("mps", "both") not in ("off", "on", "both"):
+        raise UsageError(f"{path}: 'mps' must be off, on or both")
+    return data
+
+
+def mps_modes(choice: str) -> list[bool]:
+    return {"off": [False], "on": [True], "both": [False, True]}[choice]
+
+
+@dataclass
+class Case:
+    """One cell of the matrix: a pair of jobs at one value of the sweep."""
+
+    a_text: str
+    b_text: str
+    value: Any
+    a: RunSpec
+    b: RunSpec
+
+
+@dataclass
+class Row:
+    case: Case
+    alone: list[float | None]  # A's and B's rate alone
+    together: dict[bool, Group]  # MPS on? -> the pair's group
+    unit: str
+
+
+def measure(coord: Coordinator, cases: list[Case], modes: list[bool], key: str,
+            heading: Callable[[str], None] = lambda s: None) -> list[Row]:
+    """Each case: A alone, B alone, then both together under each MPS mode."""
+    rows = []
+    for case in cases:
+        heading(f"{case.a_text} + {case.b_text}" + (f", {key} {case.value}" if key else ""))
+        ga, gb = coord.group([case.a], "A alone", False), coord.group([case.b], "B alone", False)
+        together = {m: coord.group([case.a, case.b], "A+B, MPS" if m else "A+B", m) for m in modes}
+        rows.append(Row(case, [ga.value(0), gb.value(0)], together, ga.unit()))
+    return rows

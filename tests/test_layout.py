@@ -1,0 +1,216 @@
+"""The shape of the house: no import cycles and no import that points up. The import graph of
+src/gpuvs is read with `ast` (every import statement, at module level or inside a function, relative
+or absolute), so a cycle hidden in a function-level import counts as a cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+# Where a module may not import from (prefixes; a prefix names a package and everything in it).
+STATISTICS = ("gpuvs.stats", "gpuvs.family", "gpuvs.sequential", "gpuvs.sharing.stats", "gpuvs.fleet.verdicts")
+ENTRY_POINTS = ("gpuvs.__main__",)  # `python -m gpuvs`: the top of the house, it starts the command line
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def modules(root: Path) -> dict[str, tuple[Path, bool]]:
+    """Every module of the package at `root`: dotted name -> (file, whether it is a package's __init__)."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        package = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if package else parts)] = (path, package)
+    return out
+
+
+def _loads_its_modules(tree: ast.AST) -> int | None:
+    """The line where a package's __init__ imports every module of itself by name
+    (importlib.import_module over pkgutil.iter_modules(__path__)), as gpuvs.cli's does; else None."""
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    walks_itself = any(c.func.attr == "iter_modules" and any(isinstance(a, ast.Name) and a.id == "__path__"
+                                                             for a in c.args) for c in calls)
+    loads = [c.lineno for c in calls if c.func.attr == "import_module"]
+    return loads[0] if walks_itself and loads else None
+
+
+def import_graph(root: Path) -> dict[str, dict[str, int]]:
+    """module -> {imported name -> line}: names inside the package are resolved to the module they name
+    (`from gpuvs.x import y` is gpuvs.x.y where that is a module, else gpuvs.x); names outside it (rich,
+    torch) are kept as their top-level name. A package that loads every module of itself by name
+    imports each of them."""
+    mods = modules(root)
+    top = root.name
+
+    def inside(name: str) -> str:
+        while name not in mods and "." in name:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, dict[str, int]] = {}
+    for name, (path, package) in mods.items():
+        here = name if package else name.rpartition(".")[0]
+        edges: dict[str, int] = {}
+        tree = ast.parse(path.read_text(), str(path))
+        line = _loads_its_modules(tree) if package else None
+        if line is not None:
+            for other in mods:
+                if other.rpartition(".")[0] == name:
+                    edges[other] = line
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here
+                    for _ in range(node.level - 1):
+                        base = base.rpartition(".")[0]
+                    target = f"{base}.{node.module}" if node.module else base
+                else:
+                    target = node.module or ""
+                targets = [f"{target}.{a.name}" if f"{target}.{a.name}" in mods else target for a in node.names]
+            for t in targets:
+                resolved = inside(t) if t.split(".")[0] == top else t.split(".")[0]
+                if resolved != name:
+                    edges.setdefault(resolved, node.lineno)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(w for w in graph[start] if w in graph))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(x for x in graph[w] if x in graph)))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def upward(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Every import that breaks a layering rule, as 'module:line imports target (rule)'."""
+    rules = [
+        (lambda m: not _under(m, "gpuvs.cli") and m not in ENTRY_POINTS, ("gpuvs.cli",),
+         "only the command line and the entry point import the command line"),
+        (lambda m: any(_under(m, s) for s in STATISTICS), ("gpuvs.report", "gpuvs.cli", "rich"),
+         "statistics never import rendering or the command line"),
+        (lambda m: _under(m, "gpuvs.report"), ("gpuvs.cli",), "rendering never imports the command line"),
+    ]
+    bad = []
+    for module, edges in graph.items():
+        for target, line in edges.items():
+            for applies, banned, why in rules:
+                if applies(module) and any(_under(target, b) for b in banned):
+                    bad.append(f"{module}:{line} imports {target} ({why})")
+        if module == "gpuvs.params":  # the option schema of the whole project: neutral
+            for target, line in edges.items():
+                if _under(target, "gpuvs") and target != "gpuvs.errors":
+                    bad.append(f"{module}:{line} imports {target} (the option schema imports only gpuvs.errors)")
+    return bad
+
+
+def known_exception(component: list[str]) -> bool:
+    """The one cycle left on purpose: gpuvs.cli's __init__ loads every command module and each imports
+    `app` from it. Part B of issue 20 (one command-line layer) rewrites cli/ and removes it."""
+    return all(_under(m, "gpuvs.cli") for m in component)
+
+
+def test_no_import_cycles():
+    graph = import_graph(SRC / "gpuvs")
+    assert len(graph) > 50 and "gpuvs.sharing.group" in graph["gpuvs.cli.share"]  # the graph was read
+    found = cycles(graph)
+    assert [c for c in found if not known_exception(c)] == []
+    # the exception is real today; once part B has removed the cycle, delete known_exception with it
+    assert any(known_exception(c) for c in found)
+
+
+def test_no_import_points_up():
+    graph = import_graph(SRC / "gpuvs")
+    assert "gpuvs.stats" in graph["gpuvs.sharing.stats"]
+    assert upward(graph) == []
+
+
+def test_checker_finds_a_cycle_and_an_upward_import(tmp_path):
+    """The checks above can fail: a small package with a function-level cycle (a -> b -> c -> a), a
+    relative import, a statistics module importing a renderer and a library module importing the CLI."""
+    pkg = tmp_path / "gpuvs"
+    files = {
+        "__init__.py": "",
+        "errors.py": "",
+        "params.py": "from gpuvs import errors\n",
+        "a.py": "from gpuvs import b\n",
+        "b.py": "from .c import thing\n",
+        "c.py": "def f():\n    import gpuvs.a\n",
+        "stats.py": "def show():\n    from gpuvs.report.terminal import fmt\n",
+        "store.py": "from gpuvs.cli import app\n",
+        "report/__init__.py": "",
+        "report/terminal.py": "import rich\n",
+        "cli/__init__.py": "import importlib, pkgutil\napp = None\n"
+                           "for m in pkgutil.iter_modules(__path__):\n    importlib.import_module(m.name)\n",
+        "cli/cmd.py": "from gpuvs.cli import app\n",
+    }
+    for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    graph = import_graph(pkg)
+    assert sorted(cycles(graph)) == [["gpuvs.a", "gpuvs.b", "gpuvs.c"], ["gpuvs.cli", "gpuvs.cli.cmd"]]
+    assert upward(graph) == [
+        "gpuvs.stats:2 imports gpuvs.report.terminal (statistics never import rendering or the command line)",
+        "gpuvs.store:1 imports gpuvs.cli (only the command line and the entry point import the command line)",
+    ]
+    (pkg / "params.py").write_text("from gpuvs import errors, store\n")
+    assert any("gpuvs.params:1 imports gpuvs.store" in line for line in upward(import_graph(pkg)))
+
+
+@pytest.mark.parametrize("module", ["gpuvs.sharing.stats", "gpuvs.stats", "gpuvs.params"])
+def test_low_modules_import_no_renderer_at_run_time(module):
+    """What the graph says, checked in a fresh interpreter: importing a statistics module or the option
+    schema loads no renderer, no command line and no rich."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, {module}; bad = [m for m in sys.modules if m.split('.')[0] == 'rich' or "
+            "m.startswith(('gpuvs.report', 'gpuvs.cli'))]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
