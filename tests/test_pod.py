@@ -4,18 +4,24 @@ every fault the test cluster can cause, clean-up after each, SIGTERM during a po
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 import yaml
 from cluster import cluster  # noqa: F401  (the session fixture)
 
+import gpuvs
+
 from gpuvs import environments
 from gpuvs.environments import pod
+from gpuvs.kube import package
 from gpuvs.errors import UsageError
 from gpuvs.spec import EnvSpec, RunSpec
 
@@ -56,7 +62,9 @@ def test_manifest_carries_spec_limits_labels_and_no_privilege():
     assert c["command"] == ["python3", "-m", "gpuvs.inside"]  # no shell anywhere
     assert c["resources"] == {"limits": {"cpu": "1.5", "memory": "2Gi", "nvidia.com/gpu": "2"},
                               "requests": {"memory": "1Gi"}}
-    assert c["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False}
+    assert c["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
+                                    "capabilities": {"drop": ["ALL"]}}
+    assert ps["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}  # the image's own user
     env = {e["name"]: e for e in c["env"]}
     assert RunSpec.from_json(env["GPUVS_SPEC"]["value"]).run_id == spec.run_id
     assert env["PYTHONPATH"]["value"] == "/gpuvs/gpuvs.zip" and env["A"]["value"] == "1"
@@ -64,7 +72,7 @@ def test_manifest_carries_spec_limits_labels_and_no_privilege():
     assert env["GPUVS_POD_GPUS"]["value"] == "2"
     vols = {v["name"]: v for v in ps["volumes"]}
     assert vols["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "512Mi"}
-    assert vols["gpuvs"]["configMap"]["name"] == m["metadata"]["name"]
+    assert vols["gpuvs"]["configMap"]["name"] == f"gpuvs-pkg-{hashlib.sha256(pod.package_zip()).hexdigest()[:12]}"
     assert vols["mount-0"] == {"name": "mount-0", "hostPath": {"path": "/opt/torch"}}
     assert {"name": "mount-0", "mountPath": "/opt/torch", "readOnly": True} in c["volumeMounts"]
     # CPU device: no GPU limit; another resource name; nodeName when no scheduler is wanted
@@ -73,9 +81,63 @@ def test_manifest_carries_spec_limits_labels_and_no_privilege():
     m2 = pod.manifest(spec_for("cuda"), s2, package=False)
     assert m2["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/mig-1g.10gb": "1"}}
     assert m2["spec"]["nodeName"] == "n1" and "nodeSelector" not in m2["spec"] and m2["spec"]["hostNetwork"]
-    assert m2["spec"]["containers"][0]["securityContext"]["capabilities"] == {"add": ["SYS_PTRACE"]}
+    assert m2["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
     assert "PYTHONPATH" not in {e["name"] for e in m2["spec"]["containers"][0]["env"]}
     assert "resources" not in pod.manifest(spec_for("cpu"), pod.parse_options({"image": "i"}))["spec"]["containers"][0]
+
+
+def test_pod_security_baseline_by_default_restricted_on_request():
+    """Default: everything the restricted standard asks except runAsNonRoot (most GPU images run as root);
+    --pod-security restricted meets it; the rules themselves are tests/pss.py's."""
+    from pss import violations
+
+    base = pod.manifest(spec_for(), pod.parse_options({"image": "i"}))["spec"]
+    assert violations(base, "baseline") == []
+    assert violations(base, "restricted") == ["worker: runAsNonRoot is not true"]
+    strict = pod.manifest(spec_for(), pod.parse_options({"image": "i", "pod_security": "restricted",
+                                                        "run_as_user": 1000}))["spec"]
+    assert violations(strict, "restricted") == []
+    assert strict["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}, "runAsNonRoot": True,
+                                         "runAsUser": 1000}
+    # what goes beyond baseline stays possible there, named, and the check says so
+    wide = pod.manifest(spec_for(), pod.parse_options({"image": "i", "mount": ["/opt:/opt:ro"], "host_network": True,
+                                                      "cap_add": ["SYS_PTRACE"]}))["spec"]
+    assert sorted(violations(wide, "baseline")) == ["hostNetwork: true",
+                                                    "volume mount-0: hostPath",
+                                                    "worker: capabilities added beyond baseline: ['SYS_PTRACE']"]
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"image": "i", "pod_security": "loose"}, "--pod-security loose: expected one of baseline, restricted"),
+    ({"image": "i", "pod_security": "restricted", "mount": ["/opt:/opt"]},
+     "--pod-security restricted forbids --mount /opt:/opt (a hostPath volume): drop it, or give --pod-security baseline"),
+    ({"image": "i", "pod_security": "restricted", "host_network": True}, "forbids --host-network"),
+    ({"image": "i", "pod_security": "restricted", "cap_add": ["SYS_PTRACE"]}, "forbids --cap-add SYS_PTRACE"),
+    ({"image": "i", "pod_security": "restricted", "run_as_user": 0}, "forbids --run-as-user 0"),
+])
+def test_restricted_refuses_what_the_standard_forbids(options, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        pod.parse_options(options)
+
+
+def test_a_package_too_large_for_a_configmap_is_one_line_before_anything_starts(tmp_path, cli):
+    """A copy of gpuvs with 1 MB of incompressible data in it: refused with its size and the limit, exit 2, before
+    any cluster is asked (the kubeconfig given does not exist)."""
+    import shutil
+
+    copy = tmp_path / "src"
+    shutil.copytree(Path(gpuvs.__file__).parent, copy / "gpuvs", ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "gpuvs" / "ballast.bin").write_bytes(os.urandom(1_000_000))
+    r = cli("run", "selftest", "--device", "cpu", "--env", "pod", "--image", "i", "--kubeconfig",
+            str(tmp_path / "missing"), PYTHONPATH=str(copy))
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in line
+    assert re.search(r"gpuvs's package is \d+ KiB zipped \((\d+) bytes\); a ConfigMap holds at most 1 MiB "
+                     r"\(1048576 bytes\) and gpuvs stops at 90% of that: install gpuvs in the image and give "
+                     r"--package image", line), line
+    assert int(re.search(r"\((\d+) bytes\)", line).group(1)) > 0.9 * 1048576
+    assert len(pod.package_zip()) < 0.9 * 1048576 / 2  # this tree's own package is far from it
 
 
 @pytest.mark.parametrize("options,message", [
@@ -148,7 +210,7 @@ def gpuvs_objects(cluster) -> list[str]:
     """Every pod and ConfigMap of a gpuvs run in the test namespace."""
     api = core(cluster)
     pods = api.list_namespaced_pod(NS, label_selector=RUN_OBJECTS).items
-    maps = api.list_namespaced_config_map(NS, label_selector=RUN_OBJECTS).items
+    maps = api.list_namespaced_config_map(NS, label_selector="gpuvs=1").items  # gpuvs's package ConfigMaps too
     return [f"pod/{p.metadata.name}" for p in pods] + [f"configmap/{m.metadata.name}" for m in maps]
 
 
@@ -184,8 +246,11 @@ def run_pod_trial(cluster, steps=3, step_seconds=0.01, device="cpu", num_gpus=1,
                    params={"steps": steps, "step_seconds": step_seconds, **opts.pop("params", {})},
                    env=EnvSpec("pod", pod_options(cluster, **opts)))
     environments.get(spec.env).check(spec)
-    with Store(store or ":memory:") as st:
-        return Runner(st).run_trial(spec)
+    try:
+        with Store(store or ":memory:") as st:
+            return Runner(st).run_trial(spec)
+    finally:
+        package.release()  # the end of this run (a gpuvs command does it at exit)
 
 
 @pytest.mark.cluster
@@ -387,3 +452,126 @@ def test_a_lost_node_is_a_failed_trial_and_its_pod_is_removed(kube):
         kube.script("kubelet", "start", node)
     assert result.status == "failed" and f"node {node} was lost while pod" in result.error, result.error
     assert "Ready=Unknown" in result.error and 5 <= len(result.samples) < 1000
+
+
+class Seen:
+    """Every pod and ConfigMap of the test namespace as the API announced it (watches, from a resourceVersion
+    taken before the run), until stopped: what a run created, as created, even once it is deleted again."""
+
+    def __init__(self, cluster):
+        import threading
+
+        from kubernetes import watch
+
+        self.api = core(cluster)
+        self.events: list[tuple[str, str, object]] = []  # (kind, event type, object)
+        self._stop = threading.Event()
+        self._watch = watch
+        self._threads = [threading.Thread(target=self._follow, args=(kind, lister), daemon=True) for kind, lister in
+                         (("pod", self.api.list_namespaced_pod), ("configmap", self.api.list_namespaced_config_map))]
+        self._versions = {kind: lister(NS).metadata.resource_version for kind, lister in
+                          (("pod", self.api.list_namespaced_pod), ("configmap", self.api.list_namespaced_config_map))}
+        for t in self._threads:
+            t.start()
+
+    def _follow(self, kind, lister):
+        version = self._versions[kind]
+        while not self._stop.is_set():
+            w = self._watch.Watch()
+            for ev in w.stream(lister, NS, resource_version=version, timeout_seconds=2):
+                self.events.append((kind, ev["type"], ev["object"]))
+                version = ev["object"].metadata.resource_version
+
+    def stop(self):
+        import time
+
+        time.sleep(2.5)  # the last deletions arrive
+        self._stop.set()
+        for t in self._threads:
+            t.join(10)
+
+    def of(self, kind, etype):
+        return [o for k, t, o in self.events if k == kind and t == etype]
+
+
+@pytest.mark.cluster
+def test_the_trials_of_a_run_share_one_package_configmap_and_none_is_left(kube, cli):
+    """Two trials of one run (a real `gpuvs run` process): one ConfigMap, named by the package's hash, created
+    once and mounted by both pods, deleted at the end of the run; nothing of gpuvs's left in the namespace."""
+    seen = Seen(kube)
+    r = cli("run", "selftest", "--trials", "2", "--steps", "2", "--device", "cpu", *pod_args(kube))
+    seen.stop()
+    assert r.returncode == 0, r.stderr + r.stdout
+    pods = seen.of("pod", "ADDED")
+    created = seen.of("configmap", "ADDED")
+    assert len(pods) == 2 and len(created) == 1, (len(pods), [c.metadata.name for c in created])
+    cm = created[0]
+    assert cm.metadata.name == package.name() == f"gpuvs-pkg-{hashlib.sha256(pod.package_zip()).hexdigest()[:12]}"
+    assert cm.immutable is True and cm.metadata.labels == {"gpuvs": "1", "gpuvs.package": package.digest()}
+    assert len(cm.metadata.annotations) == 1 and next(iter(cm.metadata.annotations)).startswith("gpuvs.io/user.")
+    for p in pods:
+        assert [v.config_map.name for v in p.spec.volumes if v.config_map] == [cm.metadata.name]
+    assert [c.metadata.name for c in seen.of("configmap", "DELETED")] == [cm.metadata.name]
+    assert gpuvs_objects(kube) == []
+
+
+@pytest.mark.cluster
+def test_the_package_configmap_stays_while_another_run_uses_it_and_stale_marks_run_out(kube):
+    """The deletion rule: a run that ends leaves the ConfigMap to a run that still holds a mark on it; a mark whose
+    time has passed (its run was killed outright) no longer holds, and the next run's sweep deletes the ConfigMap."""
+    import time
+
+    api = core(kube)
+    name = package.name()
+    first = run_pod_trial(kube)  # a run of its own: created, marked, unmarked and deleted
+    assert first.ok, first.error
+    assert gpuvs_objects(kube) == []
+    cluster = environments.get(EnvSpec("pod", pod_options(kube))).cluster()
+    package.ensure(cluster, 60)
+    other = package.MARK + "another-run"
+    api.patch_namespaced_config_map(name, NS, {"metadata": {"annotations": {other: str(int(time.time() + 3600))}}})
+    assert package.release() == []  # this run is done, the other one still uses it
+    kept = api.read_namespaced_config_map(name, NS)
+    assert list(kept.metadata.annotations) == [other]
+    # the other run was killed outright: its mark runs out, the grace for clocks included
+    stale = int(time.time() - package.CLOCK_GRACE_S - 1)
+    api.patch_namespaced_config_map(name, NS, {"metadata": {"annotations": {other: str(stale)}}})
+    assert package.sweep(cluster) == [name]
+    assert gpuvs_objects(kube) == []
+
+
+def pod_as_created(seen: Seen):
+    added = seen.of("pod", "ADDED")
+    assert len(added) == 1
+    return added[0]
+
+
+@pytest.mark.cluster
+def test_pod_security_both_ways_on_the_cluster(kube):
+    """The default (baseline: the image's user, root here) and restricted with a non-root uid: the pod's
+    securityContext as the API created it, and the worker's own account of what it runs as (uid, no
+    capability, no_new_privs, a seccomp filter). Restricted on a root image without --run-as-user: the kubelet
+    refuses it, one line with what to do."""
+    results = {}
+    for label, opts in (("baseline", {}), ("restricted", {"pod_security": "restricted", "run_as_user": 1000})):
+        seen = Seen(kube)
+        results[label] = (run_pod_trial(kube, **opts), seen)
+        seen.stop()
+    for label, (result, seen) in results.items():
+        assert result.ok, (label, result.error)
+        spec = pod_as_created(seen).spec
+        c = spec.containers[0].security_context
+        assert c.allow_privilege_escalation is False and c.privileged is False and c.capabilities.drop == ["ALL"]
+        assert spec.security_context.seccomp_profile.type == "RuntimeDefault"
+        proc = result.fingerprint["pod_process"]
+        assert int(proc["cap_eff"], 16) == 0 and proc["no_new_privs"] == 1 and proc["seccomp"] == 2, (label, proc)
+    base, strict = results["baseline"][1], results["restricted"][1]
+    assert pod_as_created(base).spec.security_context.run_as_non_root is None
+    assert results["baseline"][0].fingerprint["pod_process"]["uid"] == 0  # the test image's user: root
+    s = pod_as_created(strict).spec.security_context
+    assert s.run_as_non_root is True and s.run_as_user == 1000
+    assert results["restricted"][0].fingerprint["pod_process"]["uid"] == 1000
+    refused = run_pod_trial(kube, pod_security="restricted")
+    assert refused.status == "failed" and refused.error_kind == "unavailable"
+    assert "CreateContainerConfigError: container has runAsNonRoot and image will run as root" in refused.error
+    assert refused.error.endswith("(give --run-as-user UID of a non-root user, or --pod-security baseline)")

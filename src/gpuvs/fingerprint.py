@@ -105,9 +105,23 @@ def container_info() -> dict[str, Any]:
         out["pod_name"] = os.environ.get("HOSTNAME")
     if os.environ.get("GPUVS_POD_NAME"):  # set by gpuvs's pod environment (downward API)
         out.update(in_pod=True, pod_name=os.environ["GPUVS_POD_NAME"],
-                   pod_namespace=os.environ.get("GPUVS_POD_NAMESPACE"), pod_limits=pod_limits())
+                   pod_namespace=os.environ.get("GPUVS_POD_NAMESPACE"), pod_limits=pod_limits(),
+                   pod_process=process_security())
     out["node_name"] = os.environ.get("GPUVS_NODE_NAME") or os.environ.get("NODE_NAME") or socket.gethostname()
     return out
+
+
+def process_security() -> dict[str, Any]:
+    """What the worker runs as, from the kernel's own account (/proc/self/status): uid and gid, its effective
+    capabilities (a hex mask, 0 when all are dropped), no_new_privs (allowPrivilegeEscalation false) and the
+    seccomp mode (2: a filter, as RuntimeDefault sets)."""
+    status = {}
+    for line in (_read("/proc/self/status") or "").splitlines():
+        key, _, value = line.partition(":")
+        status[key] = value.split()
+    number = lambda key: int(status[key][0]) if status.get(key) else None  # noqa: E731
+    return {"uid": os.getuid(), "gid": os.getgid(), "cap_eff": (status.get("CapEff") or [None])[0],
+            "no_new_privs": number("NoNewPrivs"), "seccomp": number("Seccomp")}
 
 
 def pod_limits() -> dict[str, Any]:

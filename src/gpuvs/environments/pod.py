@@ -3,35 +3,35 @@
 The pod is `gpuvs-<run_id>`, labelled gpuvs=1 (and gpuvs.run_id, gpuvs.arm, gpuvs.experiment), with
 restartPolicy Never and activeDeadlineSeconds as a server-side backstop; it is deleted on every exit
 path. It runs `PYTHON -m gpuvs.inside` (no shell); the run spec is its GPUVS_SPEC environment
-variable. gpuvs's package reaches it as a zip in a ConfigMap of the same name, mounted read-only
-and put on PYTHONPATH (or, with --package image, from the image). GPUs are `limits:
-nvidia.com/gpu: N` (--gpu-resource for another name); /dev/shm is a memory emptyDir of --shm-size.
-Never privileged, no privilege escalation, no host namespace or added capability unless named
-(--host-network, --cap-add). Everything the trial reports comes from the pod's log, status and
-events (kube/podrun.py)."""
+variable. gpuvs's package reaches it as a zip in one ConfigMap shared by every pod with the same
+package (kube/package.py), mounted read-only and put on PYTHONPATH (or, with --package image, from
+the image). GPUs are `limits: nvidia.com/gpu: N` (--gpu-resource for another name); /dev/shm is a
+memory emptyDir of --shm-size. Never privileged: no privilege escalation, every capability dropped,
+the runtime's default seccomp profile; --pod-security restricted adds runAsNonRoot (the restricted
+Pod Security Standard), the default runs as the image's own user since most GPU images run as
+root. No host namespace or capability unless named (--host-network, --cap-add). Everything the
+trial reports comes from the pod's log, status and events (kube/podrun.py)."""
 
 from __future__ import annotations
 
-import io
 import math
 import re
-import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import gpuvs
 from gpuvs.environments import register
 from gpuvs.environments.base import Environment, WorkerStream
 from gpuvs.environments.container import CPUS, IMAGE, MEMORY, MOUNT, PYTHON, SHM_SIZE
 from gpuvs.environments.host import ENV_VAR, env_vars
 from gpuvs.errors import GpuvsError, UsageError
 from gpuvs.fingerprint import SOFTWARE_FIELDS
+from gpuvs.kube import package as pkg
+from gpuvs.kube.package import package_zip  # noqa: F401  (gpuvs's package as the pods get it)
 from gpuvs.params import Param
 from gpuvs.spec import RunSpec, gpus_asked
 
 PKG_DIR = "/gpuvs"  # not under /opt or /usr, which a --mount of the node's own may cover read-only
-PKG_KEY = "gpuvs.zip"
+PKG_KEY = pkg.KEY
 GPU_RESOURCE = "nvidia.com/gpu"
 DEADLINE_EXTRA_S = 60  # activeDeadlineSeconds = trial timeout + the start-up waits + this
 NO_TIMEOUT_DEADLINE_S = 24 * 3600
@@ -40,6 +40,7 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+POD_SECURITY = ("baseline", "restricted")
 
 PARAMS = (
     IMAGE,
@@ -62,7 +63,14 @@ PARAMS = (
     Param("runtime_class", str, None, "runtimeClassName of the pod (e.g. nvidia)"),
     Param("service_account", str, None, "service account of the pod (default: none mounted)"),
     Param("label", str, None, "extra pod label KEY=VALUE", multiple=True),
-    Param("cap_add", str, None, "a Linux capability to add to the container (none by default)", multiple=True),
+    Param("pod_security", str, "baseline", "the pod's security context: baseline (the image's own user, root in "
+          "most GPU images; no privilege escalation, every capability dropped, RuntimeDefault seccomp) or restricted "
+          "(also runAsNonRoot: the restricted Pod Security Standard; the image's user must be a non-root uid, or "
+          "give --run-as-user)", choices=POD_SECURITY),
+    Param("run_as_user", int, None, "run the container as this uid (runAsUser), e.g. for an image whose user is "
+          "root or a name under --pod-security restricted", min=0),
+    Param("cap_add", str, None, "a Linux capability to give the container (none by default: all are dropped)",
+          multiple=True),
     Param("host_network", bool, False, "run the pod in the node's network namespace (off by default)"),
     MOUNT,
     ENV_VAR,
@@ -95,6 +103,8 @@ class PodSettings:
     runtime_class: str | None = None
     service_account: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    pod_security: str = "baseline"
+    run_as_user: int | None = None
     cap_add: list[str] = field(default_factory=list)
     host_network: bool = False
     mounts: list[tuple[str, str, bool]] = field(default_factory=list)  # (node path, path inside, read-only)
@@ -196,6 +206,19 @@ def parse_options(options: dict[str, Any]) -> PodSettings:
             raise UsageError(f"--mount: expected NODE_PATH:PATH_INSIDE[:ro|rw] with absolute paths, got {item!r}")
         s.mounts.append((parts[0], parts[1], len(parts) == 3 and parts[2] == "ro"))
     s.env_vars = env_vars(options.get("env_var"))
+    s.pod_security = str(options.get("pod_security") or "baseline")
+    if s.pod_security not in POD_SECURITY:
+        raise UsageError(f"--pod-security {s.pod_security}: expected one of {', '.join(POD_SECURITY)}")
+    if options.get("run_as_user") is not None:
+        s.run_as_user = int(options["run_as_user"])
+    if s.pod_security == "restricted":
+        beyond = [f"--mount {m[0]}:{m[1]} (a hostPath volume)" for m in s.mounts]
+        beyond += ["--host-network"] if s.host_network else []
+        beyond += [f"--cap-add {c}" for c in s.cap_add if c != "NET_BIND_SERVICE"]
+        beyond += ["--run-as-user 0"] if s.run_as_user == 0 else []
+        if beyond:
+            raise UsageError(f"--pod-security restricted forbids {', '.join(beyond)}: drop it, or give "
+                             "--pod-security baseline")
     return s
 
 
@@ -239,9 +262,15 @@ def manifest(spec: RunSpec, s: PodSettings, package: bool = True) -> dict[str, A
     plain.update({k: v for k, v in s.env_vars.items() if k not in plain})
     env += [{"name": k, "value": v} for k, v in plain.items()]
     env.append({"name": "GPUVS_SPEC", "value": spec.to_json()})  # a value, never a shell word
-    security: dict[str, Any] = {"privileged": False, "allowPrivilegeEscalation": False}
+    security: dict[str, Any] = {"privileged": False, "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]}}
     if s.cap_add:
-        security["capabilities"] = {"add": list(s.cap_add)}
+        security["capabilities"]["add"] = list(s.cap_add)
+    pod_security: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if s.pod_security == "restricted":
+        pod_security["runAsNonRoot"] = True
+    if s.run_as_user is not None:
+        pod_security["runAsUser"] = s.run_as_user
     container: dict[str, Any] = {"name": "worker", "image": s.image, "command": [s.python, "-m", "gpuvs.inside"],
                                  "env": env, "securityContext": security, "volumeMounts": []}
     if s.pull_policy:
@@ -255,7 +284,7 @@ def manifest(spec: RunSpec, s: PodSettings, package: bool = True) -> dict[str, A
         container["resources"] = resources
     volumes: list[dict[str, Any]] = []
     if package:
-        volumes.append({"name": "gpuvs", "configMap": {"name": name, "items": [{"key": PKG_KEY, "path": PKG_KEY}]}})
+        volumes.append({"name": "gpuvs", "configMap": {"name": pkg.name(), "items": [{"key": PKG_KEY, "path": PKG_KEY}]}})
         container["volumeMounts"].append({"name": "gpuvs", "mountPath": PKG_DIR, "readOnly": True})
     for i, (src, dst, ro) in enumerate(s.mounts):
         volumes.append({"name": f"mount-{i}", "hostPath": {"path": src}})
@@ -266,7 +295,7 @@ def manifest(spec: RunSpec, s: PodSettings, package: bool = True) -> dict[str, A
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never", "activeDeadlineSeconds": deadline_s(spec, s), "terminationGracePeriodSeconds": 5,
         "enableServiceLinks": False, "automountServiceAccountToken": bool(s.service_account),
-        "containers": [container], "volumes": volumes}
+        "securityContext": pod_security, "containers": [container], "volumes": volumes}
     selector = dict(s.node_selector)
     if s.node and s.bypass_scheduler:
         pod_spec["nodeName"] = s.node
@@ -283,28 +312,6 @@ def manifest(spec: RunSpec, s: PodSettings, package: bool = True) -> dict[str, A
     if s.host_network:
         pod_spec["hostNetwork"] = True
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": pod_spec}
-
-
-def package_zip() -> bytes:
-    """gpuvs's own package as a zip (no caches), the same bytes for the same files."""
-    root = Path(gpuvs.__file__).resolve().parent
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        for path in sorted(root.rglob("*")):
-            rel = path.relative_to(root.parent)
-            if path.is_file() and "__pycache__" not in rel.parts and path.suffix not in (".pyc", ".so"):
-                info = zipfile.ZipInfo(str(rel), date_time=(2020, 1, 1, 0, 0, 0))
-                info.compress_type = zipfile.ZIP_DEFLATED
-                z.writestr(info, path.read_bytes())
-    return buf.getvalue()
-
-
-def package_config_map(spec: RunSpec) -> dict[str, Any]:
-    import base64
-
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": pod_name(spec), "labels": {"gpuvs": "1", "gpuvs.run_id": spec.run_id}},
-            "binaryData": {PKG_KEY: base64.b64encode(package_zip()).decode()}}
 
 
 @register
@@ -361,6 +368,8 @@ class PodEnvironment(Environment):
         from gpuvs.kube import client
 
         s = self.settings
+        if s.package == "configmap":
+            pkg.check_size()
         _, _, index = spec.device.partition(":")
         if index and index != "0":
             raise UsageError(f"device {spec.device}: in a pod the GPUs are the ones the cluster gives it; use "
@@ -392,13 +401,14 @@ class PodEnvironment(Environment):
         s = self.settings
         cluster = self.cluster()
         body = manifest(spec, s, s.package == "configmap")
-        package = package_config_map(spec) if s.package == "configmap" else None
+        if s.package == "configmap":  # one ConfigMap for every pod with this package (kube/package.py)
+            pkg.ensure(cluster, deadline_s(spec, s))
         spec.launched_at = time.time()
         body["spec"]["containers"][0]["env"][-1]["value"] = spec.to_json()  # with the launch time
         if entry is not None:
             body["spec"]["containers"][0]["command"] = [s.python, *entry]
         waits = Waits(schedule=s.schedule_timeout, start=s.start_timeout, node_lost=s.node_lost_timeout)
-        return PodLaunched(cluster, body, package, waits, memory_limit=self.options.get("memory"),
+        return PodLaunched(cluster, body, waits, memory_limit=self.options.get("memory"),
                            launched_at=spec.launched_at)
 
     # -- gpuvs doctor ------------------------------------------------------------------------

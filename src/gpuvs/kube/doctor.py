@@ -12,7 +12,7 @@ from gpuvs.errors import GpuvsError
 from gpuvs.spec import RunSpec, gpus_asked
 
 PERMISSIONS = (("create", "pods", None), ("get", "pods", None), ("delete", "pods", None), ("get", "pods", "log"),
-               ("create", "configmaps", None), ("delete", "configmaps", None))
+               ("create", "configmaps", None), ("patch", "configmaps", None), ("delete", "configmaps", None))
 
 
 def doctor(env, spec: RunSpec, report, timeout: float) -> dict[str, Any] | None:
@@ -41,7 +41,7 @@ def doctor(env, spec: RunSpec, report, timeout: float) -> dict[str, Any] | None:
                    "with these verbs bound to your user or service account")
         return None
     report.add("permissions", "ok", "create/get/delete pods, read pod logs" +
-               (", create/delete configmaps" if s.package == "configmap" else ""))
+               (", create/patch/delete configmaps" if s.package == "configmap" else ""))
     nodes = client.list_nodes(cluster)
     with_gpus = {n.metadata.name: client.allocatable(n, s.gpu_resource) for n in nodes}
     with_gpus = {k: v for k, v in with_gpus.items() if v}

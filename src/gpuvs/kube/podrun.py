@@ -69,8 +69,8 @@ def _condition(pod: Any, kind: str) -> Any:
 class PodLaunched(WorkerStream):
     """A worker running in a pod, with the same interface as a process (lines, wait, kill, close)."""
 
-    def __init__(self, cluster: Cluster, body: dict[str, Any], package: dict[str, Any] | None, waits: Waits,
-                 memory_limit: str | None = None, launched_at: float | None = None):
+    def __init__(self, cluster: Cluster, body: dict[str, Any], waits: Waits, memory_limit: str | None = None,
+                 launched_at: float | None = None):
         super().__init__()
         self.cluster = cluster
         self.name = body["metadata"]["name"]
@@ -91,9 +91,8 @@ class PodLaunched(WorkerStream):
         self._saw_error = False
         self._log_response: Any = None
         self._code: int | None = None
-        self._has_package = package is not None
         self._api_ok_at = time.monotonic()  # the last answer from the API server
-        self._create(body, package)
+        self._create(body)
         self._threads = [threading.Thread(target=self._watch_pod, daemon=True),
                          threading.Thread(target=self._watch_events, daemon=True),
                          threading.Thread(target=self._supervise, daemon=True)]
@@ -102,38 +101,19 @@ class PodLaunched(WorkerStream):
 
     # -- creation and deletion -------------------------------------------------------------------
 
-    def _create(self, body: dict[str, Any], package: dict[str, Any] | None) -> None:
+    def _create(self, body: dict[str, Any]) -> None:
         ApiException = client_module().client.exceptions.ApiException
-        core = self.cluster.core
         try:
-            if package is not None:
-                core.create_namespaced_config_map(self.namespace, package, _request_timeout=30)
-            pod = core.create_namespaced_pod(self.namespace, body, _request_timeout=30)
+            self.cluster.core.create_namespaced_pod(self.namespace, body, _request_timeout=30)
         except ApiException as exc:
-            self._delete_package()
             raise EnvironmentUnavailable(f"the cluster refused pod {self.name}: {api_message(exc)}") from None
         except Exception as exc:
-            self._delete_package()
             raise EnvironmentUnavailable(f"pod {self.name} could not be created: {exc}") from None
         self._mark("pod_created_s")
-        if package is not None:  # the package goes with the pod (a backstop if gpuvs dies before deleting it)
-            owner = {"apiVersion": "v1", "kind": "Pod", "name": self.name, "uid": pod.metadata.uid}
-            try:
-                core.patch_namespaced_config_map(self.name, self.namespace, {"metadata": {"ownerReferences": [owner]}},
-                                                 _request_timeout=10)
-            except Exception:  # deleted explicitly anyway
-                pass
-
-    def _delete_package(self) -> None:
-        if self._has_package:
-            try:
-                self.cluster.core.delete_namespaced_config_map(self.name, self.namespace, _request_timeout=10)
-            except Exception:  # already gone, or the API is away: the owner reference removes it later
-                pass
 
     def delete(self, grace_s: int = 2) -> None:
-        """Delete the pod and its package and wait until the pod is gone; a pod whose node is lost (it
-        never confirms) is removed with grace period 0. Safe to call more than once."""
+        """Delete the pod and wait until it is gone; a pod whose node is lost (it never confirms) is removed
+        with grace period 0. Safe to call more than once. (The package ConfigMap is the run's: kube/package.py.)"""
         ApiException = client_module().client.exceptions.ApiException
         self._deleting = True
         self._stop.set()
@@ -155,13 +135,11 @@ class PodLaunched(WorkerStream):
                     self.cluster.core.read_namespaced_pod(self.name, self.namespace, _request_timeout=5)
                 except ApiException as exc:
                     if exc.status == 404:
-                        self._delete_package()
                         return
                 except Exception:
                     pass
                 time.sleep(0.2)
             grace = 0  # the kubelet did not confirm in time (node lost, kubelet stopped): remove the object
-        self._delete_package()
 
     # -- the process-like interface --------------------------------------------------------------
 
@@ -337,8 +315,11 @@ class PodLaunched(WorkerStream):
                 raise Fault("unavailable", f"image {self.image} cannot be used on node {pod.spec.node_name}: "
                                            f"{waiting.reason}: {waiting.message or ''}".rstrip(": "))
             if waiting is not None and waiting.reason in CONFIG_FAILURES:
+                hint = ""
+                if "runAsNonRoot" in (waiting.message or ""):  # --pod-security restricted on a root image
+                    hint = " (give --run-as-user UID of a non-root user, or --pod-security baseline)"
                 raise Fault("unavailable", f"the container of pod {self.name} could not be created: "
-                                           f"{waiting.reason}: {_runtime_message(waiting.message)}".rstrip(": "))
+                                           f"{waiting.reason}: {_runtime_message(waiting.message)}".rstrip(": ") + hint)
             if now - t0 > self.waits.start:
                 state = waiting.reason if waiting is not None else (pod.status.phase if pod.status else "unknown")
                 last = "; ".join(f"{r}: {m}" for r, m in seen[-3:]) or "no events"

@@ -1,0 +1,583 @@
+"""deploy/ (docs/deploy.md): the manifests parse, the kustomization lists every one, they use only APIs that exist
+on Kubernetes 1.20 and on current releases, and the agent's pod meets the restricted Pod Security Standard. Then
+on the project's real test cluster (RBAC on): applied through the official Python client and with `kubectl apply
+-k` (kubectl 1.20, the cluster's own, and a current kubectl's kustomize where one is installed), the objects
+exist; with the ServiceAccount's own token the cluster allows what the agent needs and refuses (403) the rest;
+the PriorityClass is preempted by a real job and preempts nobody; gpuvs's image (scripts/build-image), loaded
+into the nodes, runs as the Deployment's pod and under its restricted securityContext. Everything the tests
+create, cluster-scoped objects included, is removed on success and failure."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from cluster import BIN, cluster  # noqa: F401  (the session fixture)
+from pss import violations
+
+import gpuvs
+from conftest import ROOT, missing_part
+
+DEPLOY = ROOT / "deploy"
+NS = "gpuvs-system"
+SA = "gpuvs-agent"
+IMAGE_TAG = f"localhost/gpuvs:{gpuvs.__version__}"
+TEST_IMAGE = "localhost/gpuvs-python:test"  # scripts/test-cluster's, with busybox's sh: for the RBAC probes
+LOWEST = "gpuvs-test-lowest"  # a PriorityClass below the trial pods', made and removed by the preemption test
+PV = f"gpuvs-deploy-test-{os.getpid()}"
+STORE_DIR = Path(f"/tmp/{PV}")
+CONVENTION = ("app.kubernetes.io/name", "app.kubernetes.io/part-of", "app.kubernetes.io/component",
+              "app.kubernetes.io/version")
+# (apiVersion, kind) served by Kubernetes 1.20 and by current releases alike (all GA, none deprecated)
+STABLE = {("v1", "Namespace"), ("v1", "ServiceAccount"), ("v1", "Service"), ("v1", "PersistentVolumeClaim"),
+          ("apps/v1", "Deployment"), ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+          ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ("rbac.authorization.k8s.io/v1", "Role"),
+          ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("scheduling.k8s.io/v1", "PriorityClass")}
+
+
+def kustomization() -> dict:
+    return yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+
+
+def manifests() -> list[dict]:
+    """Every object of deploy/, in the kustomization's order."""
+    out = []
+    for name in kustomization()["resources"]:
+        docs = [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+        assert len(docs) == 1, f"{name}: one object per file"
+        out.append(docs[0])
+    return out
+
+
+def by_kind(kind: str) -> dict:
+    return next(m for m in manifests() if m["kind"] == kind)
+
+
+# -- the manifests, no cluster needed --------------------------------------------------------------------------
+
+def test_the_kustomization_lists_every_manifest_and_each_parses():
+    k = kustomization()
+    assert k["apiVersion"] == "kustomize.config.k8s.io/v1beta1" and k["kind"] == "Kustomization"
+    files = sorted(p.name for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(k["resources"]) == files and len(set(k["resources"])) == len(files)
+    kinds = [m["kind"] for m in manifests()]
+    assert sorted(kinds) == sorted(["Namespace", "PriorityClass", "ServiceAccount", "ClusterRole",
+                                    "ClusterRoleBinding", "Role", "RoleBinding", "PersistentVolumeClaim",
+                                    "Deployment", "Service"])
+    assert kinds[0] == "Namespace"  # created one by one in this order, the namespace comes first
+    assert set(k) == {"apiVersion", "kind", "resources"}  # nothing kubectl 1.20's kustomize (v2.0.3) may not know
+
+
+def test_only_apis_of_1_20_and_current_releases_with_fields_the_current_api_knows():
+    """Every (apiVersion, kind) is GA on 1.20 and today; and every field exists in the current API: the current
+    client's models (kubernetes 37 for Kubernetes 1.33-era APIs) drop unknown fields, so a round trip that loses
+    nothing shows each one is known. (The 1.20 server validates them too when kubectl applies them, below.)"""
+    from kubernetes import client
+
+    api = client.ApiClient()
+    for m in manifests():
+        assert (m["apiVersion"], m["kind"]) in STABLE, f"{m['kind']} {m['apiVersion']}"
+        # the client's own deserializer (its public deserialize() takes a response, differently across versions)
+        back = api.sanitize_for_serialization(api._ApiClient__deserialize(m, "V1" + m["kind"]))
+        assert back == m, f"{m['kind']}: fields lost in the current API's model: {m} != {back}"
+
+
+def test_labels_follow_the_conventions_and_the_version_is_gpuvss():
+    for m in manifests():
+        labels = m["metadata"]["labels"]
+        assert all(labels.get(k) for k in CONVENTION), (m["kind"], labels)
+        assert labels["app.kubernetes.io/name"] == labels["app.kubernetes.io/part-of"] == "gpuvs"
+        assert labels["app.kubernetes.io/version"] == gpuvs.__version__
+        if m["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass"):
+            assert m["metadata"]["namespace"] == NS, m["kind"]
+    d = by_kind("Deployment")
+    selector = d["spec"]["selector"]["matchLabels"]
+    assert "app.kubernetes.io/version" not in selector  # immutable: an upgrade must not need a new Deployment
+    assert selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    assert by_kind("Service")["spec"]["selector"] == selector
+    assert d["spec"]["replicas"] == 1 and d["spec"]["strategy"] == {"type": "Recreate"}
+    c = d["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == IMAGE_TAG and c["command"] == ["gpuvs", "agent"]
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    assert by_kind("Service")["spec"]["ports"][0]["targetPort"] == c["ports"][0]["name"]
+
+
+def test_the_agents_pod_meets_the_restricted_pod_security_standard():
+    spec = by_kind("Deployment")["spec"]["template"]["spec"]
+    assert violations(spec, "restricted") == []
+    sc, c = spec["securityContext"], spec["containers"][0]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 10001 and sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    assert volumes[mounts["/var/lib/gpuvs"]]["persistentVolumeClaim"]["claimName"] == by_kind(
+        "PersistentVolumeClaim")["metadata"]["name"]
+    # the check itself can fail: each rule broken once is caught
+    for broken, rule in ((lambda s: s["securityContext"].update(runAsUser=0), "runAsUser 0"),
+                         (lambda s: s["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
+                          "allowPrivilegeEscalation"),
+                         (lambda s: s["containers"][0]["securityContext"]["capabilities"].update(drop=[]), "ALL"),
+                         (lambda s: s["securityContext"].pop("seccompProfile"), "seccompProfile"),
+                         (lambda s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "hostPath")):
+        s = yaml.safe_load(yaml.safe_dump(spec))
+        broken(s)
+        assert any(rule in v for v in violations(s, "restricted")), rule
+
+
+def test_rbac_is_least_privilege_as_written():
+    assert by_kind("ClusterRole")["rules"] == [{"apiGroups": [""], "resources": ["nodes"],
+                                                "verbs": ["get", "list", "watch", "patch"]}]
+    rules = {r["resources"][0]: set(r["verbs"]) for r in by_kind("Role")["rules"]}
+    assert all(r["apiGroups"] == [""] and len(r["resources"]) == 1 for r in by_kind("Role")["rules"])
+    assert rules == {"pods": {"create", "delete", "get", "list", "watch"}, "pods/log": {"get"},
+                     "pods/exec": {"create", "get"}, "configmaps": {"create", "patch", "delete", "list"},
+                     "events": {"list", "watch"}}
+    for binding in (by_kind("ClusterRoleBinding"), by_kind("RoleBinding")):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SA, "namespace": NS}]
+    pc = by_kind("PriorityClass")
+    assert pc["value"] < 0 and not pc.get("globalDefault") and pc["preemptionPolicy"] == "Never"
+
+
+def kubectls() -> list[tuple[str, str]]:
+    """(path, version) of kubectl 1.20 (scripts/test-cluster build unpacks it) and of a current kubectl on PATH."""
+    out = []
+    for path in (BIN / "kubectl", shutil.which("kubectl")):
+        if path and Path(path).exists():
+            r = subprocess.run([str(path), "version", "--client", "-o", "json"], capture_output=True, text=True)
+            if r.returncode == 0:
+                v = json.loads(r.stdout)["clientVersion"]
+                out.append((str(path), f"{v['major']}.{v['minor'].rstrip('+')}"))
+    return out
+
+
+def test_kubectl_kustomize_reads_it_on_1_20_and_on_a_current_kubectl():
+    """kubectl 1.20's kustomize (v2.0.3) and a current one read deploy/ into exactly the manifests. kubectl 1.20 is
+    the test cluster's (missing: fails under CI). A current kubectl cannot be installed on CI's machine (no
+    registry there has one): its part runs where one is on PATH, and the current API's fields are checked above
+    through the current client's models in any case."""
+    found = dict((v, p) for p, v in kubectls())
+    if "1.20" not in found:
+        missing_part(f"kubectl 1.20 is not in {BIN}: run scripts/test-cluster build (it unpacks Debian's)")
+    want = sorted((json.dumps(m, sort_keys=True) for m in manifests()))
+    for v, path in sorted(found.items()):
+        r = subprocess.run([path, "kustomize", str(DEPLOY)], capture_output=True, text=True)
+        assert r.returncode == 0, f"kubectl {v}: {r.stderr}"
+        got = sorted(json.dumps(d, sort_keys=True) for d in yaml.safe_load_all(r.stdout) if d)
+        assert got == want, f"kubectl {v} kustomize changed the objects"
+
+
+# -- on the test cluster -----------------------------------------------------------------------------------------
+
+def api_client(cluster, token: str | None = None):  # noqa: F811
+    """An ApiClient on the test cluster: the admin's, or a bearer token's."""
+    from kubernetes import client, config
+
+    if token is None:
+        return config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    admin = client.Configuration()
+    config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=admin)
+    cfg = client.Configuration(host=admin.host)
+    cfg.ssl_ca_cert = admin.ssl_ca_cert
+    # the key's name differs across client versions ("authorization", later "BearerToken"): both, and no refresh
+    cfg.api_key = {"authorization": f"Bearer {token}", "BearerToken": f"Bearer {token}"}
+    return client.ApiClient(cfg)
+
+
+def resource(dyn, m: dict):
+    return dyn.resources.get(api_version=m["apiVersion"], kind=m["kind"])
+
+
+def gone(fn) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        fn()
+    except ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False
+
+
+def remove_everything(cluster) -> None:  # noqa: F811
+    """Delete what deploy/ and these tests make, cluster-scoped objects included, and wait until it is gone."""
+    from kubernetes.dynamic import DynamicClient
+
+    shutil.rmtree(STORE_DIR, ignore_errors=True)  # first: whatever the API says below
+    dyn = DynamicClient(api_client(cluster))
+    targets = [m for m in manifests() if "namespace" not in m["metadata"]]  # the namespace takes the rest with it
+    targets += [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": LOWEST}},
+                {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": PV}}]
+    deadline = time.monotonic() + 240
+    for m in targets:
+        r = resource(dyn, m)
+        gone(lambda: r.delete(name=m["metadata"]["name"]))
+    while time.monotonic() < deadline:
+        left = [m["metadata"]["name"] for m in targets
+                if not gone(lambda m=m: resource(dyn, m).get(name=m["metadata"]["name"]))]
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, f"still there after 240 s: {left}"
+
+
+@pytest.fixture(scope="module")
+def clean(cluster):  # noqa: F811
+    """The cluster without anything of deploy/ before, and after, the module's tests (on failure too)."""
+    remove_everything(cluster)
+    try:
+        yield cluster
+    finally:
+        remove_everything(cluster)
+
+
+def read_back(cluster) -> dict[str, dict]:  # noqa: F811
+    """Each manifest's object as the API now has it (kind/name -> object)."""
+    from kubernetes.dynamic import DynamicClient
+
+    dyn = DynamicClient(api_client(cluster))
+    out = {}
+    for m in manifests():
+        md = m["metadata"]
+        out[f"{m['kind']}/{md['name']}"] = resource(dyn, m).get(name=md["name"], namespace=md.get("namespace")).to_dict()
+    return out
+
+
+def assert_deployed(cluster) -> None:  # noqa: F811
+    objs = read_back(cluster)
+    assert len(objs) == len(manifests())
+    for m in manifests():
+        got = objs[f"{m['kind']}/{m['metadata']['name']}"]
+        assert m["metadata"]["labels"].items() <= got["metadata"]["labels"].items()
+    assert objs["ClusterRole/gpuvs-agent"]["rules"] == by_kind("ClusterRole")["rules"]
+    pc = objs["PriorityClass/gpuvs-trial"]
+    assert pc["value"] == -100 and pc["preemptionPolicy"] == "Never"
+    tmpl = objs["Deployment/gpuvs-agent"]["spec"]["template"]["spec"]
+    assert tmpl["securityContext"] == by_kind("Deployment")["spec"]["template"]["spec"]["securityContext"]
+
+
+@pytest.mark.cluster
+def test_the_python_client_creates_every_object(clean):
+    from kubernetes import utils
+
+    api = api_client(clean)
+    for m in manifests():
+        utils.create_from_dict(api, m)
+    assert_deployed(clean)
+    remove_everything(clean)
+
+
+@pytest.fixture(scope="module")
+def deployed(clean):
+    """deploy/ applied with `kubectl apply -k` (kubectl 1.20, the cluster's own), for the rest of the module."""
+    kubectl = BIN / "kubectl"
+    if not kubectl.exists():
+        missing_part(f"kubectl 1.20 is not in {BIN}: run scripts/test-cluster build (it unpacks Debian's)")
+    env = dict(os.environ, KUBECONFIG=str(clean.kubeconfig))
+    r = subprocess.run([str(kubectl), "apply", "-k", str(DEPLOY)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert len(re.findall(r" created$", r.stdout, re.M)) == len(manifests()), r.stdout
+    again = subprocess.run([str(kubectl), "apply", "-k", str(DEPLOY)], capture_output=True, text=True, env=env,
+                           timeout=120)
+    assert again.returncode == 0 and len(re.findall(r" unchanged$", again.stdout, re.M)) == len(manifests()), \
+        again.stdout + again.stderr
+    wait_for(lambda: service_account_token(clean), 60, "the ServiceAccount's token")
+    return clean
+
+
+def wait_for(fn, timeout: float, what: str, step: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(step)
+
+
+@pytest.mark.cluster
+def test_kubectl_apply_k_creates_every_object_and_again_changes_nothing(deployed):
+    assert_deployed(deployed)
+
+
+def service_account_token(cluster) -> str | None:  # noqa: F811
+    """The agent ServiceAccount's token, read as admin: the secret the token controller makes for it (1.20 and
+    before 1.24), else one from the TokenRequest API (1.24 and later make no secret)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client(cluster))
+    sa = core.read_namespaced_service_account(SA, NS)
+    for ref in sa.secrets or []:
+        secret = core.read_namespaced_secret(ref.name, NS)
+        if secret.type == "kubernetes.io/service-account-token" and (secret.data or {}).get("token"):
+            return base64.b64decode(secret.data["token"]).decode()
+    if int(client.VersionApi(api_client(cluster)).get_code().minor.rstrip("+")) >= 24:
+        req = core.create_namespaced_service_account_token(SA, NS, {"spec": {"expirationSeconds": 600}})
+        return req.status.token
+    return None
+
+
+def status_of(call) -> int:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        call()
+    except ApiException as exc:
+        return exc.status
+    return 200
+
+
+def probe_pod(name: str, command: str, container: dict | None = None, **spec) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"gpuvs-deploy-test": "1"}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "automountServiceAccountToken": False, **spec,
+                     "containers": [{"name": "c", "image": TEST_IMAGE, "imagePullPolicy": "Never",
+                                     "command": ["sh", "-c", command],
+                                     "securityContext": {"allowPrivilegeEscalation": False}, **(container or {})}]}}
+
+
+@pytest.mark.cluster
+def test_the_service_account_may_do_what_the_agent_needs_and_nothing_else(deployed):
+    """With the ServiceAccount's own token, for real: every verb the agent needs works; everything outside its
+    role is refused with 403 (the refused writes are server-side dry runs: were RBAC wrong, nothing would change)."""
+    from kubernetes import client, watch
+    from kubernetes.stream import stream
+
+    sa = api_client(deployed, service_account_token(deployed))
+    core = client.CoreV1Api(sa)
+    admin = client.CoreV1Api(api_client(deployed))
+    node = deployed.nodes[0]
+    # allowed: nodes, cluster-wide
+    assert {n.metadata.name for n in core.list_node().items} >= set(deployed.nodes)
+    events = list(watch.Watch().stream(core.list_node, timeout_seconds=1))
+    assert {e["object"].metadata.name for e in events} >= set(deployed.nodes)
+    core.patch_node(node, {"metadata": {"labels": {"gpuvs.io/deploy-test": "1"}}})
+    try:
+        assert core.read_node(node).metadata.labels["gpuvs.io/deploy-test"] == "1"
+    finally:
+        core.patch_node(node, {"metadata": {"labels": {"gpuvs.io/deploy-test": None}}})
+    assert "gpuvs.io/deploy-test" not in (admin.read_node(node).metadata.labels or {})
+    # allowed: pods, their logs and exec, configmaps and events, in gpuvs-system
+    core.create_namespaced_pod(NS, probe_pod("gpuvs-rbac-probe", "echo hello-from-the-agent; sleep 60"))
+    try:
+        wait_for(lambda: core.read_namespaced_pod("gpuvs-rbac-probe", NS).status.phase == "Running", 60, "probe running")
+        wait_for(lambda: "hello-from-the-agent" in core.read_namespaced_pod_log("gpuvs-rbac-probe", NS), 30, "its log")
+        out = stream(core.connect_get_namespaced_pod_exec, "gpuvs-rbac-probe", NS, command=["echo", "exec-ok"],
+                     stdout=True, stderr=True, stdin=False, tty=False)
+        assert "exec-ok" in out
+        assert [p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="gpuvs-deploy-test=1").items] \
+            == ["gpuvs-rbac-probe"]
+        assert list(watch.Watch().stream(core.list_namespaced_pod, NS, timeout_seconds=1))
+        assert core.list_namespaced_event(NS).items is not None
+    finally:
+        core.delete_namespaced_pod("gpuvs-rbac-probe", NS, grace_period_seconds=0)
+    cm = {"metadata": {"name": "gpuvs-rbac-probe", "labels": {"gpuvs-deploy-test": "1"}}, "data": {"a": "1"}}
+    core.create_namespaced_config_map(NS, cm)
+    core.patch_namespaced_config_map("gpuvs-rbac-probe", NS, {"metadata": {"annotations": {"x": "y"}}})
+    assert [m.metadata.name for m in core.list_namespaced_config_map(NS, label_selector="gpuvs-deploy-test=1").items] \
+        == ["gpuvs-rbac-probe"]
+    core.delete_namespaced_config_map("gpuvs-rbac-probe", NS)
+    # refused: secrets (its own namespace's and kube-system's), a ConfigMap read whole, nodes deleted or replaced,
+    # pods elsewhere or cluster-wide, namespaces, its own role
+    rbac = client.RbacAuthorizationV1Api(sa)
+    refused = {
+        "list secrets in gpuvs-system": lambda: core.list_namespaced_secret(NS),
+        "read a secret in kube-system": lambda: core.read_namespaced_secret("any", "kube-system"),
+        "read a ConfigMap whole": lambda: core.read_namespaced_config_map("any", NS),
+        "delete a node": lambda: core.delete_node(node, dry_run="All"),
+        "replace a node": lambda: core.replace_node(node, admin.read_node(node), dry_run="All"),
+        "create a pod in default": lambda: core.create_namespaced_pod("default", probe_pod("x", "true"), dry_run="All"),
+        "list pods cluster-wide": lambda: core.list_pod_for_all_namespaces(),
+        "list pods in kube-system": lambda: core.list_namespaced_pod("kube-system"),
+        "create a namespace": lambda: core.create_namespace({"metadata": {"name": "x"}}, dry_run="All"),
+        "widen its own role": lambda: rbac.patch_namespaced_role("gpuvs-agent", NS, {"rules": []}, dry_run="All"),
+        "patch a pod": lambda: core.patch_namespaced_pod("any", NS, {"metadata": {"labels": {"a": "b"}}}),
+    }
+    got = {what: status_of(call) for what, call in refused.items()}
+    assert got == {what: 403 for what in refused}
+
+
+def wait_gone(core, name: str, timeout: float = 60) -> None:
+    wait_for(lambda: gone(lambda: core.read_namespaced_pod(name, NS)), timeout, f"{name} gone")
+
+
+@pytest.mark.cluster
+def test_trial_pods_are_preempted_by_a_real_job_and_preempt_nobody(deployed):
+    """The PriorityClass on the real scheduler: a trial pod holding a node's GPUs is preempted by a pod of the
+    default priority asking for them; a trial pod never preempts, not even a pod of a lower priority: it waits."""
+    from kubernetes import client
+
+    api = api_client(deployed)
+    core = client.CoreV1Api(api)
+    node, gpus = deployed.nodes[-1], deployed.gpus
+    deployed.wait_ready()
+
+    def gpu_pod(name: str, **spec):
+        return probe_pod(name, "sleep 300", nodeSelector={"kubernetes.io/hostname": node},
+                         container={"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}, **spec)
+
+    names = ["gpuvs-trial-a", "real-job", "lowest", "gpuvs-trial-b"]
+    try:
+        core.create_namespaced_pod(NS, gpu_pod("gpuvs-trial-a", priorityClassName="gpuvs-trial"))
+        wait_for(lambda: core.read_namespaced_pod("gpuvs-trial-a", NS).status.phase == "Running", 60, "trial running")
+        core.create_namespaced_pod(NS, gpu_pod("real-job"))
+        wait_for(lambda: core.read_namespaced_pod("real-job", NS).status.phase == "Running", 90, "the real job running")
+        reasons = {(e.reason, e.message) for e in core.list_namespaced_event(
+            NS, field_selector="involvedObject.name=gpuvs-trial-a").items}
+        assert any(r == "Preempted" and "real-job" in (m or "") for r, m in reasons), reasons
+        wait_gone(core, "gpuvs-trial-a")
+        assert core.read_namespaced_pod("real-job", NS).spec.priority == 0
+        core.delete_namespaced_pod("real-job", NS, grace_period_seconds=0)
+        wait_gone(core, "real-job")
+        # below the trial pods: the trial pod must wait, not evict it
+        client.SchedulingV1Api(api).create_priority_class(
+            {"metadata": {"name": LOWEST}, "value": -1000, "description": "gpuvs's deploy test"})
+        core.create_namespaced_pod(NS, gpu_pod("lowest", priorityClassName=LOWEST))
+        wait_for(lambda: core.read_namespaced_pod("lowest", NS).status.phase == "Running", 60, "lowest running")
+        core.create_namespaced_pod(NS, gpu_pod("gpuvs-trial-b", priorityClassName="gpuvs-trial"))
+        cond = wait_for(lambda: next((c for c in core.read_namespaced_pod("gpuvs-trial-b", NS).status.conditions or []
+                                      if c.type == "PodScheduled" and c.reason == "Unschedulable"), None), 30,
+                        "the trial pod unschedulable")
+        assert "nvidia.com/gpu" in cond.message
+        time.sleep(8)  # a preempting scheduler would have evicted `lowest` by now (the real job's took seconds)
+        low = core.read_namespaced_pod("lowest", NS)
+        assert low.status.phase == "Running" and low.metadata.deletion_timestamp is None
+        assert core.read_namespaced_pod("gpuvs-trial-b", NS).status.phase == "Pending"
+        assert core.read_namespaced_pod("gpuvs-trial-b", NS).status.nominated_node_name is None
+    finally:
+        for name in names:
+            gone(lambda name=name: core.delete_namespaced_pod(name, NS, grace_period_seconds=0))
+        for name in names:
+            wait_gone(core, name)
+        gone(lambda: client.SchedulingV1Api(api).delete_priority_class(LOWEST))
+
+
+# -- gpuvs's own image -------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def image(deployed):
+    """localhost/gpuvs:VERSION built by scripts/build-image and loaded into every node (warm: seconds)."""
+    for tool, what in (("podman", "podman builds gpuvs's image"), ("debootstrap", "debootstrap makes its base")):
+        if shutil.which(tool) is None:
+            missing_part(f"{what}: `{tool}` is not on PATH (see .ci/apt/image.txt)")
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/build-image"), "--load"], capture_output=True, text=True,
+                       timeout=1800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return IMAGE_TAG
+
+
+def store_volume(cluster) -> None:  # noqa: F811
+    """A local PersistentVolume on the first node for the store's claim (the test cluster has no provisioner): a
+    root-owned folder, which only fsGroup makes writable for the agent's uid."""
+    from kubernetes import client
+
+    STORE_DIR.mkdir(mode=0o755, exist_ok=True)
+    client.CoreV1Api(api_client(cluster)).create_persistent_volume({
+        "metadata": {"name": PV, "labels": {"gpuvs-deploy-test": "1"}},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "persistentVolumeReclaimPolicy": "Retain", "local": {"path": str(STORE_DIR)},
+                 "claimRef": {"namespace": NS, "name": by_kind("PersistentVolumeClaim")["metadata"]["name"]},
+                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                     {"key": "kubernetes.io/hostname", "operator": "In", "values": [cluster.nodes[0]]}]}]}}}})
+
+
+CHECK = r"""
+import json, os, subprocess, sys
+out = {"uid": os.getuid(), "gid": os.getgid(), "groups": sorted(os.getgroups())}
+def writable(path):
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+        os.unlink(path)
+        return "ok"
+    except OSError as exc:
+        return exc.strerror
+out["write /usr"] = writable("/usr/gpuvs-probe")
+out["write /"] = writable("/gpuvs-probe")
+out["write /tmp"] = writable("/tmp/gpuvs-probe")
+out["write store"] = writable("/var/lib/gpuvs/gpuvs-probe")
+for name, argv in {"help": ["gpuvs", "--help"], "validate": ["gpuvs", "validate", "--help"],
+                   "fleet": ["gpuvs", "fleet", "--help"], "info": ["gpuvs", "info"],
+                   "run": ["gpuvs", "run", "selftest", "--device", "cpu", "--steps", "2",
+                           "--store", "/var/lib/gpuvs/check.db"]}.items():
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    out[name] = [r.returncode, (r.stdout + r.stderr)[:300], (r.stdout + r.stderr)[-300:]]
+out["store rows"] = __import__("sqlite3").connect("/var/lib/gpuvs/check.db").execute(
+    "SELECT COUNT(*) FROM trials WHERE status = 'ok'").fetchone()[0]
+os.unlink("/var/lib/gpuvs/check.db")
+try:
+    import torch
+    out["torch"] = torch.__version__
+except ImportError:
+    out["torch"] = None
+print("CHECK " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.cluster
+def test_the_image_runs_gpuvs_as_the_deployments_pod_under_the_restricted_context(image, deployed):
+    """The Deployment's own pod starts from the loaded image (the kubelet verifies runAsNonRoot against uid 10001)
+    with the store's claim bound; a pod made from the same template runs gpuvs's commands: uid 10001, read-only
+    root file system, /tmp and the store writable (fsGroup), no PyTorch, and a real run stored on the volume."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client(deployed))
+    store_volume(deployed)
+    wait_for(lambda: core.read_namespaced_persistent_volume_claim("gpuvs-store", NS).status.phase == "Bound", 60,
+             "the store's claim bound")
+    selector = ",".join(f"{k}={v}" for k, v in by_kind("Deployment")["spec"]["selector"]["matchLabels"].items())
+
+    def agent_started():
+        for p in core.list_namespaced_pod(NS, label_selector=selector).items:
+            for cs in p.status.container_statuses or []:
+                st, last = cs.state, cs.last_state
+                if st.running or st.terminated or (last and last.terminated):
+                    return p
+                if st.waiting and st.waiting.reason in ("CreateContainerConfigError", "ErrImageNeverPull",
+                                                        "ErrImagePull", "ImagePullBackOff"):
+                    raise AssertionError(f"the agent's pod cannot start: {st.waiting.reason}: {st.waiting.message}")
+        return None
+
+    agent = wait_for(agent_started, 120, "the Deployment's pod started")
+    assert agent.spec.security_context.run_as_user == 10001 and agent.spec.node_name == deployed.nodes[0]
+    template = yaml.safe_load(yaml.safe_dump(by_kind("Deployment")["spec"]["template"]))
+    spec = template["spec"]
+    spec["restartPolicy"] = "Never"
+    spec["nodeName"] = deployed.nodes[0]
+    c = spec["containers"][0]
+    c.update(command=["python3", "-c", CHECK], args=[])
+    c["resources"]["limits"]["memory"] = "1Gi"
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpuvs-image-check", "labels": {"gpuvs-deploy-test": "1"}},
+            "spec": spec}
+    assert violations(spec, "restricted") == []
+    core.create_namespaced_pod(NS, body)
+    try:
+        pod = wait_for(lambda: (p := core.read_namespaced_pod("gpuvs-image-check", NS)).status.phase in
+                       ("Succeeded", "Failed") and p, 300, "the image check to end", step=1)
+        log = core.read_namespaced_pod_log("gpuvs-image-check", NS)
+        assert pod.status.phase == "Succeeded", log[-3000:]
+        sc = pod.spec.containers[0].security_context
+        assert sc.read_only_root_filesystem and sc.allow_privilege_escalation is False and sc.capabilities.drop == ["ALL"]
+        assert pod.spec.security_context.seccomp_profile.type == "RuntimeDefault"
+        out = json.loads(next(line for line in log.splitlines() if line.startswith("CHECK "))[6:])
+    finally:
+        gone(lambda: core.delete_namespaced_pod("gpuvs-image-check", NS, grace_period_seconds=0))
+    assert out["uid"] == 10001 and out["gid"] == 10001 and 10001 in out["groups"], out
+    assert out["write /usr"] == out["write /"] == "Read-only file system", out
+    assert out["write /tmp"] == "ok" and out["write store"] == "ok", out
+    for name in ("help", "validate", "fleet", "info", "run"):
+        assert out[name][0] == 0, (name, out[name])
+    assert "Usage: gpuvs [OPTIONS] COMMAND" in out["help"][1], out["help"]
+    assert "gpuvs fleet" in out["fleet"][1] and "validate" in out["validate"][1], out
+    assert gpuvs.__version__ in out["info"][2], out["info"]
+    assert out["store rows"] == 1 and out["torch"] is None, out
