@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from gpuvs.kube.client import Cluster, client_module
 from gpuvs.kube.client import allocatable as alloc
+from gpuvs.kube.podrun import CONFIG_FAILURES, IMAGE_FAILURES
 
 LABEL = "gpuvs-validate"
 EXEC_WORD = "gpuvs-exec-ok"  # what `exec` echoes in the checks that exec into a pod
@@ -179,11 +180,23 @@ class Pods:
                                                          _request_timeout=self.request_timeout) or ""
 
     def exec(self, name: str, command: list[str]) -> str:
+        """The command's output. The client's websocket call turns every exception raised while it runs, Ctrl-C and
+        SIGTERM's stop included, into ApiException(status 0): the socket is read here instead, so that a stop goes
+        through, and a stop that came while it connected is raised again as the interruption it was."""
         from kubernetes.stream import stream
 
-        return stream(self.cluster.core.connect_get_namespaced_pod_exec, name, self.cluster.namespace,
-                      command=command, stdout=True, stderr=True, stdin=False, tty=False,
-                      _request_timeout=self.request_timeout)
+        try:
+            ws = stream(self.cluster.core.connect_get_namespaced_pod_exec, name, self.cluster.namespace,
+                        command=command, stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False)
+        except client_module().client.exceptions.ApiException as exc:
+            if exc.status == 0 and (not exc.reason or str(exc.reason).startswith("stopped by ")):
+                raise KeyboardInterrupt(exc.reason or "") from None
+            raise
+        try:
+            ws.run_forever(timeout=self.request_timeout)
+            return ws.read_all()
+        finally:
+            ws.close()
 
     def delete(self, name: str) -> None:
         try:
@@ -229,6 +242,8 @@ class Pods:
         pod = self.get(name)
         if pod and pod.status.phase in ("Failed", "Succeeded"):
             raise Timeout(f"pod {name} ended ({pod.status.phase}: {reason(pod)}) before it was seen running")
+        if cannot_start(pod):
+            raise Timeout(f"pod {name} cannot start: {reason(pod)}")
         return pod if pod and pod.status.phase == "Running" else None
 
     def seen(self, name: str, what: Callable[[Seen], bool] = lambda s: s.ready) -> Seen | None:
@@ -256,6 +271,16 @@ def reason(pod: Any) -> str:
         if st and st.terminated:
             parts.append(f"terminated {st.terminated.reason} (exit {st.terminated.exit_code})")
     return "; ".join(parts)
+
+
+def cannot_start(pod: Any) -> bool:
+    """A container waits for a reason that does not pass by waiting (the image cannot be pulled or used, the
+    container cannot be created), as the pod environment judges it (kube/podrun.py)."""
+    for cs in (pod.status.container_statuses or []) if pod else []:
+        waiting = cs.state.waiting if cs.state else None
+        if waiting is not None and waiting.reason in IMAGE_FAILURES + CONFIG_FAILURES:
+            return True
+    return False
 
 
 def container(pod: Any) -> tuple[str | None, int]:

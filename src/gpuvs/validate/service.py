@@ -17,7 +17,7 @@ import uuid
 from typing import Any
 
 from gpuvs.kube.client import client_module
-from gpuvs.validate.probe import container, reason, until
+from gpuvs.validate.probe import cannot_start, container, reason, until
 from gpuvs.validate.suite import CheckFailed, Suite, checked
 
 SUITE = "functional"
@@ -186,7 +186,11 @@ def beside(suite: Suite, node: str, python: str) -> tuple[str, dict]:
         ip = pod.status.pod_ip
         url = f"http://{ip}:{PORT}/"
         pods.create("client", 0, node, command=[python, "-c", CLIENT, url, token, str(HOLD_S), str(t)])
-        done = until(f"the client {client}'s answers from {url}", lambda: _done(log(client)), t + 10,
+        def answers() -> dict[str, Any] | None:
+            checked(not cannot_start(pods.get(client)), f"the client pod cannot start: {reason(pods.get(client))}")
+            return _done(log(client))
+
+        done = until(f"the client {client}'s answers from {url}", answers, t + 10,
                      last=lambda: reason(pods.get(client)) + " | service: " + reason(pods.get(svc)))
         answered_s = time.monotonic() - t0
         job_state()

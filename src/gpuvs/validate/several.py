@@ -22,7 +22,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from gpuvs.validate.probe import EXEC_WORD, Seen, reason, until
+from gpuvs.validate.probe import EXEC_WORD, Seen, cannot_start, reason, until
 from gpuvs.validate.suite import FAIL, NOT_RUN, PASS, SHARED, CheckFailed, Outcome, Suite, checked
 
 SUITE = "functional"
@@ -80,6 +80,9 @@ def wait_together(suite: Suite, names: list[str], node: str, advertised: int) ->
         ended = [n for n in names if n in state and state[n].status.phase in ("Failed", "Succeeded")]
         if ended:
             raise CheckFailed("; ".join(f"{pods.short(n)} ended before all ran: {reason(state[n])}" for n in ended))
+        stuck = [n for n in names if cannot_start(state.get(n))]
+        if stuck:
+            raise CheckFailed("; ".join(f"{pods.short(n)} cannot start: {reason(state[n])}" for n in stuck))
         running = [n for n in names if n in state and state[n].status.phase == "Running"]
         if len(running) == len(names):
             return time.monotonic() - t0
@@ -197,6 +200,8 @@ def report_ready(suite: Suite, what: str, gpus: int, node: str) -> Seen:
             pod = pods.get(name)
             if pod is not None and pod.status.phase == "Failed":
                 return "turned away", reason(pod)
+            if cannot_start(pod):
+                raise CheckFailed(f"pod {name} cannot start: {reason(pod)}")
             if unschedulable(pod):
                 pending_since = pending_since or time.monotonic()
                 if time.monotonic() - pending_since >= SETTLE_S:
