@@ -51,9 +51,12 @@ def _settings(**kw):
     from gpuvs.spec import parse_kv
     from gpuvs.validate.service import job_device, long_run
 
-    w = workloads.get(kw["job_workload"])  # an unknown name: one line with the known ones
-    kw["job_params"] = parse_kv(kw["job_params"])
-    w.validate({w.window_param: long_run(w), **kw["job_params"]}, job_device(kw["job_workload"]))
+    try:
+        w = workloads.get(kw["job_workload"])  # an unknown name: one line with the known ones
+        kw["job_params"] = parse_kv(kw["job_params"])
+        w.validate({w.window_param: long_run(w), **kw["job_params"]}, job_device(kw["job_workload"]))
+    except UsageError as exc:
+        raise UsageError(f"--job-workload {kw['job_workload']} / --job-param: {exc}") from None
     return Settings(**kw)
 
 
