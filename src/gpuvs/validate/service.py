@@ -223,10 +223,10 @@ def beside(suite: Suite, node: str, python: str) -> tuple[str, dict]:
     checked(survived, f"the GPU job did NOT keep running beside the service ({reason(job_pod)}; restarts "
                       f"+{restarts - restarts0}, {'same' if cid == cid0 else 'new'} container); {job_said}")
     checked(len(during) > 0, f"the GPU job reported no sample while the service started and answered; {job_said}")
-    return (f"service pod on {node} answered {done['answered']} request(s) from pod {pods.short(client)} "
-            f"through {ip}:{PORT} (the first {first:.1f} s after the client started, median {obs['median_ms']:.0f} ms; "
-            f"{answered_s:.1f} s from the service's create to the last answer); {job_said}; the job kept running "
-            f"(same container, no restart)", obs)
+    tried = done["answered"] + done["failed"]
+    return (f"service pod on {node} answered {done['answered']} of {tried} request(s) from pod {pods.short(client)} "
+            f"through {ip}:{PORT} (median {obs['median_ms']:.0f} ms; {answered_s:.1f} s from the service's create to "
+            f"the last answer); {job_said}; the job kept running (same container, no restart)", obs)
 
 
 def _done(log: str) -> dict[str, Any] | None:
