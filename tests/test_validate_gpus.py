@@ -176,6 +176,11 @@ def test_replicas_are_reported_as_shared_with_their_factor_and_fail_under_exclus
             (2 * gpus, gpus)
         assert [k for k, v in got.items() if v["status"] not in ("pass", "shared")] == []
         assert verdict(exp).startswith("passed: ") and ", 2 shared (" in verdict(exp)
+        # reported as shared in every format (the HTML page marks the status)
+        md = run_cli("report", exp["id"], "--store", tmp_path / "a.db", "--format", "md").stdout
+        assert "| functional | GPU sharing | shared |" in md
+        html = run_cli("report", exp["id"], "--store", tmp_path / "a.db", "--format", "html").stdout
+        assert 's-shared">shared</td>' in html
         assert got["nothing left behind"]["status"] == "pass" and leftovers(cluster) == []
         # the same node under --exclusive: a failure, exit 1, nothing left
         r = validate(cluster, tmp_path / "b.db", "--timeout", "60", "--node", node, "--exclusive")
