@@ -1,6 +1,6 @@
 """The device-plugin fixture (tests/fixtures/gpu_device_plugin/plugin.py) over real gRPC on unix sockets, with a
 registration server standing where the kubelet's is (the cluster tests run it against real kubelets): what it
-registers, what Allocate answers in fake and --real mode, registering again when the kubelet's folder is wiped,
+registers, what Allocate answers in fake and --real mode and with replicas, registering again when the kubelet's folder is wiped,
 and SIGTERM removing its socket."""
 
 from __future__ import annotations
@@ -96,6 +96,40 @@ def test_fake_devices_allocate_and_register_again_after_a_kubelet_restart(tmp_pa
         kubelet.server.stop(None)
     assert p.returncode == 0 and "stopped" in out
     assert not (tmp_path / req.endpoint).exists()  # its socket goes with it
+
+
+def test_replicas_advertise_each_device_r_times_and_hand_the_physical_one(tmp_path):
+    """--replicas 2, as a time-slicing device plugin: four IDs for two devices; replicas of one device asked
+    together give that device once; replicas of different devices give both."""
+    kubelet = Kubelet(tmp_path)
+    p = plugin(tmp_path, "--count", "2", "--replicas", "2")
+    try:
+        req = kubelet.wait(1)
+        s = stub(tmp_path, req.endpoint)
+        ids = [d.ID for d in next(s.ListAndWatch(pb.Empty())).devices]
+        assert ids == ["fake-gpu-0::0", "fake-gpu-0::1", "fake-gpu-1::0", "fake-gpu-1::1"]
+
+        def allocate(*asked):
+            c = s.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devicesIDs=asked)]))
+            c = c.container_responses[0]
+            return c.envs["NVIDIA_VISIBLE_DEVICES"], [d.container_path for d in c.devices]
+
+        # two pods given one replica each of the same device see the same device
+        assert allocate("fake-gpu-1::0") == allocate("fake-gpu-1::1") == ("fake-gpu-1", ["/dev/nvidia1"])
+        assert allocate("fake-gpu-0::1", "fake-gpu-0::0") == ("fake-gpu-0", ["/dev/nvidia0"])
+        assert allocate("fake-gpu-1::1", "fake-gpu-0::0", "fake-gpu-1::0") == (
+            "fake-gpu-1,fake-gpu-0", ["/dev/nvidia1", "/dev/nvidia0"])
+        with pytest.raises(grpc.RpcError) as err:
+            allocate("fake-gpu-0")  # the plain ID is not advertised under replicas
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        p.terminate()
+        out = p.communicate(timeout=20)[0]
+        kubelet.server.stop(None)
+    assert "registered 4 x nvidia.com/gpu" in out and "(2 devices x 2 replicas)" in out
+    r = subprocess.run([sys.executable, str(HERE / "plugin.py"), "--dir", str(tmp_path), "--replicas", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == "gpu-plugin: --replicas must be 1 or more"
 
 
 @pytest.mark.skipif(bool(GPUS), reason="this machine has GPUs: the --real test below runs instead")

@@ -1,5 +1,5 @@
-"""gpuvs validate --image IMAGE [--kubeconfig F] [--context C] [--namespace N] [--node NAME]
-[--disruptive --restart-plugin-cmd CMD --restart-kubelet-cmd CMD --stop-apiserver-cmd CMD --start-apiserver-cmd CMD]:
+"""gpuvs validate --image IMAGE [--kubeconfig F] [--context C] [--namespace N] [--node NAME] [--exclusive]
+[--max-gpu-pods N] [--job-workload NAME --job-param KEY=VALUE] [--disruptive --restart-plugin-cmd CMD --restart-kubelet-cmd CMD --stop-apiserver-cmd CMD --start-apiserver-cmd CMD]:
 the cluster test suite, stored as an experiment (kind `validate`) and reported like any other."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -45,6 +45,18 @@ def _settings(**kw):
             raise UsageError(f"--{c.replace('_', '-')} {kw[c]!r}: not a command line ({exc})") from None
     if kw["timeout"] <= 0 or kw["command_timeout"] <= 0 or kw["outage_s"] < 0:
         raise UsageError("--timeout and --command-timeout must be above 0, --apiserver-outage 0 or more (seconds)")
+    if kw["max_gpu_pods"] < 1:
+        raise UsageError(f"--max-gpu-pods {kw['max_gpu_pods']}: must be 1 or more")
+    from gpuvs import workloads
+    from gpuvs.spec import parse_kv
+    from gpuvs.validate.service import job_device, long_run
+
+    try:
+        w = workloads.get(kw["job_workload"])  # an unknown name: one line with the known ones
+        kw["job_params"] = parse_kv(kw["job_params"])
+        w.validate({w.window_param: long_run(w), **kw["job_params"]}, job_device(kw["job_workload"]))
+    except UsageError as exc:
+        raise UsageError(f"--job-workload {kw['job_workload']} / --job-param: {exc}") from None
     return Settings(**kw)
 
 
@@ -70,9 +82,18 @@ def validate(image: str = typer.Option(..., "--image", help="image of the probe 
              start_apiserver_cmd: Optional[str] = typer.Option(None, "--start-apiserver-cmd"),
              outage_s: float = typer.Option(10.0, "--apiserver-outage", help="seconds the API server stays down"),
              command_timeout: float = typer.Option(120.0, "--command-timeout", help="seconds each command may take"),
+             exclusive: bool = typer.Option(False, "--exclusive", help="GPUs must not be shared: a node that "
+                                            "advertises more GPUs than it has (replicas) fails instead of being "
+                                            "reported as shared"),
+             max_gpu_pods: int = typer.Option(8, "--max-gpu-pods", help="the most one-GPU pods run at once on a node"),
+             job_workload: str = typer.Option("spin", "--job-workload", help="what the GPU job beside the CPU "
+                                              "service runs (a gpuvs workload; e.g. gemm with torch in the image)"),
+             job_params: Optional[List[str]] = typer.Option(None, "--job-param", help="KEY=VALUE for the job's "
+                                                            "workload (repeat)"),
              store: str = typer.Option("gpuvs.db", "--store", help="SQLite file that keeps the results"),
              name: Optional[str] = typer.Option(None, "--name", help="a name for this run in the store")) -> None:
-    """Validate a GPU cluster: GPU nodes, a GPU pod's life, the GPU inside, over-requests, CPU pods; with
+    """Validate a GPU cluster: GPU nodes, a GPU pod's life, the GPU inside, several GPU pods at once and what
+    they share, over-requests, CPU pods, a CPU service beside a GPU job; with
     --disruptive, what a running GPU job and the node's GPUs do through plugin, kubelet and API-server failures."""
     from gpuvs.kube.client import check_namespace, connect, node_info
     from gpuvs.validate import availability, functional
@@ -82,7 +103,8 @@ def validate(image: str = typer.Option(..., "--image", help="image of the probe 
     s = _settings(image=image, pull=pull, resource=resource, node=node, timeout=timeout, disruptive=disruptive,
                   restart_plugin_cmd=restart_plugin_cmd, restart_kubelet_cmd=restart_kubelet_cmd,
                   stop_apiserver_cmd=stop_apiserver_cmd, start_apiserver_cmd=start_apiserver_cmd, outage_s=outage_s,
-                  command_timeout=command_timeout)
+                  command_timeout=command_timeout, exclusive=exclusive, max_gpu_pods=max_gpu_pods,
+                  job_workload=job_workload, job_params=job_params or [])
     cluster = connect(kubeconfig, context, namespace)
     check_namespace(cluster)
     if node:
@@ -97,7 +119,7 @@ def validate(image: str = typer.Option(..., "--image", help="image of the probe 
     def record(row) -> None:
         meta["checks"].append(row.to_dict())
         st.set_meta(exp_id, meta)
-        mark = {"pass": "ok  ", "FAIL": "FAIL", "not run": "--  "}.get(row.status, row.status)
+        mark = {"pass": "ok  ", "FAIL": "FAIL", "not run": "--  ", "shared": "SHRD"}.get(row.status, row.status)
         print(f"  {mark} {row.suite}: {row.check}: {row.detail}", file=sys.stderr, flush=True)
 
     pods = Pods(cluster, run, image, pull, resource, deadline_s=int(max(600, timeout * 20)))
