@@ -19,6 +19,7 @@
 #   TOTAL_S=540    the whole run's deadline, clean-up included: keep it 60 s under the device tool's timeout_s
 #   UP_S=180 VALIDATE_S=300 FLEET_S=150 (each fleet run) SCALING_S=300: each part's own limit, never past TOTAL_S
 #   FLEET="cnn-train gemm"  TRIALS=4 MAX_TRIALS=4  SLOW_NODE=N (index; default the last)  SC_TRIALS=3
+#   KIT_DIR=/tmp/gpukit KIT_NAME=gpukit PORT_OFFSET=0 (DEVICE=cpu: 1000)  PYTHON=python3 (with torch, grpcio)
 #   DEVICE=cpu     dry run on a machine without a GPU: fake device plugin (one fake GPU a node), tiny CPU workloads
 #                  (spin and gemm), the co-tenant replaced by a CPU quota on the node's cgroup root (`kit slow`), in
 #                  its own mount namespace (/etc/hosts included), with its own names, ports and pod network
@@ -28,14 +29,35 @@
 set -u
 cd "$(dirname "$0")/.." || exit 2
 REPO=$PWD
+bad() { echo "gpu_cluster: $*" >&2; exit 2; }  # bad input: one line, before anything starts
+number() { case "$2" in ''|*[!0-9]*) bad "$1=$2: a whole number";; esac; }
 CARRY=${CARRY:-.carry/gpu}
-[ -d "$CARRY" ] || { echo "gpu_cluster: CARRY=$CARRY is not a folder (python benchmarks/gpu_cluster_prepare.py)" >&2; exit 2; }
+[ -d "$CARRY" ] || bad "CARRY=$CARRY is not a folder (python benchmarks/gpu_cluster_prepare.py makes it)"
 CARRY=$(cd "$CARRY" && pwd)
-OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
+OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || bad "OUT=$OUT cannot be made"
 DEVICE=${DEVICE:-cuda}
-case "$DEVICE" in cuda|cpu) ;; *) echo "gpu_cluster: DEVICE=$DEVICE: allowed cuda, cpu" >&2; exit 2;; esac
+case "$DEVICE" in cuda|cpu) ;; *) bad "DEVICE=$DEVICE: allowed cuda, cpu";; esac
 PY=${PYTHON:-python3}
-K=${KIT_DIR:-/tmp/gpukit}
+command -v "$PY" > /dev/null || bad "PYTHON=$PY not found"
+K=${KIT_DIR:-/tmp/gpukit}; NAME=${KIT_NAME:-gpukit}
+case "$NAME" in ''|*[!abcdefghijklmnopqrstuvwxyz0123456789]*) bad "KIT_NAME=$NAME: lower-case letters and digits";; esac
+TOTAL_S=${TOTAL_S:-540}; UP_S=${UP_S:-180}; VALIDATE_S=${VALIDATE_S:-300}; FLEET_S=${FLEET_S:-150}
+SCALING_S=${SCALING_S:-300}; TRIALS=${TRIALS:-4}; MAX_TRIALS=${MAX_TRIALS:-4}; SC_TRIALS=${SC_TRIALS:-3}
+if [ "$DEVICE" = cpu ]; then
+  NODES=${NODES:-3}; PORT_OFFSET=${PORT_OFFSET:-1000}; FLEET=${FLEET:-spin gemm}
+else
+  NODES=${NODES:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}; PORT_OFFSET=${PORT_OFFSET:-0}
+  FLEET=${FLEET:-cnn-train gemm}
+fi
+for v in TOTAL_S UP_S VALIDATE_S FLEET_S SCALING_S TRIALS MAX_TRIALS SC_TRIALS NODES PORT_OFFSET; do number "$v" "${!v}"; done
+[ "$NODES" -ge 1 ] || bad "NODES=0: one kubelet at least (DEVICE=cuda: none without a GPU nvidia-smi lists)"
+if [ "$NODES" -ge 2 ]; then PARTS=${PARTS:-fleet,scaling}; else PARTS=${PARTS:-validate}; fi
+for p in ${PARTS//,/ }; do
+  case "$p" in validate|fleet|scaling) ;; *) bad "PARTS: $p? allowed validate, fleet, scaling";; esac
+done
+for w in $FLEET; do case "$w" in cnn-train|gemm|spin) ;; *) bad "FLEET: $w? allowed cnn-train, gemm, spin";; esac; done
+SLOW_NODE=${SLOW_NODE:-$NODES}; number SLOW_NODE "$SLOW_NODE"
+{ [ "$SLOW_NODE" -ge 1 ] && [ "$SLOW_NODE" -le "$NODES" ]; } || bad "SLOW_NODE=$SLOW_NODE: a node's index, 1 to $NODES"
 if [ "$DEVICE" = cpu ] && [ -z "${GPUKIT_NS:-}" ]; then
   # beside the shared test cluster: a mount namespace of its own, with its own /etc/hosts (the kit's node names)
   [ -x "$K/kit" ] && "$K/kit" down > /dev/null 2>&1  # what a killed earlier dry run left
@@ -43,28 +65,13 @@ if [ "$DEVICE" = cpu ] && [ -z "${GPUKIT_NS:-}" ]; then
   exec env GPUKIT_NS=1 unshare -m --propagation private bash -c \
     "mount --bind '$K/hosts' /etc/hosts && exec bash '$REPO/benchmarks/gpu_cluster.sh'"
 fi
-T0=$(date +%s)
-TOTAL_S=${TOTAL_S:-540}; DEADLINE=$((T0 + TOTAL_S)); RESERVE=45  # what clean-up may take
-UP_S=${UP_S:-180}; VALIDATE_S=${VALIDATE_S:-300}; FLEET_S=${FLEET_S:-150}; SCALING_S=${SCALING_S:-300}
-TRIALS=${TRIALS:-4}; MAX_TRIALS=${MAX_TRIALS:-4}; SC_TRIALS=${SC_TRIALS:-3}
-if [ "$DEVICE" = cpu ]; then
-  NODES=${NODES:-3}; PORT_OFFSET=${PORT_OFFSET:-1000}; FLEET=${FLEET:-spin gemm}
-else
-  NODES=${NODES:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}; PORT_OFFSET=${PORT_OFFSET:-0}
-  FLEET=${FLEET:-cnn-train gemm}
-fi
-case "$NODES" in ''|*[!0-9]*|0) echo "gpu_cluster: NODES=$NODES: a number of kubelets, 1 or more" >&2; exit 2;; esac
-if [ "$NODES" -ge 2 ]; then PARTS=${PARTS:-fleet,scaling}; else PARTS=${PARTS:-validate}; fi
-for p in ${PARTS//,/ }; do
-  case "$p" in validate|fleet|scaling) ;; *) echo "gpu_cluster: PARTS: $p? allowed validate, fleet, scaling" >&2; exit 2;; esac
-done
-SLOW_NODE=${SLOW_NODE:-$NODES}
+T0=$(date +%s); DEADLINE=$((T0 + TOTAL_S)); RESERVE=45  # what clean-up may take
 REG_PORT=$((5055 + PORT_OFFSET)); REG=localhost:$REG_PORT
 MD=$OUT/gpu_cluster.md; DB=$OUT/gpu_cluster.db; LOG=$OUT/gpu_cluster.log; RUNS=$K/fleet-runs.tsv
 KC=$K/cluster/kubeconfig
 log() { echo "[gpu_cluster +$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG" >&2; }
 md() { printf '%s\n' "$@" >> "$MD"; }
-node() { echo "gpukit-node-$1"; }
+node() { echo "$NAME-node-$1"; }
 left() { echo $(( DEADLINE - RESERVE - $(date +%s) )); }
 within() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }  # a part's limit, inside the deadline
 
@@ -115,19 +122,21 @@ mkdir -p "$K/bin" "$K/cni" "$K/site" "$K/home" "$K/cluster/pki"
 "$PY" - "$CARRY" "$K" <<'PYEOF' || { log "FAILED: unpacking $CARRY"; exit 1; }
 import os, sys, tarfile
 carry, k = sys.argv[1:3]
-with tarfile.open(f"{carry}/bin.tar.xz") as tar:  # bin/ and cni/
+packed = next(f"{carry}/{n}" for n in ("bin.tar.xz", "bin.tar") if os.path.exists(f"{carry}/{n}"))
+with tarfile.open(packed) as tar:  # bin/ and cni/ (bin.tar, of a --quick carry: links to this machine's)
     tar.extractall(k)
-for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"):
-    os.symlink("kube-multicall", f"{k}/bin/{name}")  # one binary, chosen by the name it is called by
+if os.path.exists(f"{k}/bin/kube-multicall"):
+    for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"):
+        os.symlink("kube-multicall", f"{k}/bin/{name}")  # one binary, chosen by the name it is called by
 tarfile.open(f"{carry}/py/site.tar.xz").extractall(f"{k}/site")
 PYEOF
 cp "$CARRY"/pki/* "$K/cluster/pki/"
 export PATH=$K/bin:$PATH PYTHONPATH=$REPO/src:$K/site PYTHONUNBUFFERED=1 COLUMNS=160
 CNI=bridge  # a kernel without bridges (some VMs): a veth pair per pod instead
 if command -v ip > /dev/null; then
-  if ip link add gpukit-probe type bridge 2>> "$LOG"; then ip link del gpukit-probe; else CNI=ptp; fi
+  if ip link add "$NAME-probe" type bridge 2>> "$LOG"; then ip link del "$NAME-probe"; else CNI=ptp; fi
 fi
-KIT_ENV=(GPUVS_CLUSTER_DIR="$K/cluster" GPUVS_K8S_CACHE="$K" GPUVS_CLUSTER_NAME=gpukit
+KIT_ENV=(GPUVS_CLUSTER_DIR="$K/cluster" GPUVS_K8S_CACHE="$K" GPUVS_CLUSTER_NAME="$NAME"
          GPUVS_CLUSTER_PORT_OFFSET="$PORT_OFFSET" GPUVS_CLUSTER_POD_NET=10.245 GPUVS_CLUSTER_CNI="$CNI"
          GPUVS_CLUSTER_CNI_BIN="$K/cni" GPUVS_CLUSTER_SNAPSHOTTER=native GPUVS_CLUSTER_REGISTRY_PORT="$REG_PORT"
          GPUVS_CLUSTER_IMAGES="$CARRY/images/pause.tar.xz:$CARRY/images/node.tar.xz:$CARRY/images/probe.tar.xz"

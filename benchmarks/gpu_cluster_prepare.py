@@ -16,7 +16,9 @@ carried folder together at most 64 MiB):
 Usage, from the repo root (the kit then runs from the repo root on the GPU machine, so this branch must be in the
 checkout the device tool sends):
 
-    python benchmarks/gpu_cluster_prepare.py [DEST]        (default .carry/gpu; builds kube-multicall once, ~30 min)
+    python benchmarks/gpu_cluster_prepare.py [DEST]        (default .carry/gpu; builds kube-multicall once, ~15-30 min)
+    python benchmarks/gpu_cluster_prepare.py DEST --quick  (this machine only, for tests and dry runs: bin.tar holds
+                                                            links to the test cluster's binaries, no site packages)
 
 Prints the packed size and the device tool calls."""
 
@@ -146,9 +148,35 @@ def calls(dest: Path) -> str:
     ])
 
 
+def quick(tc, d: Path) -> None:
+    """A carry for this machine alone: links to the test cluster's four binaries and the others, no compression."""
+    members = {**{f"bin/{c}": tc.BIN / c for c in tc.COMPONENTS}, **{f"bin/{n}": Path(p) for n, p in BINARIES.items()},
+               **{f"cni/{c}": Path("/usr/lib/cni", c) for c in CNI}}
+    missing = [str(p) for p in members.values() if not p.exists()]
+    if missing:
+        raise SystemExit(f"missing: {', '.join(missing)} (scripts/test-cluster build; .ci/apt/cluster.txt)")
+    with tarfile.open(d / "bin.tar", "w") as tar:
+        for name, path in members.items():
+            link = tarfile.TarInfo(name)
+            link.type, link.linkname = tarfile.SYMTYPE, str(path)
+            tar.addfile(link)
+    with tarfile.open(d / "py" / "site.tar.xz", "w:xz"):
+        pass  # this machine's Python has the client
+
+
 def main(argv: list[str]) -> int:
+    quick_carry = "--quick" in argv
+    argv = [a for a in argv if a != "--quick"]
     d = Path(argv[0] if argv else REPO / ".carry/gpu").resolve()
     tc = pod.test_cluster_module()
+    if quick_carry:
+        for sub in ("py", "images"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        quick(tc, d)
+        pki(tc, d / "pki")
+        images(tc, d / "images")
+        print(f"{d}: a quick carry for this machine ({size_mib(d):.1f} MiB)")
+        return 0
     missing = [str(p) for p in BINARIES.values() if not Path(p).exists()]
     missing += [f"/usr/lib/cni/{c}" for c in CNI if not Path("/usr/lib/cni", c).exists()]
     if missing:

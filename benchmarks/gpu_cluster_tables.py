@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from gpuvs.errors import UsageError
 from gpuvs.fleet import fingerprints
 from gpuvs.fleet.run import FleetResult
 from gpuvs.report import markdown
@@ -25,7 +26,11 @@ IDENTITY = ("GPU UUID (NVML in the pod)", "CUDA_VISIBLE_DEVICES (device plugin)"
 
 
 def fleet_result(st: Store, exp_id: str) -> FleetResult | None:
-    data = st.experiment(exp_id)["meta"].get("fleet")
+    """The stored fleet result; None where the run stored none (stopped before its end, or never started)."""
+    try:
+        data = st.experiment(exp_id)["meta"].get("fleet")
+    except UsageError:
+        return None
     return FleetResult.from_dict(data) if data else None
 
 
