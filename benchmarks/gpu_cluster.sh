@@ -22,7 +22,9 @@
 #   KIT_DIR=/tmp/gpukit KIT_NAME=gpukit PORT_OFFSET=0 (DEVICE=cpu: 1000)  PYTHON=python3 (with torch, grpcio)
 #   DEVICE=cpu     dry run on a machine without a GPU: fake device plugin (one fake GPU a node), tiny CPU workloads
 #                  (spin and gemm), the co-tenant replaced by a CPU quota on the node's cgroup root (`kit slow`), in
-#                  its own mount namespace (/etc/hosts included), with its own names, ports and pod network
+#                  its own mount namespace (/etc/hosts included), with its own names, ports and pod network;
+#                  FAKE_GPUS=1: the plugins in --real mode over character devices of the NVIDIA driver's numbers in
+#                  a /dev of its own (no driver behind them): the real-GPU path of the plugin, up to the pods
 # Writes under OUT: gpu_cluster.md (the tables, each part's as it ends), gpu_cluster.db (every sample),
 # gpu_cluster.log (all output), k8s-logs.txt (the end of each cluster part's log). Everything it started (cluster,
 # co-tenant, registry) is stopped at exit, on its own deadline, on SIGTERM, SIGINT and SIGHUP.
@@ -57,13 +59,21 @@ for p in ${PARTS//,/ }; do
 done
 for w in $FLEET; do case "$w" in cnn-train|gemm|spin) ;; *) bad "FLEET: $w? allowed cnn-train, gemm, spin";; esac; done
 SLOW_NODE=${SLOW_NODE:-$NODES}; number SLOW_NODE "$SLOW_NODE"
+[ -z "${FAKE_GPUS:-}" ] || [ "$DEVICE" = cpu ] || bad "FAKE_GPUS=$FAKE_GPUS applies to DEVICE=cpu (a machine without GPUs)"
 { [ "$SLOW_NODE" -ge 1 ] && [ "$SLOW_NODE" -le "$NODES" ]; } || bad "SLOW_NODE=$SLOW_NODE: a node's index, 1 to $NODES"
 if [ "$DEVICE" = cpu ] && [ -z "${GPUKIT_NS:-}" ]; then
   # beside the shared test cluster: a mount namespace of its own, with its own /etc/hosts (the kit's node names)
   [ -x "$K/kit" ] && "$K/kit" down > /dev/null 2>&1  # what a killed earlier dry run left
   rm -rf "$K"; mkdir -p "$K"; cp /etc/hosts "$K/hosts"
+  devs=true
+  if [ -n "${FAKE_GPUS:-}" ]; then  # a /dev of its own: this one's, plus character devices of the NVIDIA driver's
+    mkdir -p "$K/dev/shm" && (cd /dev && tar --exclude=./shm --exclude=./mqueue -cf - .) | tar -C "$K/dev" -xf -
+    for m in $(seq 0 $((NODES - 1))); do mknod "$K/dev/nvidia$m" c 195 "$m"; done  # NODES GPUs, no driver
+    mknod "$K/dev/nvidiactl" c 195 255; mknod "$K/dev/nvidia-uvm" c 511 0
+    devs="mount --bind '$K/dev' /dev && mount -t tmpfs shm /dev/shm"
+  fi
   exec env GPUKIT_NS=1 unshare -m --propagation private bash -c \
-    "mount --bind '$K/hosts' /etc/hosts && exec bash '$REPO/benchmarks/gpu_cluster.sh'"
+    "mount --bind '$K/hosts' /etc/hosts && $devs && exec bash '$REPO/benchmarks/gpu_cluster.sh'"
 fi
 T0=$(date +%s); DEADLINE=$((T0 + TOTAL_S)); RESERVE=45  # what clean-up may take
 REG_PORT=$((5055 + PORT_OFFSET)); REG=localhost:$REG_PORT
@@ -90,7 +100,11 @@ cotenant_stop() {
 cleanup() {
   [ -n "$CLEANED" ] && return; CLEANED=1
   trap - EXIT TERM INT HUP
-  if [ -n "$CHILD" ]; then kill -TERM "$CHILD" 2>/dev/null; sleep 1; wait "$CHILD" 2>/dev/null; fi  # gpuvs deletes its pods
+  if [ -n "$CHILD" ]; then  # the gpuvs command in flight deletes its pods; 30 s at most
+    kill -TERM "$CHILD" 2>/dev/null
+    for _ in $(seq 150); do kill -0 "$CHILD" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL -- -"$CHILD" "$CHILD" 2>/dev/null; wait "$CHILD" 2>/dev/null  # timeout leads its own group
+  fi
   cotenant_stop
   log "stopping the cluster"
   [ -x "$K/kit" ] && timeout 120 "$K/kit" down >> "$LOG" 2>&1
@@ -152,6 +166,7 @@ log "unpacked: $(ls "$K/bin" | xargs); CNI $CNI"
 
 # -- 2. the cluster -------------------------------------------------------------------------------------------------
 GPU_NAME=cpu; REAL=()
+[ -n "${FAKE_GPUS:-}" ] && { GPU_NAME="cpu, fake GPU device nodes"; REAL=(--real-gpus); }
 if [ "$DEVICE" = cuda ]; then
   nvidia-smi -L >> "$LOG" 2>&1
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -177,7 +192,7 @@ MINORS=($(ls /dev 2>/dev/null | sed -n 's/^nvidia\([0-9][0-9]*\)$/\1/p' | sort -
 declare -A GPU_OF
 for i in $(seq "$NODES"); do
   [ -n "${NO_CLUSTER:-}" ] && break
-  if [ "$DEVICE" = cuda ]; then
+  if [ ${#REAL[@]} -gt 0 ]; then
     GPU_OF[$i]=$("$PY" tests/fixtures/gpu_device_plugin/plugin.py --real --only "${MINORS[$((i-1))]}" --list 2>> "$LOG")
   else
     GPU_OF[$i]=$("$PY" tests/fixtures/gpu_device_plugin/plugin.py --count 1 --list 2>> "$LOG")

@@ -131,20 +131,21 @@ def repo_mib() -> float:
 
 
 def calls(dest: Path) -> str:
+    """The device tool calls (the tool sets OUT; the kit keeps its own deadline, TOTAL_S=540, clean-up included)."""
     rel = os.path.relpath(dest, REPO)
-    env = f"CARRY={rel} OUT=$OUT"
-    one = f"{env} NODES=1 PARTS=validate TOTAL_S=540 bash benchmarks/gpu_cluster.sh"
-    fleet = f"{env} PARTS=fleet TOTAL_S=540 bash benchmarks/gpu_cluster.sh"
-    scaling = f"{env} PARTS=scaling TOTAL_S=540 bash benchmarks/gpu_cluster.sh"
-    both = f"{env} PARTS=fleet,scaling TOTAL_S=540 bash benchmarks/gpu_cluster.sh"
+    kit = f"CARRY={rel} TOTAL_S=540"
     return "\n".join([
-        "device tool calls (timeout_s 600 each; the kit keeps its own deadline, TOTAL_S=540, clean-up included):",
-        f"(a) one H100, validate functional + disruptive: kind nvidia-h100-x1, carry [\"{rel}\"]",
-        f"    command: {one}",
-        f"(b) several GPUs (nvidia-h200-x2, -x4 or -x8), carry [\"{rel}\"]:",
-        f"    fleet cnn-train and gemm, without and with a co-tenant: {fleet}",
-        f"    then 1 vs N GPUs on the host (same machine, no cluster): {scaling}",
-        f"    or both in one call, scaling only if time is left: {both}",
+        f"device tool calls: carry [\"{rel}\"], timeout_s 600 each, run from the repo root:",
+        "(a) kind nvidia-h100-x1: validate functional + --disruptive on one GPU node (expected 2-3 min: unpack and",
+        "    host CUDA 20 s, cluster 25 s, functional 15 s, disruptive 60-90 s, clean-up 10 s)",
+        f"    {kit} NODES=1 PARTS=validate bash benchmarks/gpu_cluster.sh",
+        "(b) kind nvidia-h200-x4 (or -x2, -x8; one kubelet per GPU), two calls on the same machine:",
+        "    (b1) fleet cnn-train without and with a co-tenant (expected 5-6 min: start 50 s, each run 4 rounds of",
+        "         25-35 s pods, 110-170 s)",
+        f"    {kit} PARTS=fleet FLEET=cnn-train FLEET_S=200 bash benchmarks/gpu_cluster.sh",
+        "    (b2) fleet gemm without and with a co-tenant, then 1 vs N GPUs on the host (expected 5-7 min: start 50 s,",
+        "         each gemm run 60-90 s, 1-vs-n 6 trials of 20-35 s)",
+        f"    {kit} PARTS=fleet,scaling FLEET=gemm bash benchmarks/gpu_cluster.sh",
     ])
 
 

@@ -38,6 +38,7 @@ def kit(env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
     ({"DEVICE": "cpu", "NODES": "3", "SLOW_NODE": "4"}, "SLOW_NODE=4: a node's index, 1 to 3"),
     ({"DEVICE": "cpu", "TOTAL_S": "9m"}, "TOTAL_S=9m: a whole number"),
     ({"DEVICE": "cpu", "KIT_NAME": "Gpu_Kit"}, "KIT_NAME=Gpu_Kit: lower-case letters and digits"),
+    ({"DEVICE": "cuda", "NODES": "2", "FAKE_GPUS": "1"}, "FAKE_GPUS=1 applies to DEVICE=cpu (a machine without GPUs)"),
 ])
 def test_bad_input_is_one_line_and_starts_nothing(tmp_path, env, said):
     (tmp_path / "carry").mkdir()
@@ -147,8 +148,10 @@ def test_runs_table_names_the_cotenant_the_wall_time_and_the_verdicts(tmp_path):
 # -- a dry run stopped by SIGTERM -----------------------------------------------------------------------------------------
 @pytest.mark.cluster
 def test_dry_run_stopped_by_sigterm_leaves_nothing_behind(tmp_path):
-    """The kit's own cluster (2 kubelets, fake GPUs) beside the test cluster, SIGTERM to its whole process group in
-    the middle of its first fleet run: the markdown says so, and no process, cgroup root or bridge of it is left."""
+    """The kit's own cluster beside the test cluster, 2 kubelets whose device plugins run in --real mode over device
+    nodes of the NVIDIA driver's numbers in the kit's own /dev (FAKE_GPUS: the real-GPU path, each node handing out its
+    own GPU), SIGTERM to the kit's whole process group in the middle of its first fleet run: the markdown says so,
+    and no process, cgroup root or bridge of it is left."""
     bins = Path(os.environ.get("GPUVS_K8S_CACHE", "/var/cache/gpuvs-k8s")) / "bin"
     if not all((bins / c).exists() for c in ("kube-apiserver", "kubelet", "kube-scheduler", "kube-controller-manager")):
         missing_part(f"the Kubernetes binaries in {bins} (scripts/test-cluster build)")
@@ -158,7 +161,7 @@ def test_dry_run_stopped_by_sigterm_leaves_nothing_behind(tmp_path):
     r = subprocess.run([sys.executable, str(PREPARE), str(carry), "--quick"], capture_output=True, text=True,
                        timeout=300, env=gpuvs_env())
     assert r.returncode == 0, r.stderr
-    env = {**os.environ, "DEVICE": "cpu", "NODES": "2", "PARTS": "fleet", "FLEET": "spin", "CARRY": str(carry),
+    env = {**os.environ, "DEVICE": "cpu", "FAKE_GPUS": "1", "NODES": "2", "PARTS": "fleet", "FLEET": "spin", "CARRY": str(carry),
            "OUT": str(out), "KIT_DIR": str(kit_dir), "KIT_NAME": name, "PORT_OFFSET": "2000",
            "PYTHON": sys.executable}
     p = subprocess.Popen(["bash", str(KIT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -179,7 +182,8 @@ def test_dry_run_stopped_by_sigterm_leaves_nothing_behind(tmp_path):
     text = md.read_text()
     assert p.returncode == 143, log
     assert "(stopped by SIGTERM)" in text and f"Processes left that name {kit_dir}: none." in text
-    assert "## The cluster (up in " in text and f"| {name}-node-2 | 12270 | fake-gpu-0 /dev/null |" in text
+    assert "## The cluster (up in " in text and f"| {name}-node-1 | 12250 | nvidia0 /dev/nvidia0 |" in text
+    assert f"| {name}-node-2 | 12270 | nvidia1 /dev/nvidia1 |" in text
     left = []
     for proc in Path("/proc").iterdir():
         try:
