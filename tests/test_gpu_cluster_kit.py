@@ -6,6 +6,7 @@ leaves nothing behind (its cluster runs beside the test cluster: own names, port
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -179,7 +180,9 @@ def test_dry_run_stopped_by_sigterm_leaves_nothing_behind(tmp_path):
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
     text = md.read_text()
+    shutil.rmtree(kit_dir, ignore_errors=True)  # its files (logs, the /dev copy): nothing runs from there now
     assert p.returncode == 143, log
     assert "(stopped by SIGTERM)" in text and f"Processes left that name {kit_dir}: none." in text
     assert "## The cluster (up in " in text and f"| {name}-node-1 | 12250 | nvidia0 /dev/nvidia0 |" in text
