@@ -173,11 +173,12 @@ if [ "$DEVICE" = cuda ]; then
   REAL=(--real-gpus)  # one CUDA context on the host first: the driver makes /dev/nvidia-uvm, which Allocate hands on
   "$PY" -c "import torch; torch.zeros(1, device='cuda'); print('host CUDA:', torch.cuda.get_device_name(0))" >> "$LOG" 2>&1
 fi
-md "# GPU cluster kit: $NODES node(s) on $(hostname), $GPU_NAME (issues 24 and 26)" "" \
+PLUGIN_MODE="--real --only <its GPU>"; [ ${#REAL[@]} -gt 0 ] || PLUGIN_MODE="fake: one GPU a node, no GPU behind it"
+md "# GPU cluster kit: $NODES node(s) on $(uname -n), $GPU_NAME (issues 24 and 26)" "" \
    "$(date -u '+%Y-%m-%d %H:%M UTC'); DEVICE=$DEVICE NODES=$NODES PARTS=$PARTS; $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 | sed 's/^/driver /')" "" \
    "Kubernetes 1.20.2 (built from Debian's source: kube-apiserver, kube-controller-manager, kube-scheduler and the" \
    "kubelet in one multi-call binary), etcd, containerd 1.6 + runc, CNI $CNI; one kubelet per GPU, each with its own" \
-   "containerd, cgroup root, mount namespace and the project's device plugin (--real --only <its GPU>); images pulled" \
+   "containerd, cgroup root, mount namespace and the project's device plugin ($PLUGIN_MODE); images pulled" \
    "from a registry on 127.0.0.1. The kit's cluster commands: \`$K/kit\` (scripts/test-cluster)."
 case ",$PARTS," in *,validate,*|*,fleet,*) ;; *) NO_CLUSTER=1;; esac  # scaling alone runs on the host
 t=$(date +%s)
@@ -267,7 +268,7 @@ cotenant_start() {  # INDEX: slow that node's GPU from outside Kubernetes; its G
 fleet_args() {  # WORKLOAD: its short settings
   case "$1/$DEVICE" in
     cnn-train/cuda) echo --model resnet50 --batch-size 128 --precision bf16 --data-format NHWC --warmup-steps 5 --steps 30;;
-    gemm/cuda) echo --shape 8192x8192x8192 --precision bf16 --repeats 20;;
+    gemm/cuda) echo --shape 8192x8192x8192 --precision bf16 --repeats 20 --block-ms 50;;
     spin/cpu) echo --steps 10 --ops 200000;;
     gemm/cpu) echo --set small --repeats 3;;
     cnn-train/cpu) echo --model resnet18 --batch-size 2 --image-size 32 --warmup-steps 1 --steps 2;;
