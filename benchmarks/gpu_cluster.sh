@@ -137,12 +137,14 @@ mkdir -p "$K/bin" "$K/cni" "$K/site" "$K/home" "$K/cluster/pki"
 import os, sys, tarfile
 carry, k = sys.argv[1:3]
 packed = next(f"{carry}/{n}" for n in ("bin.tar.xz", "bin.tar") if os.path.exists(f"{carry}/{n}"))
+trusted = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}  # our own archives
 with tarfile.open(packed) as tar:  # bin/ and cni/ (bin.tar, of a --quick carry: links to this machine's)
-    tar.extractall(k)
+    tar.extractall(k, **trusted)
 if os.path.exists(f"{k}/bin/kube-multicall"):
     for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"):
         os.symlink("kube-multicall", f"{k}/bin/{name}")  # one binary, chosen by the name it is called by
-tarfile.open(f"{carry}/py/site.tar.xz").extractall(f"{k}/site")
+with tarfile.open(f"{carry}/py/site.tar.xz") as tar:
+    tar.extractall(f"{k}/site", **trusted)
 PYEOF
 cp "$CARRY"/pki/* "$K/cluster/pki/"
 export PATH=$K/bin:$PATH PYTHONPATH=$REPO/src:$K/site PYTHONUNBUFFERED=1 COLUMNS=160
