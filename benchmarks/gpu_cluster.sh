@@ -265,6 +265,8 @@ cotenant_start() {  # INDEX: slow that node's GPU from outside Kubernetes; its G
     sleep 0.5
   done
   COTENANT_UUID=$(sed -n 's/^cotenant running gpu=\(.*\) uuid=\(.*\)$/\2 (\1)/p' "$K/cotenant.log")
+  if [ "${COTENANT_UUID%% *}" = "$uuid" ]; then COTENANT_UUID="$COTENANT_UUID, the GPU $n's device plugin hands out"
+  else COTENANT_UUID="$COTENANT_UUID; CAUTION: $n's device plugin hands out $uuid"; fi
   log "co-tenant on $n: $COTENANT_UUID"
 }
 fleet_args() {  # WORKLOAD: its short settings
