@@ -18,7 +18,7 @@
 #   PARTS=a,b      among validate, fleet, scaling (default: validate on 1 node, else fleet,scaling)
 #   TOTAL_S=540    the whole run's deadline, clean-up included: keep it 60 s under the device tool's timeout_s
 #   UP_S=180 VALIDATE_S=300 FLEET_S=150 (each fleet run) SCALING_S=300: each part's own limit, never past TOTAL_S
-#   FLEET="cnn-train gemm"  TRIALS=4 MAX_TRIALS=4  SLOW_NODE=N (index; default the last)  SC_TRIALS=3
+#   FLEET="cnn-train gemm"  TRIALS=4 MAX_TRIALS=4  SLOW_NODE=N (index; default the last)  SC_TRIALS=3 (cpu: 2)
 #   KIT_DIR=/tmp/gpukit KIT_NAME=gpukit PORT_OFFSET=0 (DEVICE=cpu: 1000)  PYTHON=python3 (with torch, grpcio)
 #   DEVICE=cpu     dry run on a machine without a GPU: fake device plugin (one fake GPU a node), tiny CPU workloads
 #                  (spin and gemm), the co-tenant replaced by a CPU quota on the node's cgroup root (`kit slow`), in
@@ -44,12 +44,12 @@ command -v "$PY" > /dev/null || bad "PYTHON=$PY not found"
 K=${KIT_DIR:-/tmp/gpukit}; NAME=${KIT_NAME:-gpukit}
 case "$NAME" in ''|*[!abcdefghijklmnopqrstuvwxyz0123456789]*) bad "KIT_NAME=$NAME: lower-case letters and digits";; esac
 TOTAL_S=${TOTAL_S:-540}; UP_S=${UP_S:-180}; VALIDATE_S=${VALIDATE_S:-300}; FLEET_S=${FLEET_S:-150}
-SCALING_S=${SCALING_S:-300}; TRIALS=${TRIALS:-4}; MAX_TRIALS=${MAX_TRIALS:-4}; SC_TRIALS=${SC_TRIALS:-3}
-if [ "$DEVICE" = cpu ]; then
-  NODES=${NODES:-3}; PORT_OFFSET=${PORT_OFFSET:-1000}; FLEET=${FLEET:-spin gemm}
+SCALING_S=${SCALING_S:-300}; TRIALS=${TRIALS:-4}; MAX_TRIALS=${MAX_TRIALS:-4}
+if [ "$DEVICE" = cpu ]; then  # 2 trials per arm of the scaling check: a CPU trial there costs 20-40 s
+  NODES=${NODES:-3}; PORT_OFFSET=${PORT_OFFSET:-1000}; FLEET=${FLEET:-spin gemm}; SC_TRIALS=${SC_TRIALS:-2}
 else
   NODES=${NODES:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}; PORT_OFFSET=${PORT_OFFSET:-0}
-  FLEET=${FLEET:-cnn-train gemm}
+  FLEET=${FLEET:-cnn-train gemm}; SC_TRIALS=${SC_TRIALS:-3}
 fi
 for v in TOTAL_S UP_S VALIDATE_S FLEET_S SCALING_S TRIALS MAX_TRIALS SC_TRIALS NODES PORT_OFFSET; do number "$v" "${!v}"; done
 [ "$NODES" -ge 1 ] || bad "NODES=0: one kubelet at least (DEVICE=cuda: none without a GPU nvidia-smi lists)"
