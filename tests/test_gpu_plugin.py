@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, missing_part
 
 HERE = ROOT / "tests" / "fixtures" / "gpu_device_plugin"
 sys.path.insert(0, str(HERE))
@@ -159,3 +160,31 @@ def test_real_mode_hands_the_gpu_nodes_and_driver_files(tmp_path):
         p.terminate()
         p.communicate(timeout=20)
         kubelet.server.stop(None)
+
+
+@pytest.mark.skipif(bool(GPUS), reason="this machine has GPUs: NVML would name the devices by UUID")
+def test_only_keeps_the_gpus_of_the_given_minors():
+    """--real --only, as the GPU cluster kit gives each kubelet its own GPU: in a mount namespace whose /dev holds
+    real character devices of the NVIDIA driver's major (195) for minors 0, 3 and 12 (no driver behind them, so
+    no NVML: the IDs are the device nodes' names), only the named minors are handed out, in numeric order."""
+    if shutil.which("unshare") is None or shutil.which("mknod") is None:
+        missing_part("unshare and mknod (util-linux, coreutils)")
+    nodes = " && ".join(f"mknod /dev/nvidia{m} c 195 {m}" for m in (0, 3, 12))
+    script = (f"mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3 && {nodes} && mknod /dev/nvidiactl c 195 255"
+              f" && exec {sys.executable} {HERE / 'plugin.py'} --real --list --only 12 --only 3")
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                       text=True, timeout=60)
+    if r.returncode != 0 and "unshare failed" in r.stderr:
+        missing_part(f"a private mount namespace (unshare -m): {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["nvidia3 /dev/nvidia3", "nvidia12 /dev/nvidia12"]
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script.replace("--only 3", "--only 5")
+                        .replace("--only 12 ", "")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().endswith("gpu-plugin: --real: no /dev/nvidia<N> among "
+                                                           "/dev/nvidia5 on this machine")
+
+
+def test_only_without_real_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, str(HERE / "plugin.py"), "--dir", str(tmp_path), "--only", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == "gpu-plugin: --only applies to --real (the machine's GPUs)"
