@@ -1,51 +1,53 @@
 """gpuvs serve: the NLP gRPC service (Train, Predict, Load, ListModels, Metrics, and the standard
 health service) in the foreground, until SIGTERM or Ctrl-C, which stop it cleanly (calls in flight
-get --grace seconds, then are cancelled). gpuvs serve-metrics: a running server's Metrics."""
+get --grace seconds, then are cancelled)."""
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
 
-import typer
-
-from gpuvs.cli import app
+from gpuvs.cli.command import Args, Command, Group
 from gpuvs.errors import UsageError
+from gpuvs.params import Param
 from gpuvs.serve import config as cfg
 
+SERVE_OPTIONS = (
+    Param("port", int, 50051, "TCP port (0: any free port; the one taken is printed)"),
+    Param("host", str, "127.0.0.1", "address to listen on; anything but loopback needs --tls-cert/--tls-key and "
+          "--token-file, or --insecure"),
+    Param("device", str, None, "cuda, cuda:N or cpu (default: cuda when a GPU is present)"),
+    Param("models_dir", str, "gpuvs-models", "folder of the saved models"),
+    Param("max_message_mb", float, 4.0, "largest request accepted, in MiB"),
+    Param("max_text_chars", int, 2000, "longest text accepted, in characters"),
+    Param("max_in_flight", int, cfg.MAX_IN_FLIGHT, "Train/Predict/Load calls that run at once"),
+    Param("max_queue", int, cfg.MAX_QUEUE, "calls that wait for a slot; past both, RESOURCE_EXHAUSTED with a retry "
+          "hint"),
+    Param("queue_timeout", float, cfg.QUEUE_TIMEOUT_S, "seconds a call may wait in the queue"),
+    Param("max_trains", int, cfg.MAX_TRAINS, "Trains that run at once on the device; one more is refused"),
+    Param("max_train_flops", float, 1e15, "compute budget of one Train (6 x parameters x tokens x epochs), checked "
+          "before it starts"),
+    Param("max_model_params", int, 100_000_000, "largest model a Train may build (embeddings not counted)"),
+    Param("model_cache_mb", float, cfg.MODEL_CACHE_MB, "memory for loaded models; the least recently used are "
+          "unloaded past it"),
+    Param("tls_cert", str, "", "the server's certificate (PEM): serve over TLS"),
+    Param("tls_key", str, "", "its private key (PEM)"),
+    Param("token_file", str, "", "file holding the token every call must send (authorization: Bearer TOKEN)"),
+    Param("insecure", bool, False, "allow plain text without a token off loopback"),
+    Param("threads", int, 0, "CPU threads torch uses (0: its default)"),
+    Param("grace", float, 5.0, "seconds calls in flight get to finish on SIGTERM"),
+)
 
-@app.command()
-def serve(port: int = typer.Option(50051, "--port", help="TCP port (0: any free port; the one taken is printed)"),
-          host: str = typer.Option("127.0.0.1", "--host", help="address to listen on; anything but loopback needs "
-                                   "--tls-cert/--tls-key and --token-file, or --insecure"),
-          device: str = typer.Option(None, "--device", help="cuda, cuda:N or cpu (default: cuda when a GPU is present)"),
-          models_dir: str = typer.Option("gpuvs-models", "--models-dir", help="folder of the saved models"),
-          max_message_mb: float = typer.Option(4.0, "--max-message-mb", help="largest request accepted, in MiB"),
-          max_text_chars: int = typer.Option(2000, "--max-text-chars", help="longest text accepted, in characters"),
-          max_in_flight: int = typer.Option(cfg.MAX_IN_FLIGHT, "--max-in-flight",
-                                            help="Train/Predict/Load calls that run at once"),
-          max_queue: int = typer.Option(cfg.MAX_QUEUE, "--max-queue", help="calls that wait for a slot; "
-                                        "past both, RESOURCE_EXHAUSTED with a retry hint"),
-          queue_timeout: float = typer.Option(cfg.QUEUE_TIMEOUT_S, "--queue-timeout",
-                                              help="seconds a call may wait in the queue"),
-          max_trains: int = typer.Option(cfg.MAX_TRAINS, "--max-trains",
-                                         help="Trains that run at once on the device; one more is refused"),
-          max_train_flops: float = typer.Option(1e15, "--max-train-flops", help="compute budget of one Train "
-                                                "(6 x parameters x tokens x epochs), checked before it starts"),
-          max_model_params: int = typer.Option(100_000_000, "--max-model-params",
-                                               help="largest model a Train may build (embeddings not counted)"),
-          model_cache_mb: float = typer.Option(cfg.MODEL_CACHE_MB, "--model-cache-mb", help="memory for loaded "
-                                               "models; the least recently used are unloaded past it"),
-          tls_cert: str = typer.Option("", "--tls-cert", help="the server's certificate (PEM): serve over TLS"),
-          tls_key: str = typer.Option("", "--tls-key", help="its private key (PEM)"),
-          token_file: str = typer.Option("", "--token-file", help="file holding the token every call must send "
-                                         "(authorization: Bearer TOKEN)"),
-          insecure: bool = typer.Option(False, "--insecure", help="allow plain text without a token off loopback"),
-          threads: int = typer.Option(0, "--threads", help="CPU threads torch uses (0: its default)"),
-          grace: float = typer.Option(5.0, "--grace", help="seconds calls in flight get to finish on SIGTERM")) -> None:
-    """Serve NER and text-classification training and prediction over gRPC (gpuvs/serve/nlp.proto)."""
+
+def serve(args: Args) -> None:
+    o = args.options
+    port, host, device, models_dir = o["port"], o["host"], o["device"], o["models_dir"]
+    max_message_mb, max_text_chars, max_in_flight = o["max_message_mb"], o["max_text_chars"], o["max_in_flight"]
+    max_queue, queue_timeout, max_trains = o["max_queue"], o["queue_timeout"], o["max_trains"]
+    max_train_flops, max_model_params, model_cache_mb = o["max_train_flops"], o["max_model_params"], o["model_cache_mb"]
+    tls_cert, tls_key, token_file, insecure = o["tls_cert"], o["tls_key"], o["token_file"], o["insecure"]
+    threads, grace = o["threads"], o["grace"]
     from gpuvs import fingerprint
     from gpuvs.spec import check_device_syntax
 
@@ -97,50 +99,7 @@ def serve(port: int = typer.Option(50051, "--port", help="TCP port (0: any free 
     print(f"gpuvs serve: stopped in {time.perf_counter() - t0:.2f} s", flush=True)
 
 
-@app.command("serve-metrics")
-def serve_metrics(target: str = typer.Option(..., "--target", help="HOST:PORT of a running gpuvs serve"),
-                  tls: bool = typer.Option(False, "--tls", help="connect over TLS (trusting the system's CAs)"),
-                  tls_ca: str = typer.Option("", "--tls-ca", help="CA certificate (PEM) to trust: connect over TLS"),
-                  server_name: str = typer.Option("", "--server-name", help="name the server's certificate must "
-                                                  "carry, when not the target's host"),
-                  token_file: str = typer.Option("", "--token-file", help="file holding the server's token"),
-                  as_json: bool = typer.Option(False, "--json", help="the whole MetricsResponse as JSON"),
-                  timeout: float = typer.Option(10.0, "--timeout", help="seconds to wait for the server")) -> None:
-    """A running server's figures: calls in flight and queued, refusals, latency percentiles, models loaded."""
-    import grpc
-    from google.protobuf import json_format
-
-    from gpuvs.serve import client
-    from gpuvs.serve import nlp_pb2 as pb
-
-    client.check_target(target)
-    access = client.Access(tls, tls_ca, server_name, token_file)
-    try:
-        channel, stub = client.connect(target, timeout, access=access)
-    except ConnectionError as exc:
-        raise UsageError(str(exc)) from None
-    try:
-        m = stub.Metrics(pb.MetricsRequest(), timeout=timeout)
-    except grpc.RpcError as exc:
-        raise UsageError(f"{target}: {exc.code().name}: {exc.details()}") from None
-    finally:
-        channel.close()
-    if as_json:
-        try:
-            data = json_format.MessageToDict(m, always_print_fields_with_no_presence=True)
-        except TypeError:  # protobuf < 5.26
-            data = json_format.MessageToDict(m, including_default_value_fields=True)
-        print(json.dumps(data, indent=2))
-        return
-    print(f"{target} ({m.device}, up {m.uptime_s:.0f} s): {m.in_flight} in flight of {m.max_in_flight}, "
-          f"{m.queued} queued of {m.max_queue} (peaks {m.peak_in_flight}, {m.peak_queued}); refused {m.refused}, "
-          f"Trains refused {m.refused_train}, cancelled {m.cancelled}, deadline passed {m.deadline_exceeded}, "
-          f"unauthenticated {m.unauthenticated}")
-    for c in m.calls:
-        print(f"  {c.method}: {c.ok} ok, {c.failed} failed; p50 {c.p50_ms:.2f} ms, p90 {c.p90_ms:.2f} ms, "
-              f"p99 {c.p99_ms:.2f} ms (last {c.window})")
-    print(f"  models loaded: {len(m.models)}, {m.models_bytes / 2**20:.1f} MiB of {m.model_cache_bytes / 2**20:.0f} "
-          f"MiB ({m.evictions} unloaded to make room): " + ", ".join(f"{x.name} {x.bytes / 2**20:.1f} MiB"
-                                                                    for x in m.models))
-    print(f"  process: {m.rss_bytes / 2**20:.0f} MiB resident, {m.gpu_allocated_bytes / 2**20:.0f} MiB on the GPU; "
-          f"{m.trains_running} Train(s) running")
+COMMAND = Command(
+    "serve", "Serve NER and text-classification training and prediction over gRPC (gpuvs/serve/nlp.proto).", serve,
+    groups=(Group("serve options", SERVE_OPTIONS, "serve"),),
+)

@@ -7,12 +7,10 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from typing import Optional
 
-import typer
-
-from gpuvs.cli import app
+from gpuvs.cli.command import Args, Command, Group
 from gpuvs.errors import RunFailed, UsageError
+from gpuvs.params import Param
 from gpuvs.report import validation
 from gpuvs.store import Store
 
@@ -48,32 +46,35 @@ def _settings(**kw):
     return Settings(**kw)
 
 
-@app.command()
-def validate(image: str = typer.Option(..., "--image", help="image of the probe pods (needs /bin/sh; nvidia-smi "
-                                                            "is used where it has it)"),
-             kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="default: KUBECONFIG, ~/.kube/config "
-                                                      "or the in-cluster service account"),
-             context: Optional[str] = typer.Option(None, "--context"),
-             namespace: Optional[str] = typer.Option(None, "--namespace", help="default: the context's, else default"),
-             pull: str = typer.Option("IfNotPresent", "--image-pull-policy", help="Always, IfNotPresent or Never"),
-             resource: str = typer.Option("nvidia.com/gpu", "--resource", help="the GPU resource name"),
-             node: Optional[str] = typer.Option(None, "--node", help="run the pods on this node (needed by "
-                                                "--disruptive)"),
-             timeout: float = typer.Option(120.0, "--timeout", help="seconds each check may take"),
-             disruptive: bool = typer.Option(False, "--disruptive", help="also the availability suite: restarts "
-                                             "cluster parts through the commands below"),
-             restart_plugin_cmd: Optional[str] = typer.Option(None, "--restart-plugin-cmd",
-                                                              help="restarts the node's device plugin"),
-             restart_kubelet_cmd: Optional[str] = typer.Option(None, "--restart-kubelet-cmd",
-                                                               help="restarts the node's kubelet"),
-             stop_apiserver_cmd: Optional[str] = typer.Option(None, "--stop-apiserver-cmd"),
-             start_apiserver_cmd: Optional[str] = typer.Option(None, "--start-apiserver-cmd"),
-             outage_s: float = typer.Option(10.0, "--apiserver-outage", help="seconds the API server stays down"),
-             command_timeout: float = typer.Option(120.0, "--command-timeout", help="seconds each command may take"),
-             store: str = typer.Option("gpuvs.db", "--store", help="SQLite file that keeps the results"),
-             name: Optional[str] = typer.Option(None, "--name", help="a name for this run in the store")) -> None:
-    """Validate a GPU cluster: GPU nodes, a GPU pod's life, the GPU inside, over-requests, CPU pods; with
-    --disruptive, what a running GPU job and the node's GPUs do through plugin, kubelet and API-server failures."""
+VALIDATE_OPTIONS = (
+    Param("image", str, None, "image of the probe pods (needs /bin/sh; nvidia-smi is used where it has it)",
+          required=True),
+    Param("kubeconfig", str, None, "default: KUBECONFIG, ~/.kube/config or the in-cluster service account"),
+    Param("context", str, None, "kubeconfig context"),
+    Param("namespace", str, None, "default: the context's, else default"),
+    Param("image_pull_policy", str, "IfNotPresent", "Always, IfNotPresent or Never"),
+    Param("resource", str, "nvidia.com/gpu", "the GPU resource name"),
+    Param("node", str, None, "run the pods on this node (needed by --disruptive)"),
+    Param("timeout", float, 120.0, "seconds each check may take"),
+    Param("disruptive", bool, False, "also the availability suite: restarts cluster parts through the commands below"),
+    Param("restart_plugin_cmd", str, None, "restarts the node's device plugin"),
+    Param("restart_kubelet_cmd", str, None, "restarts the node's kubelet"),
+    Param("stop_apiserver_cmd", str, None, "stops the API server (with --start-apiserver-cmd)"),
+    Param("start_apiserver_cmd", str, None, "starts the API server again"),
+    Param("apiserver_outage", float, 10.0, "seconds the API server stays down"),
+    Param("command_timeout", float, 120.0, "seconds each command may take"),
+    Param("store", str, "gpuvs.db", "SQLite file that keeps the results"),
+    Param("name", str, None, "a name for this run in the store"),
+)
+
+
+def validate(args: Args) -> None:
+    image, kubeconfig, context, namespace = args["image"], args["kubeconfig"], args["context"], args["namespace"]
+    pull, resource, node, timeout = args["image_pull_policy"], args["resource"], args["node"], args["timeout"]
+    disruptive, outage_s, command_timeout = args["disruptive"], args["apiserver_outage"], args["command_timeout"]
+    restart_plugin_cmd, restart_kubelet_cmd = args["restart_plugin_cmd"], args["restart_kubelet_cmd"]
+    stop_apiserver_cmd, start_apiserver_cmd = args["stop_apiserver_cmd"], args["start_apiserver_cmd"]
+    store, name = args["store"], args["name"]
     from gpuvs.kube.client import check_namespace, connect, node_info
     from gpuvs.validate import availability, functional
     from gpuvs.validate.probe import Pods
@@ -129,3 +130,11 @@ def _cleanup_row(problems: list[str]):
 
     return Row("clean-up", "nothing left behind", FAIL if problems else PASS,
                "; ".join(problems) if problems else "no pod of this run is left; every restore command ran")
+
+
+COMMAND = Command(
+    "validate", "Validate a GPU cluster: GPU nodes, a GPU pod's life, the GPU inside, over-requests, CPU pods; with "
+    "--disruptive, what a running GPU job and the node's GPUs do through plugin, kubelet and API-server failures.",
+    validate,
+    groups=(Group("validate options", VALIDATE_OPTIONS, "validate"),),
+)
