@@ -211,3 +211,20 @@ def test_seed_is_the_workloads_and_order_seed_the_trial_orders():
     assert prep.base.params["seed"] == 3 and prep.run["order_seed"] == 7
     _, prep = prepared("run", "cnn-train", "--device", "cpu")
     assert prep.base.params["seed"] == 0 and prep.run["order_seed"] is None
+
+
+def test_a_commands_own_option_wins_over_an_environment_option_of_that_name(capsys, monkeypatch):
+    """gpuvs fleet's --label writes node labels; the pod option --label (extra pod labels) is not reachable
+    there, and the help says so; compare --stored takes two values in a row."""
+    from gpuvs.cli import commands, help, parser
+
+    fleet = commands.get("fleet")
+    args = parser.parse(fleet, ["spin", "--label", "--image", "x"], "gpuvs fleet")
+    assert args.group("fleet")["label"] is True and "label" not in args.group("env")
+    assert args.group("env")["env"] == "pod" and args.group("env")["image"] == "x"
+    monkeypatch.setenv("COLUMNS", "300")
+    help.command_help(fleet, "gpuvs fleet")
+    assert "--env pod options (a Kubernetes pod (kubeconfig or in-cluster)) (--label is the fleet's here)" in \
+        capsys.readouterr().out
+    args = parser.parse(commands.get("compare"), ["--stored", "a", "b:x", "--margin", "0.1"], "gpuvs compare")
+    assert args.form.marker == "stored" and args["stored"] == ["a", "b:x"] and args["margin"] == 0.1
