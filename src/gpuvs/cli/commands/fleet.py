@@ -36,7 +36,7 @@ FLEET_OPTIONS = (
     Param("all_nodes", bool, False, "nodes without allocatable GPUs too (default: only nodes with --gpu-resource)"),
     Param("reference", str, None, "compare every node with this node (default: the fleet band of the others)"),
     Param("parallel", int, 1, "trials at once across nodes (never two on one node)", min=1, max=1000),
-    Param("max_trials", int, None, f"trials per node at most, for unsettled nodes (default: 3 x --trials)",
+    Param("max_trials", int, None, "trials per node at most, for unsettled nodes (default: 3 x --trials)",
           min=2, max=10000),
     Param("margin", float, 0.05, "equivalence margin of a node against the fleet (0.05: ±5%)", min=0.0, max=0.5),
     Param("confidence", float, 0.95, "1 - the false-call rate for the whole fleet", min=0.5, max=0.999),
