@@ -7,12 +7,10 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from typing import List, Optional
 
-import typer
-
-from gpuvs.cli import app
+from gpuvs.cli.command import Args, Command, Group
 from gpuvs.errors import RunFailed, UsageError
+from gpuvs.params import Param
 from gpuvs.report import validation
 from gpuvs.store import Store
 
@@ -60,41 +58,43 @@ def _settings(**kw):
     return Settings(**kw)
 
 
-@app.command()
-def validate(image: str = typer.Option(..., "--image", help="image of the probe pods (needs /bin/sh; nvidia-smi "
-                                                            "is used where it has it)"),
-             kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="default: KUBECONFIG, ~/.kube/config "
-                                                      "or the in-cluster service account"),
-             context: Optional[str] = typer.Option(None, "--context"),
-             namespace: Optional[str] = typer.Option(None, "--namespace", help="default: the context's, else default"),
-             pull: str = typer.Option("IfNotPresent", "--image-pull-policy", help="Always, IfNotPresent or Never"),
-             resource: str = typer.Option("nvidia.com/gpu", "--resource", help="the GPU resource name"),
-             node: Optional[str] = typer.Option(None, "--node", help="run the pods on this node (needed by "
-                                                "--disruptive)"),
-             timeout: float = typer.Option(120.0, "--timeout", help="seconds each check may take"),
-             disruptive: bool = typer.Option(False, "--disruptive", help="also the availability suite: restarts "
-                                             "cluster parts through the commands below"),
-             restart_plugin_cmd: Optional[str] = typer.Option(None, "--restart-plugin-cmd",
-                                                              help="restarts the node's device plugin"),
-             restart_kubelet_cmd: Optional[str] = typer.Option(None, "--restart-kubelet-cmd",
-                                                               help="restarts the node's kubelet"),
-             stop_apiserver_cmd: Optional[str] = typer.Option(None, "--stop-apiserver-cmd"),
-             start_apiserver_cmd: Optional[str] = typer.Option(None, "--start-apiserver-cmd"),
-             outage_s: float = typer.Option(10.0, "--apiserver-outage", help="seconds the API server stays down"),
-             command_timeout: float = typer.Option(120.0, "--command-timeout", help="seconds each command may take"),
-             exclusive: bool = typer.Option(False, "--exclusive", help="GPUs must not be shared: a node that "
-                                            "advertises more GPUs than it has (replicas) fails instead of being "
-                                            "reported as shared"),
-             max_gpu_pods: int = typer.Option(8, "--max-gpu-pods", help="the most one-GPU pods run at once on a node"),
-             job_workload: str = typer.Option("spin", "--job-workload", help="what the GPU job beside the CPU "
-                                              "service runs (a gpuvs workload; e.g. gemm with torch in the image)"),
-             job_params: Optional[List[str]] = typer.Option(None, "--job-param", help="KEY=VALUE for the job's "
-                                                            "workload (repeat)"),
-             store: str = typer.Option("gpuvs.db", "--store", help="SQLite file that keeps the results"),
-             name: Optional[str] = typer.Option(None, "--name", help="a name for this run in the store")) -> None:
-    """Validate a GPU cluster: GPU nodes, a GPU pod's life, the GPU inside, several GPU pods at once and what
-    they share, over-requests, CPU pods, a CPU service beside a GPU job; with
-    --disruptive, what a running GPU job and the node's GPUs do through plugin, kubelet and API-server failures."""
+VALIDATE_OPTIONS = (
+    Param("image", str, None, "image of the probe pods (needs /bin/sh; nvidia-smi is used where it has it)",
+          required=True),
+    Param("kubeconfig", str, None, "default: KUBECONFIG, ~/.kube/config or the in-cluster service account"),
+    Param("context", str, None, "kubeconfig context"),
+    Param("namespace", str, None, "default: the context's, else default"),
+    Param("image_pull_policy", str, "IfNotPresent", "Always, IfNotPresent or Never"),
+    Param("resource", str, "nvidia.com/gpu", "the GPU resource name"),
+    Param("node", str, None, "run the pods on this node (needed by --disruptive)"),
+    Param("timeout", float, 120.0, "seconds each check may take"),
+    Param("disruptive", bool, False, "also the availability suite: restarts cluster parts through the commands below"),
+    Param("restart_plugin_cmd", str, None, "restarts the node's device plugin"),
+    Param("restart_kubelet_cmd", str, None, "restarts the node's kubelet"),
+    Param("stop_apiserver_cmd", str, None, "stops the API server (with --start-apiserver-cmd)"),
+    Param("start_apiserver_cmd", str, None, "starts the API server again"),
+    Param("apiserver_outage", float, 10.0, "seconds the API server stays down"),
+    Param("command_timeout", float, 120.0, "seconds each command may take"),
+    Param("exclusive", bool, False, "GPUs must not be shared: a node that advertises more GPUs than it has (replicas) "
+          "fails instead of being reported as shared"),
+    Param("max_gpu_pods", int, 8, "the most one-GPU pods run at once on a node"),
+    Param("job_workload", str, "spin", "what the GPU job beside the CPU service runs (a gpuvs workload; e.g. gemm "
+          "with torch in the image)"),
+    Param("job_param", str, None, "KEY=VALUE for the job's workload (repeat)", multiple=True),
+    Param("store", str, "gpuvs.db", "SQLite file that keeps the results"),
+    Param("name", str, None, "a name for this run in the store"),
+)
+
+
+def validate(args: Args) -> None:
+    image, kubeconfig, context, namespace = args["image"], args["kubeconfig"], args["context"], args["namespace"]
+    pull, resource, node, timeout = args["image_pull_policy"], args["resource"], args["node"], args["timeout"]
+    disruptive, outage_s, command_timeout = args["disruptive"], args["apiserver_outage"], args["command_timeout"]
+    restart_plugin_cmd, restart_kubelet_cmd = args["restart_plugin_cmd"], args["restart_kubelet_cmd"]
+    stop_apiserver_cmd, start_apiserver_cmd = args["stop_apiserver_cmd"], args["start_apiserver_cmd"]
+    exclusive, max_gpu_pods = args["exclusive"], args["max_gpu_pods"]
+    job_workload, job_params = args["job_workload"], args["job_param"]
+    store, name = args["store"], args["name"]
     from gpuvs.kube.client import check_namespace, connect, node_info
     from gpuvs.validate import availability, functional
     from gpuvs.validate.probe import Pods
@@ -151,3 +151,11 @@ def _cleanup_row(problems: list[str]):
 
     return Row("clean-up", "nothing left behind", FAIL if problems else PASS,
                "; ".join(problems) if problems else "no pod of this run is left; every restore command ran")
+
+
+COMMAND = Command(
+    "validate", "Validate a GPU cluster: GPU nodes, a GPU pod's life, the GPU inside, several GPU pods at once and "
+    "what they share, over-requests, CPU pods, a CPU service beside a GPU job; with --disruptive, what a running GPU job and the node's GPUs do through plugin, kubelet and API-server failures.",
+    validate,
+    groups=(Group("validate options", VALIDATE_OPTIONS, "validate"),),
+)
