@@ -17,7 +17,8 @@ from gpuvs.params import Param
 def options_table(title: str, params: Sequence[Param]) -> Table:
     """Option, default, allowed values and meaning of a group of Params."""
     t = Table(title=title, title_justify="left")
-    for col in ("option", "default", "allowed", "meaning"):
+    t.add_column("option", no_wrap=True)  # an option's name is never cut: it is what the user types
+    for col in ("default", "allowed", "meaning"):
         t.add_column(col)
     for p in params:
         shorts = [f"-{a}" for a in p.aliases if len(a) == 1]
