@@ -11,9 +11,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from gpuvs import environments, family, fingerprint, stats
+from gpuvs import environments, family, fingerprint, stats, timeshare
 from gpuvs.errors import UsageError
 from gpuvs.sequential import Plan
+from gpuvs.timeshare import TimeShares
 from gpuvs.spec import device_kind
 
 TIMER_RESOLUTION_S = 1e-6  # the coarser of perf_counter's and CUDA events' (0.5 us) resolution, rounded up
@@ -83,6 +84,7 @@ class Analysis:
     flags: list[str]
     failures: list[dict[str, Any]]
     trials: list[dict[str, Any]]  # records: id, arm, trial, status, steps [(step, value)], telemetry [...]
+    time: TimeShares | None = None  # where the wall time went (timeshare.py); None where it is not known
 
     @property
     def headline(self) -> Metric | None:
@@ -194,6 +196,7 @@ def analyse(exp: dict[str, Any], records: list[dict[str, Any]]) -> Analysis:
     meta = exp.get("meta") or {}
     margin = float(meta.get("margin", 0.02))
     confidence = float(meta.get("confidence", 0.95))
+    attempts = list(records)  # every attempt took wall time, retried ones too
     records = sorted(_latest_attempts(records), key=lambda r: (r["trial"], r.get("id") or 0))
     arm_order = [a["name"] for a in meta.get("arms") or []]
     for rec in records:
@@ -220,7 +223,8 @@ def analyse(exp: dict[str, Any], records: list[dict[str, Any]]) -> Analysis:
                     created=exp.get("created") or 0.0, meta=meta, margin=margin, confidence=confidence,
                     metrics=metrics, arms=arms, verdicts=verdicts, speedup=_speedup(arms, head, confidence),
                     scaling=_scaling(arms, head, confidence), flags=_flags(arms, records), failures=failures,
-                    trials=trials)
+                    trials=trials, time=timeshare.from_records(attempts, timeshare.wall_of(exp, attempts),
+                                                                meta.get("timing")))
 
 
 def _declarations(workload: str):
