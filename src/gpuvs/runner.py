@@ -143,6 +143,7 @@ def validate_spec(spec: RunSpec) -> dict[str, Any]:
         raise UsageError(f"--num-gpus must be at least 1, got {spec.num_gpus}")
     if spec.num_gpus > 1 and not workload.multi_gpu:
         raise UsageError(f"{workload.name} runs on one device; --num-gpus {spec.num_gpus} is not supported for it")
+    workload.check_spec(spec, params)
     if spec.timeout_s is not None and spec.timeout_s <= 0:
         raise UsageError(f"--timeout must be positive, got {spec.timeout_s}")
     launch.check(spec)

@@ -178,6 +178,9 @@ class Workload:
     def check(self, params: dict[str, Any]) -> None:
         """Cross-parameter checks; raise UsageError."""
 
+    def check_spec(self, spec: RunSpec, params: dict[str, Any]) -> None:
+        """Checks of the parameters against the rest of the run (its device count, ...); raise UsageError."""
+
     def imports(self, params: dict[str, Any]) -> tuple[str, ...]:
         """The modules a zygote imports once for this workload's trials (launch.py, zygote.py)."""
         return tuple(self.requires)
