@@ -97,7 +97,7 @@ class ZygoteHandle:
     def __init__(self, spec: RunSpec):
         self.environment = environments.get(spec.env)
         self.folder = tempfile.mkdtemp(prefix="gpuvs-z-")
-        path = os.path.join(self.folder, "s")
+        path = self.path = os.path.join(self.folder, "s")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.listener.bind(path)
         self.listener.listen(1)
@@ -152,6 +152,8 @@ class ZygoteHandle:
         self.sock = conn
         self.direct = message.get("pid") == getattr(self.process, "pid", None)
         self.listener.close()
+        shutil.rmtree(self.folder, ignore_errors=True)  # connected: the path is no longer needed (nor left behind
+        # by a gpuvs killed outright)
         threading.Thread(target=self._read, name="gpuvs-zygote", daemon=True).start()
 
     def end_text(self) -> str:
@@ -354,6 +356,7 @@ class Launcher:
     def __init__(self) -> None:
         self.zygotes: dict[str, ZygoteHandle] = {}
         self.starts: list[float] = []  # each zygote's start, spawn to ready (seconds)
+        self.forks: list[dict[str, Any]] = []  # each fork's reply: pid, threads and CUDA state at the fork
         self.waited_s = 0.0  # time the runner waited for zygotes to be ready
 
     def _zygote(self, spec: RunSpec) -> ZygoteHandle:
@@ -392,7 +395,9 @@ class Launcher:
         if spec.fresh == "fork":
             z = self._zygote(spec)
             z.wait_ready(None)
-            return z.fork(spec)
+            worker = z.fork(spec)
+            self.forks.append(worker.fork_info)
+            return worker
         return environments.get(spec.env).launch(spec)
 
     def close(self) -> None:

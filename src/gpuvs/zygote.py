@@ -13,10 +13,11 @@ holds, and refuses the fork with the reason where it does not:
   cuInit and initialises nothing).
 
 Each child is a new process: its own pid and process group, and a CUDA context, allocator,
-cuDNN/cuBLAS algorithm choices and thread pools of its own when it makes them. Random state: Python's
-`random` reseeds itself at fork, numpy's global state is reseeded from the OS here (as a new process
-draws it), torch's generator is untouched in the zygote (a child starts from torch's default seed, as a
-new process does; the workload seeds it from the trial's spec). The child speaks the worker's protocol
+cuDNN/cuBLAS algorithm choices and thread pools of its own when it makes them. Random state is drawn
+anew as a new process draws it: Python's `random` reseeds itself at fork; numpy's global state and
+torch's CPU generator (both seeded from the OS at import, so a fork would copy the zygote's) are reseeded
+here; torch's CUDA generators start with CUDA, in the child; the workload then seeds torch from the
+trial's spec. The child speaks the worker's protocol
 on the two pipes gpuvs sent with the request (its stdout and stderr), has /dev/null as stdin, holds
 none of the zygote's own descriptors, and dies with the zygote (PR_SET_PDEATHSIG). The zygote reaps
 its children and tells gpuvs each one's exit status.
@@ -51,6 +52,8 @@ from typing import Any
 
 MAX_PACKET = 1 << 20
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+TRIAL_NAME = b"gpuvs-trial"  # a child's name (comm: what ps -e and top show), apart from its zygote's
 CUDA_ERROR_NOT_INITIALIZED = 3
 ENTRIES = ("worker", "inside")
 # What the worker itself imports before it reads its spec: paid once here too.
@@ -122,6 +125,7 @@ def _die_with_parent(sig: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(TRIAL_NAME), 0, 0, 0)
 
 
 def _noop(signum, frame) -> None:
@@ -260,6 +264,9 @@ class Zygote:
             numpy = sys.modules.get("numpy")
             if numpy is not None:
                 numpy.random.seed()  # a new process draws numpy's global state from the OS; a fork copies it
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                torch.default_generator.seed()  # likewise torch's CPU generator (its CUDA ones start with CUDA)
             from gpuvs import worker
 
             worker.T_START = forked_at

@@ -26,7 +26,7 @@ _RUNS = [0]  # runs of this workload in this process: a trial that shares a proc
 def state() -> dict[str, Any]:
     """What one trial's process holds that another trial must not share."""
     _RUNS[0] += 1
-    out: dict[str, Any] = {"pid": os.getpid(), "runs": _RUNS[0], "py_random": random.random()}
+    out: dict[str, Any] = {"pid": os.getpid(), "ppid": os.getppid(), "runs": _RUNS[0], "py_random": random.random()}
     numpy = sys.modules.get("numpy")
     out["np_random"] = float(numpy.random.random()) if numpy is not None else None
     torch = sys.modules.get("torch")
