@@ -72,15 +72,35 @@ class StoreError(UsageError):
     """The store's file cannot be used as it is (damaged, not a database, locked for too long)."""
 
 
+class _Rows:
+    """A statement's rows, all read (what _Checked.execute returns in place of a cursor)."""
+
+    def __init__(self, rows: list, lastrowid: int | None):
+        self._rows = rows
+        self.lastrowid = lastrowid
+
+    def fetchall(self) -> list:
+        return list(self._rows)
+
+    def fetchone(self):
+        return self._rows[0] if self._rows else None
+
+    def __iter__(self):
+        return iter(self._rows)
+
+
 class _Checked:
     """The connection, with every SQLite error turned into one line: the path, the cause, what to do."""
 
     def __init__(self, db: sqlite3.Connection, path: Path):
         self._db, self._path = db, path
 
-    def execute(self, sql: str, args: Any = ()) -> sqlite3.Cursor:
+    def execute(self, sql: str, args: Any = ()) -> _Rows:
+        """The statement's rows, read here: a damaged page can fail the reading of a row as well as the
+        statement, and either is the one line of _store_error."""
         try:
-            return self._db.execute(sql, args)
+            cur = self._db.execute(sql, args)
+            return _Rows(cur.fetchall(), cur.lastrowid)
         except sqlite3.DatabaseError as exc:
             raise _store_error(self._path, exc) from None
 
