@@ -57,7 +57,7 @@ if GPU:
     DEFAULTS: list[str] = []  # cnn-train exactly at its defaults (ResNet-50, batch 64, fp32, 100 steps)
     DISPLAY = 10
     UNTIL = []  # --max-trials at its default (20)
-    LIMITS = {"e": 45, "b": 110, "a_new": 100, "a_old": 55, "d": 50}
+    LIMITS = {"e": 45, "b": 110, "a_new": 110, "a_old": 50, "d": 50}
 else:
     JOB = ["--model", "resnet18", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "2", "--steps", "6"]
     PLAIN = ["resnet18", "2", "fp32", "NCHW", "6", "2", "cpu", "size=32"]
