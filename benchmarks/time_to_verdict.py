@@ -165,6 +165,18 @@ def md_time(ts) -> list[str]:
     return rows + ["", t.note]
 
 
+def facts(a) -> list[str]:
+    """What the experiment's zygotes said when ready, and its failed trials: the lines to read first when a
+    figure looks wrong."""
+    out = []
+    for z in (a.meta.get("timing") or {}).get("zygotes") or [] if a else []:
+        out.append(f"- zygote: imports {z.get('import_s') or 0:.1f} s, threads after them {z.get('threads')}, CUDA "
+                   f"{z.get('cuda')}" + (f", PROBLEM: {z['problem']}" if z.get("problem") else ""))
+    for f in (a.failures if a else [])[:4]:
+        out.append(f"- FAILED trial {f['trial'] + 1} [{f['arm']}] {f['status']}: {f['error'][:300]}")
+    return out
+
+
 def verdict_text(v: dict | None) -> str:
     if not v:
         return "no verdict (too few trials)"
@@ -273,6 +285,7 @@ def write() -> None:
               f"- verdict: **{verdict_text(v)}** after {per} trials per arm",
               f"- wall time to the verdict: **{run['wall']:.1f} s** from the command's start to its exit "
               f"(target 45 s; 110 s before){' — stopped at its limit' if run['stopped'] else ''}"]
+        L += facts(a)
         if a and a.time:
             L += [f"- the experiment's own wall time {a.time.wall_s:.1f} s; timed steps "
                   f"{100 * a.time.shares['measured']:.1f}% of it", ""] + md_time(a.time)
@@ -287,6 +300,7 @@ def write() -> None:
             run = results["a"][key]
             L += [f"### {label}", "", f"`{run['cmd']}`" + (" (stopped at its limit: the trials it finished)"
                                                           if run["stopped"] else ""), ""]
+            L += facts(a)
             if a and a.time:
                 L += md_time(a.time) + [""]
                 t = a.time
@@ -314,7 +328,7 @@ def write() -> None:
                 if got:
                     L.append(f"| {label} | {got[2]} | {100 * got[0]:+.2f}% | {100 * got[1]:+.2f}% | "
                              f"{statistics.fmean(vals):.1f} |")
-            L += ["", f"Verdict, new reading against old: {verdict_text(headline(a))}", ""]
+            L += ["", f"Verdict, new reading against old: {verdict_text(headline(a))}", ""] + facts(a)
 
     if "c" in results:
         a = analysis("c: exec vs fork")
@@ -333,6 +347,7 @@ def write() -> None:
                          f"p = {p:.3f}; F-test on the variances of the log figures: fork/exec = {f:.2f}, two-sided "
                          f"p = {pf:.3f} (p ≥ 0.05: no evidence that forking changes the trial-to-trial spread)")
             L.append(f"- verdict, fork against exec: **{verdict_text(headline(a))}**")
+            L += facts(a)
             for arm in ("exec", "fork"):
                 t = per_arm_time(a, arm)
                 if t:

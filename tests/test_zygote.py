@@ -73,6 +73,8 @@ def test_forked_trials_are_new_processes_with_state_of_their_own(store_path):
     assert {s["torch_cuda_initialized"] for s in f + e} == {False}
     assert {s["sockets"] for s in f + e} == {0}  # the zygote's control socket stayed in the zygote
     assert [fk["threads"] for fk in forks] == [1, 1, 1]
+    (ready,) = runner.timing["zygotes"]  # what the zygote said once it had imported everything
+    assert len(ready["threads"]) == 1 and ready["problem"] is None and not ready["cuda"].startswith("initialised")
     assert all(not fk["cuda"].startswith("initialised") for fk in forks)
     assert [s["fresh"] for s in stored] == ["fork"] * 3 + ["exec"] * 2
     assert gpuvs_processes() == []
@@ -272,3 +274,16 @@ def test_a_container_holds_the_zygote_for_the_arm_and_is_removed(store_path):
     assert all(r.fingerprint.get("in_container") for r in res)
     assert len(during) == 3 and all(len(d) == 1 for d in during) and len({d[0] for d in during}) == 1
     assert _containers(exp.id) == []
+
+
+def test_a_zygote_that_cannot_start_is_a_stored_failed_trial_each_time(store_path):
+    spec = RunSpec(workload="selftest", device="cpu", params={"steps": 2}, fresh="fork",
+                   env=EnvSpec("host", {"env_var": ["PYTHONPATH=/nonexistent"]}))
+    with Store(store_path) as st:
+        res = Runner(st).run_experiment(Experiment("x", spec, [Arm("a")], trials=2, seed=0))
+        rows = st.trials()
+    assert [r.status for r in res] == ["failed", "failed"] and {r.error_kind for r in res} == {"unavailable"}
+    assert res[0].error.startswith("the zygote ended before it was ready: zygote exited with status 1")
+    assert "No module named gpuvs" in res[0].error
+    assert [(row["status"], row["error"]) for row in rows] == [("failed", r.error) for r in res]
+    assert gpuvs_processes() == []

@@ -357,6 +357,7 @@ class Launcher:
         self.zygotes: dict[str, ZygoteHandle] = {}
         self.starts: list[float] = []  # each zygote's start, spawn to ready (seconds)
         self.forks: list[dict[str, Any]] = []  # each fork's reply: pid, threads and CUDA state at the fork
+        self.zygote_info: list[dict[str, Any]] = []  # what each zygote said when ready (imports, threads, CUDA)
         self.waited_s = 0.0  # time the runner waited for zygotes to be ready
 
     def _zygote(self, spec: RunSpec) -> ZygoteHandle:
@@ -388,6 +389,7 @@ class Launcher:
         try:
             z.wait_ready(timeout)
             self.starts.append(z.ready_s or 0.0)
+            self.zygote_info.append({k: z.info.get(k) for k in ("import_s", "threads", "cuda", "problem", "python")})
         finally:
             self.waited_s += time.monotonic() - t0
 
@@ -406,7 +408,7 @@ class Launcher:
         self.zygotes.clear()
 
     def timing(self) -> dict[str, Any]:
-        return {"zygote_starts_s": list(self.starts), "zygote_wait_s": self.waited_s}
+        return {"zygote_starts_s": list(self.starts), "zygote_wait_s": self.waited_s, "zygotes": list(self.zygote_info)}
 
 
 __all__ = ["FRESH", "MODES", "LaunchError", "Launcher", "ForkedWorker", "ZygoteHandle", "check", "resolve", "key"]

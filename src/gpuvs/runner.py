@@ -284,8 +284,8 @@ class LiveTrial:
     def start(self) -> None:
         spec = self.result.spec
         launcher = self.runner.launcher
-        launcher.ready(spec, self.timeout)  # a zygote's start (once per arm) is the experiment's, not the trial's
         self.result.trial_id = self.runner.store.begin_trial(spec, self.attempt)
+        launcher.ready(spec, self.timeout)  # a zygote's start (once per arm) is the experiment's, not the trial's
         self.t0 = time.monotonic()
         self.launched = launcher.launch(spec)
 
