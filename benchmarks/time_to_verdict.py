@@ -174,7 +174,7 @@ def facts(a) -> list[str]:
                    f"{z.get('cuda')}" + (f", PROBLEM: {z['problem']}" if z.get("problem") else ""))
     for f in (a.failures if a else [])[:4]:
         out.append(f"- FAILED trial {f['trial'] + 1} [{f['arm']}] {f['status']}: {f['error'][:300]}")
-    return out
+    return out + [""] if out else out
 
 
 def verdict_text(v: dict | None) -> str:
