@@ -34,9 +34,9 @@ def test_gpu_vs_cpu_speedup_and_per_trial_table():
     (v,) = a.verdicts
     # interleaved rounds: the ratio is the geometric mean of the per-round ratios (the paired analysis)
     per_round = np.array([1000.0, 1010.0, 990.0]) / np.array([20.0, 21.0, 19.0])
-    assert v["method"] == "paired" and v["n_pairs"] == 3
-    assert v["verdict"] == "faster" and v["ratio"] == pytest.approx(np.exp(np.log(per_round).mean()))
-    assert v["baseline"] == "cpu"
+    assert v.method == "paired" and v.n_pairs == 3
+    assert v.verdict == "faster" and v.ratio == pytest.approx(np.exp(np.log(per_round).mean()))
+    assert v.baseline == "cpu"
     t = tables.per_trial_table(a)
     assert t.columns == ["test case", "cpu images/sec", "gpu images/sec"]
     assert t.rows[0] == ["study #1", "20.0", "1,000.0"] and len(t.rows) == 3
@@ -50,7 +50,7 @@ def test_speedup_for_times_is_cpu_time_over_gpu_time():
     recs += [record("gpu", t, v, device="cuda:0", unit="ms") for t, v in enumerate([10.0, 10.2])]
     a = comparison.analyse(header([("cpu", {}), ("gpu", {})], workload="kernels"), recs)
     assert a.speedup[0]["speedup"] == pytest.approx(405.0 / 10.1)
-    assert a.verdicts[0]["verdict"] == "faster"  # fewer ms is faster
+    assert a.verdicts[0].verdict == "faster"  # fewer ms is faster
 
 
 def test_scaling_efficiency_against_the_fewest_gpus():
@@ -65,7 +65,7 @@ def test_scaling_efficiency_against_the_fewest_gpus():
     assert eff["4gpu"]["efficiency"] == pytest.approx(3600.0 / 4000.0) and eff["4gpu"]["speedup"] == pytest.approx(3.6)
     assert eff["4gpu"]["eff_low"] < 0.9 < eff["4gpu"]["eff_high"]
     assert tables.scaling_table(a).rows[2][5] == "90.0%"
-    assert [v["arm"] for v in a.verdicts] == ["2gpu", "4gpu"]
+    assert [v.arm for v in a.verdicts] == ["2gpu", "4gpu"]
 
 
 def test_every_series_and_metric_gets_a_row_the_headline_first_the_others_behind_its_gate():
@@ -74,17 +74,17 @@ def test_every_series_and_metric_gets_a_row_the_headline_first_the_others_behind
     recs += [record("b", t, 100.0 + t, metrics=m(12.0 + t / 10)) for t in range(3)]
     a = comparison.analyse(header([("a", {}), ("b", {"x": 1})]), recs)
     assert [m.name for m in a.metrics] == ["main", "latency_p99_ms"] and a.headline.name == "main"
-    by = {v["metric"]: v for v in a.verdicts}
+    by = {v.metric: v for v in a.verdicts}
     # the headline is equivalent: no difference established, so the other metrics are only shown
-    assert by["main"]["verdict"] == "equivalent" and by["latency_p99_ms"]["verdict"] == "descriptive"
+    assert by["main"].verdict == "equivalent" and by["latency_p99_ms"].verdict == "descriptive"
     assert "descriptive" in tables.verdict_table(a).rows[1][7]
     assert a.settled()
     # the headline differs: latency is tested (Holm) and, declared a time by cnn-infer/cnn-train, is 'slower'
     recs = [record("a", t, 100.0 + t, metrics=m(10.0 + t / 10)) for t in range(3)]
     recs += [record("b", t, 90.0 + t, metrics=m(12.0 + t / 10)) for t in range(3)]
-    by = {v["metric"]: v for v in comparison.analyse(header([("a", {}), ("b", {"x": 1})]), recs).verdicts}
-    assert by["main"]["verdict"] == "slower" and by["latency_p99_ms"]["verdict"] == "slower"
-    assert by["latency_p99_ms"]["family"].startswith("other metrics: Holm")
+    by = {v.metric: v for v in comparison.analyse(header([("a", {}), ("b", {"x": 1})]), recs).verdicts}
+    assert by["main"].verdict == "slower" and by["latency_p99_ms"].verdict == "slower"
+    assert by["latency_p99_ms"].family.startswith("other metrics: Holm")
 
 
 def test_fingerprint_differences_nobody_asked_for_are_flagged():
@@ -134,7 +134,7 @@ def test_retries_count_once_and_failures_are_listed():
     arm_a, arm_b = a.arms
     assert (arm_a.n_ok, arm_a.n_total, arm_b.n_ok, arm_b.n_total) == (2, 2, 1, 2)
     assert a.failures == [{"arm": "b", "trial": 1, "status": "failed", "error": "boom"}]
-    assert a.verdicts[0]["verdict"] == "inconclusive"
+    assert a.verdicts[0].verdict == "inconclusive"
     assert tables.per_trial_table(a).rows[1] == ["study #2", "101.0", "failed"]
 
 

@@ -46,7 +46,7 @@ def synthetic_experiment(path):
 def test_html_report_renders_in_chromium_with_charts_verdicts_and_escaped_names(tmp_path):
     analysis = synthetic_experiment(tmp_path / "gpuvs.db")
     (v,) = analysis.headline_verdicts()
-    assert v["verdict"] == "faster" and 1.09 < v["ratio"] < 1.11
+    assert v.verdict == "faster" and 1.09 < v.ratio < 1.11
     page = html.render(analysis)
     assert "<script" not in page and "http://" not in page and "https://" not in page  # self-contained, no script
     path = tmp_path / "report.html"
@@ -54,7 +54,7 @@ def test_html_report_renders_in_chromium_with_charts_verdicts_and_escaped_names(
 
     dom = chromium_dom(path, tmp_path)
     assert "<script" not in dom and "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
-    assert '<table id="verdicts">' in dom and "v-faster" in dom and f"{v['ratio']:.3f}×" in dom
+    assert '<table id="verdicts">' in dom and "v-faster" in dom and f"{v.ratio:.3f}×" in dom
     assert dom.count('class="chart bars"') == 1 and dom.count('class="chart steps"') == 1
     assert dom.count('class="chart telemetry"') == 5  # utilisation, memory, power, SM clock, temperature
     assert dom.count("<polyline") == 6 + 5 * 6  # 6 trials per step; 6 trials x 5 telemetry charts

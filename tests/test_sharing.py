@@ -13,7 +13,7 @@ import pytest
 
 from conftest import cell, gpuvs_processes, require
 from gpuvs.errors import EnvironmentUnavailable
-from gpuvs.report.sharing import figure_text
+from gpuvs.report.sharing import figure_text, ratio_text
 from gpuvs.runner import Runner
 from gpuvs.sharing import barrier, knobs, mps
 from gpuvs.sharing import stats as sharestats
@@ -204,10 +204,12 @@ def test_sharing_figures_and_mps_verdict_words():
         f"11.0 [{f.low:.1f}, {f.high:.1f}]"
     assert figure_text(sharestats.figure([5.0])) == "5.0" and figure_text(sharestats.figure([])) == "-"
     sliced = [1.00, 1.01, 0.99, 1.00]
-    assert sharestats.mps_verdict(sliced, [1.30, 1.28, 1.31, 1.29], 0.05)["words"] == "mps helps"
-    assert sharestats.mps_verdict(sliced, [0.80, 0.82, 0.79, 0.81], 0.05)["words"] == "mps hurts"
-    assert sharestats.mps_verdict(sliced, [1.00, 1.01, 0.99, 1.005], 0.05)["words"] == "no difference"
-    assert sharestats.mps_verdict(sliced, [0.7, 1.4], 0.05)["words"] == "inconclusive"
+    helps = sharestats.mps_verdict(sliced, [1.30, 1.28, 1.31, 1.29], 0.05)
+    assert helps.words == "mps helps" and helps.verdict == "faster" and helps.ratio == pytest.approx(1.295, rel=0.01)
+    assert ratio_text(helps) == f"{helps.ratio:.3f} [{helps.ci_low:.3f}, {helps.ci_high:.3f}] faster"
+    assert sharestats.mps_verdict(sliced, [0.80, 0.82, 0.79, 0.81], 0.05).words == "mps hurts"
+    assert sharestats.mps_verdict(sliced, [1.00, 1.01, 0.99, 1.005], 0.05).words == "no difference"
+    assert sharestats.mps_verdict(sliced, [0.7, 1.4], 0.05).words == "inconclusive"
     lat = sharestats.latency_ms([{"seconds": s / 1000} for s in [1.0] * 98 + [5.0, 9.0]])
     assert lat["p50"] == pytest.approx(1.0) and lat["p99"] > 5.0 and lat["n"] == 100
 

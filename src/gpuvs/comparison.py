@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 from gpuvs import environments, family, fingerprint, stats
 from gpuvs.errors import UsageError
+from gpuvs.family import MetricVerdict
 from gpuvs.sequential import Plan
 from gpuvs.spec import device_kind
 
@@ -77,7 +78,7 @@ class Analysis:
     confidence: float
     metrics: list[Metric]
     arms: list[ArmResult]
-    verdicts: list[dict[str, Any]]
+    verdicts: list[MetricVerdict]
     speedup: list[dict[str, Any]]
     scaling: list[dict[str, Any]]
     flags: list[str]
@@ -92,16 +93,18 @@ class Analysis:
     def baseline(self) -> ArmResult | None:
         return self.arms[0] if self.arms else None
 
-    def headline_verdicts(self) -> list[dict[str, Any]]:
-        return [v for v in self.verdicts if self.headline and v["metric"] == self.headline.name]
+    def headline_verdicts(self) -> list[MetricVerdict]:
+        return [v for v in self.verdicts if self.headline and v.metric == self.headline.name]
 
     def settled(self) -> bool:
         """Every arm's headline verdict is something other than inconclusive."""
         vs = self.headline_verdicts()
-        return bool(vs) and all(v["verdict"] != "inconclusive" for v in vs)
+        return bool(vs) and all(v.verdict != "inconclusive" for v in vs)
 
     def to_dict(self, with_steps: bool = False) -> dict[str, Any]:
+        """The analysis as `gpuvs report --format json` writes it."""
         out = asdict(self)
+        out["verdicts"] = [v.to_dict() for v in self.verdicts]
         if not with_steps:
             for t in out["trials"]:
                 t.pop("steps", None)
@@ -282,7 +285,7 @@ def sequential_plan(meta: dict[str, Any]) -> Plan | None:
 
 
 def verdict_rows(meta: dict[str, Any], arms: list[ArmResult], metrics: list[Metric], margin: float,
-                 confidence: float, records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+                 confidence: float, records: list[dict[str, Any]], kind: str) -> list[MetricVerdict]:
     """Every arm against the first on every metric, with the family's corrections (family.py):
     paired by round where the trials were interleaved, unpaired otherwise."""
     if len(arms) < 2:

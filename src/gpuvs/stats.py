@@ -7,11 +7,19 @@ median absolute deviation of per-step rates."""
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 MAD_SCALE = 1.4826
+
+
+def _known(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The items of `data` that are fields of the dataclass `cls` (a stored record read back: a key an
+    earlier version did not write keeps the field's default; one a later version added is left out)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
 
 
 def perf_timing(items: Sequence[float], seconds: Sequence[float]) -> tuple[float, float, float]:
@@ -151,7 +159,22 @@ def _clean(values) -> dict[Any, float]:
     return {k: float(v) for k, v in items if v is not None and math.isfinite(float(v))}
 
 
-def log_ratio(a, b, *, paired: bool = False, floor_a: float = 0.0, floor_b: float = 0.0) -> dict[str, Any]:
+@dataclass
+class LogRatio:
+    """log R = log(B / A) with its standard error and df; method paired or unpaired, the pairs used and
+    the trials left out of them (paired), the per-trial spread of the difference (unit_sd)."""
+
+    method: str
+    log_r: float
+    se: float
+    df: float
+    n_pairs: int
+    unused: int
+    unit_sd: float
+    why_unpaired: str = ""
+
+
+def log_ratio(a, b, *, paired: bool = False, floor_a: float = 0.0, floor_b: float = 0.0) -> LogRatio:
     """log R, its standard error and df, the method used and the trials it used. a, b: lists, or
     {round: figure} dicts (pairs are the rounds both have)."""
     ca, cb = _clean(a), _clean(b)
@@ -160,8 +183,8 @@ def log_ratio(a, b, *, paired: bool = False, floor_a: float = 0.0, floor_b: floa
         d = np.log([cb[k] for k in common]) - np.log([ca[k] for k in common])
         n = d.size
         var = max(float(d.var(ddof=1)), floor_a ** 2 + floor_b ** 2)
-        return {"method": "paired", "log_r": float(d.mean()), "se": math.sqrt(var / n), "df": n - 1.0, "n_pairs": n,
-                "unused": len(ca) + len(cb) - 2 * n, "unit_sd": math.sqrt(var)}
+        return LogRatio("paired", float(d.mean()), math.sqrt(var / n), n - 1.0, n, len(ca) + len(cb) - 2 * n,
+                        math.sqrt(var))
     va_arr, vb_arr = np.array(list(ca.values())), np.array(list(cb.values()))
     ma, mb = float(va_arr.mean()), float(vb_arr.mean())
     ra = max(float(va_arr.var(ddof=1)) / (ma * ma), floor_a ** 2)
@@ -170,15 +193,14 @@ def log_ratio(a, b, *, paired: bool = False, floor_a: float = 0.0, floor_b: floa
     se = math.sqrt(va + vb)
     df = math.inf if se == 0.0 else (va + vb) ** 2 / (va * va / (va_arr.size - 1) + vb * vb / (vb_arr.size - 1))
     why = "" if not paired else f"fewer than {PAIRED_MIN} complete pairs"
-    return {"method": "unpaired", "log_r": math.log(mb / ma), "se": se, "df": df, "n_pairs": 0, "unused": 0,
-            "unit_sd": math.sqrt(ra + rb), "why_unpaired": why}
+    return LogRatio("unpaired", math.log(mb / ma), se, df, 0, 0, math.sqrt(ra + rb), why)
 
 
 def ratio_interval(a, b, confidence: float = 0.95, **kw) -> tuple[float, float, float]:
     """Ratio B/A and its confidence interval: (ratio, low, high). Needs 2+ values per arm."""
     p = log_ratio(a, b, **kw)
-    half = _t_quantile((1 + confidence) / 2, p["df"]) * p["se"]
-    return math.exp(p["log_r"]), math.exp(p["log_r"] - half), math.exp(p["log_r"] + half)
+    half = _t_quantile((1 + confidence) / 2, p.df) * p.se
+    return math.exp(p.log_r), math.exp(p.log_r - half), math.exp(p.log_r + half)
 
 
 def p_values(log_r: float, se: float, df: float, margin: float) -> tuple[float, float]:
@@ -194,13 +216,68 @@ def p_values(log_r: float, se: float, df: float, margin: float) -> tuple[float, 
 
 def tost_p(a, b, margin: float, **kw) -> float:
     p = log_ratio(a, b, **kw)
-    return p_values(p["log_r"], p["se"], p["df"], margin)[1]
+    return p_values(p.log_r, p.se, p.df, margin)[1]
+
+
+@dataclass
+class Comparison:
+    """Arm B against baseline arm A (compare_arms): the ratio B/A, its interval at the level the verdict
+    was made at, the two tests' p-values and the verdict ('equivalent', with `also` the word when a
+    difference holds too; a word of `words`; 'inconclusive'; 'descriptive' for a figure shown, not
+    tested), trials per arm that would settle it. log_r, unit_sd and have are there once the ratio's
+    uncertainty was estimated (2+ positive figures per arm)."""
+
+    n_a: int
+    n_b: int
+    margin: float
+    confidence: float
+    better: str | None
+    words: tuple[str, str]
+    level: float
+    level_eq: float
+    method: str | None = None
+    n_pairs: int = 0
+    unused: int = 0
+    mean_a: float | None = None
+    mean_b: float | None = None
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    se_log: float | None = None
+    df: float | None = None
+    p_different: float | None = None
+    p_equivalent: float | None = None
+    different: bool = False
+    equivalent: bool = False
+    verdict: str = "inconclusive"
+    also: str | None = None
+    trials_needed: int | None = None
+    more_trials: int | None = None
+    reason: str = ""
+    log_r: float | None = None
+    unit_sd: float | None = None
+    have: int | None = None
+
+    _ESTIMATED = ("log_r", "unit_sd", "have")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(Comparison):
+            if f.name not in self._ESTIMATED or self.log_r is not None:
+                out[f.name] = list(self.words) if f.name == "words" else getattr(self, f.name)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Comparison:
+        known = _known(cls, data)
+        known["words"] = tuple(known.get("words") or ("faster", "slower"))
+        return cls(**known)
 
 
 def compare_arms(a, b, *, better: str | None = "higher", words: tuple[str, str] = ("faster", "slower"),
                  margin: float = 0.02, confidence: float = 0.95, level: float | None = None,
                  level_eq: float | None = None, paired: bool = False, floor_a: float = 0.0,
-                 floor_b: float = 0.0, estimate: bool = True) -> dict[str, Any]:
+                 floor_b: float = 0.0, estimate: bool = True) -> Comparison:
     """Arm B against baseline arm A from per-trial figures: ratio B/A, its interval and a verdict.
 
     level / level_eq: the two-sided level of the difference test and the one-sided level of each
@@ -214,62 +291,56 @@ def compare_arms(a, b, *, better: str | None = "higher", words: tuple[str, str] 
     level = alpha if level is None else level
     level_eq = level if level_eq is None else level_eq
     ca, cb = _clean(a), _clean(b)
-    out: dict[str, Any] = {"n_a": len(ca), "n_b": len(cb), "margin": margin, "confidence": confidence,
-                           "better": better, "words": list(words), "level": level, "level_eq": level_eq,
-                           "method": None, "n_pairs": 0, "unused": 0,
-                           "mean_a": float(np.mean(list(ca.values()))) if ca else None,
-                           "mean_b": float(np.mean(list(cb.values()))) if cb else None,
-                           "ratio": None, "ci_low": None, "ci_high": None, "se_log": None, "df": None,
-                           "p_different": None, "p_equivalent": None, "different": False, "equivalent": False,
-                           "verdict": "inconclusive", "also": None, "trials_needed": None, "more_trials": None,
-                           "reason": ""}
-    if not ca or not cb or out["mean_a"] <= 0 or out["mean_b"] <= 0:
-        out["reason"] = "no positive figures in one arm" if ca and cb else "an arm has no successful trial"
+    out = Comparison(n_a=len(ca), n_b=len(cb), margin=margin, confidence=confidence, better=better,
+                     words=(words[0], words[1]), level=level, level_eq=level_eq,
+                     mean_a=float(np.mean(list(ca.values()))) if ca else None,
+                     mean_b=float(np.mean(list(cb.values()))) if cb else None)
+    if not ca or not cb or out.mean_a <= 0 or out.mean_b <= 0:
+        out.reason = "no positive figures in one arm" if ca and cb else "an arm has no successful trial"
         return out
-    out["ratio"] = out["mean_b"] / out["mean_a"]
+    out.ratio = out.mean_b / out.mean_a
     if len(ca) < 2 or len(cb) < 2:
-        out["reason"] = "needs at least 2 successful trials per arm"
-        out["trials_needed"], out["more_trials"] = 2, 2 - min(len(ca), len(cb))
+        out.reason = "needs at least 2 successful trials per arm"
+        out.trials_needed, out.more_trials = 2, 2 - min(len(ca), len(cb))
         return out
     p = log_ratio(ca, cb, paired=paired, floor_a=floor_a, floor_b=floor_b)
-    out.update(method=p["method"], n_pairs=p["n_pairs"], unused=p["unused"], se_log=p["se"], df=p["df"],
-               log_r=p["log_r"], unit_sd=p["unit_sd"], have=min(len(ca), len(cb)))
-    if p["method"] == "paired":
-        out["ratio"] = math.exp(p["log_r"])  # the geometric mean of the per-round ratios
-    if p["se"] == 0.0:
-        out["reason"] = ("no spread between trials and no per-trial uncertainty known: "
-                         "the interval cannot be bounded")
+    out.method, out.n_pairs, out.unused, out.se_log, out.df = p.method, p.n_pairs, p.unused, p.se, p.df
+    out.log_r, out.unit_sd, out.have = p.log_r, p.unit_sd, min(len(ca), len(cb))
+    if p.method == "paired":
+        out.ratio = math.exp(p.log_r)  # the geometric mean of the per-round ratios
+    if p.se == 0.0:
+        out.reason = ("no spread between trials and no per-trial uncertainty known: "
+                      "the interval cannot be bounded")
         return out
-    out["p_different"], out["p_equivalent"] = p_values(p["log_r"], p["se"], p["df"], margin)
+    out.p_different, out.p_equivalent = p_values(p.log_r, p.se, p.df, margin)
     return decide(out, level, level_eq, estimate)
 
 
-def decide(out: dict[str, Any], level: float, level_eq: float, estimate: bool = True) -> dict[str, Any]:
+def decide(out: Comparison, level: float, level_eq: float, estimate: bool = True) -> Comparison:
     """(Re)make the verdict of a compare_arms result at these levels (see compare_arms); a result
     without a standard error is left as it is."""
-    if not out.get("se_log"):
+    if not out.se_log:
         return out
-    out.update(level=level, level_eq=level_eq, verdict="inconclusive", also=None, reason="")
-    half = min(_t_quantile(1 - level / 2, out["df"]) * out["se_log"], 700.0)  # an early look's level is tiny
-    out["ci_low"], out["ci_high"] = math.exp(out["log_r"] - half), math.exp(min(out["log_r"] + half, 700.0))
-    out["different"] = out["p_different"] < level
-    out["equivalent"] = out["margin"] > 0 and out["p_equivalent"] < level_eq
-    word = out["words"][0] if out["log_r"] > 0 else out["words"][1]
-    if out["equivalent"]:
-        out["verdict"], out["also"] = "equivalent", word if out["different"] else None
-    elif out["different"]:
-        out["verdict"] = word
-    if out["verdict"] != "inconclusive":
-        out["trials_needed"], out["more_trials"] = out["have"], 0
+    out.level, out.level_eq, out.verdict, out.also, out.reason = level, level_eq, "inconclusive", None, ""
+    half = min(_t_quantile(1 - level / 2, out.df) * out.se_log, 700.0)  # an early look's level is tiny
+    out.ci_low, out.ci_high = math.exp(out.log_r - half), math.exp(min(out.log_r + half, 700.0))
+    out.different = out.p_different < level
+    out.equivalent = out.margin > 0 and out.p_equivalent < level_eq
+    word = out.words[0] if out.log_r > 0 else out.words[1]
+    if out.equivalent:
+        out.verdict, out.also = "equivalent", word if out.different else None
+    elif out.different:
+        out.verdict = word
+    if out.verdict != "inconclusive":
+        out.trials_needed, out.more_trials = out.have, 0
         return out
-    out["reason"] = "the interval holds both 1 and a ratio outside the margin"
+    out.reason = "the interval holds both 1 and a ratio outside the margin"
     if not estimate:
-        out["trials_needed"] = out["more_trials"] = None
+        out.trials_needed = out.more_trials = None
         return out
-    need = trials_to_settle(out["log_r"], out["se_log"], out["df"], out["unit_sd"], out["method"], out["margin"],
-                            level, level_eq)
-    out["trials_needed"] = need
-    out["more_trials"] = None if need is None else max(1, need - out["have"])
+    need = trials_to_settle(out.log_r, out.se_log, out.df, out.unit_sd, out.method, out.margin, level, level_eq)
+    out.trials_needed = need
+    out.more_trials = None if need is None else max(1, need - out.have)
     return out
 
 

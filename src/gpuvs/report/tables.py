@@ -4,9 +4,9 @@ renderers only lay them out, so every format says exactly the same thing."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpuvs.comparison import Analysis, fingerprint_rows
+from gpuvs.family import MetricVerdict
 from gpuvs.report.numbers import fmt
 
 
@@ -32,38 +32,38 @@ def interval(low: float | None, high: float | None, digits: int = 3) -> str:
     return f"{low:.{digits}f}{sep}{high:.{digits}f}"
 
 
-def verdict_word(v: dict[str, Any]) -> str:
+def verdict_word(v: MetricVerdict) -> str:
     """'faster', 'equivalent within ±2%', 'equivalent within ±2%, and 1.5% slower' (both hold),
     'inconclusive', 'descriptive'."""
-    if v["verdict"] == "equivalent":
-        text = f"equivalent within ±{100 * v['margin']:g}%"
-        if v.get("also") and v.get("ratio") is not None:
-            text += f", and {100 * abs(v['ratio'] - 1):.1f}% {v['also']}"
+    if v.verdict == "equivalent":
+        text = f"equivalent within ±{100 * v.margin:g}%"
+        if v.also and v.ratio is not None:
+            text += f", and {100 * abs(v.ratio - 1):.1f}% {v.also}"
         return text
-    return v["verdict"]
+    return v.verdict
 
 
-def to_settle(v: dict[str, Any]) -> str:
-    if v["verdict"] == "descriptive":
+def to_settle(v: MetricVerdict) -> str:
+    if v.verdict == "descriptive":
         return "-"
-    if v["verdict"] != "inconclusive":
+    if v.verdict != "inconclusive":
         return "settled"
-    if v.get("ratio") is not None and v.get("reason", "").startswith("needs"):
-        return f"2+ trials per arm needed ({v['more_trials']} more)"
-    if v["more_trials"] is None:
-        return "more than 10,000 per arm" if v.get("se_log") else (v.get("reason") or "-")
-    return f"{v['trials_needed']} per arm ({v['more_trials']} more)"
+    if v.ratio is not None and v.reason.startswith("needs"):
+        return f"2+ trials per arm needed ({v.more_trials} more)"
+    if v.more_trials is None:
+        return "more than 10,000 per arm" if v.se_log else (v.reason or "-")
+    return f"{v.trials_needed} per arm ({v.more_trials} more)"
 
 
-def tested_as(v: dict[str, Any]) -> str:
+def tested_as(v: MetricVerdict) -> str:
     """How the row was tested: its family and the analysis of the design."""
-    if v.get("method") == "paired":
-        how = f"paired, {v['n_pairs']} rounds" + (f" ({v['unused']} trials unpaired, left out)" if v["unused"] else "")
-    elif v.get("method") == "unpaired":
-        how = "unpaired" + ("" if v.get("interleaved", True) else ", not interleaved")
+    if v.method == "paired":
+        how = f"paired, {v.n_pairs} rounds" + (f" ({v.unused} trials unpaired, left out)" if v.unused else "")
+    elif v.method == "unpaired":
+        how = "unpaired" + ("" if v.interleaved else ", not interleaved")
     else:
         how = "-"
-    fam = v.get("family", "")
+    fam = v.family or ""
     short = "descriptive" if fam.startswith("descriptive") else ("Holm" if fam.startswith("other") else "headline")
     return f"{short}; {how}"
 
@@ -72,11 +72,10 @@ def verdict_table(a: Analysis) -> Table | None:
     if len(a.arms) < 2 or not a.verdicts:
         return None
     pct = f"{100 * a.confidence:g}%"
-    rows = [[f"{v['metric']} ({v['unit']})" if v["unit"] else v["metric"], v["arm"], fmt(v["mean_a"]),
-             fmt(v["mean_b"]), ratio(v["ratio"]), interval(v["ci_low"], v["ci_high"]), verdict_word(v), tested_as(v),
-             to_settle(v)] for v in a.verdicts]
+    rows = [[f"{v.metric} ({v.unit})" if v.unit else v.metric, v.arm, fmt(v.mean_a), fmt(v.mean_b), ratio(v.ratio),
+             interval(v.ci_low, v.ci_high), verdict_word(v), tested_as(v), to_settle(v)] for v in a.verdicts]
     head = a.headline
-    fams = sorted({v.get("family", "") for v in a.verdicts if v.get("family")}, key=lambda f: not f.startswith("headline"))
+    fams = sorted({v.family for v in a.verdicts if v.family}, key=lambda f: not f.startswith("headline"))
     note = (f"ratio = arm / {a.arms[0].name} (the baseline): per-round ratios (paired) where the trials were "
             "interleaved and both trials of a round succeeded, else ratio of means (Welch); the interval is at the "
             f"level each row was tested at ({pct} for one headline comparison at a fixed count); equivalent = two "
@@ -195,12 +194,12 @@ def headline_sentence(a: Analysis) -> str:
         return ""
     parts = []
     for v in vs:
-        if v["ratio"] is None:
-            parts.append(f"{v['arm']} vs {v['baseline']}: {v['verdict']} ({v['reason']})")
+        if v.ratio is None:
+            parts.append(f"{v.arm} vs {v.baseline}: {v.verdict} ({v.reason})")
             continue
-        ci = f" ({100 * a.confidence:g}% CI {interval(v['ci_low'], v['ci_high'])})" if v["ci_low"] is not None else ""
-        parts.append(f"{v['arm']} vs {v['baseline']}: {ratio(v['ratio'])} {v['metric']}{ci}: {verdict_word(v)}"
-                     + (f", {to_settle(v)}" if v["verdict"] == "inconclusive" else ""))
+        ci = f" ({100 * a.confidence:g}% CI {interval(v.ci_low, v.ci_high)})" if v.ci_low is not None else ""
+        parts.append(f"{v.arm} vs {v.baseline}: {ratio(v.ratio)} {v.metric}{ci}: {verdict_word(v)}"
+                     + (f", {to_settle(v)}" if v.verdict == "inconclusive" else ""))
     return "; ".join(parts)
 
 

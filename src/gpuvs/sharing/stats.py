@@ -62,7 +62,7 @@ def figure(values: Sequence[float | None], confidence: float = 0.95) -> Figure:
     return Figure(vals, s["mean"], s["ci_low"] if two else None, s["ci_high"] if two else None)
 
 
-def compare(base: Sequence[float | None], other: Sequence[float | None], margin: float) -> dict[str, Any]:
+def compare(base: Sequence[float | None], other: Sequence[float | None], margin: float) -> stats.Comparison:
     """other against base over repeated groups: compare's ratio, interval and verdict words. Every figure
     compared here is a rate (throughput, work done): higher is faster."""
     return stats.compare_arms([v for v in base if v is not None], [v for v in other if v is not None],
@@ -73,10 +73,41 @@ MPS_WORDS = {"faster": "mps helps", "slower": "mps hurts", "equivalent": "no dif
              "inconclusive": "inconclusive"}
 
 
+@dataclass
+class MpsVerdict:
+    """MPS against time-slicing on the work done: the comparison, and its verdict in the advisor's words."""
+
+    comparison: stats.Comparison
+    words: str  # mps helps | mps hurts | no difference | inconclusive
+
+    @property
+    def ratio(self) -> float | None:
+        return self.comparison.ratio
+
+    @property
+    def ci_low(self) -> float | None:
+        return self.comparison.ci_low
+
+    @property
+    def ci_high(self) -> float | None:
+        return self.comparison.ci_high
+
+    @property
+    def verdict(self) -> str:
+        return self.comparison.verdict
+
+    @property
+    def reason(self) -> str:
+        return self.comparison.reason
+
+    @property
+    def more_trials(self) -> int | None:
+        return self.comparison.more_trials
+
+
 def mps_verdict(sliced_work: Sequence[float | None], mps_work: Sequence[float | None],
-                margin: float) -> dict[str, Any]:
+                margin: float) -> MpsVerdict:
     """MPS against time-slicing on the work done (sum over jobs of together/alone): the comparison with
     its verdict in the advisor's words (helps / hurts / no difference within ±margin / inconclusive)."""
     out = compare(sliced_work, mps_work, margin)
-    out["words"] = MPS_WORDS[out["verdict"]]
-    return out
+    return MpsVerdict(out, MPS_WORDS[out.verdict])
