@@ -29,8 +29,8 @@ def test_gpu_vs_cpu_speedup_and_per_trial_table():
     recs += [record("gpu", t, v, device="cuda") for t, v in enumerate([1000.0, 1010.0, 990.0])]
     a = comparison.analyse(header([("cpu", {"device": "cpu"}), ("gpu", {"device": "cuda"})]), recs)
     (row,) = a.speedup
-    assert row["speedup"] == pytest.approx(50.0) and row["cpu_arm"] == "cpu" and row["gpu_arm"] == "gpu"
-    assert row["ci_low"] < 50.0 < row["ci_high"]
+    assert row.speedup == pytest.approx(50.0) and row.cpu_arm == "cpu" and row.gpu_arm == "gpu"
+    assert row.ci_low < 50.0 < row.ci_high
     (v,) = a.verdicts
     # interleaved rounds: the ratio is the geometric mean of the per-round ratios (the paired analysis)
     per_round = np.array([1000.0, 1010.0, 990.0]) / np.array([20.0, 21.0, 19.0])
@@ -49,7 +49,7 @@ def test_speedup_for_times_is_cpu_time_over_gpu_time():
     recs = [record("cpu", t, v, unit="ms") for t, v in enumerate([400.0, 410.0])]
     recs += [record("gpu", t, v, device="cuda:0", unit="ms") for t, v in enumerate([10.0, 10.2])]
     a = comparison.analyse(header([("cpu", {}), ("gpu", {})], workload="kernels"), recs)
-    assert a.speedup[0]["speedup"] == pytest.approx(405.0 / 10.1)
+    assert a.speedup[0].speedup == pytest.approx(405.0 / 10.1)
     assert a.verdicts[0].verdict == "faster"  # fewer ms is faster
 
 
@@ -59,11 +59,11 @@ def test_scaling_efficiency_against_the_fewest_gpus():
         recs += [record(f"{n}gpu", t, v, device="cuda", num_gpus=n) for t, v in enumerate(values)]
     a = comparison.analyse(header([("1gpu", {"num_gpus": 1}), ("2gpu", {"num_gpus": 2}), ("4gpu", {"num_gpus": 4})]),
                            recs)
-    eff = {r["arm"]: r for r in a.scaling}
-    assert eff["1gpu"]["efficiency"] == pytest.approx(1.0)
-    assert eff["2gpu"]["efficiency"] == pytest.approx(1900.0 / 2000.0)
-    assert eff["4gpu"]["efficiency"] == pytest.approx(3600.0 / 4000.0) and eff["4gpu"]["speedup"] == pytest.approx(3.6)
-    assert eff["4gpu"]["eff_low"] < 0.9 < eff["4gpu"]["eff_high"]
+    eff = {r.arm: r for r in a.scaling}
+    assert eff["1gpu"].efficiency == pytest.approx(1.0)
+    assert eff["2gpu"].efficiency == pytest.approx(1900.0 / 2000.0)
+    assert eff["4gpu"].efficiency == pytest.approx(3600.0 / 4000.0) and eff["4gpu"].speedup == pytest.approx(3.6)
+    assert eff["4gpu"].eff_low < 0.9 < eff["4gpu"].eff_high
     assert tables.scaling_table(a).rows[2][5] == "90.0%"
     assert [v.arm for v in a.verdicts] == ["2gpu", "4gpu"]
 
@@ -133,7 +133,8 @@ def test_retries_count_once_and_failures_are_listed():
     a = comparison.analyse(header([("a", {}), ("b", {"x": 1})]), recs)
     arm_a, arm_b = a.arms
     assert (arm_a.n_ok, arm_a.n_total, arm_b.n_ok, arm_b.n_total) == (2, 2, 1, 2)
-    assert a.failures == [{"arm": "b", "trial": 1, "status": "failed", "error": "boom"}]
+    assert a.failures == [comparison.Failure("b", 1, "failed", "boom")]
+    assert [t.value for t in a.trials if t.arm == "a"] == [100.0, 101.0]  # the retry's figure, once
     assert a.verdicts[0].verdict == "inconclusive"
     assert tables.per_trial_table(a).rows[1] == ["study #2", "101.0", "failed"]
 

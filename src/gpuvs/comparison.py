@@ -7,8 +7,9 @@ running (`from_results`, for --until-confident); both go through the same trial 
 
 from __future__ import annotations
 
+import copy
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterable
 
 from gpuvs import environments, family, fingerprint, stats
@@ -67,6 +68,66 @@ class ArmResult:
 
 
 @dataclass
+class Speedup:
+    """A GPU arm against a CPU arm: CPU time / GPU time for the same work, with its interval."""
+
+    cpu_arm: str
+    gpu_arm: str
+    cpu_mean: float | None
+    gpu_mean: float | None
+    unit: str | None
+    speedup: float
+    ci_low: float | None = None
+    ci_high: float | None = None
+
+
+@dataclass
+class Scaling:
+    """An arm's throughput against the arm with the fewest GPUs, over the ideal N/N0."""
+
+    arm: str
+    num_gpus: int
+    mean: float
+    unit: str | None
+    speedup: float
+    ideal: float
+    efficiency: float
+    eff_low: float | None = None
+    eff_high: float | None = None
+    baseline: str = ""
+
+
+@dataclass
+class Failure:
+    """A trial that did not finish (its last attempt)."""
+
+    arm: str
+    trial: int
+    status: str
+    error: str
+
+
+@dataclass
+class TrialFigure:
+    """One trial as the reports show it: its headline figure, and (read with_steps) the headline's
+    per-step figures and the NVML readings."""
+
+    id: int | None
+    arm: str
+    trial: int
+    status: str
+    value: float | None
+    steps: list[tuple[int, float]] = field(default_factory=list)
+    telemetry: list[dict[str, Any]] = field(default_factory=list)  # NVML readings as the store keeps them
+
+    def to_dict(self, with_steps: bool = False) -> dict[str, Any]:
+        out = {"id": self.id, "arm": self.arm, "trial": self.trial, "status": self.status, "value": self.value}
+        if with_steps:
+            out.update(steps=[list(s) for s in self.steps], telemetry=list(self.telemetry))
+        return out
+
+
+@dataclass
 class Analysis:
     id: str
     name: str
@@ -79,11 +140,11 @@ class Analysis:
     metrics: list[Metric]
     arms: list[ArmResult]
     verdicts: list[MetricVerdict]
-    speedup: list[dict[str, Any]]
-    scaling: list[dict[str, Any]]
+    speedup: list[Speedup]
+    scaling: list[Scaling]
     flags: list[str]
-    failures: list[dict[str, Any]]
-    trials: list[dict[str, Any]]  # records: id, arm, trial, status, steps [(step, value)], telemetry [...]
+    failures: list[Failure]
+    trials: list[TrialFigure]
 
     @property
     def headline(self) -> Metric | None:
@@ -103,12 +164,17 @@ class Analysis:
 
     def to_dict(self, with_steps: bool = False) -> dict[str, Any]:
         """The analysis as `gpuvs report --format json` writes it."""
-        out = asdict(self)
-        out["verdicts"] = [v.to_dict() for v in self.verdicts]
-        if not with_steps:
-            for t in out["trials"]:
-                t.pop("steps", None)
-                t.pop("telemetry", None)
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "verdicts":
+                out[f.name] = [v.to_dict() for v in value]
+            elif f.name == "trials":
+                out[f.name] = [t.to_dict(with_steps) for t in value]
+            elif f.name in ("metrics", "arms", "speedup", "scaling", "failures"):
+                out[f.name] = [asdict(x) for x in value]
+            else:
+                out[f.name] = copy.deepcopy(value)
         return out
 
 
@@ -209,15 +275,15 @@ def analyse(exp: dict[str, Any], records: list[dict[str, Any]]) -> Analysis:
             for name in arm_order]
     arms = [a for a in arms if a.n_total or a.name in overrides]
     verdicts = verdict_rows(meta, arms, metrics, margin, confidence, records, exp.get("kind", ""))
-    failures = [{"arm": r["arm"], "trial": r["trial"], "status": r["status"], "error": r.get("error") or ""}
-                for r in records if r["status"] != "ok"]
+    failures = [Failure(r["arm"], r["trial"], r["status"], r.get("error") or "") for r in records
+                if r["status"] != "ok"]
     head = next((m for m in metrics if m.headline), None)
-    trials = [{"id": r.get("id"), "arm": r["arm"], "trial": r["trial"], "status": r["status"],
-               "value": (r.get("summary") or {}).get(head.name, {}).get("value") if head and head.source == "series"
-               else None,
-               "steps": [(s["step"], s["value"]) for s in r.get("samples") or []
-                         if head and s.get("series", "main") == head.name and s.get("value") is not None],
-               "telemetry": r.get("telemetry") or []} for r in records]
+    trials = [TrialFigure(r.get("id"), r["arm"], r["trial"], r["status"],
+                          (r.get("summary") or {}).get(head.name, {}).get("value")
+                          if head and head.source == "series" else None,
+                          [(s["step"], s["value"]) for s in r.get("samples") or []
+                           if head and s.get("series", "main") == head.name and s.get("value") is not None],
+                          r.get("telemetry") or []) for r in records]
     return Analysis(id=exp["id"], name=exp.get("name", exp["id"]), kind=exp.get("kind", ""),
                     workload=workload,
                     created=exp.get("created") or 0.0, meta=meta, margin=margin, confidence=confidence,
@@ -326,7 +392,7 @@ def _arm(name: str, overrides: dict[str, Any], recs: list[dict[str, Any]], metri
     return arm
 
 
-def _speedup(arms: list[ArmResult], head: Metric | None, confidence: float) -> list[dict[str, Any]]:
+def _speedup(arms: list[ArmResult], head: Metric | None, confidence: float) -> list[Speedup]:
     """GPU arm against CPU arm: CPU time / GPU time for the same work (for a rate: GPU rate / CPU rate)."""
     if head is None:
         return []
@@ -337,16 +403,15 @@ def _speedup(arms: list[ArmResult], head: Metric | None, confidence: float) -> l
         for g in gpus:
             cv, gv = list(c.values[head.name].values()), list(g.values[head.name].values())
             num, den = (cv, gv) if not head.higher_is_better else (gv, cv)
-            row = {"cpu_arm": c.name, "gpu_arm": g.name, "cpu_mean": c.summaries[head.name].get("mean"),
-                   "gpu_mean": g.summaries[head.name].get("mean"), "unit": head.unit,
-                   "speedup": sum(num) / len(num) / (sum(den) / len(den)), "ci_low": None, "ci_high": None}
+            row = Speedup(c.name, g.name, c.summaries[head.name].get("mean"), g.summaries[head.name].get("mean"),
+                          head.unit, sum(num) / len(num) / (sum(den) / len(den)))
             if len(cv) > 1 and len(gv) > 1:
-                _, row["ci_low"], row["ci_high"] = stats.ratio_interval(den, num, confidence)
+                _, row.ci_low, row.ci_high = stats.ratio_interval(den, num, confidence)
             rows.append(row)
     return rows
 
 
-def _scaling(arms: list[ArmResult], head: Metric | None, confidence: float) -> list[dict[str, Any]]:
+def _scaling(arms: list[ArmResult], head: Metric | None, confidence: float) -> list[Scaling]:
     """Scaling efficiency = N-GPU throughput / (N/N0 x N0-GPU throughput), against the arm with the
     fewest GPUs; only for rates (higher is better) and where arms differ in num_gpus."""
     if head is None or not head.higher_is_better:
@@ -362,12 +427,11 @@ def _scaling(arms: list[ArmResult], head: Metric | None, confidence: float) -> l
         av = list(a.values[head.name].values())
         mean = sum(av) / len(av)
         speedup = mean / bmean
-        row = {"arm": a.name, "num_gpus": a.num_gpus, "mean": mean, "unit": head.unit, "speedup": speedup,
-               "ideal": a.num_gpus / base.num_gpus, "efficiency": speedup / (a.num_gpus / base.num_gpus),
-               "eff_low": None, "eff_high": None, "baseline": base.name}
+        ideal = a.num_gpus / base.num_gpus
+        row = Scaling(a.name, a.num_gpus, mean, head.unit, speedup, ideal, speedup / ideal, baseline=base.name)
         if a is not base and len(av) > 1 and len(bv) > 1:
             _, low, high = stats.ratio_interval(bv, av, confidence)
-            row["eff_low"], row["eff_high"] = low / row["ideal"], high / row["ideal"]
+            row.eff_low, row.eff_high = low / ideal, high / ideal
         rows.append(row)
     return rows
 

@@ -126,8 +126,8 @@ def step_chart(a: Analysis) -> dict[str, Any] | None:
     if head is None:
         return None
     index = {arm.name: i for i, arm in enumerate(a.arms)}
-    lines = [{"name": f"{t['arm']} trial {t['trial'] + 1}", "colour": colour(index.get(t["arm"], 0)),
-              "points": [(float(s), float(v)) for s, v in t["steps"]]} for t in a.trials if t["steps"]]
+    lines = [{"name": f"{t.arm} trial {t.trial + 1}", "colour": colour(index.get(t.arm, 0)),
+              "points": [(float(s), float(v)) for s, v in t.steps]} for t in a.trials if t.steps]
     return line_chart(f"{head.name} per step, every trial", head.unit, "step", lines)
 
 
@@ -140,13 +140,13 @@ def telemetry_charts(a: Analysis) -> list[dict[str, Any]]:
         lines = []
         for t in a.trials:
             by_gpu: dict[Any, list[tuple[float, float]]] = {}
-            for row in t["telemetry"]:
+            for row in t.telemetry:
                 v = row.get(key)
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and row.get("t") is not None:
                     by_gpu.setdefault(row.get("gpu"), []).append((float(row["t"]), float(v)))
             for gpu, pts in by_gpu.items():
-                lines.append({"name": f"{t['arm']} trial {t['trial'] + 1} GPU {gpu}",
-                              "colour": colour(index.get(t["arm"], 0)), "points": pts})
+                lines.append({"name": f"{t.arm} trial {t.trial + 1} GPU {gpu}",
+                              "colour": colour(index.get(t.arm, 0)), "points": pts})
         chart = line_chart(f"{label} over time", unit, "seconds", lines, width=520, height=230)
         if chart:
             charts.append(chart)

@@ -113,8 +113,8 @@ def per_trial_table(a: Analysis) -> Table | None:
     if head is None:
         return None
     trials = sorted({t for arm in a.arms for t in arm.values.get(head.name, {})} |
-                    {f["trial"] for f in a.failures})
-    failed = {(f["arm"], f["trial"]): f["status"] for f in a.failures}
+                    {f.trial for f in a.failures})
+    failed = {(f.arm, f.trial): f.status for f in a.failures}
     rows = []
     for t in trials:
         row = [f"{a.name} #{t + 1}"]
@@ -130,9 +130,9 @@ def per_trial_table(a: Analysis) -> Table | None:
 def speedup_table(a: Analysis) -> Table | None:
     if not a.speedup:
         return None
-    unit = a.speedup[0]["unit"]
-    rows = [[a.name, r["cpu_arm"], fmt(r["cpu_mean"]), r["gpu_arm"], fmt(r["gpu_mean"]), f"{r['speedup']:.2f}×",
-             interval(r["ci_low"], r["ci_high"], 2)] for r in a.speedup]
+    unit = a.speedup[0].unit
+    rows = [[a.name, r.cpu_arm, fmt(r.cpu_mean), r.gpu_arm, fmt(r.gpu_mean), f"{r.speedup:.2f}×",
+             interval(r.ci_low, r.ci_high, 2)] for r in a.speedup]
     return Table("speedup", "Speed-up: CPU time / GPU time for the same work",
                  ["test case", "CPU arm", f"CPU {unit}", "GPU arm", f"GPU {unit}", "speed-up",
                   f"{100 * a.confidence:g}% CI"], rows, right={2, 4, 5, 6})
@@ -141,12 +141,10 @@ def speedup_table(a: Analysis) -> Table | None:
 def scaling_table(a: Analysis) -> Table | None:
     if not a.scaling:
         return None
-    unit = a.scaling[0]["unit"]
-    rows = [[r["arm"], str(r["num_gpus"]), fmt(r["mean"]), f"{r['speedup']:.2f}×", f"{r['ideal']:g}×",
-             f"{100 * r['efficiency']:.1f}%",
-             "-" if r["eff_low"] is None else f"{100 * r['eff_low']:.1f}% … {100 * r['eff_high']:.1f}%"]
-            for r in a.scaling]
-    return Table("scaling", f"Scaling: N-GPU throughput / (N x {a.scaling[0]['baseline']})",
+    unit = a.scaling[0].unit
+    rows = [[r.arm, str(r.num_gpus), fmt(r.mean), f"{r.speedup:.2f}×", f"{r.ideal:g}×", f"{100 * r.efficiency:.1f}%",
+             "-" if r.eff_low is None else f"{100 * r.eff_low:.1f}% … {100 * r.eff_high:.1f}%"] for r in a.scaling]
+    return Table("scaling", f"Scaling: N-GPU throughput / (N x {a.scaling[0].baseline})",
                  ["arm", "GPUs", unit, "speed-up", "ideal", "scaling efficiency", f"{100 * a.confidence:g}% CI"],
                  rows, right={1, 2, 3, 4, 5, 6})
 
@@ -175,8 +173,7 @@ def fingerprint_table(a: Analysis) -> Table | None:
 def failure_table(a: Analysis) -> Table | None:
     if not a.failures:
         return None
-    rows = [[f["arm"], str(f["trial"] + 1), f["status"], f["error"].splitlines()[0][:200] if f["error"] else "-"]
-            for f in a.failures]
+    rows = [[f.arm, str(f.trial + 1), f.status, f.error.splitlines()[0][:200] if f.error else "-"] for f in a.failures]
     return Table("failures", "Trials that did not finish", ["arm", "trial", "status", "error"], rows)
 
 
