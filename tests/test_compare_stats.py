@@ -20,9 +20,9 @@ def test_per_trial_helpers_match_scipy_and_numpy():
     assert stats.std_error(x) == pytest.approx(st.sem(x))
     assert stats.jitter(x) == pytest.approx(st.median_abs_deviation(x, scale="normal"), rel=1e-4)
     s = stats.summarize_trials(x)
-    assert s["mean"] == pytest.approx(np.mean(x)) and s["std"] == pytest.approx(np.std(x, ddof=1))
+    assert s.mean == pytest.approx(np.mean(x)) and s.std == pytest.approx(np.std(x, ddof=1))
     low, high = st.t.interval(0.95, x.size - 1, loc=x.mean(), scale=st.sem(x))
-    assert (s["ci_low"], s["ci_high"]) == (pytest.approx(low), pytest.approx(high))
+    assert (s.ci_low, s.ci_high) == (pytest.approx(low), pytest.approx(high))
 
 
 def test_ratio_interval_is_welch_on_mean_scaled_values_as_scipy_computes_it():

@@ -5,23 +5,26 @@ import numpy as np
 import pytest
 
 from gpuvs import comparison
+from gpuvs.records import ArmMeta, ExperimentMeta, ExperimentRecord, MetricValue, TrialRecord
 from gpuvs.report import markdown, tables
+from gpuvs.spec import EnvSpec, RunSpec
+from gpuvs.stats import SeriesSummary
 
 
 def record(arm, trial, value, *, device="cpu", num_gpus=1, unit="images/sec", fp=None, status="ok", attempt=0,
            metrics=None, env=None):
-    return {"id": None, "arm": arm, "trial": trial, "attempt": attempt, "status": status,
-            "error": None if status == "ok" else "boom",
-            "spec": {"workload": "cnn-train", "device": device, "num_gpus": num_gpus, "env": env or {"kind": "host"}},
-            "summary": {"main": {"value": value, "unit": unit, "higher_is_better": unit != "ms"}} if status == "ok"
-            else {},
-            "metrics": metrics or {}, "startup": {"first_step_s": 1.0}, "fingerprint": fp or {"driver": "580", "torch": "2.11"}}
+    ok = status == "ok"
+    return TrialRecord(None, "exp-1", f"{arm}-{trial}-{attempt}", arm, trial, attempt=attempt, workload="cnn-train",
+                       status=status, error=None if ok else "boom",
+                       spec=RunSpec("cnn-train", device=device, num_gpus=num_gpus, env=env or EnvSpec()),
+                       summary={"main": SeriesSummary(1, unit, value=value)} if ok else {},
+                       metrics={k: MetricValue(v, u) for k, (v, u) in (metrics or {}).items()},
+                       startup={"first_step_s": 1.0}, fingerprint=fp or {"driver": "580", "torch": "2.11"})
 
 
 def header(arms, name="study", margin=0.02, workload="cnn-train"):
-    return {"id": "exp-1", "name": name, "kind": "compare", "created": 0.0,
-            "meta": {"margin": margin, "confidence": 0.95, "workload": workload,
-                     "arms": [{"name": a, "overrides": o} for a, o in arms]}}
+    return ExperimentRecord("exp-1", name, "compare", 0.0, ExperimentMeta(
+        margin=margin, confidence=0.95, workload=workload, arms=[ArmMeta(a, o) for a, o in arms]))
 
 
 def test_gpu_vs_cpu_speedup_and_per_trial_table():
@@ -69,7 +72,7 @@ def test_scaling_efficiency_against_the_fewest_gpus():
 
 
 def test_every_series_and_metric_gets_a_row_the_headline_first_the_others_behind_its_gate():
-    m = lambda v: {"latency_p99_ms": {"value": v, "unit": "ms"}}  # noqa: E731
+    m = lambda v: {"latency_p99_ms": (v, "ms")}  # noqa: E731
     recs = [record("a", t, 100.0 + t + 0.01 * t * t, metrics=m(10.0 + t / 10)) for t in range(3)]
     recs += [record("b", t, 100.0 + t, metrics=m(12.0 + t / 10)) for t in range(3)]
     a = comparison.analyse(header([("a", {}), ("b", {"x": 1})]), recs)
@@ -111,7 +114,7 @@ def test_arms_that_vary_the_device_are_not_flagged_for_the_gpu_it_brings():
     the device was varied; a difference in anything else (torch) is still flagged."""
     gpu = {"driver": "580", "torch": "2.11", "gpu_name": "H100", "gpu_count": 1, "cpu_model": "Xeon"}
     cpu = {"driver": None, "torch": "2.11", "gpu_name": None, "gpu_count": 0, "cpu_model": "Xeon"}
-    pod = {"kind": "pod", "options": {"image": "x"}}
+    pod = EnvSpec("pod", {"image": "x"})
     recs = [record("gpu", t, 1000.0, device="cuda", fp=gpu, env=pod) for t in range(2)]
     recs += [record("cpu", t, 20.0, fp=cpu, env=pod) for t in range(2)]
     for overrides in ({"device": "cuda"}, {}):  # from --arm device=... or two stored experiments: no overrides

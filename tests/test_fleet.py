@@ -11,6 +11,7 @@ import pytest
 
 from gpuvs.fleet import adaptive, fingerprints, labels, nodes, schedule, simulate, verdicts
 from gpuvs.fleet.run import FleetResult, NodeRow, sort_rows
+from gpuvs.records import ExperimentMeta
 from gpuvs.report import fleet as report
 
 
@@ -280,7 +281,7 @@ def test_fleet_run_with_real_workers_stores_every_trial_and_a_failing_node_is_a_
 
     base = RunSpec(workload="selftest", params={"steps": 3, "step_seconds": 0.01}, device="cpu")
     names = ["n1", "n2", "n3", "bad"]
-    exp = fleet_run.fleet_experiment("fleet test", base, names, {"command": "test"}, seed=4)
+    exp = fleet_run.fleet_experiment("fleet test", base, names, ExperimentMeta(command="test"), seed=4)
     for arm in exp.arms:  # host workers take no node option; one "node" crashes at once
         arm.overrides = {"fail_at_step": 1} if arm.name == "bad" else {}
     starts: list = []
@@ -297,10 +298,10 @@ def test_fleet_run_with_real_workers_stores_every_trial_and_a_failing_node_is_a_
     assert rows["gone"].verdict == "excluded" and rows["gone"].reason == "not ready: x"
     assert all(rows[n].n_ok == 4 for n in ("n1", "n2", "n3"))
     assert all(rows[n].verdict in ("equivalent", "inconclusive") for n in ("n1", "n2", "n3"))
-    assert len(stored) == 13 and {t["arm"] for t in stored} == set(names)
+    assert len(stored) == 13 and {t.arm for t in stored} == set(names)
     assert 2 <= ex.max_in_flight <= 3
     for n in names:  # never two trials of one node at once
-        spans = sorted((t["started"], t["ended"]) for t in stored if t["arm"] == n)
+        spans = sorted((t.started, t.ended) for t in stored if t.arm == n)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     assert [r.node for r in result.rows][-2:] == ["bad", "gone"]
     # stored like any experiment: gpuvs report renders the fleet again, in any format
@@ -340,8 +341,8 @@ def test_spin_reports_operations_per_second(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     with Store(tmp_path / "s.db") as st:
         (trial,) = st.trials()
-        samples = st.samples(trial["id"])
-    main = trial["summary"]["main"]
-    assert main["unit"] == "ops/sec" and main["higher_is_better"] and main["n"] == 3
-    assert main["total_items"] == 60000 and main["value"] == pytest.approx(60000 / main["total_seconds"])
-    assert [s["step"] for s in samples] == [1, 2, 3] and "warmup_s" in trial["startup"]
+        samples = st.samples(trial.id)
+    main = trial.summary["main"]
+    assert main.unit == "ops/sec" and main.higher_is_better and main.n == 3
+    assert main.total_items == 60000 and main.value == pytest.approx(60000 / main.total_seconds)
+    assert [s.step for s in samples] == [1, 2, 3] and "warmup_s" in trial.startup

@@ -5,6 +5,7 @@ escaped. The experiment is written through the real store API with telemetry row
 import math
 
 from gpuvs import comparison, events, stats
+from gpuvs.records import ExperimentMeta, SampleRecord
 from gpuvs.report import html
 from gpuvs.runner import Arm, Experiment
 from gpuvs.spec import RunSpec
@@ -19,11 +20,9 @@ def synthetic_experiment(path):
     driver that differs between the arms although nobody varied it."""
     exp = Experiment(f"{EVIL} study", RunSpec(workload="cnn-train", device="cuda"),
                      [Arm("base"), Arm(EVIL, {"precision": "bf16"})], trials=3, seed=2, kind="compare",
-                     meta={"margin": 0.02, "confidence": 0.95})
+                     meta=ExperimentMeta(margin=0.02, confidence=0.95))
     with Store(path) as st:
-        st.create_experiment(exp.id, exp.name, exp.kind, {**exp.meta, "workload": "cnn-train",
-                                                          "arms": [{"name": a.name, "overrides": a.overrides}
-                                                                   for a in exp.arms]})
+        st.create_experiment(exp.id, exp.name, exp.kind, exp.stored_meta())
         for k, spec in enumerate(exp.order()):
             tid = st.begin_trial(spec)
             rate = (1100.0 if spec.arm == EVIL else 1000.0) * (1 + 0.002 * math.sin(k))
@@ -38,7 +37,8 @@ def synthetic_experiment(path):
                                    "sm_clock_mhz": 1980, "temp_c": 50 + i / 3, "throttle": []})
             fp = {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "torch": "2.11.0",
                   "driver": "580.65" if spec.arm == "base" else "575.51", "cpu_model": "Xeon"}
-            st.finish_trial(tid, "ok", fingerprint=fp, summary=stats.summarize_samples(samples),
+            st.finish_trial(tid, "ok", fingerprint=fp,
+                            summary=stats.summarize_samples([SampleRecord.from_event(e) for e in samples]),
                             startup={"first_step_s": 1.5, "import_s": 2.0})
         return comparison.from_store(st, exp.id)
 

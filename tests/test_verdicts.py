@@ -16,9 +16,12 @@ import pytest
 from rich.console import Console
 
 from gpuvs import comparison, events, family, stats, workloads
+from gpuvs.records import ArmMeta, ExperimentMeta, ExperimentRecord, SampleRecord, TrialRecord
 from gpuvs.report import tables
 from gpuvs.report.terminal import StepLog
 from gpuvs.sequential import Plan, nominal_levels
+from gpuvs.spec import RunSpec
+from gpuvs.stats import SeriesSummary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,10 +58,11 @@ def test_step_log_and_trial_figure_are_get_perf_timing():
         rate, pm, jitter = perf_timing_formula(64, times[:n])
         assert f"images/sec: {rate:.1f} +/- {pm:.1f} (jitter = {jitter:.1f})" in line
         assert rate != pytest.approx(np.mean(64 / np.array(times[:n])), rel=1e-3)  # not the mean of rates
-    summary = stats.summarize_samples([events.sample(i, 64 / s, "images/sec", seconds=s, items=64)
-                                       for i, s in enumerate(times)])["main"]
+    summary = stats.summarize_samples([SampleRecord.from_event(events.sample(i, 64 / s, "images/sec", seconds=s,
+                                                                             items=64)) for i, s in enumerate(times)])
+    summary = summary["main"]
     rate, pm, _ = perf_timing_formula(64, times)
-    assert summary["value"] == pytest.approx(rate) and summary["pm"] == pytest.approx(pm)
+    assert summary.value == pytest.approx(rate) and summary.pm == pytest.approx(pm)
 
 
 # -- declarations -----------------------------------------------------------------------------------
@@ -133,12 +137,11 @@ def test_no_zero_width_interval_from_identical_values():
     # the floor of 1% per trial: se(log R) = sqrt(0.01^2 / 2 + 0.01^2 / 2) = 0.01
     assert r.se_log == pytest.approx(0.01) and r.ci_high / r.ci_low > 1.05
     # from the store: each trial's own +/- (per-step spread) and the timer's resolution
-    recs = [{"id": None, "arm": arm, "trial": t, "attempt": 0, "status": "ok", "error": None,
-             "spec": {"workload": "cnn-train", "device": "cpu", "env": {"kind": "host"}},
-             "summary": {"main": {"value": v, "unit": "images/sec", "pm": 0.01 * v, "total_seconds": 2.0}},
-             "metrics": {}, "startup": {}, "fingerprint": {}} for arm, v in (("a", 100.0), ("b", 103.0)) for t in range(2)]
-    a = comparison.analyse({"id": "e", "name": "e", "kind": "compare", "meta": {"workload": "cnn-train",
-                            "arms": [{"name": "a"}, {"name": "b"}]}}, recs)
+    recs = [TrialRecord(None, "e", f"{arm}{t}", arm, t, status="ok", spec=RunSpec("cnn-train", device="cpu"),
+                        summary={"main": SeriesSummary(2, "images/sec", value=v, pm=0.01 * v, total_seconds=2.0)})
+            for arm, v in (("a", 100.0), ("b", 103.0)) for t in range(2)]
+    a = comparison.analyse(ExperimentRecord("e", "e", "compare", 0.0, ExperimentMeta(
+        workload="cnn-train", arms=[ArmMeta("a"), ArmMeta("b")])), recs)
     (v,) = a.verdicts
     assert v.ci_low < v.ratio < v.ci_high and v.se_log == pytest.approx(0.01, rel=1e-3)
 

@@ -1,4 +1,6 @@
-"""Summaries of samples (per trial) and of trials (per arm).
+"""Summaries of samples (per trial) and of trials (per arm), and the comparison of two arms, as typed
+records: SeriesSummary, TrialsSummary, LogRatio, Comparison. Their to_dict() is the JSON the worker
+protocol, the store and `--format json` carry (the same keys as ever; from_dict reads it back).
 
 Per trial, tf_cnn_benchmarks semantics: throughput = total items / total time (not the mean of
 per-step rates); +/- = standard deviation of per-step rates / sqrt(steps); jitter = 1.4826 x the
@@ -7,8 +9,8 @@ median absolute deviation of per-step rates."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from typing import Any, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -20,6 +22,16 @@ def _known(cls, data: Mapping[str, Any]) -> dict[str, Any]:
     earlier version did not write keeps the field's default; one a later version added is left out)."""
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in data.items() if k in names}
+
+
+class Sample(Protocol):
+    """What a summary reads of a sample (records.SampleRecord; the worker's sample events, once read)."""
+
+    series: str
+    value: float | None
+    unit: str | None
+    seconds: float | None
+    items: float | None
 
 
 def perf_timing(items: Sequence[float], seconds: Sequence[float]) -> tuple[float, float, float]:
@@ -48,39 +60,84 @@ def std_error(values: Sequence[float]) -> float:
     return float(arr.std(ddof=1) / math.sqrt(arr.size))
 
 
-def summarize_series(samples: Iterable[dict[str, Any]], better: str | None = None) -> dict[str, Any]:
-    """One series of one trial. Samples are protocol dicts (value, seconds, items, unit); `better` is
-    the workload's declaration (higher, lower, neither; None: undeclared), never read from the unit."""
+_DIRECTION = {"higher": True, "lower": False}
+
+
+@dataclass
+class SeriesSummary:
+    """One series of one trial. value: the trial's figure (total items over total time where every step
+    is timed, else the mean of the step values); better: the workload's declaration (higher, lower,
+    neither; None: undeclared), never read from the unit. The figures are there once a step had a value
+    (n > 0); total_seconds and total_items where every step was timed."""
+
+    n: int = 0
+    unit: str | None = ""
+    better: str | None = None
+    higher_is_better: bool | None = None
+    value: float | None = None
+    total_seconds: float | None = None
+    total_items: float | None = None
+    mean: float | None = None
+    pm: float | None = None
+    jitter: float | None = None
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary's JSON: n, unit, better and higher_is_better always, each figure where there is one."""
+        out: dict[str, Any] = {"n": self.n, "unit": self.unit, "better": self.better,
+                               "higher_is_better": self.higher_is_better}
+        for f in fields(self)[4:]:
+            value = getattr(self, f.name)
+            if value is not None:
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SeriesSummary:
+        """A stored summary. One written before `better` existed has better None (undeclared: its unit was
+        never a declaration) and keeps its higher_is_better."""
+        out = cls(**_known(cls, data))
+        if "higher_is_better" not in data:
+            out.higher_is_better = _DIRECTION.get(out.better or "")
+        return out
+
+
+def summarize_series(samples: Iterable[Sample], better: str | None = None) -> SeriesSummary:
+    """One series of one trial (samples: SampleRecords); `better` is the workload's declaration (higher,
+    lower, neither; None: undeclared), never read from the unit."""
     samples = list(samples)
-    values = [s["value"] for s in samples if s.get("value") is not None]
-    unit = samples[0].get("unit", "") if samples else ""
-    out: dict[str, Any] = {"n": len(values), "unit": unit, "better": better,
-                           "higher_is_better": {"higher": True, "lower": False}.get(better or "")}
+    values = [s.value for s in samples if s.value is not None]
+    out = SeriesSummary(n=len(values), unit=samples[0].unit if samples else "", better=better,
+                        higher_is_better=_DIRECTION.get(better or ""))
     if not values:
         return out
     arr = np.asarray(values, dtype=float)
-    secs = [s.get("seconds") for s in samples]
-    items = [s.get("items") for s in samples]
+    secs = [s.seconds for s in samples]
+    items = [s.items for s in samples]
     timed = all(x is not None for x in secs) and all(x is not None for x in items) and sum(secs) > 0
     if timed:
-        out["value"], pm, _ = perf_timing(items, secs)  # total items over total time, as tf_cnn_benchmarks
-        out["total_seconds"] = float(sum(secs))
-        out["total_items"] = float(sum(items))
+        out.value, out.pm, _ = perf_timing(items, secs)  # total items over total time, as tf_cnn_benchmarks
+        out.total_seconds = float(sum(secs))
+        out.total_items = float(sum(items))
     else:
-        out["value"], pm = float(arr.mean()), std_error(arr)
-    out.update(mean=float(arr.mean()), pm=pm, jitter=jitter(arr), median=float(np.median(arr)),
-               min=float(arr.min()), max=float(arr.max()),
-               p50=float(np.percentile(arr, 50)), p90=float(np.percentile(arr, 90)),
-               p99=float(np.percentile(arr, 99)))
+        out.value, out.pm = float(arr.mean()), std_error(arr)
+    out.mean, out.jitter, out.median = float(arr.mean()), jitter(arr), float(np.median(arr))
+    out.min, out.max = float(arr.min()), float(arr.max())
+    out.p50, out.p90, out.p99 = (float(np.percentile(arr, q)) for q in (50, 90, 99))
     return out
 
 
-def summarize_samples(samples: Iterable[dict[str, Any]], declared=None) -> dict[str, dict[str, Any]]:
+def summarize_samples(samples: Iterable[Sample], declared=None) -> dict[str, SeriesSummary]:
     """{series: summary} in the order series first appear. `declared(name)` is the workload's
     declaration of a series (Workload.declared) or None."""
-    by_series: dict[str, list[dict[str, Any]]] = {}
+    by_series: dict[str, list[Sample]] = {}
     for s in samples:
-        by_series.setdefault(s.get("series", "main"), []).append(s)
+        by_series.setdefault(s.series, []).append(s)
     out = {}
     for name, group in by_series.items():
         decl = declared(name) if declared else None
@@ -98,17 +155,40 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float
     return mean, mean - half, mean + half
 
 
-def summarize_trials(values: Sequence[float], confidence: float = 0.95) -> dict[str, Any]:
+@dataclass
+class TrialsSummary:
+    """Across trials of one arm: the per-trial figures, their mean, spread and Student-t interval (the
+    figures are there once there is a value: n > 0; the interval is nan under 2)."""
+
+    n: int = 0
+    values: list[float] = field(default_factory=list)
+    mean: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    confidence: float | None = None
+    std: float | None = None
+    cv: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"n": self.n, "values": list(self.values)}
+        if self.n:
+            out.update((f.name, getattr(self, f.name)) for f in fields(self)[2:])
+        return out
+
+
+def summarize_trials(values: Sequence[float | None], confidence: float = 0.95) -> TrialsSummary:
     """Across trials of one arm: the per-trial figures, their mean, spread and CI."""
     arr = np.asarray([v for v in values if v is not None], dtype=float)
-    out: dict[str, Any] = {"n": int(arr.size), "values": [float(v) for v in arr]}
+    out = TrialsSummary(n=int(arr.size), values=[float(v) for v in arr])
     if arr.size == 0:
         return out
-    mean, low, high = t_interval(arr, confidence)
-    out.update(mean=mean, ci_low=low, ci_high=high, confidence=confidence,
-               std=float(arr.std(ddof=1)) if arr.size > 1 else 0.0,
-               cv=float(arr.std(ddof=1) / mean) if arr.size > 1 and mean else 0.0,
-               min=float(arr.min()), max=float(arr.max()))
+    out.mean, out.ci_low, out.ci_high = t_interval(arr, confidence)
+    out.confidence = confidence
+    out.std = float(arr.std(ddof=1)) if arr.size > 1 else 0.0
+    out.cv = float(arr.std(ddof=1) / out.mean) if arr.size > 1 and out.mean else 0.0
+    out.min, out.max = float(arr.min()), float(arr.max())
     return out
 
 

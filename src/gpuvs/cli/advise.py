@@ -19,6 +19,7 @@ from gpuvs.cli.run import PASS_THROUGH, resolve_device
 from gpuvs.cli.share import _mem, job_spec
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
+from gpuvs.records import ExperimentMeta
 from gpuvs.report.sharing import figure_text, ratio_text
 from gpuvs.report.numbers import fmt
 from gpuvs.runner import Runner, validate_spec
@@ -86,7 +87,7 @@ def advise_mps(ctx: typer.Context) -> None:
     total = gpu_memory_total_mib(device)
     with Store(run["store"]) as store:
         store.create_experiment(exp_id, run["name"] or f"advise-mps {len(pairs)} pair(s)", "advise-mps",
-                                {"pairs": texts, "options": ao})
+                                ExperimentMeta(pairs=texts, options=ao))
         runner = Runner(store, timeout_s=run["timeout"] + ao["duration"])
         coord = Coordinator(runner, ao["duration"], say=lambda s: console.print("  " + s))
         save = (lambda: _write_json(ao["json"], pairs, total, ao["margin"])) if ao["json"] else (lambda: None)

@@ -25,6 +25,7 @@ from gpuvs.errors import RunFailed, UsageError
 from gpuvs.fleet import adaptive, kube, labels, nodes
 from gpuvs.fleet import run as fleet_run
 from gpuvs.params import Param
+from gpuvs.records import ExperimentMeta
 from gpuvs.report import fleet as report
 from gpuvs.report import terminal
 from gpuvs.runner import Runner, TrialResult, validate_spec
@@ -122,8 +123,8 @@ def fleet(ctx: typer.Context) -> None:
         raise UsageError(f"--reference {o['reference']}: not one of the fleet's nodes that can run the pod "
                          f"({', '.join(n.name for n in chosen) or 'none'})")
     exp = fleet_run.fleet_experiment(run["name"] or f"fleet {prep.workload.name}", base, [n.name for n in chosen],
-                                     {"command": "gpuvs fleet " + shlex.join(args), "margin": o["margin"],
-                                      "confidence": o["confidence"]}, run["order_seed"])
+                                     ExperimentMeta(command="gpuvs fleet " + shlex.join(args), margin=o["margin"],
+                                                    confidence=o["confidence"]), run["order_seed"])
     usable = []
     for node, arm in zip(chosen, exp.arms):  # the pod environment's own checks, per node: a refusal is a row
         try:

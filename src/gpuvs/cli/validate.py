@@ -13,6 +13,7 @@ import typer
 
 from gpuvs.cli import app
 from gpuvs.errors import RunFailed, UsageError
+from gpuvs.records import ExperimentMeta
 from gpuvs.report import validation
 from gpuvs.store import Store
 
@@ -90,12 +91,12 @@ def validate(image: str = typer.Option(..., "--image", help="image of the probe 
     st = Store(store)  # a store that cannot be written says so before anything starts
     run = uuid.uuid4().hex[:8]
     exp_id = time.strftime("%Y%m%d-%H%M%S-") + run[:6]
-    meta = {"host": cluster.host, "source": cluster.source, "namespace": cluster.namespace,
-            "settings": s.__dict__, "checks": [], "finished": False}
+    meta = ExperimentMeta(host=cluster.host, source=cluster.source, namespace=cluster.namespace, settings=s.__dict__,
+                          checks=[], finished=False)
     label = name or f"validate {cluster.host}"
 
     def record(row) -> None:
-        meta["checks"].append(row.to_dict())
+        meta.checks.append(row.to_dict())
         st.set_meta(exp_id, meta)
         mark = {"pass": "ok  ", "FAIL": "FAIL", "not run": "--  "}.get(row.status, row.status)
         print(f"  {mark} {row.suite}: {row.check}: {row.detail}", file=sys.stderr, flush=True)
@@ -110,9 +111,9 @@ def validate(image: str = typer.Option(..., "--image", help="image of the probe 
             functional.run(suite)
             if disruptive:
                 availability.run(suite)
-            meta["finished"] = True
+            meta.finished = True
         except KeyboardInterrupt as exc:
-            meta["stopped"] = str(exc) or "interrupted"
+            meta.stopped = str(exc) or "interrupted"
             raise
         finally:
             problems = suite.clean_up()

@@ -5,6 +5,8 @@ runner's LiveTrial, so every event is stored as it arrives like any experiment; 
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -14,6 +16,7 @@ from gpuvs.errors import UsageError, interruption
 from gpuvs.fleet import adaptive, fingerprints
 from gpuvs.fleet.nodes import Excluded, NodeInfo
 from gpuvs.fleet.schedule import Item, Slots
+from gpuvs.records import ExperimentMeta
 from gpuvs.runner import Arm, Experiment, LiveTrial, Runner, TrialResult
 
 POLL_S = 0.05
@@ -78,7 +81,7 @@ class Executor:
         self.results: list[TrialResult] = []
         self.failed_nodes: dict[str, str] = {}  # node -> why it ran nothing
         self.max_in_flight = 0
-        self.value_of: Callable[[TrialResult], float | None] = lambda r: r.primary().get("value")
+        self.value_of: Callable[[TrialResult], float | None] = lambda r: r.primary().value if r.primary() else None
 
     def __call__(self, items: list[Item]) -> dict[str, list[float]]:
         slots = Slots([it for it in items if it[0] not in self.failed_nodes], self.parallel)
@@ -157,7 +160,7 @@ def headline_higher(workload: str) -> bool:
     return decl.better == "higher"
 
 
-def fleet_experiment(name: str, base, nodes: list[str], meta: dict[str, Any], seed: int | None) -> Experiment:
+def fleet_experiment(name: str, base, nodes: list[str], meta: ExperimentMeta, seed: int | None) -> Experiment:
     """One arm per node, pinned to it through the pod environment's `node` option."""
     return Experiment(name=name, base=base, arms=[Arm(n, {"node": n}) for n in nodes], trials=0, seed=seed,
                       kind="fleet", meta=meta)
@@ -169,10 +172,9 @@ def run(runner: Runner, exp: Experiment, nodes: list[NodeInfo], excluded: list[E
     """Create the experiment in the store, run the fleet, and keep the result with it."""
     t0 = time.monotonic()
     higher = headline_higher(exp.base.workload)
-    runner.store.create_experiment(exp.id, exp.name, exp.kind, {**exp.meta, "workload": exp.base.workload,
-                                                                "base": exp.base.to_dict(), "seed": exp.seed,
-                                                                "arms": [{"name": a.name, "overrides": a.overrides}
-                                                                         for a in exp.arms]})
+    if exp.seed is None:  # drawn once and stored, as every experiment's trial order seed: the order can be re-made
+        exp.seed = random.SystemRandom().randrange(2**31)
+    runner.store.create_experiment(exp.id, exp.name, exp.kind, dataclasses.replace(exp.stored_meta(), trials=None))
     ex = Executor(runner, exp, parallel, on_end)
     outcome = adaptive.run([n.name for n in nodes], ex, plan, higher_is_better=higher, margin=margin,
                            confidence=confidence, reference=reference, seed=exp.seed)
@@ -211,7 +213,7 @@ def build(exp: Experiment, nodes: list[NodeInfo], excluded: list[Excluded], outc
     rows += [NodeRow(e.node, "excluded", reason=e.reason) for e in excluded]
     return FleetResult(id=exp.id, workload=exp.base.workload, unit=unit, higher_is_better=higher, margin=margin,
                        confidence=confidence, plan=asdict(plan), control=outcome.control.to_dict(),
-                       looks_used=outcome.looks_used, rows=sort_rows(rows), command=exp.meta.get("command", ""))
+                       looks_used=outcome.looks_used, rows=sort_rows(rows), command=exp.meta.command or "")
 
 
 def sort_rows(rows: list[NodeRow]) -> list[NodeRow]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from gpuvs.comparison import Analysis, fingerprint_rows
 from gpuvs.family import MetricVerdict
 from gpuvs.report.numbers import fmt
+from gpuvs.stats import TrialsSummary
 
 
 @dataclass
@@ -83,7 +84,7 @@ def verdict_table(a: Analysis) -> Table | None:
             f"verdict, the other metrics are tested with Holm's method once the headline shows a difference, "
             "else descriptive; each metric's direction and words are the workload's declaration. "
             + "families: " + "; ".join(fams)
-            + ("" if a.meta.get("interleaved", True) else
+            + ("" if a.meta.interleaved is not False else
                ". Not interleaved: drift between the two experiments cannot be told apart from the change"))
     return Table("verdicts", f"Verdict: each arm against {a.arms[0].name}",
                  ["metric", "arm", f"{a.arms[0].name} mean", "arm mean", "ratio", "CI", "verdict", "tested as",
@@ -94,13 +95,12 @@ def arm_table(a: Analysis) -> Table | None:
     rows = []
     for arm in a.arms:
         for m in a.metrics:
-            s = arm.summaries.get(m.name, {})
-            n = s.get("n", 0)
+            s = arm.summaries.get(m.name) or TrialsSummary()
+            n = s.n
             rows.append([arm.name, m.name, arm.device + (f" x{arm.num_gpus}" if arm.num_gpus > 1 else ""), arm.env,
-                         f"{n}/{arm.n_total}", fmt(s.get("mean")),
-                         interval(s.get("ci_low"), s.get("ci_high"), 1) if n > 1 else "-",
-                         f"{fmt(s.get('min'))} … {fmt(s.get('max'))}" if n else "-",
-                         f"{100 * s.get('cv', 0):.2f}%" if n > 1 else "-", m.unit])
+                         f"{n}/{arm.n_total}", fmt(s.mean), interval(s.ci_low, s.ci_high, 1) if n > 1 else "-",
+                         f"{fmt(s.min)} … {fmt(s.max)}" if n else "-", f"{100 * (s.cv or 0):.2f}%" if n > 1 else "-",
+                         m.unit])
     if not rows:
         return None
     return Table("arms", "Summary per arm (mean of per-trial figures)",
@@ -206,15 +206,15 @@ def header_lines(a: Analysis) -> list[tuple[str, str]]:
 
     lines = [("experiment", f"{a.name} ({a.id})"), ("workload", a.workload),
              ("created", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.created)) if a.created else "-")]
-    base = a.meta.get("base") or {}
-    if base.get("params"):
-        lines.append(("parameters", " ".join(f"{k}={v}" for k, v in base["params"].items())))
+    meta = a.meta
+    if meta.base is not None and meta.base.params:
+        lines.append(("parameters", " ".join(f"{k}={v}" for k, v in meta.base.params.items())))
     for arm in a.arms:
         lines.append((f"arm {arm.name}", " ".join(f"{k}={v}" for k, v in arm.overrides.items()) or "(the base)"))
-    if a.meta.get("command"):
-        lines.append(("command", a.meta["command"]))
-    if a.meta.get("file"):
-        lines.append(("file", a.meta["file"]))
-    if a.meta.get("seed") is not None:
-        lines.append(("trial order seed (--order-seed)", str(a.meta["seed"])))
+    if meta.command:
+        lines.append(("command", meta.command))
+    if meta.file:
+        lines.append(("file", meta.file))
+    if meta.seed is not None:
+        lines.append(("trial order seed (--order-seed)", str(meta.seed)))
     return lines
