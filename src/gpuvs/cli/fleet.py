@@ -24,6 +24,7 @@ from gpuvs.cli.run import PASS_THROUGH, prepare
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.fleet import adaptive, kube, labels, nodes
 from gpuvs.fleet import run as fleet_run
+from gpuvs.fleet.result import NodeLabels
 from gpuvs.params import Param
 from gpuvs.records import ExperimentMeta
 from gpuvs.report import fleet as report
@@ -158,8 +159,7 @@ def fleet(ctx: typer.Context) -> None:
             outcome = ([(c.node, "dry run: not written") for c in changes] if o["dry_run"]
                        else [(n, err or "written") for n, err in labels.apply(cluster.core, changes)])
             status = dict(outcome)
-            result.labels = [{"node": c.node, "labels": c.labels, "annotations": c.annotations,
-                              "status": status[c.node]} for c in changes]
+            result.labels = [NodeLabels(c.node, c.labels, c.annotations, status[c.node]) for c in changes]
         st.update_meta(exp.id, fleet=result.to_dict())
     text = report.render(o["format"], result)
     if o["output"]:

@@ -65,7 +65,7 @@ def report(ident: str = typer.Argument(..., help="an experiment id (a unique pre
         if exp.kind == validation.KIND:
             return _write(validation.render(fmt, exp), output, exp_id)
         if exp.meta.fleet:  # a gpuvs fleet run: its own report (one row per node)
-            from gpuvs.fleet.run import FleetResult
+            from gpuvs.fleet.result import FleetResult
             from gpuvs.report import fleet as fleet_report
 
             return _write(fleet_report.render(fmt, FleetResult.from_dict(exp.meta.fleet)), output, exp_id)

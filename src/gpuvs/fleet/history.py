@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from scipy import special
 
 from gpuvs.fleet import verdicts
+from gpuvs.fleet.result import FleetResult
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,18 @@ def points_from_run(run_id: str, time: float, workload: str, values: Mapping[str
     said = fleet_verdicts or {}
     return [HistoryPoint(run_id, float(time), workload, node, b.mean, unit, b.log_speed, b.se, b.df, b.n,
                          b.reference, said.get(node, ""), confidence) for node, b in speeds.items()]
+
+
+def points_from_fleet(result: FleetResult, time: float) -> list[HistoryPoint]:
+    """The points of one stored fleet run from its own rows (FleetResult, as `gpuvs fleet` keeps it with
+    the experiment; `time`: the experiment's `created`): each compared node's log speed against its
+    reference, with its standard error and df, as the run computed them (the same figures points_from_run
+    makes again from the run's trials). Rows without them (the reference node, failed or excluded nodes,
+    results stored before rows kept them) have no point; for those runs, points_from_run on the stored
+    trials gives them."""
+    return [HistoryPoint(result.id, float(time), result.workload, r.node, r.mean, result.unit, r.log_speed, r.se,
+                         r.df, r.n_ok, tuple(r.reference), r.verdict, result.confidence)
+            for r in result.rows if r.log_speed is not None and r.mean is not None]
 
 
 def histories(points: Iterable[HistoryPoint]) -> list[NodeHistory]:

@@ -8,67 +8,18 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from gpuvs import workloads
 from gpuvs.errors import UsageError, interruption
 from gpuvs.fleet import adaptive, fingerprints
 from gpuvs.fleet.nodes import Excluded, NodeInfo
+from gpuvs.fleet.result import FleetResult, NodeLabels, NodeRow  # noqa: F401  (the run's result, re-exported)
 from gpuvs.fleet.schedule import Item, Slots
 from gpuvs.records import ExperimentMeta
 from gpuvs.runner import Arm, Experiment, LiveTrial, Runner, TrialResult
 
 POLL_S = 0.05
-
-
-@dataclass
-class NodeRow:
-    node: str
-    verdict: str  # slower | faster | equivalent | inconclusive | reference | failed | excluded
-    reason: str = ""
-    n_ok: int = 0
-    n_trials: int = 0
-    mean: float | None = None
-    speed: float | None = None  # relative to the fleet; below 1 is slower, whatever the unit
-    ratio: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    speed_low: float | None = None
-    speed_high: float | None = None
-    p_adjusted: float | None = None  # of the verdict that was reached (different or equivalent)
-    reference: list[str] = field(default_factory=list)
-    differs: dict[str, list[Any]] = field(default_factory=dict)  # label -> [its value, the majority's]
-    fingerprint: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class FleetResult:
-    id: str
-    workload: str
-    unit: str
-    higher_is_better: bool
-    margin: float
-    confidence: float
-    plan: dict[str, Any]
-    control: dict[str, Any]
-    looks_used: int
-    rows: list[NodeRow]
-    command: str = ""
-    labels: list[dict[str, Any]] = field(default_factory=list)  # planned/written label changes
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FleetResult:
-        data = dict(data)
-        data["rows"] = [NodeRow(**r) for r in data.get("rows") or []]
-        return cls(**data)
-
-    def measured(self) -> list[NodeRow]:
-        return [r for r in self.rows if r.verdict not in ("excluded", "failed")]
 
 
 class Executor:
@@ -185,7 +136,7 @@ def run(runner: Runner, exp: Experiment, nodes: list[NodeInfo], excluded: list[E
 
 def build(exp: Experiment, nodes: list[NodeInfo], excluded: list[Excluded], outcome: adaptive.Outcome,
           ex: Executor, *, plan: adaptive.Plan, margin: float, confidence: float, unit: str) -> FleetResult:
-    fps: dict[str, dict[str, Any]] = {}
+    fps: dict[str, dict[str, Any]] = {}  # the fingerprints gathered by the workers, with the kubelet's
     for node in nodes:
         worker = next((r.fingerprint for r in ex.results if r.spec.arm == node.name and r.ok and r.fingerprint), None)
         fps[node.name] = fingerprints.combined(worker, node.system)
@@ -207,13 +158,15 @@ def build(exp: Experiment, nodes: list[NodeInfo], excluded: list[Excluded], outc
             if v.ci_low is not None and v.ci_high is not None:
                 row.speed_low, row.speed_high = ((v.ci_low, v.ci_high) if higher else (1 / v.ci_high, 1 / v.ci_low))
             row.p_adjusted = v.p_equivalent_adj if v.verdict == "equivalent" else v.p_different_adj
+            if v.log_ratio is not None:  # log(speed): the sign of a rate's log ratio, the other way for a time
+                row.log_speed, row.se, row.df = (v.log_ratio if higher else -v.log_ratio), v.se, v.df
             if v.verdict == "reference":
                 row.speed = row.ratio = 1.0
         rows.append(row)
     rows += [NodeRow(e.node, "excluded", reason=e.reason) for e in excluded]
     return FleetResult(id=exp.id, workload=exp.base.workload, unit=unit, higher_is_better=higher, margin=margin,
-                       confidence=confidence, plan=asdict(plan), control=outcome.control.to_dict(),
-                       looks_used=outcome.looks_used, rows=sort_rows(rows), command=exp.meta.command or "")
+                       confidence=confidence, plan=plan, control=outcome.control, looks_used=outcome.looks_used,
+                       rows=sort_rows(rows), command=exp.meta.command or "")
 
 
 def sort_rows(rows: list[NodeRow]) -> list[NodeRow]:

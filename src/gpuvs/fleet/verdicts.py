@@ -82,6 +82,9 @@ class NodeVerdict:
     trials_needed: int | None = None
     reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    log_ratio: float | None = None  # log(node / reference), its standard error and (Welch) df
+    se: float | None = None
+    df: float | None = None
 
     @property
     def settled(self) -> bool:
@@ -200,7 +203,8 @@ def assess(values: Mapping[str, Sequence[float]], *, higher_is_better: bool, mar
         speed = None if ratio is None else (ratio if higher_is_better else 1.0 / ratio)
         out[node] = NodeVerdict(node, len(vals), mean, ref, "inconclusive", ratio=ratio, ci_low=c.ci_low,
                                 ci_high=c.ci_high, speed=speed, p_different=c.p_different,
-                                p_equivalent=c.p_equivalent, trials_needed=c.trials_needed, reason=c.reason)
+                                p_equivalent=c.p_equivalent, trials_needed=c.trials_needed, reason=c.reason,
+                                log_ratio=c.log_r, se=c.se_log, df=c.df)
     level = control.per_look
     p_diff = {n: c.p_different for n, c in tested.items() if c.p_different is not None}
     p_eq = {n: c.p_equivalent for n, c in tested.items() if c.p_equivalent is not None}
