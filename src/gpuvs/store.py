@@ -166,7 +166,7 @@ class Store:
             self.db.execute("SELECT COUNT(*) FROM experiments").fetchone()  # a damaged file says so now
         self.flush_interval_s = flush_interval_s
         self.write_seconds = 0.0  # time gpuvs spent writing events (reported by the storing-cost test)
-        self._pending: dict[int, list[dict[str, Any]]] = {}
+        self._pending: dict[int, list[SampleRecord | TelemetryRecord]] = {}
         self._flushed_at: dict[int, float] = {}
         if not self.readonly:
             self._reap_orphans()
@@ -224,8 +224,11 @@ class Store:
         return trial_id
 
     def add_event(self, trial_id: int, event: dict[str, Any]) -> None:
-        if event.get("type") in ("sample", "telemetry"):
-            self._pending.setdefault(trial_id, []).append(event)
+        """One event of the worker protocol: a sample or a telemetry reading waits for the next write."""
+        if event["type"] == "sample":
+            self._pending.setdefault(trial_id, []).append(SampleRecord.from_event(event, trial_id))
+        elif event["type"] == "telemetry":
+            self._pending.setdefault(trial_id, []).append(TelemetryRecord.from_event(event))
 
     def due(self, trial_id: int) -> bool:
         """Events of this trial have waited FLUSH_INTERVAL_S or more since its last write."""
@@ -241,16 +244,13 @@ class Store:
         self._transaction(trial_id, [], [], json_fields)
 
     def _write_events(self, trial_id: int) -> None:
-        for event in self._pending.pop(trial_id, []):
-            if event["type"] == "sample":
+        for rec in self._pending.pop(trial_id, []):
+            if isinstance(rec, SampleRecord):
                 self.db.execute("INSERT INTO samples VALUES (?,?,?,?,?,?,?,?)",
-                                (trial_id, event.get("series", "main"), event["step"], event.get("value"),
-                                 event.get("unit"), event.get("seconds"), event.get("items"),
-                                 json.dumps(event.get("extra") or {})))
+                                (trial_id, rec.series, rec.step, rec.value, rec.unit, rec.seconds, rec.items,
+                                 json.dumps(rec.extra)))
             else:
-                data = {k: v for k, v in event.items() if k not in ("type", "t", "gpu")}
-                self.db.execute("INSERT INTO telemetry VALUES (?,?,?,?)",
-                                (trial_id, event.get("t", 0.0), event.get("gpu"), json.dumps(data)))
+                self.db.execute("INSERT INTO telemetry VALUES (?,?,?,?)", (trial_id, rec.t, rec.gpu, json.dumps(rec.data)))
 
     def finish_trial(self, trial_id: int, status: str, *, error: str | None = None, error_kind: str | None = None,
                      exit_code: int | None = None, **json_fields: Any) -> None:
