@@ -23,7 +23,8 @@ def run_values(rng, levels, trials=4, cv=0.025, fleet=1.0):
 def series(node, ys, se=0.0, df=10.0, workload="w"):
     """A NodeHistory straight from log speeds (run-1, run-2, ... one day apart)."""
     return history.NodeHistory(node, workload, tuple(
-        history.HistoryPoint(f"run-{t + 1}", t * DAY, workload, node, 100 * math.exp(y), "ops/s", y, se, df, 4, ("x",))
+        history.HistoryPoint(f"run-{t + 1}", t * DAY, workload, node, 100 * math.exp(y), "ops/s", y, se, y, se, df, 4,
+                             ("x",))
         for t, y in enumerate(ys)))
 
 
@@ -43,6 +44,9 @@ def test_points_are_the_fleet_verdicts_ratio_with_se_and_df(higher):
         assert p.speed == pytest.approx(v.speed, rel=1e-12)  # the same ratio as the fleet verdict
         assert list(p.reference) == v.reference and p.verdict == v.verdict and p.n_trials == 5
         assert p.figure == pytest.approx(np.mean(values[v.node]))
+        sign = 1 if higher else -1  # the node's own level: higher is faster, whatever the unit
+        assert p.level == pytest.approx(sign * math.log(np.mean(values[v.node])))
+        assert p.level_se == pytest.approx(np.std(values[v.node], ddof=1) / np.mean(values[v.node]) / math.sqrt(5))
         assert p.se > 0 and 4 <= p.df <= 30
         low, high = p.interval  # the run's own 95% interval, from se and df
         q = sps.t.ppf(0.975, p.df)
