@@ -109,7 +109,8 @@ def main() -> None:
             r = got[nodes, name]
             stable = name == "stable"
             print(f"| {nodes} | {'none' if stable else name} | {pct(r.false_change, r.fleets)} | "
-                  f"{'-' if stable else pct(r.change_found, r.fleets)} | {'-' if stable else pct(r.located, r.fleets)} | "
+                  f"{'-' if stable else pct(r.change_found, r.fleets)} | "
+                  f"{'-' if stable else pct(r.located, r.fleets)} | "
                   f"{'-' if stable else pct(r.step_covered, r.located)} |")
     print("\n### Other noise: does the false-alarm rate hold?\n")
     print("| nodes | noise | the changed node | false drift alarm | changed node called slower | false change point | "

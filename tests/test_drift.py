@@ -298,8 +298,8 @@ def test_a_clear_step_is_found_at_the_right_run():
         assert "node-1" not in other.reference and not other.change_points
     # two steps: binary segmentation finds both, each measured between its neighbours
     hs = simulated(seed=22, runs=24, change=ds.Change(-0.12, 8))
-    second = history.NodeHistory("node-1", "sim", tuple(dataclasses.replace(p, level=p.level - (0.12 if t >= 16 else 0.0))
-                                                          for t, p in enumerate(hs[0].points)))
+    second = history.NodeHistory("node-1", "sim", tuple(
+        dataclasses.replace(p, level=p.level - (0.12 if t >= 16 else 0.0)) for t, p in enumerate(hs[0].points)))
     two = changepoint.detect([second] + hs[1:])
     found = {cp.run_id: cp for cp in two.node("node-1").change_points}
     assert {"run-9", "run-17"} <= set(found)  # (a third, spurious one: in about 1% of seeds)
@@ -367,15 +367,18 @@ def test_simulated_error_rates_hold_their_targets():
     """The smaller run of benchmarks/drift_error_rates.py. False alarms: a stable fleet's chance of any
     false drift verdict or change point is promised at 5% per check; a share of n simulated fleets is
     held when it is within 2.58 binomial standard errors above 5% (a true 5% fails that about 0.5% of
-    the time, and BENCHMARKS.md measures 2-5%). Power: bounds 3 standard errors below the rates
-    BENCHMARKS.md measured with 10x as many fleets."""
+    the time, and BENCHMARKS.md measures 1-5%). Power: bounds 3 standard errors below the rates
+    BENCHMARKS.md measured with 10x as many fleets; and in a fleet of 3 (the test cluster), a 10% step
+    at the latest run is still called slower though the node must differ from each peer in turn."""
     for nodes, n, seed in ((3, 300, 31), (8, 300, 32)):
         r = ds.simulate(nodes, n, seed=seed)
         assert r.false_drift <= n * (0.05 + tolerance(0.05, n)), r
         assert r.false_change <= n * (0.05 + tolerance(0.05, n)), r
     n = 100
-    step = ds.simulate(8, n, change=ds.Change(-0.10, 15), seed=33)  # -10% at the latest run: 99.2% measured
-    assert step.drift_found >= n * (0.992 - 3 * math.sqrt(0.992 * 0.008 / n)), step
-    cp = ds.simulate(8, n, change=ds.Change(-0.05, 8), seed=34)  # -5% at run 9 of 16: found 98.0%, located 95.2%
-    assert cp.change_found >= n * (0.98 - 3 * math.sqrt(0.98 * 0.02 / n)), cp
-    assert cp.located >= n * (0.952 - 3 * math.sqrt(0.952 * 0.048 / n)), cp
+    step = ds.simulate(8, n, change=ds.Change(-0.10, 15), seed=33)  # -10% at the latest run: 98.8% measured
+    assert step.drift_found >= n * (0.988 - 3 * math.sqrt(0.988 * 0.012 / n)), step
+    cp = ds.simulate(8, n, change=ds.Change(-0.05, 8), seed=34)  # -5% at run 9 of 16: found 96.0%, located 93.9%
+    assert cp.change_found >= n * (0.96 - 3 * math.sqrt(0.96 * 0.04 / n)), cp
+    assert cp.located >= n * (0.939 - 3 * math.sqrt(0.939 * 0.061 / n)), cp
+    three = ds.simulate(3, n, change=ds.Change(-0.10, 15), seed=35)  # 3 nodes, -10% at the latest run: 96.1%
+    assert three.drift_found >= n * (0.961 - 3 * math.sqrt(0.961 * 0.039 / n)), three

@@ -20,16 +20,18 @@ other two), and a leak that lasts for every run after a change is what change po
 Who moved. With 3 nodes, "node 1 is 5% slower" and "nodes 2 and 3 are 5% faster" fit the same figures:
 only the majority says which. The nodes are tested by closed testing (Marcus, Peritz and Gabriel 1976)
 of the hypotheses "the nodes of S did not move", for every set S, under the assumption that at most one
-node moved beyond those already found; the shortcut is `blame`: node i is called moved only when
+node moved; the shortcut is `blame`: node i is called moved only when
   (a) Holm over all the nodes, each against the mean of all the others, rejects it, and
   (b) for every other node m, Holm over the fleet without m, each node against the mean of the others
       but m, rejects it too (two nodes left: their one contrast, at alpha).
 If node m alone moved, every test in (b) without m is a test of stable nodes against stable peers,
-exact whatever m's change: the chance that any stable node is called moved stays at most alpha, in a
-fleet of 3 as in one of 100. The price: in a fleet of 3 a node is blamed only when it differs from
+whatever m's change, and a stable node is called moved only if one of them rejects it: the chance that
+any stable node is called moved stays at most alpha, in a fleet of 3 as in one of 100 (as far as each
+test holds its level; the run-to-run spread they use is estimated with m's movement in it, which can
+only widen it). The price: in a fleet of 3 a node is blamed only when it differs from
 each of its two peers in turn; with one peer no node is ever blamed (which of two moved cannot be
 told). Two nodes moving at once are covered only as far as one peer's share of a reference is
-small (1/(n - 2) of its change leaks into each other node's test)."""
+small (1/(n - 2) of its change leaks into the tests that do not leave it out)."""
 
 from __future__ import annotations
 
@@ -148,7 +150,7 @@ def blame(pvalues: Callable[[np.ndarray], Mapping[int, float]], members: np.ndar
     raw = dict(pvalues(members))
     first, adjusted = verdicts.holm(raw, alpha)
     moved = set(first)
-    for m in np.flatnonzero(members):
+    for m in map(int, np.flatnonzero(members)):
         if not moved:
             break
         rest = members.copy()
