@@ -44,14 +44,19 @@ def test_bad_input_is_one_line_exit_2_and_nothing_started(cli, tmp_path, args, m
 
 
 @pytest.mark.parametrize("args, message", [
-    (["nosuch"], "No such command 'nosuch'"),                             # unknown command
-    (["results", "show"], "Missing argument"),                             # missing argument
-    (["results", "export", "--format"], "Option '--format' requires an argument"),  # option without its value
-    (["serve", "--port", "many"], "Invalid value for '--port'"),         # bad option value (typer's own type)
-    (["results", "list", "--colour"], "No such option: --colour"),        # unknown option of a typer command
+    (["nosuch"], "No such command 'nosuch'."),                                     # unknown command
+    (["results", "nosuch"], "No such command 'nosuch'."),                          # unknown sub-command
+    (["results", "show"], "Missing argument 'ident'."),                            # missing argument
+    (["serve-metrics"], "Missing option '--target'."),                             # missing required option
+    (["results", "export", "--format"], "--format needs a value: a string"),       # option without its value
+    (["report", "x", "-o"], "-o needs a value: a string"),                         # short option without its value
+    (["serve", "--port", "many"], "--port: 'many' is not allowed; expected an integer"),  # bad option value
+    (["results", "list", "--colour"], "unknown option --colour for gpuvs results list; options: --store"),
+    (["report", "x", "y"], "unexpected argument 'y' for gpuvs report"),           # one argument too many
+    (["--nosuch"], "unknown option --nosuch for gpuvs; give a command first: advise-mps, compare, "),
 ])
 def test_cli_parser_errors_are_one_line_exit_2(cli, args, message):
-    """Errors raised by typer's parser itself (click's, or the copy of click that typer now vendors)."""
+    """The parser's own errors, the same for every command: one line on stderr, exit 2."""
     r = cli(*args)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "Traceback" not in r.stderr + r.stdout
@@ -60,8 +65,11 @@ def test_cli_parser_errors_are_one_line_exit_2(cli, args, message):
 
 
 def test_no_arguments_prints_help_and_exits_0(cli):
-    r = cli()
-    assert r.returncode == 0 and "Usage" in r.stdout and "compare" in r.stdout
+    for args in [(), ("--help",), ("-h",)]:
+        r = cli(*args)
+        assert r.returncode == 0 and r.stdout.startswith("usage: gpuvs COMMAND") and "│ compare " in r.stdout
+    r = cli("results")
+    assert r.returncode == 0 and r.stdout.startswith("usage: gpuvs results COMMAND") and "│ export " in r.stdout
 
 
 def test_help_lists_a_workloads_options(cli):
@@ -186,13 +194,37 @@ def test_every_command_explains_itself(cli, args):
     assert "Traceback" not in r.stderr and "option" in r.stdout.lower()
 
 
-def test_seed_is_the_workloads_and_order_seed_the_trial_orders():
+def prepared(command: str, *argv: str):
+    """A command's RunSpec as the command line prepares it (parse, then common.prepare)."""
+    import os
+
     from rich.console import Console
 
-    from gpuvs.cli.run import prepare
+    from gpuvs.cli import commands, common, parser
 
-    prep = prepare(["cnn-train", "--device", "cpu", "--seed", "3", "--order-seed", "7"], "gpuvs run",
-                   Console(file=open("/dev/null", "w")))
+    args = parser.parse(commands.get(command), list(argv), f"gpuvs {command}")
+    return args, common.prepare(args, Console(file=open(os.devnull, "w")))
+
+
+def test_seed_is_the_workloads_and_order_seed_the_trial_orders():
+    _, prep = prepared("run", "cnn-train", "--device", "cpu", "--seed", "3", "--order-seed", "7")
     assert prep.base.params["seed"] == 3 and prep.run["order_seed"] == 7
-    prep = prepare(["cnn-train", "--device", "cpu"], "gpuvs run", Console(file=open("/dev/null", "w")))
+    _, prep = prepared("run", "cnn-train", "--device", "cpu")
     assert prep.base.params["seed"] == 0 and prep.run["order_seed"] is None
+
+
+def test_a_commands_own_option_wins_over_an_environment_option_of_that_name(capsys, monkeypatch):
+    """gpuvs fleet's --label writes node labels; the pod option --label (extra pod labels) is not reachable
+    there, and the help says so; compare --stored takes two values in a row."""
+    from gpuvs.cli import commands, help, parser
+
+    fleet = commands.get("fleet")
+    args = parser.parse(fleet, ["spin", "--label", "--image", "x"], "gpuvs fleet")
+    assert args.group("fleet")["label"] is True and "label" not in args.group("env")
+    assert args.group("env")["env"] == "pod" and args.group("env")["image"] == "x"
+    monkeypatch.setenv("COLUMNS", "300")
+    help.command_help(fleet, "gpuvs fleet")
+    assert "--env pod options (a Kubernetes pod (kubeconfig or in-cluster)) (--label is the fleet's here)" in \
+        capsys.readouterr().out
+    args = parser.parse(commands.get("compare"), ["--stored", "a", "b:x", "--margin", "0.1"], "gpuvs compare")
+    assert args.form.marker == "stored" and args["stored"] == ["a", "b:x"] and args["margin"] == 0.1

@@ -9,6 +9,7 @@ import pytest
 
 from gpuvs import comparison, environments, experiment, workloads
 from gpuvs.cli import options as opt
+from gpuvs.cli import parser
 from gpuvs.environments.base import Environment
 from gpuvs.environments.host import HostEnvironment
 from gpuvs.errors import UsageError
@@ -69,10 +70,10 @@ def test_a_new_kind_is_one_registration(twin, tmp_path):
     assert "twin" in environments.env_param().choices
     # the command line's one group now knows --flavour; the help has a table for the twin
     groups = (opt.RUN_OPTIONS, environments.params())
-    _, values = opt.parse(["--env", "twin", "--flavour", "salted", "--memory", "1g"], groups, positional=0)
-    env = environments.env_spec(opt.take(values, environments.params()))
+    _, values = parser.split(["--env", "twin", "--flavour", "salted", "--memory", "1g"], groups, positional=0)
+    env = environments.env_spec({p.name: p.coerce(v) for p, v in values.items()})
     assert env == EnvSpec("twin", {"flavour": "salted", "memory": "1g"})
-    assert any(title.startswith("--env twin options") for title, _ in opt.env_groups())
+    assert any(g.title.startswith("--env twin options") for g in opt.env_groups())
     with pytest.raises(UsageError, match="--flavour: 'pepper' is not allowed; expected one of plain, salted"):
         environments.env_spec({"env": "twin", "flavour": "pepper"})
     # options of other kinds are refused by name; shared ones name every kind that takes them
@@ -163,6 +164,6 @@ def test_no_module_outside_environments_names_a_kind():
     instead of naming one (the default kind, host, may be named: it is EnvSpec's own default)."""
     kinds = [k for k in environments.names() if k != environments.DEFAULT]
     modules = [p for p in sorted(SRC.rglob("*.py")) if "environments" not in p.relative_to(SRC).parts]
-    assert len(modules) > 100 and SRC / "cli" / "fleet.py" in modules
+    assert len(modules) > 100 and SRC / "cli" / "commands" / "fleet.py" in modules
     found = {str(p.relative_to(SRC)): kinds_named(p.read_text(), kinds) for p in modules}
     assert {m: f for m, f in found.items() if f} == {}, "these name kinds: ask gpuvs.environments instead"

@@ -323,7 +323,8 @@ def test_fleet_run_with_real_workers_stores_every_trial_and_a_failing_node_is_a_
     assert len(kept) == 3 and [p.node for p in sorted(kept, key=lambda p: p.node)] == ["n1", "n2", "n3"]
     for p in again:
         (q,) = [k for k in kept if k.node == p.node]
-        assert (q.log_speed, q.se, q.df, q.figure) == pytest.approx((p.log_speed, p.se, p.df, p.figure))
+        assert (q.log_speed, q.se, q.df, q.figure, q.level, q.level_se) == pytest.approx(
+            (p.log_speed, p.se, p.df, p.figure, p.level, p.level_se))
         assert (q.reference, q.n_trials, q.verdict, q.unit) == (p.reference, p.n_trials, p.verdict, p.unit)
         assert rows[p.node].log_speed == pytest.approx(math.log(rows[p.node].speed))
     # stored like any experiment: gpuvs report renders the fleet again, in any format

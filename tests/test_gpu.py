@@ -131,3 +131,16 @@ def test_a_client_over_its_mps_memory_limit_fails_the_capacity_sweep_with_the_ca
     assert r.returncode == 0, r.stderr + r.stdout
     assert "largest count that ran: 0; first failure at instance 1: out of GPU memory holding --hold-mb 2000" in r.stdout
     assert mps.mps_processes() == [] and gpuvs_processes() == []
+
+
+@pytest.mark.skipif(fingerprint.gpu_count() < 2, reason="needs 2 GPUs: a UUID that is not NVML's index 0")
+def test_a_gpu_named_by_uuid_in_cuda_visible_devices_is_found_by_its_nvml_index(monkeypatch):
+    """Device plugins hand a pod its GPU as CUDA_VISIBLE_DEVICES=GPU-<uuid>: telemetry and the GEMM's checks must
+    read that GPU, not NVML's first one."""
+    from gpuvs import telemetry
+
+    gpus = fingerprint.nvml_info()["gpus"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpus[-1]["uuid"])
+    assert telemetry.visible_gpu_indices("cuda", 1) == [gpus[-1]["index"]]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{gpus[-1]['uuid']},{gpus[0]['uuid']}")
+    assert telemetry.visible_gpu_indices("cuda", 2) == [gpus[-1]["index"], gpus[0]["index"]]

@@ -1,12 +1,13 @@
 """The device-plugin fixture (tests/fixtures/gpu_device_plugin/plugin.py) over real gRPC on unix sockets, with a
 registration server standing where the kubelet's is (the cluster tests run it against real kubelets): what it
-registers, what Allocate answers in fake and --real mode, registering again when the kubelet's folder is wiped,
+registers, what Allocate answers in fake and --real mode and with replicas, registering again when the kubelet's folder is wiped,
 and SIGTERM removing its socket."""
 
 from __future__ import annotations
 
 import glob
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, missing_part
 
 HERE = ROOT / "tests" / "fixtures" / "gpu_device_plugin"
 sys.path.insert(0, str(HERE))
@@ -98,6 +99,40 @@ def test_fake_devices_allocate_and_register_again_after_a_kubelet_restart(tmp_pa
     assert not (tmp_path / req.endpoint).exists()  # its socket goes with it
 
 
+def test_replicas_advertise_each_device_r_times_and_hand_the_physical_one(tmp_path):
+    """--replicas 2, as a time-slicing device plugin: four IDs for two devices; replicas of one device asked
+    together give that device once; replicas of different devices give both."""
+    kubelet = Kubelet(tmp_path)
+    p = plugin(tmp_path, "--count", "2", "--replicas", "2")
+    try:
+        req = kubelet.wait(1)
+        s = stub(tmp_path, req.endpoint)
+        ids = [d.ID for d in next(s.ListAndWatch(pb.Empty())).devices]
+        assert ids == ["fake-gpu-0::0", "fake-gpu-0::1", "fake-gpu-1::0", "fake-gpu-1::1"]
+
+        def allocate(*asked):
+            c = s.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devicesIDs=asked)]))
+            c = c.container_responses[0]
+            return c.envs["NVIDIA_VISIBLE_DEVICES"], [d.container_path for d in c.devices]
+
+        # two pods given one replica each of the same device see the same device
+        assert allocate("fake-gpu-1::0") == allocate("fake-gpu-1::1") == ("fake-gpu-1", ["/dev/nvidia1"])
+        assert allocate("fake-gpu-0::1", "fake-gpu-0::0") == ("fake-gpu-0", ["/dev/nvidia0"])
+        assert allocate("fake-gpu-1::1", "fake-gpu-0::0", "fake-gpu-1::0") == (
+            "fake-gpu-1,fake-gpu-0", ["/dev/nvidia1", "/dev/nvidia0"])
+        with pytest.raises(grpc.RpcError) as err:
+            allocate("fake-gpu-0")  # the plain ID is not advertised under replicas
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        p.terminate()
+        out = p.communicate(timeout=20)[0]
+        kubelet.server.stop(None)
+    assert "registered 4 x nvidia.com/gpu" in out and "(2 devices x 2 replicas)" in out
+    r = subprocess.run([sys.executable, str(HERE / "plugin.py"), "--dir", str(tmp_path), "--replicas", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == "gpu-plugin: --replicas must be 1 or more"
+
+
 @pytest.mark.skipif(bool(GPUS), reason="this machine has GPUs: the --real test below runs instead")
 def test_real_mode_without_a_gpu_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, str(HERE / "plugin.py"), "--dir", str(tmp_path), "--real"],
@@ -125,3 +160,31 @@ def test_real_mode_hands_the_gpu_nodes_and_driver_files(tmp_path):
         p.terminate()
         p.communicate(timeout=20)
         kubelet.server.stop(None)
+
+
+@pytest.mark.skipif(bool(GPUS), reason="this machine has GPUs: NVML would name the devices by UUID")
+def test_only_keeps_the_gpus_of_the_given_minors():
+    """--real --only, as the GPU cluster kit gives each kubelet its own GPU: in a mount namespace whose /dev holds
+    real character devices of the NVIDIA driver's major (195) for minors 0, 3 and 12 (no driver behind them, so
+    no NVML: the IDs are the device nodes' names), only the named minors are handed out, in numeric order."""
+    if shutil.which("unshare") is None or shutil.which("mknod") is None:
+        missing_part("unshare and mknod (util-linux, coreutils)")
+    nodes = " && ".join(f"mknod /dev/nvidia{m} c 195 {m}" for m in (0, 3, 12))
+    script = (f"mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3 && {nodes} && mknod /dev/nvidiactl c 195 255"
+              f" && exec {sys.executable} {HERE / 'plugin.py'} --real --list --only 12 --only 3")
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                       text=True, timeout=60)
+    if r.returncode != 0 and "unshare failed" in r.stderr:
+        missing_part(f"a private mount namespace (unshare -m): {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["nvidia3 /dev/nvidia3", "nvidia12 /dev/nvidia12"]
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script.replace("--only 3", "--only 5")
+                        .replace("--only 12 ", "")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().endswith("gpu-plugin: --real: no /dev/nvidia<N> among "
+                                                           "/dev/nvidia5 on this machine")
+
+
+def test_only_without_real_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, str(HERE / "plugin.py"), "--dir", str(tmp_path), "--only", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == "gpu-plugin: --only applies to --real (the machine's GPUs)"

@@ -14,6 +14,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # Where a module may not import from (prefixes; a prefix names a package and everything in it).
 STATISTICS = ("gpuvs.stats", "gpuvs.family", "gpuvs.sequential", "gpuvs.sharing.stats", "gpuvs.fleet.verdicts")
 ENTRY_POINTS = ("gpuvs.__main__",)  # `python -m gpuvs`: the top of the house, it starts the command line
+COMMANDS = "gpuvs.cli.commands"  # the package of command modules, one per command, found by name
 
 
 def _under(module: str, prefix: str) -> bool:
@@ -141,6 +142,11 @@ def upward(graph: dict[str, dict[str, int]]) -> list[str]:
             for applies, banned, why in rules:
                 if applies(module) and any(_under(target, b) for b in banned):
                     bad.append(f"{module}:{line} imports {target} ({why})")
+        if _under(module, COMMANDS) and module != COMMANDS:  # one module per command: they share nothing directly
+            for target, line in edges.items():
+                if _under(target, COMMANDS) or target == "gpuvs.cli":
+                    bad.append(f"{module}:{line} imports {target} (a command module imports neither another "
+                               "command nor the dispatcher: what commands share is in cli/common.py, cli/options.py)")
         if module == "gpuvs.params":  # the option schema of the whole project: neutral
             for target, line in edges.items():
                 if _under(target, "gpuvs") and target != "gpuvs.errors":
@@ -148,19 +154,13 @@ def upward(graph: dict[str, dict[str, int]]) -> list[str]:
     return bad
 
 
-def known_exception(component: list[str]) -> bool:
-    """The one cycle left on purpose: gpuvs.cli's __init__ loads every command module and each imports
-    `app` from it. Part B of issue 20 (one command-line layer) rewrites cli/ and removes it."""
-    return all(_under(m, "gpuvs.cli") for m in component)
-
-
 def test_no_import_cycles():
     graph = import_graph(SRC / "gpuvs")
-    assert len(graph) > 50 and "gpuvs.sharing.group" in graph["gpuvs.cli.share"]  # the graph was read
-    found = cycles(graph)
-    assert [c for c in found if not known_exception(c)] == []
-    # the exception is real today; once part B has removed the cycle, delete known_exception with it
-    assert any(known_exception(c) for c in found)
+    assert len(graph) > 50 and "gpuvs.sharing.group" in graph["gpuvs.cli.commands.share"]  # the graph was read
+    # the commands package loads every command module by name: the graph has those edges too
+    commands = {m for m in graph if m.startswith(COMMANDS + ".")}
+    assert len(commands) >= 14 and set(graph[COMMANDS]) >= commands and COMMANDS in graph["gpuvs.cli"]
+    assert cycles(graph) == []
 
 
 def test_no_import_points_up():
@@ -171,7 +171,8 @@ def test_no_import_points_up():
 
 def test_checker_finds_a_cycle_and_an_upward_import(tmp_path):
     """The checks above can fail: a small package with a function-level cycle (a -> b -> c -> a), a
-    relative import, a statistics module importing a renderer and a library module importing the CLI."""
+    relative import, a statistics module importing a renderer, a library module importing the CLI, and
+    command modules importing another command and the dispatcher."""
     pkg = tmp_path / "gpuvs"
     files = {
         "__init__.py": "",
@@ -187,13 +188,26 @@ def test_checker_finds_a_cycle_and_an_upward_import(tmp_path):
         "cli/__init__.py": "import importlib, pkgutil\napp = None\n"
                            "for m in pkgutil.iter_modules(__path__):\n    importlib.import_module(m.name)\n",
         "cli/cmd.py": "from gpuvs.cli import app\n",
+        "cli/common.py": "",
+        "cli/commands/__init__.py": "import importlib, pkgutil\n"
+                                    "for m in pkgutil.iter_modules(__path__):\n    importlib.import_module(m.name)\n",
+        "cli/commands/one.py": "from gpuvs.cli import common\nfrom gpuvs.cli.commands import two\n",
+        "cli/commands/two.py": "def main():\n    from gpuvs.cli import main\n",
     }
     for name, text in files.items():
         (pkg / name).parent.mkdir(parents=True, exist_ok=True)
         (pkg / name).write_text(text)
     graph = import_graph(pkg)
-    assert sorted(cycles(graph)) == [["gpuvs.a", "gpuvs.b", "gpuvs.c"], ["gpuvs.cli", "gpuvs.cli.cmd"]]
-    assert upward(graph) == [
+    # cli/__init__ loads its modules (the commands package among them), which load theirs: cmd and two,
+    # importing back up, close one cycle through the package
+    assert sorted(cycles(graph)) == [["gpuvs.a", "gpuvs.b", "gpuvs.c"],
+                                     ["gpuvs.cli", "gpuvs.cli.cmd", "gpuvs.cli.commands", "gpuvs.cli.commands.one",
+                                      "gpuvs.cli.commands.two"]]
+    assert sorted(upward(graph)) == [
+        "gpuvs.cli.commands.one:2 imports gpuvs.cli.commands.two (a command module imports neither another "
+        "command nor the dispatcher: what commands share is in cli/common.py, cli/options.py)",
+        "gpuvs.cli.commands.two:2 imports gpuvs.cli (a command module imports neither another "
+        "command nor the dispatcher: what commands share is in cli/common.py, cli/options.py)",
         "gpuvs.stats:2 imports gpuvs.report.terminal (statistics never import rendering or the command line)",
         "gpuvs.store:1 imports gpuvs.cli (only the command line and the entry point import the command line)",
     ]

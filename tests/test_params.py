@@ -2,6 +2,7 @@ import pytest
 
 from gpuvs import workloads
 from gpuvs.cli import options as opt
+from gpuvs.cli import parser
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
 
@@ -55,18 +56,18 @@ def test_unknown_workload_lists_known_ones():
 def test_option_parser_forms_and_errors():
     w = workloads.get("cnn-train")
     groups = (opt.RUN_OPTIONS, opt.ENV_OPTIONS, w.params)
-    pos, values = opt.parse(["--batch-size", "8", "--model=vgg16", "--quiet", "--ulimit", "a=1", "--ulimit=b=2"],
-                            groups, positional=0)
+    pos, values = parser.split(["--batch-size", "8", "--model=vgg16", "--quiet", "--ulimit", "a=1", "--ulimit=b=2"],
+                               groups, positional=0)
     assert pos == [] and {p.name: v for p, v in values.items()} == {
         "batch_size": "8", "model": "vgg16", "quiet": "true", "ulimit": ["a=1", "b=2"]}
-    _, values = opt.parse(["--quiet", "false", "--network", "--steps", "3"], groups, positional=0)
+    _, values = parser.split(["--quiet", "false", "--network", "--steps", "3"], groups, positional=0)
     assert {p.name: v for p, v in values.items()} == {"quiet": "false", "network": "true", "steps": "3"}
     with pytest.raises(UsageError, match="unknown option --nope .* options: .*--batch-size"):
-        opt.parse(["--nope", "1"], groups, positional=0)
+        parser.split(["--nope", "1"], groups, positional=0)
     with pytest.raises(UsageError, match="--steps needs a value"):
-        opt.parse(["--steps"], groups, positional=0)
+        parser.split(["--steps"], groups, positional=0)
     with pytest.raises(UsageError, match="unexpected argument 'extra'"):
-        opt.parse(["extra"], groups, positional=0)
+        parser.split(["extra"], groups, positional=0)
 
 
 def test_env_options_belong_to_containers():

@@ -299,15 +299,15 @@ def test_a_stop_during_a_shared_window_stops_every_worker(tmp_path, signame, sta
 
 def test_share_workers_is_the_job_count_and_data_workers_reaches_the_cnn():
     from rich.console import Console
-    from gpuvs.cli.run import prepare
-    from gpuvs.cli.share import SHARE_OPTIONS
+    from gpuvs.cli import commands, common, parser
 
-    prep = prepare(["cnn-train", "--workers", "1,2,4", "--data-workers", "3", "--device", "cpu"], "gpuvs share",
-                   Console(file=open(os.devnull, "w")), extra_groups=(SHARE_OPTIONS,))
-    from gpuvs.cli import options as opt
+    def prepared(command, *argv):
+        args = parser.parse(commands.get(command), list(argv), f"gpuvs {command}")
+        return args, common.prepare(args, Console(file=open(os.devnull, "w")))
 
-    assert opt.take(prep.rest, SHARE_OPTIONS)["workers"] == "1,2,4" and prep.base.params["workers"] == 3
-    prep = prepare(["cnn-train", "--workers", "2", "--device", "cpu"], "gpuvs run", Console(file=open(os.devnull, "w")))
+    args, prep = prepared("share", "cnn-train", "--workers", "1,2,4", "--data-workers", "3", "--device", "cpu")
+    assert args.group("share")["workers"] == "1,2,4" and prep.base.params["workers"] == 3
+    _, prep = prepared("run", "cnn-train", "--workers", "2", "--device", "cpu")
     assert prep.base.params["workers"] == 2
 
 

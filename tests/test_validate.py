@@ -1,4 +1,5 @@
-"""gpuvs validate against the real test cluster: the functional suite, the availability suite (device plugin
+"""gpuvs validate against the real test cluster: the functional suite (several GPU pods, the all-GPUs pod, sharing
+and the CPU service beside a GPU job are tested further in test_validate_gpus.py), the availability suite (device plugin
 and kubelet restarted, API server stopped and started, through scripts/test-cluster as the user-given
 commands), failures reported with the cluster's reason, nothing left behind (also on SIGTERM in the middle
 of an API-server outage), the stored experiment's reports, and bad input as one line with exit 2."""
@@ -69,7 +70,25 @@ def test_functional_suite_passes_and_reports(cluster, tmp_path):
     assert "Insufficient nvidia.com/gpu" in got["over-request stays Pending"]["detail"]
     assert got["over-request stays Pending"]["observed"]["asked"] == cluster.gpus + 1
     assert got["CPU-only pod gets no GPU"]["observed"]["device_nodes"] == []
+    # several GPU pods at once on the node advertising the most (the first by name): one each, no two the same
+    node = cluster.nodes[0]
+    together = got["several GPU pods: all running at once"]["observed"]
+    assert (together["node"], together["pods"], together["advertised"]) == (node, cluster.gpus, cluster.gpus)
+    ids = got["several GPU pods: one GPU each"]["observed"]["ids"]
+    assert sorted(i for v in ids.values() for i in v) == [f"fake-gpu-{i}" for i in range(cluster.gpus)]
+    assert got["all-GPUs pod sees every GPU"]["observed"]["distinct"] == cluster.gpus
+    share = got["GPU sharing"]["observed"]
+    assert (share["physical"], share["factor"], share["shared"]) == (cluster.gpus, 1, {})
+    # the CPU service answered another pod beside the GPU job, whose rate before and during is shown
+    svc = got["CPU service beside a GPU job"]["observed"]
+    assert svc["node"] == node and svc["answered"] >= 1 and svc["service_ip"].startswith("10.244.")
+    assert (svc["workload"], svc["device"], svc["unit"]) == ("spin", "cpu", "ops/sec")
+    assert svc["samples_before"] >= 3 and svc["samples_during"] >= 1 and svc["job_restarts"] == 0
+    assert svc["rate_before"] > 0 and svc["rate_during"] > 0
+    assert svc["change_pct"] == pytest.approx((svc["rate_during"] / svc["rate_before"] - 1) * 100, abs=0.06)
+    assert "ops/sec before" in got["CPU service beside a GPU job"]["detail"]
     assert got["nothing left behind"]["status"] == "pass" and leftovers(cluster) == []
+    assert not cluster.core().list_namespaced_config_map("default", label_selector="gpuvs.package").items
     for check in ("GPU pod: scheduled", "GPU pod: running", "GPU pod: deleted and gone"):
         assert 0 < got[check]["seconds"] < 60
     # reported like any experiment
@@ -96,6 +115,9 @@ def test_a_pod_that_cannot_start_fails_with_the_reason_and_is_cleaned_up(cluster
     assert got["GPU pod: running"]["status"] == "FAIL" and "ErrImageNeverPull" in got["GPU pod: running"]["detail"]
     assert got["GPU pod: exec works"]["status"] == "not run"
     assert got["over-request stays Pending"]["status"] == "pass"  # needs no image
+    assert got["several GPU pods: all running at once"]["status"] == "FAIL"
+    assert "ErrImageNeverPull" in got["several GPU pods: all running at once"]["detail"]
+    assert got["several GPU pods: deleted and gone"]["status"] == "pass"
     assert got["GPU pod: deleted and gone"]["status"] == "pass"
     assert got["nothing left behind"]["status"] == "pass" and leftovers(cluster) == []
 

@@ -149,10 +149,14 @@ def nvml_info() -> dict[str, Any]:
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded...
         return {"nvml": False, "nvml_error": str(exc) or type(exc).__name__, "gpus": []}
     try:
-        gpus = []
+        gpus, refused = [], []
         for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            try:
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            except Exception:  # a GPU of the machine this container was not handed (no device node): not ours
+                refused.append(i)
+                continue
             gpu = {"index": i, "name": _s(pynvml.nvmlDeviceGetName(h)), "uuid": _s(pynvml.nvmlDeviceGetUUID(h)),
                    "memory_mib": mem.total // (1 << 20)}
             try:
@@ -167,6 +171,8 @@ def nvml_info() -> dict[str, Any]:
             gpu.update(_limits(pynvml, h))
             gpus.append(gpu)
         info: dict[str, Any] = {"nvml": True, "gpus": gpus, "driver": _s(pynvml.nvmlSystemGetDriverVersion())}
+        if refused:
+            info["nvml_refused"] = refused
         try:
             v = pynvml.nvmlSystemGetCudaDriverVersion()
             info["cuda_driver"] = f"{v // 1000}.{(v % 1000) // 10}"

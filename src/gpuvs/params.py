@@ -22,7 +22,8 @@ class Param:
     min: float | None = None
     max: float | None = None
     multiple: bool = False  # may be given more than once; the value is a list
-    aliases: tuple[str, ...] = ()  # other names that reach this parameter
+    aliases: tuple[str, ...] = ()  # other names that reach this parameter (one letter: a short option, -o)
+    required: bool = False  # the command line refuses to go on without it ("Missing option '--image'.")
 
     def named(self, name: str) -> bool:
         return name == self.name or name in self.aliases

@@ -29,7 +29,8 @@ def throttle_names(mask: int) -> list[str]:
 
 
 def visible_gpu_indices(device: str, num_gpus: int) -> list[int]:
-    """NVML indices of the GPUs a spec uses, honouring CUDA_VISIBLE_DEVICES where it holds indices."""
+    """NVML indices of the GPUs a spec uses, honouring CUDA_VISIBLE_DEVICES where it holds indices or GPU UUIDs
+    (what device plugins hand a pod)."""
     _, _, idx = device.partition(":")
     logical = list(range(int(idx), int(idx) + 1)) if idx else list(range(max(1, num_gpus)))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -37,7 +38,17 @@ def visible_gpu_indices(device: str, num_gpus: int) -> list[int]:
         parts = [p.strip() for p in visible.split(",") if p.strip()]
         if all(p.isdigit() for p in parts):
             return [int(parts[i]) for i in logical if i < len(parts)]
+        if parts and all(p.startswith("GPU-") for p in parts):
+            by_uuid = {g["uuid"]: g["index"] for g in _nvml_gpus()}
+            if all(p in by_uuid for p in parts):
+                return [by_uuid[parts[i]] for i in logical if i < len(parts)]
     return logical
+
+
+def _nvml_gpus() -> list[dict[str, Any]]:
+    from gpuvs import fingerprint
+
+    return fingerprint.nvml_info().get("gpus") or []
 
 
 class Sampler:

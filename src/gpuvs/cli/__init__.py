@@ -1,42 +1,48 @@
 """The gpuvs command line: thin; it parses, calls the library and renders.
-Each module of this package adds its commands to `app`."""
+
+Every command is a module of gpuvs.cli.commands that declares its options as Params (command.py);
+one parser (parser.py) and one help renderer (help.py) serve them all; helpers that several commands
+share are in common.py and options.py. main() finds the command by name, parses, runs it, and turns
+what went wrong into one line and an exit status."""
 
 from __future__ import annotations
 
 import signal
 import sys
 
-import typer
+from gpuvs.cli import commands, help, parser
+from gpuvs.cli.command import Command
+from gpuvs.errors import GpuvsError, Stopped, UsageError
 
-from gpuvs.errors import GpuvsError, Stopped
-
-app = typer.Typer(help="gpuvs: how your GPU jobs really perform, compared with numbers you can trust.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
-results_app = typer.Typer(help="Stored results: list, show, export.", no_args_is_help=True)
-app.add_typer(results_app, name="results")
+GPUVS = Command("gpuvs", "gpuvs: how your GPU jobs really perform, compared with numbers you can trust.")
 
 
-def _load_commands() -> None:
-    """Every module of this package registers its commands when imported."""
-    import importlib
-    import pkgutil
-
-    for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
-_load_commands()
-
-
-def _click_error(exc: BaseException) -> str | None:
-    """The class name of a click-style exception, whichever click raised it: typer up to 0.2x raised
-    click's own, later typer releases raise those of a copy vendored as typer._click (and no longer
-    install click). Matching by name and shape keeps one-line errors under both."""
-    for cls in type(exc).__mro__:
-        if cls.__module__.split(".")[0] in ("click", "typer"):
-            return type(exc).__name__
-    return None
+def dispatch(argv: list[str]) -> int | None:
+    """Find the command (and sub-command) named by argv, parse the rest, run it."""
+    path, cmd, rest = "gpuvs", None, list(argv)
+    while cmd is None or cmd.subcommands:
+        if not rest or rest[0] in parser.HELP:
+            if cmd is None:
+                help.group_help(GPUVS, path, commands=commands.all_commands())
+            else:
+                help.group_help(cmd, path)
+            return 0
+        word = rest[0]
+        if word.startswith("-"):
+            known = commands.names() if cmd is None else [c.name for c in cmd.subcommands]
+            raise UsageError(f"unknown option {word.partition('=')[0]} for {path}; give a command first: "
+                             + ", ".join(known))
+        found = commands.get(word) if cmd is None else cmd.subcommand(word)
+        if found is None:
+            raise UsageError(f"No such command {word!r}.")
+        cmd, path, rest = found, f"{path} {word}", rest[1:]
+    try:
+        args = parser.parse(cmd, rest, path)
+    except parser.HelpWanted as wanted:
+        help.command_help(wanted.command, wanted.path, wanted.workload)
+        return 0
+    assert cmd.run is not None, f"{path} has neither sub-commands nor a run function"
+    return cmd.run(args)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,9 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop)
     try:
-        code = app(args=argv, standalone_mode=False)
-        if code == 130:  # click turns Ctrl-C into a return value here
-            raise KeyboardInterrupt
+        code = dispatch(sys.argv[1:] if argv is None else list(argv))
         if isinstance(code, int) and code:
             sys.exit(code)
     except GpuvsError as exc:
@@ -59,20 +63,6 @@ def main(argv: list[str] | None = None) -> None:
         _interrupted(130)
     except BrokenPipeError:
         sys.exit(1)
-    except Exception as exc:
-        name = _click_error(exc)
-        if name is None:
-            raise
-        if name == "NoArgsIsHelpError":
-            sys.exit(0)
-        if name == "Abort":
-            _interrupted(130)
-        if name == "Exit":
-            sys.exit(getattr(exc, "exit_code", 0))
-        if hasattr(exc, "format_message"):  # ClickException: UsageError, BadParameter, NoSuchOption...
-            print(f"gpuvs: error: {exc.format_message()}", file=sys.stderr)
-            sys.exit(getattr(exc, "exit_code", 2) or 2)
-        raise
     sys.exit(0)
 
 
@@ -93,7 +83,7 @@ def _noted(signum: int, frame) -> None:
 
 
 def _interrupted(code: int) -> None:
-    # click turns a KeyboardInterrupt (ours included) into Abort or a return value: what stopped us is kept aside
+    # what stopped us is kept aside: a clean-up path may have turned our Stopped into a plain KeyboardInterrupt
     if _STOPPED:
         print(f"gpuvs: stopped by {_STOPPED[0].signame}; finished trials are kept in the store", file=sys.stderr)
         sys.exit(_STOPPED[0].exit_code)

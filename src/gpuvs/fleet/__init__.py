@@ -9,8 +9,8 @@ result.py holds what it found (FleetResult, a NodeRow per node), which the repor
 keeps.
 
 Each node against its own past (docs/history.md): history.py makes each stored run's nodes into typed
-points (the node's speed against its fleet band, with its se and df: from the run's own rows,
-points_from_fleet, or again from its trials, points_from_run) and gathers them per node;
-drift.py judges a node's latest run against its earlier ones (Holm across nodes; it also calls
-gpuvs.stats, for its p-values); changepoint.py finds where in its history a node changed;
-drift_simulate.py measures both on simulated histories."""
+points (the node's level with its se, and its speed against its fleet band as that run said) and
+gathers them per node; peers.py holds each node against its peers run by run and decides who moved (a
+closed test, so that one node's change is blamed on it alone); drift.py judges a node's latest run
+against its earlier ones (it also calls gpuvs.stats, for its p-values); changepoint.py finds where in
+its history a node changed; drift_simulate.py measures both on simulated histories."""

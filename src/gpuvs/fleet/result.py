@@ -37,12 +37,13 @@ class NodeRow:
     log_speed: float | None = None
     se: float | None = None
     df: float | None = None
+    level_se: float | None = None  # the trials' relative standard deviation / sqrt(n): the se of log(mean)
     p_adjusted: float | None = None  # of the verdict that was reached (different or equivalent)
     reference: list[str] = field(default_factory=list)
     differs: dict[str, list[Any]] = field(default_factory=dict)  # label -> [its value, the majority's]
     fingerprint: dict[str, Any] = field(default_factory=dict)  # the worker's, plus the kubelet's under `node`
 
-    _SINCE = ("log_speed", "se", "df")  # kept since the typed model: written where known
+    _SINCE = ("log_speed", "se", "df", "level_se")  # kept since the typed model: written where known
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)

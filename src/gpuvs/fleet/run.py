@@ -6,7 +6,9 @@ runner's LiveTrial, so every event is stored as it arrives like any experiment; 
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
+import statistics
 import time
 from typing import Any, Callable
 
@@ -160,6 +162,9 @@ def build(exp: Experiment, nodes: list[NodeInfo], excluded: list[Excluded], outc
             row.p_adjusted = v.p_equivalent_adj if v.verdict == "equivalent" else v.p_different_adj
             if v.log_ratio is not None:  # log(speed): the sign of a rate's log ratio, the other way for a time
                 row.log_speed, row.se, row.df = (v.log_ratio if higher else -v.log_ratio), v.se, v.df
+            figures = outcome.values.get(n, [])
+            if len(figures) >= 2 and v.mean:
+                row.level_se = statistics.stdev(figures) / v.mean / math.sqrt(len(figures))
             if v.verdict == "reference":
                 row.speed = row.ratio = 1.0
         rows.append(row)

@@ -12,7 +12,7 @@ from typing import Any
 from gpuvs.records import ExperimentRecord
 from gpuvs.report import markdown, tables
 from gpuvs.report.numbers import fmt
-from gpuvs.validate.suite import FAIL, FIGURES, NOT_RUN, PASS, Row, Settings
+from gpuvs.validate.suite import FAIL, FIGURES, NOT_RUN, PASS, SHARED, Row, Settings
 
 KIND = "validate"
 
@@ -29,10 +29,11 @@ def settings_of(exp: ExperimentRecord) -> Settings:
 
 def verdict(exp: ExperimentRecord) -> str:
     rows = rows_of(exp)
-    n = {s: sum(r.status == s for r in rows) for s in (PASS, FAIL, NOT_RUN)}
+    n = {s: sum(r.status == s for r in rows) for s in (PASS, SHARED, FAIL, NOT_RUN)}
     state = "" if exp.meta.finished else f" — {exp.meta.stopped or 'did not finish'}"
     word = "FAILED" if n[FAIL] or not exp.meta.finished else "passed"
-    return f"{word}: {n[PASS]} passed, {n[FAIL]} failed, {n[NOT_RUN]} not run{state}"
+    shared = f", {n[SHARED]} shared (GPUs shared between pods: a finding)" if n[SHARED] else ""
+    return f"{word}: {n[PASS]} passed{shared}, {n[FAIL]} failed, {n[NOT_RUN]} not run{state}"
 
 
 def header(exp: ExperimentRecord) -> list[tuple[str, str]]:
@@ -48,7 +49,8 @@ def table(exp: ExperimentRecord) -> tables.Table:
     rows = [[r.suite, r.check, r.status, fmt(r.seconds, 2), fmt(r.recovery_s, 2), r.detail] for r in rows_of(exp)]
     note = ("; ".join(f"{k}: {unit}, {better} is better" for k, (unit, better) in FIGURES.items())
             + ". seconds: how long the check took; recovery_s: from the disruption's command until the node was "
-              "Ready with its GPUs allocatable again and a new GPU pod ran there.")
+              "Ready with its GPUs allocatable again and a new GPU pod ran there. shared: pods share physical GPUs "
+              "(the node advertises more than it has): a finding, a failure under --exclusive.")
     return tables.Table("checks", "checks", ["suite", "check", "status", "seconds", "recovery s", "detail"], rows,
                         note=note, right={3, 4},
                         marked={i for i, r in enumerate(rows_of(exp)) if r.status == FAIL})

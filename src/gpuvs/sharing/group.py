@@ -338,8 +338,8 @@ def gpu_memory_total_mib(device: str) -> float | None:
 
     info = fingerprint.nvml_info()
     idx = telemetry.visible_gpu_indices(device, 1)[0]
-    gpus = info.get("gpus") or []
-    return gpus[idx]["memory_mib"] if idx < len(gpus) else None
+    gpu = next((g for g in info.get("gpus") or [] if g["index"] == idx), None)  # NVML's index, not a position
+    return gpu["memory_mib"] if gpu else None
 
 
 def normalized_sum(together: Group, alone: list[float | None]) -> float | None:

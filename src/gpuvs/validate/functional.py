@@ -1,5 +1,7 @@
 """The functional suite: does GPU scheduling work on this cluster? Each row is one check; a GPU pod's life
-is followed step by step (a step after a failed one is `not run`, and the pod is deleted all the same)."""
+is followed step by step (a step after a failed one is `not run`, and the pod is deleted all the same); then
+several GPU pods at once, a pod asking every GPU and what pods share (several.py), an over-request, a CPU-only
+pod, and a CPU service beside a GPU job (service.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,11 @@ import time
 from typing import Any
 
 from gpuvs.kube.client import allocatable, list_nodes
-from gpuvs.validate.probe import Seen, reason, until
+from gpuvs.validate import service, several
+from gpuvs.validate.probe import EXEC_WORD, Seen, reason, until
 from gpuvs.validate.suite import FAIL, CheckFailed, Suite, checked
 
 SUITE = "functional"
-EXEC_WORD = "gpuvs-exec-ok"
 
 
 def gpu_nodes(suite: Suite) -> dict[str, int]:
@@ -36,16 +38,20 @@ def run(suite: Suite) -> None:
                 + ", ".join(f"{k} ({v})" for k, v in sorted(found.items())), {"allocatable": found})
 
     if suite.check(SUITE, "GPU nodes found and allocatable", nodes).status == FAIL:
-        for name in ("GPU pod", "over-request stays Pending", "CPU-only pod gets no GPU"):
+        for name in ("GPU pod", *several.ROWS, "over-request stays Pending", "CPU-only pod gets no GPU",
+                     service.CHECK):
             suite.skip(SUITE, name, "no GPU node to run it on")
         return
-    gpu_pod(suite)
+    seen = gpu_pod(suite)
+    several.run(suite, state["nodes"])
     over_request(suite, state["nodes"])
     cpu_pod(suite, next(iter(sorted(state["nodes"]))))
+    service.run(suite, s.node or several.target_node(state["nodes"]), seen.python if seen else None)
 
 
-def gpu_pod(suite: Suite) -> None:
-    """create → scheduled → running → logs read → GPU visible → exec → deleted and gone."""
+def gpu_pod(suite: Suite) -> Seen | None:
+    """create → scheduled → running → logs read → GPU visible → exec → deleted and gone. What the probe saw,
+    when its log was read."""
     s, pods, t = suite.settings, suite.pods, suite.settings.timeout
     name = pods.name("gpu")
     state: dict[str, Any] = {}
@@ -69,10 +75,11 @@ def gpu_pod(suite: Suite) -> None:
 
     def visible() -> tuple[str, dict]:
         seen: Seen = state["seen"]
+        ids, source = seen.gpu_ids()
         obs = {"device_nodes": seen.nodes, "nvidia_visible_devices": seen.visible, "gpu_names": seen.names,
-               "nvidia_smi": seen.smi}
+               "nvidia_smi": seen.smi, "gpu_ids": ids, "id_source": source}
         checked(seen.count == 1, f"asked 1 {s.resource}, the container sees {seen.count}: {seen.describe()}")
-        return seen.describe(), obs
+        return f"{seen.describe()}; GPU {', '.join(ids) or '?'} (read from: {source})", obs
 
     def exec_() -> str:
         out = pods.exec(name, ["sh", "-c", f"echo {EXEC_WORD}"])
@@ -89,6 +96,7 @@ def gpu_pod(suite: Suite) -> None:
         if suite.check(SUITE, f"GPU pod: {label}", body).status == FAIL:
             failed = label
     suite.check(SUITE, "GPU pod: deleted and gone", lambda: deleted(suite, name))
+    return state.get("seen")
 
 
 def deleted(suite: Suite, name: str) -> str:

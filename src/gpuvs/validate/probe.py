@@ -1,7 +1,8 @@
-"""The validation pods and what is done to them. One shell probe serves every check: it prints what the
+"""The validation pods and what is done to them. One shell probe serves every GPU check: it prints what the
 container sees of the GPU (NVIDIA_VISIBLE_DEVICES, /dev/nvidia<N> device nodes, `nvidia-smi -L` where the
-image has it), a `ready` line, then a beat with the time every half second until the pod is deleted
-(or its activeDeadlineSeconds, the server-side backstop, ends it). Every wait has a deadline."""
+image has it, with each GPU's UUID), whether the image has python3, a `ready` line, then a beat with the time
+every half second until the pod is deleted (or its activeDeadlineSeconds, the server-side backstop, ends it).
+Which GPU a pod was given is read from inside it (`Seen.gpu_ids`). Every wait has a deadline."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from typing import Any, Callable
 
 from gpuvs.kube.client import Cluster, client_module
 from gpuvs.kube.client import allocatable as alloc
+from gpuvs.kube.podrun import CONFIG_FAILURES, IMAGE_FAILURES
 
 LABEL = "gpuvs-validate"
+EXEC_WORD = "gpuvs-exec-ok"  # what `exec` echoes in the checks that exec into a pod
 PREFIX = "gpuvs-probe "
+UUID = re.compile(r"\(UUID: ([^)\s]+)\)")
 SCRIPT = r"""
 echo "gpuvs-probe visible=${NVIDIA_VISIBLE_DEVICES:-}"
 for d in /dev/nvidia[0-9]*; do [ -e "$d" ] && echo "gpuvs-probe node=$d"; done
@@ -23,6 +27,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 else
   echo "gpuvs-probe smi-missing"
 fi
+echo "gpuvs-probe python=$(command -v python3 || true)"
 echo "gpuvs-probe ready"
 while :; do echo "gpuvs-probe beat=$(date +%s)"; sleep 0.5; done
 """
@@ -55,6 +60,7 @@ class Seen:
     smi: list[str] | None = None  # None: no nvidia-smi in the image
     beats: list[int] = field(default_factory=list)
     ready: bool = False
+    python: str | None = None  # the image's python3 ("" where it has none; None: not reported)
 
     @property
     def names(self) -> list[str]:
@@ -65,6 +71,25 @@ class Seen:
     def count(self) -> int:
         """GPUs the container sees: nvidia-smi's list where there is one, else the device nodes."""
         return len(self.names) if self.smi is not None and self.names else len(self.nodes)
+
+    def gpu_ids(self) -> tuple[list[str], str]:
+        """Which GPUs the container was given, and where that was read (the first source that names them):
+        - `nvml`: the UUIDs `nvidia-smi -L` (NVML) lists; a MIG device's own UUID where it lists MIG devices;
+        - `device plugin`: the IDs in NVIDIA_VISIBLE_DEVICES, as the device plugin handed them in (a replica
+          suffix `::<n>` dropped: replicas of one GPU are that GPU; `all`, `none`, `void` name no GPU);
+        - `device nodes`: the /dev/nvidia<N> nodes (their numbers are the host's);
+        - `none`: nothing names a GPU."""
+        uuids = [m.group(1) for line in self.smi or [] for m in [UUID.search(line)] if m]
+        mig = [u for u in uuids if u.startswith("MIG-")]
+        if mig or uuids:
+            return (mig or uuids), "nvml"
+        visible = [v.strip().split("::", 1)[0] for v in self.visible.split(",")]
+        visible = [v for v in visible if v and v.lower() not in ("all", "none", "void")]
+        if visible:
+            return list(dict.fromkeys(visible)), "device plugin"
+        if self.nodes:
+            return list(self.nodes), "device nodes"
+        return [], "none"
 
     def describe(self) -> str:
         smi = ("no nvidia-smi in the image" if self.smi is None else
@@ -87,6 +112,8 @@ def parse(log: str) -> Seen:
             seen.smi = (seen.smi or []) + [value]
         elif key == "smi-missing":
             seen.smi = None
+        elif key == "python":
+            seen.python = value
         elif key == "ready":
             seen.ready = True
         elif key == "beat" and value.isdigit():
@@ -106,13 +133,15 @@ class Pods:
     deadline_s: int  # activeDeadlineSeconds: the server-side backstop of every pod
     request_timeout: float = 10.0
 
-    def body(self, name: str, gpus: int, node: str | None = None) -> dict[str, Any]:
+    def body(self, name: str, gpus: int, node: str | None = None, command: list[str] | None = None
+             ) -> dict[str, Any]:
+        """A pod of this run: the shell probe (or `command`), asking `gpus` GPUs, on `node` if named."""
         limits = {self.resource: str(gpus)} if gpus else {}
         spec: dict[str, Any] = {
             "restartPolicy": "Never", "activeDeadlineSeconds": self.deadline_s, "terminationGracePeriodSeconds": 1,
             "automountServiceAccountToken": False,
             "containers": [{"name": "probe", "image": self.image, "imagePullPolicy": self.pull,
-                            "command": ["sh", "-c", SCRIPT], "resources": {"limits": limits},
+                            "command": command or ["sh", "-c", SCRIPT], "resources": {"limits": limits},
                             "securityContext": {"allowPrivilegeEscalation": False}}]}
         if node:
             spec["nodeSelector"] = {"kubernetes.io/hostname": node}
@@ -122,11 +151,19 @@ class Pods:
     def name(self, what: str) -> str:
         return f"gpuvs-validate-{self.run}-{what}"
 
-    def create(self, what: str, gpus: int, node: str | None = None) -> str:
-        name = self.name(what)
-        self.cluster.core.create_namespaced_pod(self.cluster.namespace, self.body(name, gpus, node),
-                                                _request_timeout=self.request_timeout)
-        return name
+    def short(self, name: str) -> str:
+        """A pod's name without the run's prefix (set-0, all-gpus, service), for details."""
+        return name.removeprefix(self.name(""))
+
+    def create(self, what: str, gpus: int, node: str | None = None, command: list[str] | None = None) -> str:
+        return self.submit(self.body(self.name(what), gpus, node, command))
+
+    def submit(self, body: dict[str, Any]) -> str:
+        """Create a pod built elsewhere (gpuvs's worker), as one of this run's: its labels make sure the clean-up
+        finds it."""
+        body["metadata"].setdefault("labels", {}).update({"gpuvs": "1", LABEL: self.run})
+        self.cluster.core.create_namespaced_pod(self.cluster.namespace, body, _request_timeout=self.request_timeout)
+        return body["metadata"]["name"]
 
     def get(self, name: str) -> Any | None:
         try:
@@ -143,11 +180,23 @@ class Pods:
                                                          _request_timeout=self.request_timeout) or ""
 
     def exec(self, name: str, command: list[str]) -> str:
+        """The command's output. The client's websocket call turns every exception raised while it runs, Ctrl-C and
+        SIGTERM's stop included, into ApiException(status 0): the socket is read here instead, so that a stop goes
+        through, and a stop that came while it connected is raised again as the interruption it was."""
         from kubernetes.stream import stream
 
-        return stream(self.cluster.core.connect_get_namespaced_pod_exec, name, self.cluster.namespace,
-                      command=command, stdout=True, stderr=True, stdin=False, tty=False,
-                      _request_timeout=self.request_timeout)
+        try:
+            ws = stream(self.cluster.core.connect_get_namespaced_pod_exec, name, self.cluster.namespace,
+                        command=command, stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False)
+        except client_module().client.exceptions.ApiException as exc:
+            if exc.status == 0 and (not exc.reason or str(exc.reason).startswith("stopped by ")):
+                raise KeyboardInterrupt(exc.reason or "") from None
+            raise
+        try:
+            ws.run_forever(timeout=self.request_timeout)
+            return ws.read_all()
+        finally:
+            ws.close()
 
     def delete(self, name: str) -> None:
         try:
@@ -157,10 +206,13 @@ class Pods:
             if exc.status != 404:
                 raise
 
+    def mine(self) -> list[Any]:
+        """Every pod of this run, as the API server has them now (one request)."""
+        return list(self.cluster.core.list_namespaced_pod(self.cluster.namespace, label_selector=f"{LABEL}={self.run}",
+                                                          _request_timeout=self.request_timeout).items)
+
     def leftovers(self) -> list[str]:
-        pods = self.cluster.core.list_namespaced_pod(self.cluster.namespace, label_selector=f"{LABEL}={self.run}",
-                                                     _request_timeout=self.request_timeout)
-        return [p.metadata.name for p in pods.items]
+        return [p.metadata.name for p in self.mine()]
 
     def delete_all(self, timeout: float) -> list[str]:
         """Delete every pod of this run and wait until they are gone; names still there at the deadline."""
@@ -190,6 +242,8 @@ class Pods:
         pod = self.get(name)
         if pod and pod.status.phase in ("Failed", "Succeeded"):
             raise Timeout(f"pod {name} ended ({pod.status.phase}: {reason(pod)}) before it was seen running")
+        if cannot_start(pod):
+            raise Timeout(f"pod {name} cannot start: {reason(pod)}")
         return pod if pod and pod.status.phase == "Running" else None
 
     def seen(self, name: str, what: Callable[[Seen], bool] = lambda s: s.ready) -> Seen | None:
@@ -217,6 +271,16 @@ def reason(pod: Any) -> str:
         if st and st.terminated:
             parts.append(f"terminated {st.terminated.reason} (exit {st.terminated.exit_code})")
     return "; ".join(parts)
+
+
+def cannot_start(pod: Any) -> bool:
+    """A container waits for a reason that does not pass by waiting (the image cannot be pulled or used, the
+    container cannot be created), as the pod environment judges it (kube/podrun.py)."""
+    for cs in (pod.status.container_statuses or []) if pod else []:
+        waiting = cs.state.waiting if cs.state else None
+        if waiting is not None and waiting.reason in IMAGE_FAILURES + CONFIG_FAILURES:
+            return True
+    return False
 
 
 def container(pod: Any) -> tuple[str | None, int]:

@@ -14,6 +14,10 @@ from gpuvs.kube.client import Cluster, api_message
 from gpuvs.validate.probe import Pods, Timeout
 
 PASS, FAIL, NOT_RUN = "pass", "FAIL", "not run"
+# a finding, not a failure: pods share physical GPUs because the node advertises more GPUs than it has (a device
+# plugin's replicas: time-slicing, MPS); under --exclusive the same rows FAIL
+SHARED = "shared"
+STATUSES = (PASS, SHARED, FAIL, NOT_RUN)
 
 # Figures a row may carry, and which way is better (every one is a duration here).
 FIGURES = {"seconds": ("s", "lower"), "recovery_s": ("s", "lower")}
@@ -33,6 +37,10 @@ class Settings:
     start_apiserver_cmd: str | None = None
     outage_s: float = 10.0
     command_timeout: float = 120.0
+    exclusive: bool = False  # GPUs must not be shared between pods: sharing FAILs instead of being a finding
+    max_gpu_pods: int = 8  # the most one-GPU pods run at once on a node ("several GPU pods")
+    job_workload: str = "spin"  # what the GPU job beside the CPU service runs (gpuvs's worker)
+    job_params: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -42,7 +50,7 @@ class Row:
 
     suite: str
     check: str
-    status: str  # pass | FAIL | not run
+    status: str  # pass | shared | FAIL | not run
     detail: str
     seconds: float | None = None
     recovery_s: float | None = None
@@ -55,6 +63,15 @@ class Row:
     def from_dict(cls, d: dict[str, Any]) -> Row:
         return cls(**{k: d.get(k) for k in ("suite", "check", "status", "detail", "seconds", "recovery_s")},
                    observed=d.get("observed") or {})
+
+
+@dataclass
+class Outcome:
+    """What a check's body may return when its row is not a plain pass (status SHARED: a finding)."""
+
+    detail: str
+    observed: dict[str, Any] = field(default_factory=dict)
+    status: str = PASS
 
 
 class CheckFailed(Exception):
@@ -89,16 +106,21 @@ class Suite:
     rows: list[Row] = field(default_factory=list)
     # commands that must run before the run ends whatever happens (an API server stopped by a check)
     restore: list[tuple[str, str]] = field(default_factory=list)
+    package_used: bool = False  # a pod ran gpuvs's worker from the package ConfigMap: released at clean-up
 
-    def check(self, suite: str, name: str, body: Callable[[], tuple[str, dict[str, Any]] | str],
+    def check(self, suite: str, name: str, body: Callable[[], Outcome | tuple[str, dict[str, Any]] | str],
               timeout: float | None = None) -> Row:
-        """Run one check: body() returns its detail (and what it observed) or raises CheckFailed / Timeout."""
+        """Run one check: body() returns its detail (and what it observed), or an Outcome with its status, or
+        raises CheckFailed / Timeout."""
         t0 = time.monotonic()
         observed: dict[str, Any] = {}
         try:
             got = body()
-            detail, observed = got if isinstance(got, tuple) else (got, {})
-            status = PASS
+            if isinstance(got, Outcome):
+                detail, observed, status = got.detail, dict(got.observed), got.status
+            else:
+                detail, observed = got if isinstance(got, tuple) else (got, {})
+                status = PASS
         except (CheckFailed, Timeout) as exc:
             status, detail = FAIL, str(exc)
         except Exception as exc:  # an API error mid-check is that check's failure, not the run's end
@@ -116,7 +138,8 @@ class Suite:
         return row
 
     def clean_up(self) -> list[str]:
-        """Run the pending restore commands, then delete every pod of this run and wait until none is left."""
+        """Run the pending restore commands, then delete every pod of this run and wait until none is left;
+        release gpuvs's package ConfigMap if a pod used it (deleted unless another run still marks it)."""
         problems = []
         while self.restore:
             what, command = self.restore.pop()
@@ -127,6 +150,10 @@ class Suite:
         left = self.pods.delete_all(max(30.0, self.settings.timeout))
         if left:
             problems.append(f"pods left behind: {', '.join(left)}")
+        if self.package_used:
+            from gpuvs.kube import package
+
+            package.release()
         return problems
 
 

@@ -7,14 +7,15 @@ import json
 import sys
 from pathlib import Path
 
-import typer
 from rich.console import Console
 
 from gpuvs import comparison
-from gpuvs.cli import app
-from gpuvs.cli.results import STORE_OPT, open_store
+from gpuvs.cli.command import Args, Command, Group, Positional
+from gpuvs.cli.common import open_store
+from gpuvs.cli.options import STORE
 from gpuvs.errors import UsageError
 from gpuvs.records import TrialRecord
+from gpuvs.params import Param
 from gpuvs.report import html, markdown, terminal, validation
 from gpuvs.store import trials_csv
 
@@ -47,13 +48,8 @@ def experiment_of(st, ident: str) -> str:
         raise
 
 
-@app.command()
-def report(ident: str = typer.Argument(..., help="an experiment id (a unique prefix will do) or a trial's run id"),
-           fmt_name: str = typer.Option("term", "--format", help="term, md, html, json or csv"),
-           output: str = typer.Option(None, "-o", "--output", help="write here instead of standard output"),
-           store: str = STORE_OPT) -> None:
-    """A stored experiment's report: verdicts, derived tables, per-trial figures, fingerprints (and
-    charts, in html)."""
+def report(args: Args) -> None:
+    ident, fmt_name, output, store = args.positionals[0], args["format"], args["output"], args["store"]
     fmt = FORMATS.get(fmt_name.lower())
     if fmt is None:
         raise UsageError(f"--format: {fmt_name!r} is not allowed; expected one of term, md, html, json, csv")
@@ -84,3 +80,13 @@ def _write(text: str, output: str | None, exp_id: str) -> None:
         print(f"experiment {exp_id}: wrote {output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+
+
+COMMAND = Command(
+    "report", "A stored experiment's report: verdicts, derived tables, per-trial figures, fingerprints (and charts, "
+    "in html).", report,
+    groups=(Group("report options", (Param("format", str, "term", "term, md, html, json or csv"),
+                                     Param("output", str, None, "write here instead of standard output",
+                                           aliases=("o",)), STORE), "report"),),
+    positionals=(Positional("ident", "an experiment id (a unique prefix will do) or a trial's run id"),),
+)

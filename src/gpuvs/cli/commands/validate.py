@@ -1,5 +1,5 @@
-"""gpuvs validate --image IMAGE [--kubeconfig F] [--context C] [--namespace N] [--node NAME]
-[--disruptive --restart-plugin-cmd CMD --restart-kubelet-cmd CMD --stop-apiserver-cmd CMD --start-apiserver-cmd CMD]:
+"""gpuvs validate --image IMAGE [--kubeconfig F] [--context C] [--namespace N] [--node NAME] [--exclusive]
+[--max-gpu-pods N] [--job-workload NAME --job-param KEY=VALUE] [--disruptive --restart-plugin-cmd CMD --restart-kubelet-cmd CMD --stop-apiserver-cmd CMD --start-apiserver-cmd CMD]:
 the cluster test suite, stored as an experiment (kind `validate`) and reported like any other."""
 
 from __future__ import annotations
@@ -7,13 +7,11 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from typing import Optional
 
-import typer
-
-from gpuvs.cli import app
+from gpuvs.cli.command import Args, Command, Group
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.records import ExperimentMeta
+from gpuvs.params import Param
 from gpuvs.report import validation
 from gpuvs.store import Store
 
@@ -46,35 +44,58 @@ def _settings(**kw):
             raise UsageError(f"--{c.replace('_', '-')} {kw[c]!r}: not a command line ({exc})") from None
     if kw["timeout"] <= 0 or kw["command_timeout"] <= 0 or kw["outage_s"] < 0:
         raise UsageError("--timeout and --command-timeout must be above 0, --apiserver-outage 0 or more (seconds)")
+    if kw["max_gpu_pods"] < 1:
+        raise UsageError(f"--max-gpu-pods {kw['max_gpu_pods']}: must be 1 or more")
+    from gpuvs import workloads
+    from gpuvs.spec import parse_kv
+    from gpuvs.validate.service import job_device, long_run
+
+    try:
+        w = workloads.get(kw["job_workload"])  # an unknown name: one line with the known ones
+        kw["job_params"] = parse_kv(kw["job_params"])
+        w.validate({w.window_param: long_run(w), **kw["job_params"]}, job_device(kw["job_workload"]))
+    except UsageError as exc:
+        raise UsageError(f"--job-workload {kw['job_workload']} / --job-param: {exc}") from None
     return Settings(**kw)
 
 
-@app.command()
-def validate(image: str = typer.Option(..., "--image", help="image of the probe pods (needs /bin/sh; nvidia-smi "
-                                                            "is used where it has it)"),
-             kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="default: KUBECONFIG, ~/.kube/config "
-                                                      "or the in-cluster service account"),
-             context: Optional[str] = typer.Option(None, "--context"),
-             namespace: Optional[str] = typer.Option(None, "--namespace", help="default: the context's, else default"),
-             pull: str = typer.Option("IfNotPresent", "--image-pull-policy", help="Always, IfNotPresent or Never"),
-             resource: str = typer.Option("nvidia.com/gpu", "--resource", help="the GPU resource name"),
-             node: Optional[str] = typer.Option(None, "--node", help="run the pods on this node (needed by "
-                                                "--disruptive)"),
-             timeout: float = typer.Option(120.0, "--timeout", help="seconds each check may take"),
-             disruptive: bool = typer.Option(False, "--disruptive", help="also the availability suite: restarts "
-                                             "cluster parts through the commands below"),
-             restart_plugin_cmd: Optional[str] = typer.Option(None, "--restart-plugin-cmd",
-                                                              help="restarts the node's device plugin"),
-             restart_kubelet_cmd: Optional[str] = typer.Option(None, "--restart-kubelet-cmd",
-                                                               help="restarts the node's kubelet"),
-             stop_apiserver_cmd: Optional[str] = typer.Option(None, "--stop-apiserver-cmd"),
-             start_apiserver_cmd: Optional[str] = typer.Option(None, "--start-apiserver-cmd"),
-             outage_s: float = typer.Option(10.0, "--apiserver-outage", help="seconds the API server stays down"),
-             command_timeout: float = typer.Option(120.0, "--command-timeout", help="seconds each command may take"),
-             store: str = typer.Option("gpuvs.db", "--store", help="SQLite file that keeps the results"),
-             name: Optional[str] = typer.Option(None, "--name", help="a name for this run in the store")) -> None:
-    """Validate a GPU cluster: GPU nodes, a GPU pod's life, the GPU inside, over-requests, CPU pods; with
-    --disruptive, what a running GPU job and the node's GPUs do through plugin, kubelet and API-server failures."""
+VALIDATE_OPTIONS = (
+    Param("image", str, None, "image of the probe pods (needs /bin/sh; nvidia-smi is used where it has it)",
+          required=True),
+    Param("kubeconfig", str, None, "default: KUBECONFIG, ~/.kube/config or the in-cluster service account"),
+    Param("context", str, None, "kubeconfig context"),
+    Param("namespace", str, None, "default: the context's, else default"),
+    Param("image_pull_policy", str, "IfNotPresent", "Always, IfNotPresent or Never"),
+    Param("resource", str, "nvidia.com/gpu", "the GPU resource name"),
+    Param("node", str, None, "run the pods on this node (needed by --disruptive)"),
+    Param("timeout", float, 120.0, "seconds each check may take"),
+    Param("disruptive", bool, False, "also the availability suite: restarts cluster parts through the commands below"),
+    Param("restart_plugin_cmd", str, None, "restarts the node's device plugin"),
+    Param("restart_kubelet_cmd", str, None, "restarts the node's kubelet"),
+    Param("stop_apiserver_cmd", str, None, "stops the API server (with --start-apiserver-cmd)"),
+    Param("start_apiserver_cmd", str, None, "starts the API server again"),
+    Param("apiserver_outage", float, 10.0, "seconds the API server stays down"),
+    Param("command_timeout", float, 120.0, "seconds each command may take"),
+    Param("exclusive", bool, False, "GPUs must not be shared: a node that advertises more GPUs than it has (replicas) "
+          "fails instead of being reported as shared"),
+    Param("max_gpu_pods", int, 8, "the most one-GPU pods run at once on a node"),
+    Param("job_workload", str, "spin", "what the GPU job beside the CPU service runs (a gpuvs workload; e.g. gemm "
+          "with torch in the image)"),
+    Param("job_param", str, None, "KEY=VALUE for the job's workload (repeat)", multiple=True),
+    Param("store", str, "gpuvs.db", "SQLite file that keeps the results"),
+    Param("name", str, None, "a name for this run in the store"),
+)
+
+
+def validate(args: Args) -> None:
+    image, kubeconfig, context, namespace = args["image"], args["kubeconfig"], args["context"], args["namespace"]
+    pull, resource, node, timeout = args["image_pull_policy"], args["resource"], args["node"], args["timeout"]
+    disruptive, outage_s, command_timeout = args["disruptive"], args["apiserver_outage"], args["command_timeout"]
+    restart_plugin_cmd, restart_kubelet_cmd = args["restart_plugin_cmd"], args["restart_kubelet_cmd"]
+    stop_apiserver_cmd, start_apiserver_cmd = args["stop_apiserver_cmd"], args["start_apiserver_cmd"]
+    exclusive, max_gpu_pods = args["exclusive"], args["max_gpu_pods"]
+    job_workload, job_params = args["job_workload"], args["job_param"]
+    store, name = args["store"], args["name"]
     from gpuvs.kube.client import check_namespace, connect, node_info
     from gpuvs.validate import availability, functional
     from gpuvs.validate.probe import Pods
@@ -83,7 +104,8 @@ def validate(image: str = typer.Option(..., "--image", help="image of the probe 
     s = _settings(image=image, pull=pull, resource=resource, node=node, timeout=timeout, disruptive=disruptive,
                   restart_plugin_cmd=restart_plugin_cmd, restart_kubelet_cmd=restart_kubelet_cmd,
                   stop_apiserver_cmd=stop_apiserver_cmd, start_apiserver_cmd=start_apiserver_cmd, outage_s=outage_s,
-                  command_timeout=command_timeout)
+                  command_timeout=command_timeout, exclusive=exclusive, max_gpu_pods=max_gpu_pods,
+                  job_workload=job_workload, job_params=job_params or [])
     cluster = connect(kubeconfig, context, namespace)
     check_namespace(cluster)
     if node:
@@ -98,7 +120,7 @@ def validate(image: str = typer.Option(..., "--image", help="image of the probe 
     def record(row) -> None:
         meta.checks.append(row.to_dict())
         st.set_meta(exp_id, meta)
-        mark = {"pass": "ok  ", "FAIL": "FAIL", "not run": "--  "}.get(row.status, row.status)
+        mark = {"pass": "ok  ", "FAIL": "FAIL", "not run": "--  ", "shared": "SHRD"}.get(row.status, row.status)
         print(f"  {mark} {row.suite}: {row.check}: {row.detail}", file=sys.stderr, flush=True)
 
     pods = Pods(cluster, run, image, pull, resource, deadline_s=int(max(600, timeout * 20)))
@@ -130,3 +152,11 @@ def _cleanup_row(problems: list[str]):
 
     return Row("clean-up", "nothing left behind", FAIL if problems else PASS,
                "; ".join(problems) if problems else "no pod of this run is left; every restore command ran")
+
+
+COMMAND = Command(
+    "validate", "Validate a GPU cluster: GPU nodes, a GPU pod's life, the GPU inside, several GPU pods at once and "
+    "what they share, over-requests, CPU pods, a CPU service beside a GPU job; with --disruptive, what a running GPU job and the node's GPUs do through plugin, kubelet and API-server failures.",
+    validate,
+    groups=(Group("validate options", VALIDATE_OPTIONS, "validate"),),
+)

@@ -1,22 +1,20 @@
-"""gpuvs info, gpuvs workloads."""
+"""gpuvs info: this environment's fingerprint."""
 
 from __future__ import annotations
 
 import json
 
-import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpuvs import fingerprint, workloads
-from gpuvs.cli import app
+from gpuvs import fingerprint
+from gpuvs.cli.command import Args, Command, Group
+from gpuvs.params import Param
 
 
-@app.command()
-def info(as_json: bool = typer.Option(False, "--json", help="print the fingerprint as JSON")) -> None:
-    """Print this environment's fingerprint: GPUs, driver, CUDA, frameworks, CPU, memory, cgroup limits."""
+def info(args: Args) -> None:
     fp = fingerprint.take()
-    if as_json:
+    if args["json"]:
         print(json.dumps(fp, indent=2, default=str))
         return
     console = Console(markup=False, highlight=False)
@@ -44,32 +42,7 @@ def info(as_json: bool = typer.Option(False, "--json", help="print the fingerpri
     console.print(t)
 
 
-@app.command("workloads")
-def list_workloads(name: str = typer.Argument(None, help="show one workload's parameters")) -> None:
-    """List the workloads, or one workload's parameters with their defaults and limits."""
-    console = Console(markup=False, highlight=False)
-    if name:
-        console.print(param_table(workloads.get(name)))
-        return
-    t = Table(title="workloads", title_justify="left")
-    t.add_column("name", style="bold")
-    t.add_column("what it measures")
-    t.add_column("multi-GPU")
-    for w in workloads.all_workloads():
-        t.add_row(w.name, w.summary, "yes" if w.multi_gpu else "-")
-    console.print(t)
-
-
-def options_table(title: str, params) -> Table:
-    """Option, default, allowed values and meaning of a group of Params."""
-    t = Table(title=title, title_justify="left")
-    for col in ("option", "default", "allowed", "meaning"):
-        t.add_column(col)
-    for p in params:
-        t.add_row(p.option, "-" if p.default in (None, "") else str(p.default), p.describe_allowed(), p.help)
-    return t
-
-
-def param_table(w) -> Table:
-    """A workload's parameters."""
-    return options_table(f"{w.name}: {w.summary}", w.params)
+COMMAND = Command(
+    "info", "Print this environment's fingerprint: GPUs, driver, CUDA, frameworks, CPU, memory, cgroup limits.", info,
+    groups=(Group("info options", (Param("json", bool, False, "print the fingerprint as JSON"),), "info"),),
+)

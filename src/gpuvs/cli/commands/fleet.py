@@ -9,18 +9,16 @@ Exit status: 0 when the fleet ran (whatever the verdicts), 1 when a node ran no 
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
 
-import typer
 from rich.console import Console
 
-from gpuvs import environments, workloads
-from gpuvs.cli import app
-from gpuvs.cli import options as opt
-from gpuvs.cli.info import options_table, param_table
-from gpuvs.cli.run import PASS_THROUGH, prepare
+from gpuvs import environments
+from gpuvs.cli import common, options
+from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.fleet import adaptive, kube, labels, nodes
 from gpuvs.fleet import run as fleet_run
@@ -40,7 +38,7 @@ FLEET_OPTIONS = (
     Param("all_nodes", bool, False, "nodes without allocatable GPUs too (default: only nodes with --gpu-resource)"),
     Param("reference", str, None, "compare every node with this node (default: the fleet band of the others)"),
     Param("parallel", int, 1, "trials at once across nodes (never two on one node)", min=1, max=1000),
-    Param("max_trials", int, None, f"trials per node at most, for unsettled nodes (default: 3 x --trials)",
+    Param("max_trials", int, None, "trials per node at most, for unsettled nodes (default: 3 x --trials)",
           min=2, max=10000),
     Param("margin", float, 0.05, "equivalence margin of a node against the fleet (0.05: ±5%)", min=0.0, max=0.5),
     Param("confidence", float, 0.95, "1 - the false-call rate for the whole fleet", min=0.5, max=0.999),
@@ -49,21 +47,6 @@ FLEET_OPTIONS = (
     Param("format", str, "term", "report format", choices=report.FORMATS),
     Param("output", str, None, "write the report here (else standard output)"),
 )
-
-
-def fleet_help(workload) -> None:
-    console = Console(markup=False, highlight=False)
-    console.print("usage: gpuvs fleet WORKLOAD --image IMAGE [fleet options] [workload options] [pod options]\n"
-                  "Runs WORKLOAD in a pod on every GPU node, compares each node with the fleet. See docs/fleet.md.")
-    if workload is None:
-        console.print(f"workloads: {', '.join(workloads.names())}")
-    else:
-        console.print(param_table(workload))
-    console.print(options_table("fleet options", FLEET_OPTIONS))
-    console.print(options_table("run options", tuple(p for p in opt.RUN_OPTIONS if p.name != "num_gpus")))
-    for title, group in opt.env_groups():
-        if any(title.startswith(f"--env {k} ") for k in node_kinds()):
-            console.print(options_table(title + " (--label is the fleet's here)", group))
 
 
 def node_kinds() -> list[str]:
@@ -77,19 +60,11 @@ def _nodes_arg(items: list[str] | None) -> list[str] | None:
     return names or None
 
 
-@app.command(context_settings=PASS_THROUGH, add_help_option=False)
-def fleet(ctx: typer.Context) -> None:
-    """Find the slow nodes: gpuvs fleet WORKLOAD --image IMAGE [--nodes ...] [--label] (gpuvs fleet --help)."""
-    args = list(ctx.args)
-    own_raw, rest = opt.take_out(args, FLEET_OPTIONS)
-    o = opt.take(dict(own_raw), FLEET_OPTIONS)
+def fleet(args: Args) -> None:
+    o = args.group("fleet")
     # a report in another format on stdout: progress goes to stderr
     console = Console(markup=False, highlight=False, stderr=o["format"] != "term" and not o["output"])
-    if not any(a == "--env" or a.startswith("--env=") for a in rest):
-        rest = ["--env", node_kinds()[0]] + rest
-    prep = prepare(rest, "gpuvs fleet", console, help_fn=fleet_help)
-    if prep.positionals:
-        raise UsageError(f"unexpected argument {prep.positionals[0]!r}")
+    prep = common.prepare(args, console)
     base, run = prep.base, prep.run
     if base.env.kind not in node_kinds():
         raise UsageError(f"gpuvs fleet runs pods on the cluster's nodes: --env {base.env.kind} is not allowed "
@@ -100,7 +75,7 @@ def fleet(ctx: typer.Context) -> None:
         raise UsageError("--dry-run applies with --label (it shows the labels instead of writing them)")
     if o["output"] and not Path(o["output"]).resolve().parent.is_dir():
         raise UsageError(f"--output {o['output']}: folder {Path(o['output']).parent} does not exist")
-    trials = run["trials"] if any(a == "--trials" or a.startswith("--trials=") for a in rest) else DEFAULT_TRIALS
+    trials = run["trials"]  # the fleet's default (DEFAULT_TRIALS) unless given
     if trials < MIN_TRIALS:
         raise UsageError(f"--trials {trials}: a fleet needs at least {MIN_TRIALS} trials per node (with fewer, the "
                          "false-alarm rate across many nodes exceeds 1 - confidence; see docs/fleet.md)")
@@ -124,7 +99,7 @@ def fleet(ctx: typer.Context) -> None:
         raise UsageError(f"--reference {o['reference']}: not one of the fleet's nodes that can run the pod "
                          f"({', '.join(n.name for n in chosen) or 'none'})")
     exp = fleet_run.fleet_experiment(run["name"] or f"fleet {prep.workload.name}", base, [n.name for n in chosen],
-                                     ExperimentMeta(command="gpuvs fleet " + shlex.join(args), margin=o["margin"],
+                                     ExperimentMeta(command="gpuvs fleet " + shlex.join(args.argv), margin=o["margin"],
                                                     confidence=o["confidence"]), run["order_seed"])
     usable = []
     for node, arm in zip(chosen, exp.arms):  # the pod environment's own checks, per node: a refusal is a row
@@ -175,3 +150,23 @@ def fleet(ctx: typer.Context) -> None:
     failed = [r for r in result.rows if r.verdict == "failed"]
     if failed:
         raise RunFailed(f"{len(failed)} node(s) ran no trial: " + "; ".join(f"{r.node}: {r.reason}" for r in failed))
+
+
+def _fleet_run_options() -> tuple:
+    """The run options, with the fleet's own default of --trials (help tells the truth)."""
+    return tuple(dataclasses.replace(p, default=DEFAULT_TRIALS, help=f"trials per node, each in its own pod "
+                                     f"(at least {MIN_TRIALS})") if p.name == "trials" else p
+                 for p in options.RUN_OPTIONS)
+
+
+COMMAND = Command(
+    "fleet", "Find the slow nodes: the same workload in a pod on every GPU node, each node compared with the fleet.",
+    fleet,
+    # the fleet's options first: its --label (node labels) wins over the pod option of that name
+    groups=(Group("fleet options", FLEET_OPTIONS, "fleet"), options.run_group(_fleet_run_options()),
+            *options.env_groups(node_kinds(), env=dataclasses.replace(environments.env_param(),
+                                                                      default=node_kinds()[0]))),
+    positionals=(Positional("workload", workload=True),),
+    usage="WORKLOAD --image IMAGE [fleet options] [workload options] [pod options]",
+    notes="Runs WORKLOAD in a pod on every GPU node, compares each node with the fleet. See docs/fleet.md.",
+)

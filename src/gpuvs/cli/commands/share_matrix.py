@@ -4,17 +4,14 @@ file and the runs are gpuvs.sharing.matrix's; this module parses and renders."""
 
 from __future__ import annotations
 
-import time
-import uuid
 from pathlib import Path
 
-import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpuvs.cli import app
-from gpuvs.cli.run import resolve_device
-from gpuvs.cli.share import job_spec
+from gpuvs.cli import common, options
+from gpuvs.cli.command import Args, Command, Group, Positional
+from gpuvs.params import Param
 from gpuvs.records import ExperimentMeta
 from gpuvs.report.numbers import fmt
 from gpuvs.runner import Runner, validate_spec
@@ -24,15 +21,18 @@ from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store import Store
 
 
-@app.command("share-matrix")
-def share_matrix(file: str = typer.Argument(..., help="a pairs file, e.g. experiments/sharing/mps-kernel-pairs.yaml"),
-                 device: str = typer.Option(None, "--device", help="overrides the file's device"),
-                 store: str = typer.Option("gpuvs.db", "--store"),
-                 duration: float = typer.Option(None, "--duration", help="overrides the file's window seconds")) -> None:
-    """Pairs x sizes x MPS off/on: each job alone, then both in one window; execution time per run."""
+SHARE_MATRIX_OPTIONS = (
+    Param("device", str, None, "overrides the file's device"),
+    options.STORE,
+    Param("duration", float, None, "overrides the file's window seconds"),
+)
+
+
+def share_matrix(args: Args) -> None:
+    file, device, store, duration = args.positionals[0], args["device"], args["store"], args["duration"]
     console = Console(markup=False, highlight=False)
     data = matrix.load(file)
-    dev = resolve_device(device or data.get("device"), EnvSpec(), console)
+    dev = common.resolve_device(device or data.get("device"), EnvSpec(), console)
     window = float(duration or data.get("duration", 8))
     (key, values), = (data.get("sweep") or {"": [None]}).items()
     base = RunSpec(workload="selftest", device=dev, timeout_s=float(data.get("timeout_s", 1800)))
@@ -40,13 +40,13 @@ def share_matrix(file: str = typer.Argument(..., help="a pairs file, e.g. experi
     for a_text, b_text in data["pairs"]:
         for v in values:
             extra = f" --{key.replace('_', '-')} {v}" if key else ""
-            a, b = job_spec(a_text + extra, base), job_spec(b_text + extra, base)
+            a, b = common.job_spec(a_text + extra, base), common.job_spec(b_text + extra, base)
             for s in (a, b):
                 check_shareable(s)
                 validate_spec(s)
             cases.append(matrix.Case(a_text, b_text, v, a, b))
     modes = matrix.mps_modes(data.get("mps", "both")) if dev.startswith("cuda") else [False]
-    exp_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    exp_id = common.experiment_id()
     for case in cases:
         case.a.experiment_id = case.b.experiment_id = exp_id
     with Store(store) as st:
@@ -74,3 +74,11 @@ def share_matrix(file: str = typer.Argument(..., help="a pairs file, e.g. experi
                  "both jobs of together/alone: 1.0 is what taking turns gives, above 1 sharing did more work")
     console.print(t)
     console.print(f"stored as experiment {exp_id} in {store}", style="dim")
+
+
+COMMAND = Command(
+    "share-matrix", "Pairs x sizes x MPS off/on: each job alone, then both in one window; execution time per run.",
+    share_matrix,
+    groups=(Group("share-matrix options", SHARE_MATRIX_OPTIONS, "share-matrix"),),
+    positionals=(Positional("file", "a pairs file, e.g. experiments/sharing/mps-kernel-pairs.yaml"),),
+)

@@ -5,18 +5,14 @@ gpuvs.sharing.advisor's; this module parses and renders."""
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from pathlib import Path
 
-import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpuvs.cli import app
-from gpuvs.cli import options as opt
-from gpuvs.cli.run import PASS_THROUGH, resolve_device
-from gpuvs.cli.share import _mem, job_spec
+from gpuvs.cli import common, options
+from gpuvs.cli.command import Args, Command, Positional
+from gpuvs.cli.command import Group as Options
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
 from gpuvs.records import ExperimentMeta
@@ -42,22 +38,10 @@ ADVISE_OPTIONS = (
 )
 
 
-@app.command("advise-mps", context_settings=PASS_THROUGH, add_help_option=False)
-def advise_mps(ctx: typer.Context) -> None:
-    """Should jobs A and B share the GPU under MPS? gpuvs advise-mps "WORKLOAD_A --p v" "WORKLOAD_B --p v" [options]"""
+def advise_mps(args: Args) -> None:
     console = Console(markup=False, highlight=False)
-    groups = (opt.RUN_OPTIONS, opt.ENV_OPTIONS, ADVISE_OPTIONS)
-    if "--help" in ctx.args or "-h" in ctx.args:
-        from gpuvs.cli.info import options_table
-
-        console.print('usage: gpuvs advise-mps "WORKLOAD_A [--param value ...]" "WORKLOAD_B [...]" [options]\n'
-                      '       gpuvs advise-mps --pairs FILE [options]   (a list of pairs: predicted against measured)')
-        for title, group in [("advise-mps options", ADVISE_OPTIONS), ("run options", opt.RUN_OPTIONS),
-                             *opt.env_groups()]:
-            console.print(options_table(title, group))
-        raise typer.Exit(0)
-    jobs, values = opt.parse(list(ctx.args), groups, positional=2, what="gpuvs advise-mps")
-    ao = opt.take(values, ADVISE_OPTIONS)
+    jobs = args.positionals
+    ao = args.group("advise-mps")
     if ao["pairs"]:
         if jobs:
             raise UsageError("advise-mps takes either two quoted jobs or --pairs FILE, not both")
@@ -70,18 +54,18 @@ def advise_mps(ctx: typer.Context) -> None:
                          '"kernels --app hotspot", or --pairs FILE')
     else:
         texts = [(jobs[0], jobs[1])]
-    run = opt.take(values, opt.RUN_OPTIONS)
-    env = opt.env_spec(opt.take(values, opt.ENV_OPTIONS))
-    device = resolve_device(run["device"], env, console)
+    run = args.group("run")
+    env = options.env_spec(args.group("env"))
+    device = common.resolve_device(run["device"], env, console)
     base = RunSpec(workload="selftest", device=device, env=env, timeout_s=run["timeout"])
     specs: dict[str, RunSpec] = {}
     for text in [t for pair in texts for t in pair]:
         if text not in specs:
-            specs[text] = job_spec(text, base)
+            specs[text] = common.job_spec(text, base)
             check_shareable(specs[text])
             validate_spec(specs[text])
     pairs = [PairRuns(x, y) for x, y in texts]
-    exp_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    exp_id = common.experiment_id()
     for s in specs.values():
         s.experiment_id = exp_id
     total = gpu_memory_total_mib(device)
@@ -154,7 +138,7 @@ def _table(console, jobs, runs: dict[str, list[Group]], work, total) -> None:
                   figure_text(sharestats.figure(work[label]), 3) if two else "-",
                   fmt(mean(g.telemetry.get("util_gpu_mean") for g in groups)),
                   *(fmt(mean(x.get(k) for x in gpm)) for k in ("sm_occupancy", "tensor_active", "dram_active")),
-                  _mem(groups[-1], total))
+                  common.memory_text(groups[-1], total))
     t.caption = "work = sum over both jobs of together/alone; GPM columns (solo runs) need a Hopper or later GPU"
     console.print(t)
 
@@ -173,3 +157,14 @@ def _write_json(path: str, pairs: list[PairRuns], total, margin: float) -> None:
         Path(path).write_text(json.dumps(out if len(out) > 1 else out[0], indent=1) + "\n")
     except OSError as exc:
         raise UsageError(f"--json {path}: cannot write it: {exc.strerror}") from None
+
+
+COMMAND = Command(
+    "advise-mps", "Should jobs A and B share the GPU under MPS or by time-slicing? A prediction from short solo "
+    "runs, checked by a short measured run.", advise_mps,
+    groups=(Options("advise-mps options", ADVISE_OPTIONS, "advise-mps"), options.run_group(), *options.env_groups()),
+    positionals=(Positional("job_a", "the first job, quoted: \"WORKLOAD [--param value ...]\"", required=False),
+                 Positional("job_b", "the second job, quoted", required=False)),
+    usage='"WORKLOAD_A [--param value ...]" "WORKLOAD_B [...]" [options]\n'
+          "--pairs FILE [options]   (a list of pairs: predicted against measured)",
+)

@@ -5,14 +5,12 @@ exactly what is missing."""
 
 from __future__ import annotations
 
-import typer
 from rich.console import Console
 from rich.table import Table
 
 from gpuvs import checkup, environments
-from gpuvs.cli import app
-from gpuvs.cli import options as opt
-from gpuvs.cli.run import PASS_THROUGH, resolve_device
+from gpuvs.cli import common, options
+from gpuvs.cli.command import Args, Command, Group
 from gpuvs.errors import EnvironmentUnavailable
 from gpuvs.params import Param
 from gpuvs.spec import RunSpec, check_device_syntax
@@ -33,24 +31,11 @@ def table(report: checkup.Report, title: str) -> Table:
     return t
 
 
-@app.command(context_settings=PASS_THROUGH, add_help_option=False)
-def doctor(ctx: typer.Context) -> None:
-    """Check an environment: gpuvs doctor --env KIND [its options] [--device cuda|cpu] (--help lists them)."""
+def doctor(args: Args) -> None:
     console = Console(markup=False, highlight=False)
-    args = list(ctx.args)
-    if "--help" in args or "-h" in args:
-        from gpuvs.cli.info import options_table
-
-        console.print("usage: gpuvs doctor --env " + "|".join(environments.names()) + " [environment options] "
-                      "[--device cuda|cpu]")
-        console.print(options_table("doctor options", DOCTOR_OPTIONS))
-        for title, group in opt.env_groups():
-            console.print(options_table(title, group))
-        raise typer.Exit(0)
-    _, values = opt.parse(args, (opt.ENV_OPTIONS, DOCTOR_OPTIONS), positional=0, what="gpuvs doctor")
-    env = opt.env_spec(opt.take(values, opt.ENV_OPTIONS))
-    own = opt.take(values, DOCTOR_OPTIONS)
-    device = resolve_device(own["device"], env, console)
+    env = options.env_spec(args.group("env"))
+    own = args.group("doctor")
+    device = common.resolve_device(own["device"], env, console)
     check_device_syntax(device)
     report = checkup.Report()
     spec = RunSpec(workload="selftest", device=device, env=env)
@@ -63,3 +48,11 @@ def doctor(ctx: typer.Context) -> None:
         more = f" (and {len(report.problems) - 1} more above)" if len(report.problems) > 1 else ""
         raise EnvironmentUnavailable(f"{first.check}: {first.detail}{more}")
     console.print("all checks passed", style="green")
+
+
+COMMAND = Command(
+    "doctor", "Check an environment: can a worker run there, with the GPU visible? Says exactly what is missing.",
+    doctor,
+    groups=(Group("doctor options", DOCTOR_OPTIONS, "doctor"), *options.env_groups()),
+    usage="--env " + "|".join(environments.names()) + " [environment options] [--device cuda|cpu]",
+)

@@ -3,19 +3,12 @@ and the capacity search. The studies are gpuvs.sharing.studies'; this module par
 
 from __future__ import annotations
 
-import copy
-import shlex
-import time
-import uuid
-
-import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpuvs import workloads
-from gpuvs.cli import app
-from gpuvs.cli import options as opt
-from gpuvs.cli.run import PASS_THROUGH, prepare, run_help
+from gpuvs.cli import common, options
+from gpuvs.cli.command import Args, Command, Positional
+from gpuvs.cli.command import Group as Options
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
 from gpuvs.records import ExperimentMeta
@@ -58,39 +51,15 @@ def parse_counts(text: str) -> list[int]:
     return counts
 
 
-def job_spec(text: str, base: RunSpec) -> RunSpec:
-    """'WORKLOAD --p v ...' -> a spec like base (device, env) for that workload."""
-    try:
-        args = shlex.split(text)
-    except ValueError as exc:
-        raise UsageError(f"--with: {exc}") from None
-    if not args:
-        raise UsageError("--with wants a workload, e.g. --with \"cnn-infer --model vgg16\"")
-    w = workloads.get(args[0])
-    _, values = opt.parse(args[1:], (w.params,), positional=0, what=f"--with {w.name}")
-    spec = copy.deepcopy(base)
-    spec.workload, spec.params = w.name, w.validate(opt.raw(values, w.params), base.device)
-    return spec
-
-
-def share_help(workload) -> None:
-    run_help(workload)
-    from gpuvs.cli.info import options_table
-
-    Console().print(options_table("share options", SHARE_OPTIONS))
-
-
-@app.command(context_settings=PASS_THROUGH, add_help_option=False)
-def share(ctx: typer.Context) -> None:
-    """Run K workers on one GPU in one shared window: gpuvs share WORKLOAD [options] --workers 1,2,4 --mps both"""
+def share(args: Args) -> None:
     console = Console(markup=False, highlight=False)
-    prep = prepare(list(ctx.args), "gpuvs share", console, extra_groups=(SHARE_OPTIONS,), help_fn=share_help)
-    so = opt.take(prep.rest, SHARE_OPTIONS)
+    prep = common.prepare(args, console)
+    so = args.group("share")
     base = prep.base
     check_shareable(base)
     validate_spec(base)
     counts = parse_counts(so["workers"])
-    other = job_spec(so["with"], base) if so["with"] else None
+    other = common.job_spec(so["with"], base) if so["with"] else None
     if other is not None:
         check_shareable(other)
         validate_spec(other)
@@ -100,7 +69,7 @@ def share(ctx: typer.Context) -> None:
         raise UsageError("--also-host goes with --capacity and --env container (it adds the same sweep on the host)")
     arms = knobs.arms(so["mps"], so["mps_threads"], so["mps_mem_limit"], 2 if other is not None else 1,
                       base.device)
-    exp_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    exp_id = common.experiment_id()
     base.experiment_id = exp_id
     if other is not None:
         other.experiment_id = exp_id
@@ -137,13 +106,6 @@ def _trial_line(r) -> str:
     return f"{r.spec.arm}: worker {r.spec.trial}: {fmt(m.value)} {m.unit} over {m.n} steps"
 
 
-def _mem(group, total: float | None) -> str:
-    if group.memory_used_mib is None:
-        return "-"
-    pct = f" ({100 * group.memory_used_mib / total:.0f}%)" if total else ""
-    return f"{group.memory_used_mib:.0f}{pct}"
-
-
 def scaling_table(console, base: RunSpec, so, found: studies.Scaling, total) -> None:
     arms, runs, base_runs = found.arms, found.runs, found.base_runs
     alone = [g.aggregate for g in base_runs]
@@ -161,7 +123,7 @@ def scaling_table(console, base: RunSpec, so, found: studies.Scaling, total) -> 
         last = groups[-1]
         t.add_row(str(k), arm_label, figure_text(per) if ok else "failed",
                   figure_text(sharestats.figure([g.aggregate for g in ok])), ratio_text(vs) if vs else "1 (base)",
-                  figure_text(sharestats.figure([g.fairness for g in ok]), 3), _mem(last, total),
+                  figure_text(sharestats.figure([g.fairness for g in ok]), 3), common.memory_text(last, total),
                   "-" if last.clients_attached is None else str(last.clients_attached))
     t.caption = (f"unit: {unit}; mean [95% interval] over repeats; fairness = slowest / fastest worker; vs alone = "
                  f"aggregate / one worker alone ({arms[0].label}), with compare's verdict (equivalent within "
@@ -187,7 +149,7 @@ def pairs_table(console, a: RunSpec, b: RunSpec, so, found: studies.Interference
         fig = figure_text(sharestats.figure([g.value(0) for g in groups]))
         row = [label, fig if label[0] == "A" else "-", fig if label[0] == "B" else "-"]
         row += [lat(groups, "p50"), lat(groups, "p99")] if latency and label[0] == "A" else (["-", "-"] if latency else [])
-        t.add_row(*row, "-", "-", _mem(groups[-1], total))
+        t.add_row(*row, "-", "-", common.memory_text(groups[-1], total))
     for arm in arms:
         groups = together[arm.label]
         row = [f"A+B, {arm.label}", figure_text(sharestats.figure([g.value(0) for g in groups])),
@@ -196,7 +158,7 @@ def pairs_table(console, a: RunSpec, b: RunSpec, so, found: studies.Interference
             row += [lat(groups, "p50"), lat(groups, "p99")]
         vs = sharestats.compare(work[arms[0].label], work[arm.label], so["margin"]) if arm is not arms[0] else None
         t.add_row(*row, figure_text(sharestats.figure(work[arm.label]), 3), ratio_text(vs) if vs else "-",
-                  _mem(groups[-1], total))
+                  common.memory_text(groups[-1], total))
     t.caption = ("mean [95% interval] over repeats; work = sum over both jobs of together/alone (1.0 = what taking "
                  "turns gives; above 1, sharing did more work); vs = work ratio against the first arm with compare's "
                  f"verdict (equivalent within ±{100 * so['margin']:g}%)"
@@ -217,7 +179,7 @@ def capacity_table(console, base: RunSpec, so, sweeps: list[studies.CapacitySwee
         for st in cap.measured():
             unit_name = unit_name or st.unit
             ms = [1e3 / r for r in st.rates if r]
-            t.add_row(unit, arm.label, str(st.count), _mem(st, total),
+            t.add_row(unit, arm.label, str(st.count), common.memory_text(st, total),
                       f"{fmt(sum(ms) / len(ms), 2)} ({fmt(min(ms), 2)} … {fmt(max(ms), 2)})" if ms else "-",
                       fmt(st.aggregate), fmt(st.aggregate / first, 3) if first else "-",
                       "-" if st.clients_attached is None else str(st.clients_attached))
@@ -233,3 +195,15 @@ def capacity_table(console, base: RunSpec, so, sweeps: list[studies.CapacitySwee
         console.print(f", {arm.label}: largest count that ran: {len(cap.measured())}; "
                       + (f"first failure at instance {cap.failed_at}: {cap.failure}" if cap.failed_at is not None
                          else f"no failure up to the cap of {so['max_workers']}"))
+
+
+COMMAND = Command(
+    "share", "Run K workers on one GPU in one shared window (MPS off, on or both), pairs of jobs, or the capacity "
+    "search.", share,
+    # the command's own options come before the workload's, so they win where names clash (gpuvs share
+    # --workers is the number of jobs; the CNN's DataLoader workers are --data-workers there)
+    groups=(options.run_group(), *options.env_groups(), Options("share options", SHARE_OPTIONS, "share")),
+    positionals=(Positional("workload", workload=True),),
+    usage="WORKLOAD [workload options] [run options] [environment options] [share options]",
+    help_when_bare=True,
+)

@@ -13,14 +13,11 @@ import dataclasses
 import shlex
 from typing import Any
 
-import typer
 from rich.console import Console
 
 from gpuvs import comparison, experiment, workloads
-from gpuvs.cli import app
-from gpuvs.cli import options as opt
-from gpuvs.cli.info import options_table, param_table
-from gpuvs.cli.run import PASS_THROUGH, execute, finish, prepare
+from gpuvs.cli import common, options
+from gpuvs.cli.command import Args, Command, Form, Group, Positional
 from gpuvs.errors import UsageError
 from gpuvs.experiment import STUDY_PARAMS, Study
 from gpuvs.params import Param
@@ -34,17 +31,14 @@ COMPARE_OPTIONS = (
     Param("arm", str, None, "an arm: NAME:key=value[,key=value...] (two or more; the first is the baseline)",
           multiple=True),
     Param("file", str, None, "an experiment file (YAML) that names the workload and the arms"),
+    Param("stored", str, None, "two stored experiments, before and after: --stored A[:ARM] B[:ARM] (no trials run)",
+          multiple=True),
 ) + tuple(p for p in STUDY_PARAMS if p.name in ("margin", "confidence", "until_confident", "max_trials"))
 
 # RUN_OPTIONS that an experiment file also knows (under its own key name).
 FILE_KEYS = {"device": "device", "num_gpus": "num_gpus", "trials": "trials", "timeout": "timeout_s",
              "retries": "retries", "telemetry_interval": "telemetry_interval_s", "order_seed": "order_seed", "name": "name"}
 SUMMARY_TABLES = ("verdicts", "speedup", "scaling", "per_trial", "failures")
-
-
-def _on_command_line(args: list[str], name: str) -> bool:
-    option = "--" + name.replace("_", "-")
-    return any(a == option or a.startswith(option + "=") for a in args)
 
 
 def _file_arg(args: list[str]) -> str | None:
@@ -56,33 +50,6 @@ def _file_arg(args: list[str]) -> str | None:
         if a.startswith("--file="):
             return a.split("=", 1)[1]
     return None
-
-
-def _given(values: dict, group, keep: bool = False) -> list[tuple[Param, Any]]:
-    """(Param, raw value) of the options of `group` given on the command line, taken out of the
-    values options.parse returned (keyed by Param, or by name) unless `keep`."""
-    out = []
-    for p in group:
-        for key in (p, p.name):
-            if key in values:
-                out.append((p, values[key] if keep else values.pop(key)))
-                break
-    return out
-
-
-def compare_help(workload) -> None:
-    console = Console(markup=False, highlight=False)
-    console.print("usage: gpuvs compare WORKLOAD [options] --arm NAME:key=value[,key=value...] --arm ...\n"
-                  "       gpuvs compare --file experiments/X.yaml [options that replace the file's]\n"
-                  "       gpuvs compare --stored BEFORE[:ARM] AFTER[:ARM] [--margin M] [--confidence C] [--store PATH]\n"
-                  "An arm's keys: device, num_gpus, timeout_s, env, environment options, or workload parameters.")
-    if workload is None:
-        console.print(f"workloads: {', '.join(workloads.names())}")
-    else:
-        console.print(param_table(workload))
-    for title, group in [("compare options", _as_compare_uses(COMPARE_OPTIONS)),
-                         ("run options", _as_compare_uses(opt.RUN_OPTIONS)), *opt.env_groups()]:
-        console.print(options_table(title, group))
 
 
 def _as_compare_uses(group) -> tuple[Param, ...]:
@@ -99,18 +66,17 @@ def _as_compare_uses(group) -> tuple[Param, ...]:
     return tuple(out)
 
 
-def study_from_args(args: list[str], console: Console) -> tuple[Study, dict[str, Any]]:
+def study_from_args(args: Args, console: Console) -> tuple[Study, dict[str, Any]]:
     """`WORKLOAD [options] --arm ...` -> (study, run options)."""
-    # prepare() refuses stray positional arguments and keeps this command's own options in `rest`
-    prep = prepare(args, "gpuvs compare", console, extra_groups=(COMPARE_OPTIONS,), help_fn=compare_help)
-    cmp = opt.take(prep.rest, COMPARE_OPTIONS)
+    prep = common.prepare(args, console)
+    cmp = args.group("compare")
     raw = [experiment.parse_arm(text) for text in cmp["arm"] or []]
     if len(raw) < 2:
         raise UsageError(f"gpuvs compare needs two or more --arm NAME:key=value[,key=value...], got {len(raw)}")
     arms = experiment.build_arms(prep.workload, prep.base,
                                  [(name, o, f"--arm #{i + 1}", {}) for i, (name, o) in enumerate(raw)])
     run = prep.run
-    trials = run["trials"] if _on_command_line(args, "trials") else experiment.DEFAULT_TRIALS
+    trials = run["trials"]  # compare's default (experiment.DEFAULT_TRIALS) unless given
     until, max_trials = cmp["until_confident"], cmp["max_trials"]
     if max_trials is not None and not until:
         raise UsageError("--max-trials applies with --until-confident")
@@ -123,29 +89,29 @@ def study_from_args(args: list[str], console: Console) -> tuple[Study, dict[str,
                  max_trials=max_trials, retries=run["retries"]), run
 
 
-def study_from_file(path: str, args: list[str]) -> tuple[Study, dict[str, Any]]:
-    """`--file X.yaml [options]` -> (study, run options); options given replace the file's values."""
+def file_workload(argv: list[str]) -> workloads.Workload:
+    """The workload an experiment file names (`--file X.yaml`): its parameters are options of the command."""
+    path = _file_arg(argv)
     doc = experiment.read_file(path)
     try:
-        workload = workloads.get(str(doc.get("workload")))
+        return workloads.get(str(doc.get("workload")))
     except UsageError:
         experiment.load(path)  # raises the located message
         raise
-    groups = (opt.RUN_OPTIONS, opt.ENV_OPTIONS, COMPARE_OPTIONS, workload.params)
-    _, values = opt.parse(args, groups, positional=0, what="gpuvs compare --file")
-    given = {p.name: v for p, v in _given(values, COMPARE_OPTIONS + opt.ENV_OPTIONS)}
-    if given.pop("arm", None):
+
+
+def study_from_file(args: Args) -> tuple[Study, dict[str, Any]]:
+    """`--file X.yaml [options]` -> (study, run options); options given replace the file's values."""
+    if "arm" in args.given:
         raise UsageError("--arm cannot be combined with --file: the file lists the arms")
-    given.pop("file", None)
-    cli: dict[str, Any] = {"params": {p.name: v for p, v in _given(values, workload.params)}}
-    for p in COMPARE_OPTIONS + opt.ENV_OPTIONS:
-        if p.name in given:
-            cli[p.name] = p.coerce(given[p.name])
-    for p, v in _given(values, opt.RUN_OPTIONS, keep=True):
-        if p.name in FILE_KEYS:
-            cli[FILE_KEYS[p.name]] = p.coerce(v)
-    run = opt.take(values, opt.RUN_OPTIONS)
-    return experiment.load(path, cli), run
+    cli: dict[str, Any] = {"params": dict(args.params)}
+    for name in list(args.group("compare")) + list(args.group("env")):
+        if name in args.given and name not in ("arm", "file", "stored"):
+            cli[name] = args[name]
+    for name in args.group("run"):
+        if name in args.given and name in FILE_KEYS:
+            cli[FILE_KEYS[name]] = args[name]
+    return experiment.load(_file_arg(args.argv), cli), args.group("run")
 
 
 def until_confident(study: Study, console: Console):
@@ -175,55 +141,24 @@ def until_confident(study: Study, console: Console):
     return more
 
 
-STORED_OPTIONS = (
-    Param("stored", str, None, "two stored experiments, before and after: --stored A[:ARM] B[:ARM] (no trials run)",
-          multiple=True),
-    Param("store", str, "gpuvs.db", "SQLite file that keeps the results"),
-) + tuple(p for p in STUDY_PARAMS if p.name in ("margin", "confidence"))
 
-
-def stored_args(args: list[str]) -> list[str]:
-    """`--stored A B` takes two values: as `--stored A --stored B` for the option parser."""
-    out, i = [], 0
-    while i < len(args):
-        if args[i] == "--stored":
-            values = []
-            while i + 1 < len(args) and not args[i + 1].startswith("--") and len(values) < 2:
-                values.append(args[i + 1])
-                i += 1
-            out += [x for v in values for x in ("--stored", v)] or ["--stored"]
-        else:
-            out.append(args[i])
-        i += 1
-    return out
-
-
-def compare_stored(args: list[str], console: Console) -> None:
+def compare_stored(args: Args, console: Console) -> None:
     """gpuvs compare --stored A B: the verdicts of two stored experiments, marked as not interleaved."""
-    from gpuvs.cli.results import open_store
-
-    _, values = opt.parse(stored_args(args), (STORED_OPTIONS,), positional=0, what="gpuvs compare --stored")
-    got = opt.take(values, STORED_OPTIONS)
-    refs = got["stored"] or []
+    refs = args["stored"] or []
     if len(refs) != 2:
         raise UsageError(f"--stored needs two experiments, before and after (EXPERIMENT[:ARM]), got {len(refs)}")
-    with open_store(got["store"]) as st:
-        analysis = comparison.from_stored(st, refs[0], refs[1], got["margin"], got["confidence"])
+    with common.open_store(args["store"]) as st:
+        analysis = comparison.from_stored(st, refs[0], refs[1], args["margin"], args["confidence"])
     terminal.comparison(console, analysis, keys=("verdicts", "arms", "per_trial", "failures", "fingerprints"))
 
 
-@app.command(context_settings=PASS_THROUGH, add_help_option=False)
-def compare(ctx: typer.Context) -> None:
-    """Compare arms: gpuvs compare WORKLOAD --arm A:key=value --arm B:key=value [--trials N] | --file X.yaml
-    | --stored A B"""
+def run(args: Args) -> None:
     console = Console(markup=False, highlight=False)
-    args = list(ctx.args)
-    if any(a == "--stored" or a.startswith("--stored=") for a in args):
+    if args.form is STORED:
         compare_stored(args, console)
         return
-    path = _file_arg(args)
-    if path is not None and not any(a in ("--help", "-h") for a in args):
-        study, run = study_from_file(path, args)
+    if args.form is FILE:
+        study, run = study_from_file(args)
     else:
         study, run = study_from_args(args, console)
     exp = study.experiment
@@ -232,16 +167,32 @@ def compare(ctx: typer.Context) -> None:
             validate_spec(exp.spec_for(arm, 0))
         except UsageError as exc:
             raise UsageError(f"arm {arm.name}: {exc}") from None
-    exp.meta.command = "gpuvs compare " + shlex.join(args)
+    exp.meta.command = "gpuvs compare " + shlex.join(args.argv)
     if study.until_confident and exp.trials < 2:
         exp.trials = 2
     if study.until_confident:  # the looks are planned now, so that the stopping rule can spend alpha over them
         exp.meta.sequential = Plan(first=exp.trials, cap=max(study.max_trials, exp.trials), step=2)
     more = until_confident(study, console) if study.until_confident else None
-    results = execute(exp, run["store"], console, run["quiet"], run["timeout"], study.retries, progress=True,
-                      more=more)
+    results = common.execute(exp, run["store"], console, run["quiet"], run["timeout"], study.retries, progress=True,
+                             more=more)
     with Store(run["store"]) as st:
         analysis = comparison.from_store(st, exp.id, with_steps=False)
     terminal.comparison(console, analysis, keys=SUMMARY_TABLES)
     console.print(f"experiment {exp.id} (gpuvs report {exp.id} --format html -o report.html)", highlight=False)
-    finish(results)
+    common.finish(results)
+
+
+STORED = Form("stored", "--stored BEFORE[:ARM] AFTER[:ARM] [--margin M] [--confidence C] [--store PATH]",
+              options=("stored", "store", "margin", "confidence"), runs={"stored": 2})
+FILE = Form("file", "--file experiments/X.yaml [options that replace the file's]", workload=file_workload)
+
+COMMAND = Command(
+    "compare", "Compare arms of one workload, trials interleaved (A B B A ...), with a verdict per metric.", run,
+    groups=(Group("compare options", _as_compare_uses(COMPARE_OPTIONS), "compare"),
+            options.run_group(_as_compare_uses(options.RUN_OPTIONS)), *options.env_groups()),
+    positionals=(Positional("workload", workload=True),),
+    usage="WORKLOAD [options] --arm NAME:key=value[,key=value...] --arm ...",
+    notes="An arm's keys: device, num_gpus, timeout_s, env, environment options, or workload parameters.",
+    forms=(STORED, FILE),  # --stored first: it wins over --file
+    help_when_bare=True,
+)

@@ -6,29 +6,24 @@ import json
 import sys
 from pathlib import Path
 
-import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpuvs.cli import results_app
+from gpuvs.cli.command import Args, Command, Group, Positional
+from gpuvs.cli.common import open_store
+from gpuvs.cli.options import STORE
 from gpuvs.errors import UsageError
 from gpuvs.records import TrialRecord
+from gpuvs.params import Param
 from gpuvs.report.numbers import fmt
 from gpuvs.stats import SeriesSummary
 from gpuvs.store import Store
 
-STORE_OPT = typer.Option("gpuvs.db", "--store", help="SQLite file that keeps the results")
+OUTPUT = Param("output", str, None, "write here instead of standard output", aliases=("o",))
 
 
-def open_store(path: str) -> Store:
-    if not Path(path).exists():
-        raise UsageError(f"no store at {path} (run something first, or pass --store PATH)")
-    return Store(path)
-
-
-@results_app.command("list")
-def list_results(store: str = STORE_OPT) -> None:
-    """One line per experiment: id, when, workload, trials ok of all."""
+def list_results(args: Args) -> None:
+    store = args["store"]
     with open_store(store) as st:
         import time
 
@@ -44,11 +39,9 @@ def list_results(store: str = STORE_OPT) -> None:
         Console(markup=False, highlight=False).print(t)
 
 
-@results_app.command("show")
-def show(ident: str = typer.Argument(..., help="an experiment id (a unique prefix will do) or a trial number"),
-         store: str = STORE_OPT, as_json: bool = typer.Option(False, "--json")) -> None:
-    """Every trial of an experiment (or one trial): status, figures, start-up, error, where it ran."""
-    with open_store(store) as st:
+def show(args: Args) -> None:
+    ident, as_json = args.positionals[0], args["json"]
+    with open_store(args["store"]) as st:
         trials = _trials_of(st, ident)
         if as_json:
             for t in trials:
@@ -79,13 +72,9 @@ def _trials_of(st: Store, ident: str) -> list[TrialRecord]:
     return st.trials(st.experiment(ident).id)
 
 
-@results_app.command("export")
-def export(fmt_name: str = typer.Option("json", "--format", help="json or csv"),
-           experiment: str = typer.Option(None, "--experiment", help="only this experiment"),
-           output: str = typer.Option(None, "-o", "--output", help="write here instead of standard output"),
-           store: str = STORE_OPT) -> None:
-    """Everything stored (spec, fingerprint, samples, summary, status, error) as JSON, or a CSV per trial."""
-    with open_store(store) as st:
+def export(args: Args) -> None:
+    fmt_name, experiment, output = args["format"], args["experiment"], args["output"]
+    with open_store(args["store"]) as st:
         exp_id = st.experiment(experiment).id if experiment else None
         text = st.export(fmt_name, exp_id)
     if output:
@@ -93,3 +82,21 @@ def export(fmt_name: str = typer.Option("json", "--format", help="json or csv"),
         print(f"wrote {output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+
+
+COMMAND = Command(
+    "results", "Stored results: list, show, export.",
+    subcommands=(
+        Command("list", "One line per experiment: id, when, workload, trials ok of all.", list_results,
+                groups=(Group("options", (STORE,), "results"),)),
+        Command("show", "Every trial of an experiment (or one trial): status, figures, start-up, error, where it ran.",
+                show, groups=(Group("options", (STORE, Param("json", bool, False, "every trial as JSON, samples "
+                                                             "included")), "results"),),
+                positionals=(Positional("ident", "an experiment id (a unique prefix will do) or a trial number"),)),
+        Command("export", "Everything stored (spec, fingerprint, samples, summary, status, error) as JSON, or a CSV "
+                "per trial.", export,
+                groups=(Group("options", (Param("format", str, "json", "json or csv"),
+                                          Param("experiment", str, None, "only this experiment"), OUTPUT, STORE),
+                              "results"),)),
+    ),
+)

@@ -1,0 +1,351 @@
+#!/usr/bin/env bash
+# The GPU cluster kit (issues 24 and 26): a Kubernetes cluster on one GPU machine, with the whole control plane
+# (etcd, API server, scheduler, controller-manager) and NODES kubelets, one GPU each: each kubelet has its own
+# containerd, cgroup root, ports, mount namespace and device plugin (the project's fixture in --real mode, handing
+# out only its own /dev/nvidia<minor>, /dev/nvidiactl and /dev/nvidia-uvm*). The cluster is scripts/test-cluster's,
+# set up through its environment (docs/kubernetes.md); the runs, each a part with its own time limit:
+#   validate  gpuvs validate (functional), then --disruptive on the first node with the kit's own commands
+#             (`kit plugin restart NODE`, `kit kubelet restart NODE`, `kit apiserver stop|start`)
+#   fleet     gpuvs fleet cnn-train and gemm across the nodes, without and then with a co-tenant outside
+#             Kubernetes (benchmarks/gpu_cotenant.py: large GEMMs) on the GPU of SLOW_NODE
+#   scaling   gpuvs compare --file experiments/1-vs-n-gpus.yaml on the host (2 GPUs or more)
+# The GPU machine has no container engine and no network: everything comes from CARRY, which
+# benchmarks/gpu_cluster_prepare.py packs here (it prints the device tool's calls).
+#
+# Usage, from the repo root:
+#   CARRY=.carry/gpu OUT=out bash benchmarks/gpu_cluster.sh
+#   NODES=N        kubelets, one GPU each (default: the GPUs nvidia-smi lists; DEVICE=cpu: 3)
+#   PARTS=a,b      among validate, fleet, scaling (default: validate on 1 node, else fleet,scaling)
+#   TOTAL_S=540    the whole run's deadline, clean-up included: keep it 60 s under the device tool's timeout_s
+#   UP_S=180 VALIDATE_S=300 FLEET_S=150 (each fleet run) SCALING_S=300: each part's own limit, never past TOTAL_S
+#   FLEET="cnn-train gemm"  TRIALS=4 MAX_TRIALS=4  SLOW_NODE=N (index; default the last)  SC_TRIALS=3 (cpu: 2)
+#   KIT_DIR=/tmp/gpukit KIT_NAME=gpukit PORT_OFFSET=0 (DEVICE=cpu: 1000)  PYTHON=python3 (with torch, grpcio)
+#   DEVICE=cpu     dry run on a machine without a GPU: fake device plugin (one fake GPU a node), tiny CPU workloads
+#                  (spin and gemm), the co-tenant replaced by a CPU quota on the node's cgroup root (`kit slow`), in
+#                  its own mount namespace (/etc/hosts included), with its own names, ports and pod network;
+#                  FAKE_GPUS=1: the plugins in --real mode over character devices of the NVIDIA driver's numbers in
+#                  a /dev of its own (no driver behind them): the real-GPU path of the plugin, up to the pods
+# Writes under OUT: gpu_cluster.md (the tables, each part's as it ends), gpu_cluster.db (every sample),
+# gpu_cluster.log (all output), k8s-logs.txt (the end of each cluster part's log). Everything it started (cluster,
+# co-tenant, registry) is stopped at exit, on its own deadline, on SIGTERM, SIGINT and SIGHUP.
+set -u
+cd "$(dirname "$0")/.." || exit 2
+REPO=$PWD
+bad() { echo "gpu_cluster: $*" >&2; exit 2; }  # bad input: one line, before anything starts
+number() { case "$2" in ''|*[!0-9]*) bad "$1=$2: a whole number";; esac; }
+CARRY=${CARRY:-.carry/gpu}
+[ -d "$CARRY" ] || bad "CARRY=$CARRY is not a folder (python benchmarks/gpu_cluster_prepare.py makes it)"
+CARRY=$(cd "$CARRY" && pwd)
+OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || bad "OUT=$OUT cannot be made"
+DEVICE=${DEVICE:-cuda}
+case "$DEVICE" in cuda|cpu) ;; *) bad "DEVICE=$DEVICE: allowed cuda, cpu";; esac
+PY=${PYTHON:-python3}
+command -v "$PY" > /dev/null || bad "PYTHON=$PY not found"
+K=${KIT_DIR:-/tmp/gpukit}; NAME=${KIT_NAME:-gpukit}
+case "$NAME" in ''|*[!abcdefghijklmnopqrstuvwxyz0123456789]*) bad "KIT_NAME=$NAME: lower-case letters and digits";; esac
+TOTAL_S=${TOTAL_S:-540}; UP_S=${UP_S:-180}; VALIDATE_S=${VALIDATE_S:-300}; FLEET_S=${FLEET_S:-150}
+SCALING_S=${SCALING_S:-300}; TRIALS=${TRIALS:-4}; MAX_TRIALS=${MAX_TRIALS:-4}
+if [ "$DEVICE" = cpu ]; then  # 2 trials per arm of the scaling check: a CPU trial there costs 20-40 s
+  NODES=${NODES:-3}; PORT_OFFSET=${PORT_OFFSET:-1000}; FLEET=${FLEET:-spin gemm}; SC_TRIALS=${SC_TRIALS:-2}
+else
+  NODES=${NODES:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}; PORT_OFFSET=${PORT_OFFSET:-0}
+  FLEET=${FLEET:-cnn-train gemm}; SC_TRIALS=${SC_TRIALS:-3}
+fi
+for v in TOTAL_S UP_S VALIDATE_S FLEET_S SCALING_S TRIALS MAX_TRIALS SC_TRIALS NODES PORT_OFFSET; do number "$v" "${!v}"; done
+[ "$NODES" -ge 1 ] || bad "NODES=0: one kubelet at least (DEVICE=cuda: none without a GPU nvidia-smi lists)"
+if [ "$NODES" -ge 2 ]; then PARTS=${PARTS:-fleet,scaling}; else PARTS=${PARTS:-validate}; fi
+for p in ${PARTS//,/ }; do
+  case "$p" in validate|fleet|scaling) ;; *) bad "PARTS: $p? allowed validate, fleet, scaling";; esac
+done
+for w in $FLEET; do case "$w" in cnn-train|gemm|spin) ;; *) bad "FLEET: $w? allowed cnn-train, gemm, spin";; esac; done
+SLOW_NODE=${SLOW_NODE:-$NODES}; number SLOW_NODE "$SLOW_NODE"
+[ -z "${FAKE_GPUS:-}" ] || [ "$DEVICE" = cpu ] || bad "FAKE_GPUS=$FAKE_GPUS applies to DEVICE=cpu (a machine without GPUs)"
+{ [ "$SLOW_NODE" -ge 1 ] && [ "$SLOW_NODE" -le "$NODES" ]; } || bad "SLOW_NODE=$SLOW_NODE: a node's index, 1 to $NODES"
+if [ "$DEVICE" = cpu ] && [ -z "${GPUKIT_NS:-}" ]; then
+  # beside the shared test cluster: a mount namespace of its own, with its own /etc/hosts (the kit's node names)
+  [ -x "$K/kit" ] && "$K/kit" down > /dev/null 2>&1  # what a killed earlier dry run left
+  rm -rf "$K"; mkdir -p "$K"; cp /etc/hosts "$K/hosts"
+  devs=true
+  if [ -n "${FAKE_GPUS:-}" ]; then  # a /dev of its own: this one's, plus character devices of the NVIDIA driver's
+    mkdir -p "$K/dev/shm" && (cd /dev && tar --exclude=./shm --exclude=./mqueue -cf - .) | tar -C "$K/dev" -xf -
+    for m in $(seq 0 $((NODES - 1))); do mknod "$K/dev/nvidia$m" c 195 "$m"; done  # NODES GPUs, no driver
+    mknod "$K/dev/nvidiactl" c 195 255; mknod "$K/dev/nvidia-uvm" c 511 0
+    devs="mount --bind '$K/dev' /dev && mount -t tmpfs shm /dev/shm"
+  fi
+  exec env GPUKIT_NS=1 unshare -m --propagation private bash -c \
+    "mount --bind '$K/hosts' /etc/hosts && $devs && exec bash '$REPO/benchmarks/gpu_cluster.sh'"
+fi
+T0=$(date +%s); DEADLINE=$((T0 + TOTAL_S)); RESERVE=45  # what clean-up may take
+REG_PORT=$((5055 + PORT_OFFSET)); REG=localhost:$REG_PORT
+MD=$OUT/gpu_cluster.md; DB=$OUT/gpu_cluster.db; LOG=$OUT/gpu_cluster.log; RUNS=$K/fleet-runs.tsv
+KC=$K/cluster/kubeconfig
+log() { echo "[gpu_cluster +$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG" >&2; }
+md() { printf '%s\n' "$@" >> "$MD"; }
+node() { echo "$NAME-node-$1"; }
+left() { echo $(( DEADLINE - RESERVE - $(date +%s) )); }
+within() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }  # a part's limit, inside the deadline
+
+# -- clean-up: every exit path -------------------------------------------------------------------------------------
+CHILD=""; COTENANT_PID=""; SLOWED=""; CLEANED=""
+cotenant_stop() {
+  if [ -n "$COTENANT_PID" ]; then
+    kill -TERM "$COTENANT_PID" 2>/dev/null
+    for _ in $(seq 50); do kill -0 "$COTENANT_PID" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$COTENANT_PID" 2>/dev/null; wait "$COTENANT_PID" 2>/dev/null
+    log "co-tenant stopped: $(tail -n 1 "$K/cotenant.log" 2>/dev/null)"
+    COTENANT_PID=""
+  fi
+  if [ -n "$SLOWED" ]; then "$K/kit" slow "$SLOWED" 0 >> "$LOG" 2>&1; SLOWED=""; fi
+}
+cleanup() {
+  [ -n "$CLEANED" ] && return; CLEANED=1
+  trap - EXIT TERM INT HUP
+  if [ -n "$CHILD" ]; then  # the gpuvs command in flight deletes its pods; 30 s at most
+    kill -TERM "$CHILD" 2>/dev/null
+    for _ in $(seq 150); do kill -0 "$CHILD" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL -- -"$CHILD" "$CHILD" 2>/dev/null; wait "$CHILD" 2>/dev/null  # timeout leads its own group
+  fi
+  cotenant_stop
+  log "stopping the cluster"
+  [ -x "$K/kit" ] && timeout 120 "$K/kit" down >> "$LOG" 2>&1
+  for f in "$K"/cluster/logs/*.log; do [ -f "$f" ] && { echo "=== $f"; tail -n 40 "$f"; }; done > "$OUT/k8s-logs.txt" 2>&1
+  # nothing of the kit may be left: processes whose command line names the kit's folder (pids are ours alone)
+  local pids left=""
+  pids=$(grep -l -a -F "$K/" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3 | grep -v -x -e "$$" -e "$BASHPID")
+  for p in $pids; do [ -r "/proc/$p/cmdline" ] && left="$left $p:$(tr '\0' ' ' < "/proc/$p/cmdline" | cut -c1-80)"; done
+  md "" "## Clean-up" "" "Everything the kit started was stopped at +$(( $(date +%s) - T0 )) s${STOPPED_BY:+ ($STOPPED_BY)}." \
+     "Processes left that name $K: ${left:-none}."
+  log "done; left:${left:- none}"
+}
+STOPPED_BY=""
+on_signal() { STOPPED_BY="stopped by $1"; log "$1: stopping"; exit 143; }
+trap cleanup EXIT
+trap 'on_signal SIGTERM' TERM; trap 'on_signal SIGINT' INT; trap 'on_signal SIGHUP' HUP
+run_limited() {  # SECONDS COMMAND...: in the background (a signal reaches the trap at once), stopped at its limit
+  local lim=$1; shift
+  timeout -k 20 "$lim" "$@" >> "$LOG" 2>&1 &
+  CHILD=$!; wait "$CHILD"; local rc=$?; CHILD=""
+  [ "$rc" -eq 124 ] && log "stopped at its limit of ${lim}s: $*"
+  return "$rc"
+}
+
+# -- 1. unpack, the kit's cluster command ----------------------------------------------------------------------------
+[ -n "${GPUKIT_NS:-}" ] || { [ -x "$K/kit" ] && "$K/kit" down > /dev/null 2>&1; rm -rf "$K"; }  # a warm machine's leftovers
+mkdir -p "$K/bin" "$K/cni" "$K/site" "$K/home" "$K/cluster/pki"
+: > "$MD"; : > "$RUNS"
+"$PY" - "$CARRY" "$K" <<'PYEOF' || { log "FAILED: unpacking $CARRY"; exit 1; }
+import os, sys, tarfile
+carry, k = sys.argv[1:3]
+packed = next(f"{carry}/{n}" for n in ("bin.tar.xz", "bin.tar") if os.path.exists(f"{carry}/{n}"))
+trusted = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}  # our own archives
+with tarfile.open(packed) as tar:  # bin/ and cni/ (bin.tar, of a --quick carry: links to this machine's)
+    tar.extractall(k, **trusted)
+if os.path.exists(f"{k}/bin/kube-multicall"):
+    for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"):
+        os.symlink("kube-multicall", f"{k}/bin/{name}")  # one binary, chosen by the name it is called by
+with tarfile.open(f"{carry}/py/site.tar.xz") as tar:
+    tar.extractall(f"{k}/site", **trusted)
+PYEOF
+cp "$CARRY"/pki/* "$K/cluster/pki/"
+export PATH=$K/bin:$PATH PYTHONPATH=$REPO/src:$K/site PYTHONUNBUFFERED=1 COLUMNS=160
+CNI=bridge  # a kernel without bridges (some VMs): a veth pair per pod instead
+if command -v ip > /dev/null; then
+  if ip link add "$NAME-probe" type bridge 2>> "$LOG"; then ip link del "$NAME-probe"; else CNI=ptp; fi
+fi
+KIT_ENV=(GPUVS_CLUSTER_DIR="$K/cluster" GPUVS_K8S_CACHE="$K" GPUVS_CLUSTER_NAME="$NAME"
+         GPUVS_CLUSTER_PORT_OFFSET="$PORT_OFFSET" GPUVS_CLUSTER_POD_NET=10.245 GPUVS_CLUSTER_CNI="$CNI"
+         GPUVS_CLUSTER_CNI_BIN="$K/cni" GPUVS_CLUSTER_SNAPSHOTTER=native GPUVS_CLUSTER_REGISTRY_PORT="$REG_PORT"
+         GPUVS_CLUSTER_IMAGES="$CARRY/images/pause.tar.xz:$CARRY/images/node.tar.xz:$CARRY/images/probe.tar.xz"
+         GPUVS_CLUSTER_KUBELET_CONFIG='{"resolvConf": ""}' GPUVS_CLUSTER_PYTHON="$(command -v "$PY")"
+         PATH="$PATH" PYTHONPATH="$PYTHONPATH")
+{ echo "#!/bin/sh"
+  echo "# this kit's cluster: scripts/test-cluster with the kit's settings (up, down, status, kubelet|plugin"
+  echo "# stop|start|restart NODE, apiserver stop|start, slow NODE PCT)"
+  printf 'export'; printf ' %q' "${KIT_ENV[@]}"; echo
+  printf 'exec %q %q "$@"\n' "$(command -v "$PY")" "$REPO/scripts/test-cluster"; } > "$K/kit"
+chmod +x "$K/kit"
+log "unpacked: $(ls "$K/bin" | xargs); CNI $CNI"
+
+# -- 2. the cluster -------------------------------------------------------------------------------------------------
+GPU_NAME=cpu; REAL=()
+[ -n "${FAKE_GPUS:-}" ] && { GPU_NAME="cpu, fake GPU device nodes"; REAL=(--real-gpus); }
+if [ "$DEVICE" = cuda ]; then
+  nvidia-smi -L >> "$LOG" 2>&1
+  GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  REAL=(--real-gpus)  # one CUDA context on the host first: the driver makes /dev/nvidia-uvm, which Allocate hands on
+  "$PY" -c "import torch; torch.zeros(1, device='cuda'); print('host CUDA:', torch.cuda.get_device_name(0))" >> "$LOG" 2>&1
+fi
+PLUGIN_MODE="--real --only <its GPU>"; [ ${#REAL[@]} -gt 0 ] || PLUGIN_MODE="fake: one GPU a node, no GPU behind it"
+md "# GPU cluster kit: $NODES node(s) on $(uname -n), $GPU_NAME (issues 24 and 26)" "" \
+   "$(date -u '+%Y-%m-%d %H:%M UTC'); DEVICE=$DEVICE NODES=$NODES PARTS=$PARTS; $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 | sed 's/^/driver /')" "" \
+   "Kubernetes 1.20.2 (built from Debian's source: kube-apiserver, kube-controller-manager, kube-scheduler and the" \
+   "kubelet in one multi-call binary), etcd, containerd 1.6 + runc, CNI $CNI; one kubelet per GPU, each with its own" \
+   "containerd, cgroup root, mount namespace and the project's device plugin ($PLUGIN_MODE); images pulled" \
+   "from a registry on 127.0.0.1. The kit's cluster commands: \`$K/kit\` (scripts/test-cluster)."
+case ",$PARTS," in *,validate,*|*,fleet,*) ;; *) NO_CLUSTER=1;; esac  # scaling alone runs on the host
+t=$(date +%s)
+if [ -n "${NO_CLUSTER:-}" ]; then
+  md "" "(No cluster started: PARTS=$PARTS runs on the host.)"
+elif ! run_limited "$(within "$UP_S")" "$K/kit" up --nodes "$NODES" --gpus 1 "${REAL[@]}"; then
+  log "FAILED: the cluster did not come up"; md "" "**The cluster did not come up** (see gpu_cluster.log, k8s-logs.txt)."; exit 1
+fi
+UP_TOOK=$(( $(date +%s) - t ))
+[ -n "${NO_CLUSTER:-}" ] || md "" "## The cluster (up in ${UP_TOOK} s)" "" "| node | kubelet port | device plugin's GPU (ID, device node) |" "|---|---|---|"
+MINORS=($(ls /dev 2>/dev/null | sed -n 's/^nvidia\([0-9][0-9]*\)$/\1/p' | sort -n))
+declare -A GPU_OF
+for i in $(seq "$NODES"); do
+  [ -n "${NO_CLUSTER:-}" ] && break
+  if [ ${#REAL[@]} -gt 0 ]; then
+    GPU_OF[$i]=$("$PY" tests/fixtures/gpu_device_plugin/plugin.py --real --only "${MINORS[$((i-1))]}" --list 2>> "$LOG")
+  else
+    GPU_OF[$i]=$("$PY" tests/fixtures/gpu_device_plugin/plugin.py --count 1 --list 2>> "$LOG")
+  fi
+  md "| $(node "$i") | $((10250 + PORT_OFFSET + 20 * (i - 1))) | ${GPU_OF[$i]} |"
+done
+log "cluster up in ${UP_TOOK}s"
+
+healthy() {  # until `kit status` reads healthy (a restarted part settling), at most SECONDS
+  local t=$(( $(date +%s) + $1 ))
+  until "$K/kit" status >> "$LOG" 2>&1; do
+    [ "$(date +%s)" -ge "$t" ] && { log "cluster not healthy after $1 s"; return 1; }
+    sleep 2
+  done
+}
+gpuvs_run() {  # LIMIT ARGS...: gpuvs ARGS, its new experiments' ids in NEW
+  local lim=$1; shift
+  local before; before=$("$PY" benchmarks/gpu_cluster_tables.py ids "$DB")
+  run_limited "$lim" "$PY" -m gpuvs "$@"; local rc=$?
+  NEW=$(comm -13 <(echo "$before" | sort) <("$PY" benchmarks/gpu_cluster_tables.py ids "$DB" | sort))
+  return $rc
+}
+report() {  # the stored experiments in NEW, as markdown
+  local id
+  for id in $NEW; do md "" "\`gpuvs report $id --format md\`" ""; "$PY" -m gpuvs report "$id" --format md --store "$DB" >> "$MD" 2>> "$LOG"; done
+}
+cmdline() { md "" '```' "gpuvs $*" '```'; }
+
+# -- 3. validate: functional, then disruptive on the first node -------------------------------------------------------
+part_validate() {
+  local lim; lim=$(within "$VALIDATE_S")
+  [ "$lim" -ge 60 ] || { md "" "## gpuvs validate: not run (${lim} s for it: VALIDATE_S or the time left)"; return; }
+  local end=$(( $(date +%s) + lim )) n1; n1=$(node 1)
+  local VAL=(--image "$REG/gpuvs-probe:kit" --image-pull-policy IfNotPresent --kubeconfig "$KC" --store "$DB"
+             --timeout 60)
+  md "" "## gpuvs validate (functional)"
+  cmdline validate "${VAL[@]}"
+  local t; t=$(date +%s)
+  gpuvs_run $(( lim / 3 )) validate "${VAL[@]}" --name "kit: validate functional"; local rc=$?
+  md "" "Exit status $rc, $(( $(date +%s) - t )) s."; report
+  healthy 60
+  local DIS=(--node "$n1" --disruptive --restart-plugin-cmd "$K/kit plugin restart $n1"
+             --restart-kubelet-cmd "$K/kit kubelet restart $n1" --stop-apiserver-cmd "$K/kit apiserver stop"
+             --start-apiserver-cmd "$K/kit apiserver start" --apiserver-outage 10 --command-timeout 90)
+  md "" "## gpuvs validate --disruptive on $n1"
+  cmdline validate "${VAL[@]}" "${DIS[@]}"
+  t=$(date +%s)
+  gpuvs_run $(( end - $(date +%s) )) validate "${VAL[@]}" "${DIS[@]}" --name "kit: validate disruptive"; rc=$?
+  md "" "Exit status $rc, $(( $(date +%s) - t )) s."; report
+  healthy 90
+}
+
+# -- 4. fleet: each workload without, then with a co-tenant ------------------------------------------------------------
+cotenant_start() {  # INDEX: slow that node's GPU from outside Kubernetes; its GPU UUID in COTENANT_UUID
+  local i=$1 n; n=$(node "$1")
+  if [ "$DEVICE" = cpu ]; then  # no GPU here: the node's pods get a quarter of one CPU (its cgroup root's quota)
+    "$K/kit" slow "$n" 25 >> "$LOG" 2>&1 && SLOWED=$n
+    COTENANT_UUID="CPU quota of 25% of one CPU on the node's cgroup root"
+    return
+  fi
+  local uuid=${GPU_OF[$i]%% *}
+  CUDA_VISIBLE_DEVICES=$uuid "$PY" benchmarks/gpu_cotenant.py --seconds "$(left)" > "$K/cotenant.log" 2>&1 &
+  COTENANT_PID=$!
+  local t=$(( $(date +%s) + 90 ))
+  until grep -q '^cotenant running' "$K/cotenant.log"; do
+    kill -0 "$COTENANT_PID" 2>/dev/null && [ "$(date +%s)" -lt "$t" ] || { log "co-tenant did not start"; cat "$K/cotenant.log" >> "$LOG"; return 1; }
+    sleep 0.5
+  done
+  COTENANT_UUID=$(sed -n 's/^cotenant running gpu=\(.*\) uuid=\(.*\)$/\2 (\1)/p' "$K/cotenant.log")
+  if [ "${COTENANT_UUID%% *}" = "$uuid" ]; then COTENANT_UUID="$COTENANT_UUID, the GPU $n's device plugin hands out"
+  else COTENANT_UUID="$COTENANT_UUID; CAUTION: $n's device plugin hands out $uuid"; fi
+  log "co-tenant on $n: $COTENANT_UUID"
+}
+fleet_args() {  # WORKLOAD: its short settings
+  case "$1/$DEVICE" in
+    cnn-train/cuda) echo --model resnet50 --batch-size 128 --precision bf16 --data-format NHWC --warmup-steps 5 --steps 30;;
+    gemm/cuda) echo --shape 8192x8192x8192 --precision bf16 --repeats 20 --block-ms 50;;
+    spin/cpu) echo --steps 10 --ops 200000;;
+    gemm/cpu) echo --set small --repeats 3;;
+    cnn-train/cpu) echo --model resnet18 --batch-size 2 --image-size 32 --warmup-steps 1 --steps 2;;
+    *) echo "";;
+  esac
+}
+fleet_run() {  # WORKLOAD SLOW_INDEX (0: no co-tenant)
+  local w=$1 slow=$2 lim; lim=$(within "$FLEET_S")
+  [ "$lim" -ge 20 ] || { md "" "## gpuvs fleet $w: not run (${lim} s for it: FLEET_S or the time left)"; return; }
+  local mounts=(--mount /usr:/usr:ro --mount /etc:/etc:ro --mount /opt:/opt:ro --mount "$K/home:$K/home")
+  local m
+  for m in $("$PY" -c 'import sys; print(sys.prefix, sys.base_prefix)'); do  # a venv or pyenv outside them
+    case "$m" in /usr|/usr/*|/opt|/opt/*|/etc|/etc/*) ;; *) mounts+=(--mount "$m:$m:ro");; esac
+  done
+  local parallel=$NODES margin=0.05
+  [ "$DEVICE" = cpu ] && { parallel=1; margin=0.3; }  # 2 shared CPUs: one trial at a time, +/-30% is what settles
+  local POD=(--image "$REG/gpuvs-node:gpu" --image-pull-policy IfNotPresent --kubeconfig "$KC" --host-network
+             --python "$("$PY" -c 'import sys; print(sys.executable)')" "${mounts[@]}"
+             --env-var "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" --env-var "PATH=$PATH" --env-var "HOME=$K/home"
+             --start-timeout 120)
+  local ARGS=($w $(fleet_args "$w") --device "$DEVICE" --trials "$TRIALS" --max-trials "$MAX_TRIALS"
+              --parallel "$parallel" --margin "$margin" --store "$DB" "${POD[@]}")
+  local title="gpuvs fleet $w, no co-tenant" n="-" name="kit: fleet $w, no co-tenant"
+  COTENANT_UUID="-"
+  if [ "$slow" -gt 0 ]; then
+    n=$(node "$slow"); title="gpuvs fleet $w, co-tenant on $n"; name="kit: fleet $w, co-tenant on $n"
+    cotenant_start "$slow" || { md "" "## $title: not run (the co-tenant did not start)"; cotenant_stop; return; }
+  fi
+  md "" "## $title"
+  [ "$slow" -gt 0 ] && md "" "Co-tenant outside Kubernetes on $n: $COTENANT_UUID."
+  cmdline fleet "${ARGS[@]}"
+  local t; t=$(date +%s%N)
+  gpuvs_run "$lim" fleet "${ARGS[@]}" --name "$name"; local rc=$?
+  local wall; wall=$(awk "BEGIN { printf \"%.1f\", ($(date +%s%N) - $t) / 1e9 }")
+  cotenant_stop
+  [ "$slow" -gt 0 ] && [ "$DEVICE" = cuda ] && md "" "Co-tenant's own rate while it ran: $(grep '^cotenant rate' "$K/cotenant.log" | sed 's/cotenant rate=//' | xargs | tr ' ' ' ') (one figure every 5 s)."
+  md "" "Exit status $rc; wall time of the fleet run: $wall s."
+  local id
+  for id in $NEW; do
+    printf '%s\t%s\t%s\t%s\t%s\n' "$id" "$w" "$n" "$COTENANT_UUID" "$wall" >> "$RUNS"
+    md "" "### Nodes: GPUs, verdicts, fingerprints" ""
+    "$PY" benchmarks/gpu_cluster_tables.py nodes "$DB" "$id" >> "$MD" 2>> "$LOG"
+  done
+  report
+  healthy 60
+}
+part_fleet() {
+  if [ "$NODES" -lt 2 ]; then md "" "## gpuvs fleet: not run (a fleet needs 2 nodes or more; NODES=$NODES)"; return; fi
+  local w
+  for w in $FLEET; do fleet_run "$w" 0; fleet_run "$w" "$SLOW_NODE"; done
+  md "" "## Fleet runs" ""
+  "$PY" benchmarks/gpu_cluster_tables.py runs "$DB" "$RUNS" >> "$MD" 2>> "$LOG"
+}
+
+# -- 5. 1 vs N GPUs on the host --------------------------------------------------------------------------------------
+part_scaling() {
+  local lim; lim=$(within "$SCALING_S")
+  local gpus=$NODES
+  [ "$DEVICE" = cuda ] && gpus=$(nvidia-smi -L | grep -c '^GPU ')
+  if [ "$gpus" -lt 2 ] || [ "$lim" -lt 20 ]; then
+    md "" "## 1 vs N GPUs: not run ($gpus GPU(s), ${lim} s left)"; return
+  fi
+  local ARGS=(compare --file experiments/1-vs-n-gpus.yaml --trials "$SC_TRIALS" --store "$DB")
+  [ "$DEVICE" = cpu ] && ARGS+=(--device cpu --model resnet18 --batch-size 2 --image-size 32 --warmup-steps 1 --steps 2)
+  md "" "## 1 vs N GPUs on the host (experiments/1-vs-n-gpus.yaml)"
+  cmdline "${ARGS[@]}"
+  local t; t=$(date +%s)
+  gpuvs_run "$lim" "${ARGS[@]}"; local rc=$?
+  md "" "Exit status $rc, $(( $(date +%s) - t )) s."; report
+}
+
+for p in ${PARTS//,/ }; do
+  log "part $p ($(left) s left)"
+  "part_$p"
+  log "part $p done"
+done

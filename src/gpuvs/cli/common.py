@@ -1,0 +1,149 @@
+"""What several commands share (not a command): a RunSpec prepared from parsed options, the device
+resolved with its CPU note, an experiment executed with the step log and progress, failed trials
+turned into the exit status, a job given as text (`--with "WORKLOAD --p v"`), the store opened for
+reading."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import shlex
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+
+from gpuvs import environments, workloads
+from gpuvs.cli import options, parser
+from gpuvs.cli.command import Args
+from gpuvs.errors import RunFailed, UsageError
+from gpuvs.report import terminal
+from gpuvs.runner import Experiment, Runner, TrialResult, validate_experiment
+from gpuvs.spec import EnvSpec, RunSpec
+from gpuvs.store import Store
+
+
+@dataclass
+class Prepared:
+    workload: workloads.Workload
+    base: RunSpec
+    run: dict[str, Any]  # the run options, checked (defaults filled)
+
+
+def resolve_device(device: str | None, env: EnvSpec | str, console: Console) -> str:
+    """The device asked for, else cuda where the environment has a GPU to give, else cpu (with a note)."""
+    if device:
+        return device
+    env = env if isinstance(env, EnvSpec) else EnvSpec(kind=env)
+    environment = environments.get(env)
+    if environment.gpu_count() == 0:
+        console.print(f"note: no NVIDIA GPU found {environment.gpus_where}; running on the CPU (--device cpu). "
+                      "CPU figures from a shared machine are not GPU performance claims.", style="yellow",
+                      highlight=False)
+        return "cpu"
+    return "cuda"
+
+
+def prepare(args: Args, console: Console) -> Prepared:
+    """The checked base RunSpec of a command that runs a workload (`WORKLOAD [options]`): its run and
+    environment options, the device resolved, the workload's parameters checked for that device."""
+    workload = args.workload
+    assert workload is not None, f"{args.command.name} takes no workload"
+    run = args.group("run")
+    env = options.env_spec(args.group("env"))
+    device = resolve_device(run["device"], env, console)
+    params = workload.validate(args.params, device)  # refuse bad values now, with the option's name
+    cpu_filled = {k: v for k, v in workload.cpu_defaults.items() if k not in args.params}
+    if device == "cpu" and cpu_filled:
+        console.print("note: CPU-sized defaults: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
+                                                              cpu_filled.items()) + " (give them to override)",
+                      style="yellow")
+    base = RunSpec(workload=workload.name, params=params, device=device, num_gpus=run["num_gpus"], env=env,
+                   telemetry_interval_s=run["telemetry_interval"], timeout_s=run["timeout"])
+    return Prepared(workload, base, run)
+
+
+def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,
+            timeout_s: float | None = None, retries: int = 0, progress: bool = False,
+            more: Callable[[list[TrialResult]], int] | None = None) -> list[TrialResult]:
+    """Run an experiment with the step log and per-trial lines; the shared path of run and compare.
+    progress: a progress bar over the trials; more: see Runner.run_experiment (--until-confident)."""
+    log = terminal.StepLog(console, quiet=quiet)
+    total = len(exp.arms) * exp.trials
+    bar = terminal.TrialProgress(console) if progress else None
+
+    def on_start(spec: RunSpec, i: int, n: int) -> None:
+        log.start_trial()
+        if bar:
+            bar.start(spec, i, n)
+        console.rule(f"trial {i + 1}/{n}: arm {spec.arm}, {spec.workload} on {spec.device} ({environments.label(spec.env)})",
+                     style="dim")
+
+    def on_end(result: TrialResult) -> None:
+        if not quiet:
+            terminal.total_block(console, result)
+        console.print(terminal.trial_line(result), style=None if result.ok else "red", highlight=False)
+        if bar:
+            bar.done()
+
+    validate_experiment(exp)
+    with Store(store_path) as store, (bar or contextlib.nullcontext()):
+        runner = Runner(store, on_event=log, timeout_s=timeout_s, retries=retries, on_trial_start=on_start,
+                        on_trial_end=on_end)
+        results = runner.run_experiment(exp, more=more)
+    if total > 1 or any(len(r.summary) > 1 for r in results):
+        console.print(terminal.arm_table(results))
+    for table in (terminal.startup_table(results), terminal.metrics_table(results)):
+        if table is not None and total > 1:
+            console.print(table)
+    for table in (terminal.series_table(results), terminal.telemetry_table(results)):
+        if table is not None:
+            console.print(table)
+    console.print(f"stored as experiment {exp.id} in {store_path}", style="dim", highlight=False)
+    return results
+
+
+def finish(results: list[TrialResult]) -> None:
+    """Exit status 1 (RunFailed) when a trial failed; the others are kept in the store."""
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise RunFailed(f"{len(failed)} of {len(results)} trial(s) failed (the others are kept); "
+                        f"first: {failed[0].error.splitlines()[0][:160] if failed[0].error else failed[0].status}")
+
+
+def job_spec(text: str, base: RunSpec) -> RunSpec:
+    """'WORKLOAD --p v ...' -> a spec like base (device, env) for that workload."""
+    try:
+        args = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"--with: {exc}") from None
+    if not args:
+        raise UsageError("--with wants a workload, e.g. --with \"cnn-infer --model vgg16\"")
+    w = workloads.get(args[0])
+    _, values = parser.split(args[1:], (w.params,), positional=0, what=f"--with {w.name}")
+    spec = copy.deepcopy(base)
+    spec.workload, spec.params = w.name, w.validate({p.name: v for p, v in values.items()}, base.device)
+    return spec
+
+
+def memory_text(group, total: float | None) -> str:
+    """GPU memory used by a sharing group, MiB, with its share of the GPU's total."""
+    if group.memory_used_mib is None:
+        return "-"
+    pct = f" ({100 * group.memory_used_mib / total:.0f}%)" if total else ""
+    return f"{group.memory_used_mib:.0f}{pct}"
+
+
+def experiment_id() -> str:
+    """A new experiment's id: when, and a random tail."""
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def open_store(path: str) -> Store:
+    """An existing store (reading results); one line when there is none."""
+    if not Path(path).exists():
+        raise UsageError(f"no store at {path} (run something first, or pass --store PATH)")
+    return Store(path)

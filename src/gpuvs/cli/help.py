@@ -1,0 +1,83 @@
+"""The one help renderer: a command's usage lines, then one table per option group (option, default,
+allowed values, meaning), from what the command declares (command.py). A command never prints its
+own help."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from gpuvs import workloads
+from gpuvs.cli.command import Command
+from gpuvs.params import Param
+
+
+def options_table(title: str, params: Sequence[Param]) -> Table:
+    """Option, default, allowed values and meaning of a group of Params."""
+    t = Table(title=title, title_justify="left")
+    t.add_column("option", no_wrap=True)  # an option's name is never cut: it is what the user types
+    for col in ("default", "allowed", "meaning"):
+        t.add_column(col)
+    for p in params:
+        shorts = [f"-{a}" for a in p.aliases if len(a) == 1]
+        default = "required" if p.required else "-" if p.default in (None, "") else str(p.default)
+        t.add_row(", ".join([p.option] + shorts), default, p.describe_allowed(), p.help)
+    return t
+
+
+def param_table(w: workloads.Workload) -> Table:
+    """A workload's parameters."""
+    return options_table(f"{w.name}: {w.summary}", w.params)
+
+
+def console() -> Console:
+    return Console(markup=False, highlight=False)
+
+
+def command_help(cmd: Command, path: str, workload: workloads.Workload | None = None,
+                 out: Console | None = None) -> None:
+    """A command's help: usage (one line per form), what it does, its workload's parameters where it
+    takes a workload, its arguments, its option groups."""
+    out = out or console()
+    if cmd.subcommands:
+        return group_help(cmd, path, out)
+    lines = cmd.usage_lines()
+    out.print("usage: " + "\n".join(("" if i == 0 else "       ") + f"{path} {line}" for i, line in enumerate(lines)))
+    out.print(cmd.summary)
+    if cmd.notes:
+        out.print(cmd.notes)
+    if any(p.workload for p in cmd.positionals):
+        if workload is None:
+            out.print(f"workloads: {', '.join(workloads.names())}  (gpuvs workloads NAME shows one's options)")
+        else:
+            out.print(param_table(workload))
+    shown = [p for p in cmd.positionals if p.help and not p.workload]
+    if shown:
+        t = Table(title="arguments", title_justify="left")
+        for col in ("argument", "meaning"):
+            t.add_column(col)
+        for p in shown:
+            t.add_row(p.name.upper(), p.help + ("" if p.required else " (optional)"))
+        out.print(t)
+    owned: dict[str, str] = {}  # option name -> key of the group that owns it (the first to declare it)
+    for g in cmd.groups:
+        taken = [f"{p.option} is the {owned[p.name]}'s here" for p in g.params
+                 if owned.get(p.name, g.key) != g.key]
+        out.print(options_table(g.title + (f" ({'; '.join(taken)})" if taken else ""), g.params))
+        for p in g.params:
+            owned.setdefault(p.name, g.key)
+
+
+def group_help(cmd: Command, path: str, out: Console | None = None, commands: Sequence[Command] | None = None) -> None:
+    """The help of a command made of sub-commands (and of gpuvs itself): one line per command."""
+    out = out or console()
+    out.print(f"usage: {path} COMMAND [options]   ({path} COMMAND --help lists a command's options)")
+    out.print(cmd.summary)
+    t = Table(title="commands", title_justify="left")
+    for col in ("command", "what it does"):
+        t.add_column(col)
+    for sub in commands if commands is not None else cmd.subcommands:
+        t.add_row(sub.name, sub.summary)
+    out.print(t)

@@ -1,0 +1,180 @@
+"""The one command-line parser: `--name value`, `--name=value`, flags (`--quiet`, `--quiet false`),
+`-o` for an option with a one-letter alias, options given more than once, `--` before positionals.
+Every command goes through parse(): its options and a workload's parameters are parsed together, so
+an unknown option is refused with the list of known ones, and every value is checked by its Param,
+before anything starts. Bad input is a UsageError: one line, exit 2."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from gpuvs import workloads
+from gpuvs.cli.command import Args, Command, Form
+from gpuvs.errors import UsageError
+from gpuvs.params import Param
+
+HELP = ("--help", "-h")
+_BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
+
+
+def find(groups: Sequence[Sequence[Param]], option: str) -> Param | None:
+    """The Param an option names (`--batch-size`, `-o`): the first group that knows the name wins."""
+    short = not option.startswith("--")
+    name = option.lstrip("-").replace("-", "_")
+    for group in groups:
+        for p in group:
+            if short:
+                if len(name) == 1 and name in p.aliases:
+                    return p
+            elif name == p.name or (name in p.aliases and len(name) > 1):
+                return p
+    return None
+
+
+def split(args: list[str], groups: Sequence[Sequence[Param]], positional: int = 1, what: str = "this command",
+          runs: dict[str, int] | None = None) -> tuple[list[str], dict[Param, Any]]:
+    """Split args into positionals (at most `positional`) and raw option values keyed by the Param
+    that owns them. Values are checked later, by that Param. `runs`: options that take up to N values
+    in a row (`--stored A B`), each kept as if the option had been given once per value."""
+    positionals: list[str] = []
+    values: dict[Param, Any] = {}
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if tok == "--":
+            positionals.extend(args[i + 1:])
+            break
+        if tok.startswith("--") and len(tok) > 2 or _short(tok):
+            opt, eq, val = tok.partition("=") if tok.startswith("--") else (tok, "", "")
+            p = find(groups, opt)
+            if p is None and _short(tok):
+                raise UsageError(f"unknown option {tok} for {what} (options are spelled --name value)")
+            if p is None:
+                known = ", ".join(q.option for g in groups for q in g)
+                raise UsageError(f"unknown option {opt} for {what}; options: {known}" if known else
+                                 f"unknown option {opt} for {what}, which takes none")
+            n = (runs or {}).get(p.name, 0)
+            if n and not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                while n and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                    i, n = i + 1, n - 1
+                    values.setdefault(p, []).append(args[i])
+            else:
+                i = _store(values, p, args, i, opt, eq, val)
+        elif tok.startswith("-") and len(tok) > 1 and not _is_number(tok):
+            raise UsageError(f"unknown option {tok} for {what} (options are spelled --name value)")
+        else:
+            positionals.append(tok)
+        i += 1
+    if len(positionals) > positional:
+        raise UsageError(f"unexpected argument {positionals[positional]!r} for {what}")
+    return positionals, values
+
+
+def _short(tok: str) -> bool:
+    return len(tok) == 2 and tok[0] == "-" and tok[1].isalpha()
+
+
+def _store(values: dict[Param, Any], p: Param, args: list[str], i: int, opt: str, eq: str, val: str) -> int:
+    """Record the value of option `p` found at args[i] (its value inline, next, or a flag's); the index
+    of the last token it used."""
+    if p.type is bool and not eq:
+        # a flag; a following true/false word is its value (--check false)
+        if i + 1 < len(args) and args[i + 1].lower() in _BOOL_WORDS:
+            i += 1
+            val = args[i]
+        else:
+            val = "true"
+    elif not eq:
+        if i + 1 >= len(args):
+            raise UsageError(f"{opt} needs a value: {p.describe_allowed()}")
+        i += 1
+        val = args[i]
+    if p.multiple:
+        values.setdefault(p, []).append(val)
+    else:
+        values[p] = val
+    return i
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+        return True
+    except ValueError:
+        return False
+
+
+def workload_position(args: list[str], params: Sequence[Param]) -> int | None:
+    """Index of the workload name: the first word that is neither an option nor an option's value."""
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if not tok.startswith("-"):
+            return i
+        p = find((params,), tok.partition("=")[0])
+        if p is not None and p.type is not bool and "=" not in tok:
+            i += 1
+        i += 1
+    return None
+
+
+def form_of(cmd: Command, argv: list[str]) -> Form | None:
+    """The form a command line selects: the first whose marker option it gives, else None (the command's own)."""
+    for form in cmd.forms:
+        option = "--" + form.marker.replace("_", "-")
+        if any(a == option or a.startswith(option + "=") for a in argv):
+            return form
+    return None
+
+
+class HelpWanted(Exception):
+    """--help, -h, or no arguments where that shows the help: render it for this command (and workload)."""
+
+    def __init__(self, command: Command, path: str, workload=None):
+        super().__init__(path)
+        self.command, self.path, self.workload = command, path, workload
+
+
+def parse(cmd: Command, argv: list[str], path: str) -> Args:
+    """Parse and check a command line (the words after `path`, e.g. "gpuvs results show").
+    Raises HelpWanted when the help is asked for, UsageError on bad input."""
+    if not argv and cmd.help_when_bare:
+        raise HelpWanted(cmd, path)
+    wants_help = any(a in HELP for a in argv)
+    form = form_of(cmd, argv)
+    static = cmd.params(form)
+    specs = form.positionals if form is not None else cmd.positionals
+    rest = list(argv)
+    workload = None
+    what = f"{path} --{form.marker.replace('_', '-')}" if form is not None else path
+    if form is not None and form.workload is not None:
+        if wants_help:
+            raise HelpWanted(cmd, path)
+        workload = form.workload(argv)
+    elif specs and specs[0].workload:
+        at = workload_position(argv, static)
+        if at is None:
+            if wants_help:
+                raise HelpWanted(cmd, path)
+            raise UsageError(f"{path} needs a workload; known workloads: {', '.join(workloads.names())}")
+        workload = workloads.get(argv[at])
+        if wants_help:
+            raise HelpWanted(cmd, path, workload)
+        rest = argv[:at] + argv[at + 1:]
+        specs = specs[1:]
+        what = f"{path} {workload.name}"
+    elif wants_help:
+        raise HelpWanted(cmd, path)
+    groups: list[Sequence[Param]] = [static] + ([workload.params] if workload is not None else [])
+    positionals, values = split(rest, groups, positional=len(specs), what=what,
+                                runs=form.runs if form is not None else None)
+    required = [s for s in specs if s.required]
+    if len(positionals) < len(required):
+        raise UsageError(f"Missing argument '{required[len(positionals)].name}'.")
+    for p in static:
+        if p.required and p not in values:
+            raise UsageError(f"Missing option '{p.option}'.")
+    options = {p.name: p.coerce(values[p]) if p in values else p.default for p in static}
+    given = frozenset(p.name for p in static if p in values)
+    params = {p.name: values[p] for p in workload.params if p in values} if workload is not None else {}
+    return Args(cmd, list(argv), positionals, options, given, workload, params, form)
