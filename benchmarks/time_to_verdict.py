@@ -123,12 +123,12 @@ def analysis(name: str):
     if not DB.exists():
         return None
     with Store(DB) as st:
-        found = [e for e in st.experiments() if e["name"] == name]
+        found = [e for e in st.experiments() if e.name == name]
         if not found:
             return None
-        a = comparison.from_store(st, found[-1]["id"], with_steps=False)
-        a.samples = {t["id"]: st.samples(t["id"]) for t in st.trials(found[-1]["id"])}
-        a.records = st.trials(found[-1]["id"])
+        a = comparison.from_store(st, found[-1].id, with_steps=False)
+        a.samples = {t.id: st.samples(t.id) for t in st.trials(found[-1].id)}
+        a.records = st.trials(found[-1].id)
     return a
 
 
@@ -138,14 +138,14 @@ def headline(a) -> dict | None:
 
 
 def trial_values(a, arm: str | None = None) -> list[float]:
-    return [t["value"] for t in a.trials if t["status"] == "ok" and t["value"] and (arm is None or t["arm"] == arm)]
+    return [t.value for t in a.trials if t.status == "ok" and t.value and (arm is None or t.arm == arm)]
 
 
 def per_arm_time(a, arm: str) -> dict[str, float]:
     """Mean seconds per trial of one arm's parts (timeshare's definitions), and its share in timed steps."""
     from gpuvs import timeshare
 
-    parts = [timeshare.trial_time(r["startup"] or {}, r["summary"] or {}) for r in a.records if r["arm"] == arm]
+    parts = [timeshare.trial_time(r.startup or {}, r.summary or {}) for r in a.records if r.arm == arm]
     parts = [p for p in parts if p is not None]
     if not parts:
         return {}
@@ -169,7 +169,7 @@ def facts(a) -> list[str]:
     """What the experiment's zygotes said when ready, and its failed trials: the lines to read first when a
     figure looks wrong."""
     out = []
-    for z in (a.meta.get("timing") or {}).get("zygotes") or [] if a else []:
+    for z in (a.meta.timing or {}).get("zygotes") or [] if a else []:
         out.append(f"- zygote: imports {z.get('import_s') or 0:.1f} s, threads after them {z.get('threads')}, CUDA "
                    f"{z.get('cuda')}" + (f", PROBLEM: {z['problem']}" if z.get("problem") else ""))
     for f in (a.failures if a else [])[:4]:
@@ -177,12 +177,12 @@ def facts(a) -> list[str]:
     return out + [""] if out else out
 
 
-def verdict_text(v: dict | None) -> str:
+def verdict_text(v) -> str:
     if not v:
         return "no verdict (too few trials)"
-    ci = f" [{v['ci_low']:.4f}, {v['ci_high']:.4f}]" if v.get("ci_low") is not None else ""
-    ratio = f"{v['ratio']:.4f}" if v.get("ratio") is not None else "-"
-    return f"{tables.verdict_word(v)} ({v['arm']} / {v['baseline']} = {ratio}{ci}, {v.get('method', '-')})"
+    ci = f" [{v.ci_low:.4f}, {v.ci_high:.4f}]" if v.ci_low is not None else ""
+    ratio = f"{v.ratio:.4f}" if v.ratio is not None else "-"
+    return f"{tables.verdict_word(v)} ({v.arm} / {v.baseline} = {ratio}{ci}, {v.method or '-'})"
 
 
 # -- the parts --------------------------------------------------------------------------------------
@@ -238,9 +238,9 @@ def dip(a, arm: str) -> tuple[float, float, int] | None:
     (per trial, then averaged), the worst such step's, and the trials used."""
     out, worst = [], []
     for r in a.records:
-        if r["arm"] != arm or r["status"] != "ok":
+        if r.arm != arm or r.status != "ok":
             continue
-        rates = {s["step"]: s["value"] for s in a.samples[r["id"]] if s["series"] == "main" and s["value"]}
+        rates = {s.step: s.value for s in a.samples[r.id] if s.series == "main" and s.value}
         after = [rates[k] for k in rates if (k - 1) % DISPLAY == 0]
         rest = [rates[k] for k in rates if (k - 1) % DISPLAY != 0]
         if after and rest:
@@ -280,7 +280,7 @@ def write() -> None:
         a = analysis(results["b"]["name"])
         run = results["b"]["run"]
         v = headline(a)
-        per = max((sum(1 for t in a.trials if t["arm"] == arm) for arm in ("a", "b")), default=0) if a else 0
+        per = max((sum(1 for t in a.trials if t.arm == arm) for arm in ("a", "b")), default=0) if a else 0
         L += ["## b. A/A until-confident within ±1%, new mechanism", "", f"`{run['cmd']}`", "",
               f"- verdict: **{verdict_text(v)}** after {per} trials per arm",
               f"- wall time to the verdict: **{run['wall']:.1f} s** from the command's start to its exit "

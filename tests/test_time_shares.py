@@ -9,25 +9,26 @@ import sqlite3
 import pytest
 
 from gpuvs import timeshare
+from gpuvs.stats import SeriesSummary
 from gpuvs.timeshare import PARTS
 
 
 def test_a_trial_in_parts():
     startup = {"launch_to_exit_s": 20.0, "launch_to_timed_s": 15.0, "warmup_s": 6.0, "fork_s": 0.05}
-    t = timeshare.trial_time(startup, {"main": {"total_seconds": 4.0}, "other": {"total_seconds": 99.0}})
+    t = timeshare.trial_time(startup, {"main": SeriesSummary(total_seconds=4.0), "other": SeriesSummary(total_seconds=99.0)})
     assert (t.measured_s, t.fork_s, t.warm_up_s) == (4.0, 0.05, 6.0)  # the headline series (first) only
     assert t.start_up_s == pytest.approx(15.0 - 6.0 - 0.05)
     assert t.teardown_s == pytest.approx(20.0 - 15.0 - 4.0)
     assert t.measured_s + t.fork_s + t.warm_up_s + t.start_up_s + t.teardown_s == pytest.approx(t.wall_s)
     # no launch-to-timed: the workload's end less the timed steps marks their start
-    t = timeshare.trial_time({"launch_to_exit_s": 10.0, "launch_to_done_s": 9.0}, {"main": {"total_seconds": 5.0}})
+    t = timeshare.trial_time({"launch_to_exit_s": 10.0, "launch_to_done_s": 9.0}, {"main": SeriesSummary(total_seconds=5.0)})
     assert (t.start_up_s, t.teardown_s) == (pytest.approx(4.0), pytest.approx(1.0))
     assert timeshare.trial_time({"launch_to_timed_s": 1.0}, {}) is None  # never exited as far as gpuvs knows
 
 
 def test_the_parts_add_up_to_the_wall_time():
     trials = [timeshare.trial_time({"launch_to_exit_s": 10.0, "launch_to_timed_s": 4.0, "warmup_s": 2.0,
-                                    "fork_s": 0.1}, {"main": {"total_seconds": 5.0}}) for _ in range(4)]
+                                    "fork_s": 0.1}, {"main": SeriesSummary(total_seconds=5.0)}) for _ in range(4)]
     ts = timeshare.shares(50.0, trials + [None], {"zygote_wait_s": 6.0, "zygote_starts_s": [6.0]})
     assert ts.trials == 4 and ts.wall_s == 50.0
     assert ts.seconds["measured"] == 20.0 and ts.seconds["warm_up"] == 8.0

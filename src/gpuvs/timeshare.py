@@ -18,7 +18,11 @@ and trials that never reported a launch-to-exit time. The parts add up to the wa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from gpuvs.records import ExperimentRecord, TrialRecord
+    from gpuvs.stats import SeriesSummary
 
 PARTS = ("measured", "start_up", "warm_up", "fork", "teardown", "other")
 LABELS = {"measured": "measured (timed steps)", "start_up": "start-up", "warm_up": "warm-up", "fork": "fork",
@@ -45,14 +49,14 @@ class TimeShares:
     zygote_starts_s: list[float] = field(default_factory=list)
 
 
-def trial_time(startup: dict[str, float], summary: dict[str, dict[str, Any]]) -> TrialTime | None:
+def trial_time(startup: Mapping[str, float], summary: Mapping[str, SeriesSummary]) -> TrialTime | None:
     """One trial's launch-to-exit time in parts (None when it has no launch-to-exit time). `summary` is
     the trial's, headline series first (as the worker orders it)."""
     wall = startup.get("launch_to_exit_s")
     if wall is None:
         return None
-    head = next(iter(summary.values()), {}) if summary else {}
-    measured = float(head.get("total_seconds") or 0.0)
+    head = next(iter(summary.values()), None) if summary else None
+    measured = float(head.total_seconds or 0.0) if head is not None else 0.0
     fork = float(startup.get("fork_s") or 0.0)
     warm = float(startup.get("warmup_s") or 0.0)
     if startup.get("launch_to_timed_s") is not None:
@@ -66,7 +70,7 @@ def trial_time(startup: dict[str, float], summary: dict[str, dict[str, Any]]) ->
     return TrialTime(wall, measured, fork, warm, start, teardown)
 
 
-def shares(wall_s: float | None, trials: Iterable[TrialTime | None], timing: dict[str, Any] | None = None
+def shares(wall_s: float | None, trials: Iterable[TrialTime | None], timing: Mapping[str, Any] | None = None
            ) -> TimeShares | None:
     """The experiment's parts. `timing` is what the runner recorded (zygote_wait_s, zygote_starts_s)."""
     timing = timing or {}
@@ -88,17 +92,17 @@ def shares(wall_s: float | None, trials: Iterable[TrialTime | None], timing: dic
                       zygote_starts_s=[float(x) for x in timing.get("zygote_starts_s") or []])
 
 
-def from_records(records: Iterable[dict[str, Any]], wall_s: float | None, timing: dict[str, Any] | None = None
+def from_records(records: Iterable[Any], wall_s: float | None, timing: Mapping[str, Any] | None = None
                  ) -> TimeShares | None:
-    """From trial records (store rows or the runner's results as records: startup, summary)."""
-    return shares(wall_s, [trial_time(r.get("startup") or {}, r.get("summary") or {}) for r in records], timing)
+    """From trials that have a `startup` and a `summary` (the store's TrialRecord, the runner's
+    TrialResult)."""
+    return shares(wall_s, [trial_time(r.startup or {}, r.summary or {}) for r in records], timing)
 
 
-def wall_of(experiment: dict[str, Any], records: list[dict[str, Any]]) -> float | None:
+def wall_of(experiment: ExperimentRecord, records: list[TrialRecord]) -> float | None:
     """An experiment's wall time: as the runner recorded it, else its creation to its last trial's end."""
-    timing = (experiment.get("meta") or {}).get("timing") or {}
+    timing = experiment.meta.timing or {}
     if timing.get("wall_s"):
         return float(timing["wall_s"])
-    ends = [r["ended"] for r in records if r.get("ended")]
-    created = experiment.get("created")
-    return max(ends) - created if ends and created else None
+    ends = [r.ended for r in records if r.ended]
+    return max(ends) - experiment.created if ends and experiment.created else None

@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 T_START = time.time()
 FORKED = False  # True in a child of the zygote (zygote.py), which sets T_START to the moment it was forked
@@ -24,6 +24,7 @@ from gpuvs.failures import classify  # noqa: E402
 from gpuvs.spec import RunSpec  # noqa: E402
 
 Emit = Callable[[dict[str, Any]], None]
+T = TypeVar("T")
 
 
 def _protocol_stream():
@@ -109,6 +110,7 @@ def start_device(spec: RunSpec, workload) -> None:
 def run_events(spec: RunSpec, emit: Emit) -> None:
     """Run one spec, emitting every event. Raises on failure (classified by the caller)."""
     from gpuvs import fingerprint, stats, telemetry, workloads
+    from gpuvs.records import SampleRecord
 
     if spec.launched_at:
         emit(events.startup("launch_to_worker_s", T_START - spec.launched_at))
@@ -118,11 +120,11 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
     params = workload.validate(spec.params, spec.device)
     import_requirements(workload, emit, spec)
     emit({"type": "fingerprint", "data": fingerprint.take(import_torch="torch" in workload.requires)})
-    samples: list[dict[str, Any]] = []
+    samples: list[SampleRecord] = []
 
     def collect(event: dict[str, Any]) -> None:
         if event["type"] == "sample":
-            samples.append(event)
+            samples.append(SampleRecord.from_event(event))
         emit(event)
 
     sampler = telemetry.start_for(spec, emit)
@@ -141,11 +143,11 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
             sampler.stop()
     if spec.launched_at:  # the workload is done: what follows until exit is teardown (timeshare.py)
         emit(events.startup("launch_to_done_s", time.time() - spec.launched_at))
-    emit({"type": "summary", "data": headline_first(stats.summarize_samples(samples, workload.declared),
-                                                    workload.headline_series(params))})
+    summary = headline_first(stats.summarize_samples(samples, workload.declared), workload.headline_series(params))
+    emit({"type": "summary", "data": {name: s.to_dict() for name, s in summary.items()}})
 
 
-def headline_first(summary: dict[str, Any], headline: str | None) -> dict[str, Any]:
+def headline_first(summary: dict[str, T], headline: str | None) -> dict[str, T]:
     """The summary with the workload's headline series first (the order reports and verdicts read)."""
     if headline in summary:
         return {headline: summary[headline], **{k: v for k, v in summary.items() if k != headline}}

@@ -103,7 +103,7 @@ def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,
     for table in (terminal.series_table(results), terminal.telemetry_table(results)):
         if table is not None:
             console.print(table)
-    shares = timeshare.from_records(({"startup": r.startup, "summary": r.summary} for r in results),
+    shares = timeshare.from_records(results,
                                     runner.timing.get("wall_s"), runner.timing)
     if shares is not None:
         console.print(terminal.rich_table(tables.time_shares_table(shares)))

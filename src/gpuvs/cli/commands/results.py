@@ -13,8 +13,10 @@ from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.cli.common import open_store
 from gpuvs.cli.options import STORE
 from gpuvs.errors import UsageError
+from gpuvs.records import TrialRecord
 from gpuvs.params import Param
 from gpuvs.report.numbers import fmt
+from gpuvs.stats import SeriesSummary
 from gpuvs.store import Store
 
 OUTPUT = Param("output", str, None, "write here instead of standard output", aliases=("o",))
@@ -28,12 +30,12 @@ def list_results(args: Args) -> None:
         found = st.experiments()
         t = Table(title=f"experiments in {store}", title_justify="left")
         # an id is what people copy into the next command: never cut, whatever the terminal's width
-        t.add_column("id", no_wrap=True, min_width=max([len(e["id"]) for e in found] + [2]))
+        t.add_column("id", no_wrap=True, min_width=max([len(e.id) for e in found] + [2]))
         for col in ("name", "kind", "workload", "trials ok", "created"):
             t.add_column(col, overflow="fold")
         for e in found:
-            t.add_row(e["id"], e["name"], e["kind"], e["workload"] or "-", f"{e['n_ok'] or 0}/{e['n_trials']}",
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["created"])))
+            t.add_row(e.id, e.name, e.kind, e.workload or "-", f"{e.n_ok or 0}/{e.n_trials}",
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.created)))
         Console(markup=False, highlight=False).print(t)
 
 
@@ -43,8 +45,8 @@ def show(args: Args) -> None:
         trials = _trials_of(st, ident)
         if as_json:
             for t in trials:
-                t["samples"] = st.samples(t["id"])
-            print(json.dumps(trials, indent=2, default=str))
+                t.samples = st.samples(t.id)
+            print(json.dumps([t.to_dict() for t in trials], indent=2, default=str))
             return
         console = Console(markup=False, highlight=False)
         table = Table(title=f"trials of {ident}", title_justify="left")
@@ -52,29 +54,28 @@ def show(args: Args) -> None:
                     "first step s", "GPU", "error"):
             table.add_column(col)
         for t in trials:
-            spec = t["spec"] or {}
-            main = next(iter((t["summary"] or {}).values()), {})
-            table.add_row(str(t["id"]), t["arm"], str(t["trial"] + 1), t["status"], spec.get("device", "-"),
-                          (spec.get("env") or {}).get("kind", "-"), fmt(main.get("value")), fmt(main.get("pm")),
-                          fmt(main.get("jitter")), main.get("unit", ""), fmt((t["startup"] or {}).get("first_step_s"), 3),
-                          (t["fingerprint"] or {}).get("gpu_name") or "cpu", (t["error"] or "")[:120])
+            main = t.primary() or SeriesSummary()
+            table.add_row(str(t.id), t.arm, str(t.trial + 1), t.status, t.spec.device if t.spec else "-",
+                          t.spec.env.kind if t.spec else "-", fmt(main.value), fmt(main.pm), fmt(main.jitter),
+                          main.unit, fmt(t.startup.get("first_step_s"), 3), t.fingerprint.get("gpu_name") or "cpu",
+                          (t.error or "")[:120])
         console.print(table)
 
 
-def _trials_of(st: Store, ident: str) -> list[dict]:
+def _trials_of(st: Store, ident: str) -> list[TrialRecord]:
     """A trial number, else an experiment id or a unique prefix of one (ids start with digits too)."""
     if ident.isdigit():
         try:
             return [st.trial(int(ident))]
         except UsageError:
             pass
-    return st.trials(st.experiment(ident)["id"])
+    return st.trials(st.experiment(ident).id)
 
 
 def export(args: Args) -> None:
     fmt_name, experiment, output = args["format"], args["experiment"], args["output"]
     with open_store(args["store"]) as st:
-        exp_id = st.experiment(experiment)["id"] if experiment else None
+        exp_id = st.experiment(experiment).id if experiment else None
         text = st.export(fmt_name, exp_id)
     if output:
         Path(output).write_text(text)
