@@ -14,6 +14,7 @@ import pytest
 
 from gpuvs import stats
 from gpuvs.errors import UsageError
+from gpuvs.records import SampleRecord
 from gpuvs.workloads import _timed
 from gpuvs.workloads._timed import Plan, RateStats, TimedPhase
 
@@ -103,7 +104,7 @@ def test_a_device_phase_never_waits_inside_and_reads_every_step_once():
     lines = {e["step"]: e["extra"]["loss"] for e in out if "loss" in e["extra"]}
     assert lines == pytest.approx({10: 1 / 10, 20: 1 / 20, 30: 1 / 30})
     # the figures keep their meaning: total items over total time, +/- over per-step rates
-    summary = stats.summarize_samples(out)["main"]
+    summary = stats.summarize_samples([SampleRecord.from_event(e) for e in out])["main"]
     assert summary["value"] == pytest.approx(256 * 30 / sum(durations[:30]))
     assert summary["pm"] == pytest.approx(np.std([256 / d for d in durations[:30]]) / math.sqrt(30))
     assert phase.durations == pytest.approx(durations[:30])

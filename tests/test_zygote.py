@@ -285,5 +285,5 @@ def test_a_zygote_that_cannot_start_is_a_stored_failed_trial_each_time(store_pat
     assert [r.status for r in res] == ["failed", "failed"] and {r.error_kind for r in res} == {"unavailable"}
     assert res[0].error.startswith("the zygote ended before it was ready: zygote exited with status 1")
     assert "No module named gpuvs" in res[0].error
-    assert [(row["status"], row["error"]) for row in rows] == [("failed", r.error) for r in res]
+    assert [(row.status, row.error) for row in rows] == [("failed", r.error) for r in res]
     assert gpuvs_processes() == []

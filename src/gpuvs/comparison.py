@@ -185,6 +185,8 @@ class Analysis:
                 out["trials"] = [t.to_dict(with_steps) for t in value]
             elif f.name in ("metrics", "speedup", "scaling", "failures"):
                 out[f.name] = [asdict(x) for x in value]
+            elif f.name == "time":
+                out["time"] = None if value is None else asdict(value)
             else:
                 out[f.name] = json_value(value)
         return out

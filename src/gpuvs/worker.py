@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, TypeVar
 
 T_START = time.time()
 FORKED = False  # True in a child of the zygote (zygote.py), which sets T_START to the moment it was forked
