@@ -105,8 +105,8 @@ def test_a_device_phase_never_waits_inside_and_reads_every_step_once():
     assert lines == pytest.approx({10: 1 / 10, 20: 1 / 20, 30: 1 / 30})
     # the figures keep their meaning: total items over total time, +/- over per-step rates
     summary = stats.summarize_samples([SampleRecord.from_event(e) for e in out])["main"]
-    assert summary["value"] == pytest.approx(256 * 30 / sum(durations[:30]))
-    assert summary["pm"] == pytest.approx(np.std([256 / d for d in durations[:30]]) / math.sqrt(30))
+    assert summary.value == pytest.approx(256 * 30 / sum(durations[:30]))
+    assert summary.pm == pytest.approx(np.std([256 / d for d in durations[:30]]) / math.sqrt(30))
     assert phase.durations == pytest.approx(durations[:30])
 
 
