@@ -73,19 +73,19 @@ def store_fleet_run(st: Store, levels: dict[str, float], *, created: float, rng:
 
 
 def sliding_fleet(path, *, runs: int = 10, slide_from: int = 5, slide: float = 0.03, nodes: int = 4,
-                  seed: int = 7, workload: str = "spin", between: float = 0.005, failed_last: str | None = None
-                  ) -> list[str]:
-    """`runs` daily fleet runs of `nodes` nodes: node-2 slides `slide` slower at each run from run
-    `slide_from` (0-based) on; the whole fleet drifts (-4% over the history, ±1% per run) and every
-    node moves `between` from run to run. `failed_last`: a node added to the last run, which fails
-    there. The runs' experiment ids, oldest first."""
+                  seed: int = 7, workload: str = "spin", between: float = 0.005, failed_last: str | None = None,
+                  names: list[str] | None = None) -> list[str]:
+    """`runs` daily fleet runs of `nodes` nodes (node-1, node-2, ... or `names`): the second slides `slide`
+    slower at each run from run `slide_from` (0-based) on; the whole fleet drifts (-4% over the history,
+    ±1% per run) and every node moves `between` from run to run. `failed_last`: a node added to the last
+    run, which fails there. The runs' experiment ids, oldest first."""
     rng = np.random.default_rng(seed)
-    names = [f"node-{i + 1}" for i in range(nodes)]
+    names = list(names) if names else [f"node-{i + 1}" for i in range(nodes)]
     ids = []
     with Store(path) as st:
         for t in range(runs):
             levels = {n: math.exp(between * rng.standard_normal()) for n in names}
-            levels["node-2"] *= (1 - slide) ** max(0, t - slide_from + 1)
+            levels[names[1]] *= (1 - slide) ** max(0, t - slide_from + 1)
             fleet = math.exp(-0.04 * t / max(1, runs - 1) + 0.01 * rng.standard_normal())
             extra = (failed_last,) if failed_last and t == runs - 1 else ()
             ids.append(store_fleet_run(st, levels, created=T0 + t * DAY, rng=rng, fleet=fleet, workload=workload,

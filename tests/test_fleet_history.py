@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster import cluster  # noqa: F401  (the session fixture, for the one cluster test)
 from conftest import missing_part
 from fleet_store import DAY, T0, sliding_fleet
 from gpuvs.fleet import history, labels, stored
@@ -263,3 +264,49 @@ def test_status_page_in_chromium(fleet_store, tmp_path):
         shutil.copy(png, Path(keep) / "status-page.png")
     assert pixels_of(png, (192, 57, 43), tolerance=10) > 2000  # the slow and drifting node's red marks stand out
     assert pixels_of(png, (227, 244, 232), tolerance=3) > 20000  # every chart's fleet band is drawn
+
+
+# -- drift labels on the real test cluster -------------------------------------------------------------------
+
+@pytest.mark.cluster
+def test_drift_labels_are_written_on_the_test_clusters_nodes_and_read_back(cluster, tmp_path):  # noqa: F811
+    """A store of fleet runs of the cluster's own three nodes (the second one sliding): `--label` writes
+    gpuvs.io/drift on each node, read back through the API, and nothing else; the labels are removed at the end
+    (and were none before)."""
+    from gpuvs.kube import client
+
+    nodes = cluster.nodes[:3]
+    if len(nodes) < 3:
+        missing_part(f"the test needs the test cluster with 3 nodes; the running one has {len(cluster.nodes)}")
+    core = client.connect(str(cluster.kubeconfig)).core
+    keys = (labels.DRIFT, labels.DRIFT_RATIO)
+
+    def drift_labels():
+        return {n: {k: v for k, v in (core.read_node(n).metadata.labels or {}).items() if k in keys} for n in nodes}
+
+    def clear():
+        for n in nodes:
+            core.patch_node(n, {"metadata": {"labels": {k: None for k in keys},
+                                             "annotations": {labels.DRIFT_DETAILS: None}}})
+
+    path = tmp_path / "cluster-fleet.db"
+    sliding_fleet(path, runs=10, slide_from=SLIDE_FROM, slide=0.04, names=nodes)
+    w = read(path).workloads[0]
+    assert w.nodes[0].node == nodes[1] and w.nodes[0].drift.verdict == "slower"
+    clear()
+    try:
+        dry = gpuvs("fleet", "history", "--store", str(path), "--label", "--dry-run", "--kubeconfig",
+                    str(cluster.kubeconfig))
+        assert dry.returncode == 0 and dry.stdout.count("(dry run: not written)") == 3, dry.stderr
+        assert drift_labels() == {n: {} for n in nodes}
+        r = gpuvs("fleet", "history", "--store", str(path), "--label", "--kubeconfig", str(cluster.kubeconfig))
+        assert r.returncode == 0 and r.stdout.count("(written)") == 3, r.stdout + r.stderr
+        got = drift_labels()
+        ratio = w.node(nodes[1]).drift.ratio
+        assert got[nodes[1]] == {labels.DRIFT: "slower", labels.DRIFT_RATIO: f"{ratio:.3f}"}
+        assert all(got[n][labels.DRIFT] in ("ok", "inconclusive") for n in (nodes[0], nodes[2]))
+        details = json.loads(core.read_node(nodes[1]).metadata.annotations[labels.DRIFT_DETAILS])
+        assert details["since"]["run"] == w.node(nodes[1]).change.run_id and details["workload"] == "spin"
+    finally:
+        clear()
+    assert drift_labels() == {n: {} for n in nodes}

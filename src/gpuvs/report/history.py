@@ -13,7 +13,8 @@ from typing import Any
 
 from gpuvs.fleet.changepoint import ChangePoint
 from gpuvs.fleet.drift import DriftVerdict
-from gpuvs.fleet.stored import FleetHistory, NodeStanding, WorkloadStanding
+from gpuvs.fleet.history import HistoryPoint
+from gpuvs.fleet.stored import FleetHistory, NodeStanding, RunRow, WorkloadStanding
 from gpuvs.report import markdown
 from gpuvs.report.numbers import fmt
 from gpuvs.report.tables import Table, interval
@@ -75,6 +76,14 @@ def fleet_now(n: NodeStanding) -> str:
     return f"{r.verdict} {r.speed:.3f}× [{interval(r.speed_low, r.speed_high)}]"
 
 
+def run_interval(r: RunRow | None, p: HistoryPoint | None) -> tuple[float | None, float | None]:
+    """A run's interval of the node's speed as `gpuvs fleet` reported it in that run (simultaneous over its
+    nodes); the point's own (95%, that node alone) where the run's row kept none."""
+    if r is not None and r.speed_low is not None and r.speed_high is not None:
+        return r.speed_low, r.speed_high
+    return p.interval if p is not None else (None, None)
+
+
 def nodes_table(w: WorkloadStanding, only: str | None = None) -> Table:
     """The nodes of one workload, slow and drifting first."""
     rows, marked = [], set()
@@ -106,8 +115,8 @@ def runs_table(w: WorkloadStanding, n: NodeStanding) -> Table:
     for i, r in enumerate(n.runs):
         p = points.get(r.run_id)
         figure = fmt(r.mean if r.mean is not None else (p.figure if p else None))
-        low, high = p.interval if p else (r.speed_low, r.speed_high)
-        speed = p.speed if p else r.speed
+        low, high = run_interval(r, p)
+        speed = r.speed if r.speed is not None else (p.speed if p else None)
         rows.append([r.run_id, when(r.time), f"{figure} {w.unit}" if figure != "-" else "-",
                      "-" if speed is None else f"{speed:.3f}×", interval(low, high), r.verdict,
                      str(r.n_ok), ("change point: first run at the new level" if r.run_id in cuts else "")
@@ -116,8 +125,8 @@ def runs_table(w: WorkloadStanding, n: NodeStanding) -> Table:
             marked.add(i)
     return Table(f"runs-{w.workload}-{n.node}", f"{n.node} ({w.workload}): each run",
                  ["run", "date", "figure", "speed vs fleet", "interval", "fleet verdict", "trials ok", "notes"],
-                 rows, note="speed vs fleet: the node's figure over the fleet band's in that run, with that run's own "
-                 f"{100 * n.history.points[0].confidence:g}% interval" if n.history.points else "", right={2, 3, 4, 6},
+                 rows, note="speed vs fleet: the node's figure over the fleet band's in that run, with the interval "
+                 "that run reported (simultaneous over its nodes)", right={2, 3, 4, 6},
                  marked=marked)
 
 

@@ -36,8 +36,9 @@ def _y_range(w: WorkloadStanding, margin: float) -> tuple[float, float]:
     """One scale for every node of a workload, so that their charts compare at a glance."""
     lows, highs = [1 - margin], [1 + margin]
     for n in w.nodes:
+        rows = {r.run_id: r for r in n.runs}
         for p in n.history.points:
-            low, high = p.interval
+            low, high = text.run_interval(rows.get(p.run_id), p)
             lows.append(min(low, p.speed))
             highs.append(max(high, p.speed))
     lo, hi = min(lows), max(highs)
@@ -48,7 +49,7 @@ def _y_range(w: WorkloadStanding, margin: float) -> tuple[float, float]:
 
 def chart(w: WorkloadStanding, n: NodeStanding) -> dict[str, Any]:
     """One node's speed against the fleet band at each run of the workload (x: the run's place, so every
-    node of a workload is on the same axis), each run's interval, the band 1 ± margin, change points as
+    node of a workload is on the same axis), each run's interval as that run reported it, the band 1 ± margin, change points as
     a line before the first run at the new level, and each segment's level between them."""
     runs = [r.run_id for r in w.runs]
     at = {r: i for i, r in enumerate(runs)}
@@ -66,8 +67,8 @@ def chart(w: WorkloadStanding, n: NodeStanding) -> dict[str, Any]:
     verdict_at = {r.run_id: r for r in n.runs}
     points = []
     for p in n.history.points:
-        low, high = p.interval
         r = verdict_at.get(p.run_id)
+        low, high = text.run_interval(r, p)
         verdict = r.verdict if r else p.verdict
         points.append({"x": x(at[p.run_id]), "y": y(p.speed), "low": y(low), "high": y(high),
                        "colour": COLOURS.get(verdict, "#555555"), "latest": p.run_id == w.latest.run_id,
