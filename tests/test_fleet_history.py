@@ -36,6 +36,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 def fleet_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("history") / "fleet.db"
     ids = sliding_fleet(path, runs=10, slide_from=SLIDE_FROM, slide=0.03, failed_last="node-5")
+    sliding_fleet(path, runs=4, slide=0.0, seed=11, workload="membw")  # another workload, stable, fewer runs
     with Store(path) as st:  # a gpuvs validate run beside them, stored as gpuvs validate stores one
         rows = [{"suite": "functional", "check": "GPU nodes found and allocatable", "status": "pass", "detail": "4 nodes",
                  "seconds": 0.4}, {"suite": "functional", "check": "GPU pod: GPU visible inside", "status": "FAIL",
@@ -63,7 +64,8 @@ def read(path) -> stored.FleetHistory:
 def test_the_store_reads_into_each_nodes_history_with_drift_and_change_points(fleet_store):
     path, ids = fleet_store
     h = read(path)
-    (w,) = h.workloads
+    assert [x.workload for x in h.workloads] == ["membw", "spin"]
+    w = h.workload("spin")
     assert (w.workload, w.unit, [r.run_id for r in w.runs]) == ("spin", "ops/s", ids)
     assert [r.time for r in w.runs] == [T0 + t * DAY for t in range(10)]
     first = w.nodes[0]
@@ -83,7 +85,10 @@ def test_the_store_reads_into_each_nodes_history_with_drift_and_change_points(fl
     assert failed.marks == ("failed",) and failed.latest.verdict == "failed" and len(failed.history) == 0
     assert failed.latest.reason.startswith("pod could not start")
     assert [n.node for n in w.nodes[:2]] == ["node-2", "node-5"]  # slow and drifting first, then failed
-    assert json.loads(json.dumps(h.to_dict()))["workloads"][0]["nodes"][0]["drift"]["verdict"] == "slower"
+    assert json.loads(json.dumps(h.to_dict()))["workloads"][1]["nodes"][0]["drift"]["verdict"] == "slower"
+    other = h.workload("membw")  # four runs of a stable fleet: nobody to look at, and too few runs to say much
+    assert len(other.runs) == 4 and not any(n.needs_look for n in other.nodes)
+    assert all(len(n.history) == 4 and n.drift.verdict not in ("slower", "faster") for n in other.nodes)
 
 
 def test_a_run_stored_before_rows_kept_their_log_speed_is_read_from_its_trials(fleet_store, tmp_path):
@@ -97,7 +102,7 @@ def test_a_run_stored_before_rows_kept_their_log_speed_is_read_from_its_trials(f
         fleet["rows"] = [{k: v for k, v in r.items() if k not in ("log_speed", "se", "df", "level_se")}
                          for r in fleet["rows"]]
         st.set_meta(exp.id, dataclasses.replace(exp.meta, fleet=fleet))
-    before, after = read(path).workloads[0], read(old).workloads[0]
+    before, after = read(path).workload("spin"), read(old).workload("spin")
     assert [r.from_trials for r in after.runs] == [i == 3 for i in range(10)]
     for name in ("node-1", "node-2"):
         p_new = next(p for p in before.node(name).history.points if p.run_id == ids[3])
@@ -125,7 +130,7 @@ def test_points_come_from_the_stored_rows(fleet_store):
 
 def test_fleet_history_in_the_terminal(fleet_store):
     path, ids = fleet_store
-    w = read(path).workloads[0]
+    w = read(path).workload("spin")
     v, c = w.node("node-2").drift, w.node("node-2").change
     r = gpuvs("fleet", "history", "--store", str(path))
     assert r.returncode == 0, r.stderr
@@ -133,7 +138,8 @@ def test_fleet_history_in_the_terminal(fleet_store):
     sentence = f"node-2: {100 * (1 - v.ratio):.1f}% slower than its last 9 checks ({v.ratio:.3f}×"
     assert sentence in out and "not interleaved" in out
     assert f"since run {c.run_id} on " in out and f"{100 * (1 - c.step):.1f}% slower" in out
-    table = out[out.index("each node now and against its own past"):]
+    assert out.index("spin: each node now") < out.index("membw: each node now")  # the workload with a node to look at first
+    table = out[out.index("spin: each node now and against its own past"):out.index("membw: each node now")]
     order = [table.index(f"│ {n} ") for n in ("node-2", "node-5", "node-1", "node-3", "node-4")]
     assert order[0] < order[1] < min(order[2:])  # slow and drifting first
     assert out.count("slower than its last") == 2  # the summary and node-2's row: no stable node
@@ -143,12 +149,13 @@ def test_fleet_history_in_the_terminal(fleet_store):
 
 def test_fleet_history_markdown_json_and_one_node(fleet_store):
     path, ids = fleet_store
-    w = read(path).workloads[0]
+    w = read(path).workload("spin")
     change = w.node("node-2").change
     md = gpuvs("fleet", "history", "--store", str(path), "--format", "md")
     assert md.returncode == 0, md.stderr
     assert md.stdout.startswith("## gpuvs fleet history") and "**spin: 2 of 5 node(s) need a look — node-2: " in md.stdout
-    lines = [line for line in md.stdout.splitlines() if line.startswith("| **node-") or line.startswith("| node-")]
+    spin = md.stdout[md.stdout.index("### spin: each node"):md.stdout.index("### membw: each node")]
+    lines = [line for line in spin.splitlines() if line.startswith("| **node-") or line.startswith("| node-")]
     assert lines[0].startswith("| **node-2**") and "slower than its last 9 checks" in lines[0]
     assert f"since run {change.run_id}" in lines[0]
     assert not any("slower than its last" in line for line in lines[2:5])
@@ -156,7 +163,8 @@ def test_fleet_history_markdown_json_and_one_node(fleet_store):
     js = gpuvs("fleet", "history", "--store", str(path), "--format", "json")
     assert js.returncode == 0, js.stderr
     data = json.loads(js.stdout)
-    nodes = data["workloads"][0]["nodes"]
+    assert [x["workload"] for x in data["workloads"]] == ["membw", "spin"]
+    nodes = data["workloads"][1]["nodes"]
     assert [n["node"] for n in nodes][:2] == ["node-2", "node-5"]
     assert nodes[0]["drift"]["verdict"] == "slower" and nodes[0]["drift"]["interleaved"] is False
     assert nodes[0]["drift"]["ratio"] == pytest.approx(w.node("node-2").drift.ratio)
@@ -205,14 +213,17 @@ def test_fleet_history_of_a_store_without_fleet_runs(tmp_path):
 
 def test_drift_labels_in_a_dry_run(fleet_store):
     path, _ = fleet_store
-    w = read(path).workloads[0]
+    w = read(path).workload("spin")
     planned = {c.node: c for c in labels.plan_drift(w.nodes, workload="spin")}
     assert set(planned) == {"node-1", "node-2", "node-3", "node-4"}  # node-5 was not measured in the latest run
     assert planned["node-2"].labels == {labels.DRIFT: "slower", labels.DRIFT_RATIO: f"{w.node('node-2').drift.ratio:.3f}"}
     details = json.loads(planned["node-2"].annotations[labels.DRIFT_DETAILS])
     assert details["since"]["run"] == w.node("node-2").change.run_id and details["interleaved"] is False
     assert all(planned[n].labels[labels.DRIFT] in ("ok", "inconclusive") for n in STABLE)
-    r = gpuvs("fleet", "history", "--store", str(path), "--label", "--dry-run", "--kubeconfig", "/no/such/kubeconfig")
+    r = gpuvs("fleet", "history", "--store", str(path), "--label", "--dry-run")
+    assert r.returncode == 2 and "--label writes one workload's drift: give --workload (stored: membw, spin)" in r.stderr
+    r = gpuvs("fleet", "history", "--store", str(path), "--label", "--dry-run", "--workload", "spin",
+              "--kubeconfig", "/no/such/kubeconfig")
     assert r.returncode == 0, r.stderr
     assert (f"label node-2: {{'gpuvs.io/drift': 'slower', 'gpuvs.io/drift-ratio': "
             f"'{w.node('node-2').drift.ratio:.3f}'}} (dry run: not written)") in r.stdout
@@ -227,7 +238,7 @@ def test_status_page_in_chromium(fleet_store, tmp_path):
     from report_browser import chromium_dom, chromium_screenshot, pixels_of
 
     path, ids = fleet_store
-    w = read(path).workloads[0]
+    w = read(path).workload("spin")
     change = w.node("node-2").change
     page_file = tmp_path / "status.html"
     r = gpuvs("report", "status", "--store", str(path), "-o", str(page_file))
@@ -238,8 +249,10 @@ def test_status_page_in_chromium(fleet_store, tmp_path):
     for bad in ('src="http', "src='http", 'href="http', "href='http", "<script", "<link", "@import", "url("):
         assert bad not in page.lower()  # nothing is fetched: inline CSS and SVG only
 
-    dom = chromium_dom(page_file, tmp_path)
-    assert "<script" not in dom and "http://" not in dom.replace("http://www.w3.org", "")
+    whole = chromium_dom(page_file, tmp_path)
+    assert "<script" not in whole and "http://" not in whole.replace("http://www.w3.org", "")
+    assert whole.index('id="workload-spin"') < whole.index('id="workload-membw"') < whole.index('id="validate"')
+    dom = whole[:whole.index('id="workload-membw"')]  # the attention box and the spin workload's part
     cards = [dom.index(f'class="card{" concern" if n in ("node-2", "node-5") else ""}" data-node="{n}"')
              for n in ("node-2", "node-5", "node-1", "node-3", "node-4")]
     assert cards[0] < cards[1] < min(cards[2:])  # the drifting node first, marked
@@ -254,9 +267,9 @@ def test_status_page_in_chromium(fleet_store, tmp_path):
         card = dom[dom.index(f'data-node="{n}"', min(cards[2:]) - 100):]
         card = card[:card.index("</svg>")]
         assert 'class="change-point"' not in card and card.count('<g class="run">') == 10
-    assert dom.count('class="failed-run"') == 1  # node-5 failed in the last run
-    assert 'id="validate"' in dom and "FAILED: 1 passed, 1 failed, 0 not run" in dom
-    assert "no /dev/nvidia* in the pod on node-5" in dom
+    assert whole.count('class="failed-run"') == 1  # node-5 failed in the last run
+    assert whole.count('class="card concern"') == 2  # membw's nodes are fine
+    assert "FAILED: 1 passed, 1 failed, 0 not run" in whole and "no /dev/nvidia* in the pod on node-5" in whole
 
     png = chromium_screenshot(page_file, tmp_path, size="1366,2200")
     keep = os.environ.get("GPUVS_SCREENSHOTS")
@@ -264,6 +277,18 @@ def test_status_page_in_chromium(fleet_store, tmp_path):
         shutil.copy(png, Path(keep) / "status-page.png")
     assert pixels_of(png, (192, 57, 43), tolerance=10) > 2000  # the slow and drifting node's red marks stand out
     assert pixels_of(png, (227, 244, 232), tolerance=3) > 20000  # every chart's fleet band is drawn
+
+
+def test_status_page_of_a_store_without_runs(tmp_path):
+    """The agent serves the page before its first run: it says so, and is still a page."""
+    with Store(tmp_path / "empty.db") as st:
+        page = render_status_page(st, now=0)
+    assert "No stored gpuvs fleet run." in page and "No stored gpuvs validate run." in page
+    assert page.startswith("<!DOCTYPE html>") and "generated 1970-01-01 00:00 UTC" in page and "<svg" not in page
+    r = gpuvs("report", "status", "--store", str(tmp_path / "empty.db"))
+    assert r.returncode == 0 and "No stored gpuvs fleet run." in r.stdout
+    r = gpuvs("report", "status", "--store", str(tmp_path / "none.db"))
+    assert (r.returncode, r.stdout) == (2, "") and "no store at" in r.stderr and r.stderr.count("\n") == 1
 
 
 # -- drift labels on the real test cluster -------------------------------------------------------------------
@@ -291,7 +316,7 @@ def test_drift_labels_are_written_on_the_test_clusters_nodes_and_read_back(clust
 
     path = tmp_path / "cluster-fleet.db"
     sliding_fleet(path, runs=10, slide_from=SLIDE_FROM, slide=0.04, names=nodes)
-    w = read(path).workloads[0]
+    w = read(path).workload("spin")
     assert w.nodes[0].node == nodes[1] and w.nodes[0].drift.verdict == "slower"
     clear()
     try:

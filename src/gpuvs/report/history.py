@@ -148,8 +148,10 @@ def summary(w: WorkloadStanding) -> str:
 
 
 def filtered(h: FleetHistory, node: str | None) -> list[tuple[WorkloadStanding, list[NodeStanding]]]:
-    return [(w, [n for n in w.nodes if node is None or n.node == node]) for w in h.workloads
-            if node is None or w.node(node) is not None]
+    """The workloads (those with a node to look at first, then by name) and their nodes (`node`: that one)."""
+    shown = [(w, [n for n in w.nodes if node is None or n.node == node]) for w in h.workloads
+             if node is None or w.node(node) is not None]
+    return sorted(shown, key=lambda wn: (not any(n.needs_look for n in wn[1]), wn[0].workload))
 
 
 def to_dict(h: FleetHistory, node: str | None = None) -> dict[str, Any]:
@@ -157,7 +159,8 @@ def to_dict(h: FleetHistory, node: str | None = None) -> dict[str, Any]:
     if node is not None:
         out["node"] = node
         out["workloads"] = [{**w.to_dict(), "nodes": [n.to_dict() for n in ns]} for w, ns in filtered(h, node)]
-    for wd, (w, _) in zip(out["workloads"], filtered(h, node)):
+    for wd in out["workloads"]:
+        w = h.workload(wd["workload"])
         wd["summary"] = summary(w)
         for nd in wd["nodes"]:
             n = w.node(nd["node"])

@@ -91,7 +91,7 @@ def chart(w: WorkloadStanding, n: NodeStanding) -> dict[str, Any]:
     step = max(1, math.ceil(len(runs) / 7))
     xticks = [{"x": x(i), "label": time.strftime("%m-%d", time.gmtime(w.runs[i].time))}
               for i in range(0, len(runs), step)]
-    yticks = [{"y": y(v), "label": tick_label(v)} for v in nice_ticks(y0, y1, 4) if y0 <= v <= y1]
+    yticks = [{"y": y(v), "label": tick_label(v)} for v in nice_ticks(y0, y1, 6) if y0 <= v <= y1]
     return {"width": CHART_W, "height": CHART_H, "left": LEFT, "right": CHART_W - RIGHT, "top": TOP,
             "bottom": CHART_H - BOTTOM, "band_top": y(1 + margin), "band_bottom": y(1 - margin), "one": y(1.0),
             "points": points, "failed": failed, "changes": changes, "levels": levels, "xticks": xticks,
@@ -146,7 +146,7 @@ def _page(h: FleetHistory, *, title: str, node: str | None, validate: list[dict[
           now: float | None) -> str:
     from gpuvs.report.html import environment
 
-    workloads = [workload_view(w, node) for w in h.workloads if node is None or w.node(node) is not None]
+    workloads = [workload_view(w, node) for w, _ in text.filtered(h, node)]
     return environment().get_template("status.html.j2").render(
         title=title, store=h.store, generated=text.when(time.time() if now is None else now), version=__version__,
         attention=[a for a in attention(h) if node is None or a["node"] == node], workloads=workloads,
