@@ -192,6 +192,7 @@ def test_fleet_history_markdown_json_and_one_node(fleet_store):
     (["--window", "2"], "--window: "),
     (["--format", "pdf"], "--format: 'pdf' is not allowed"),
     (["--output", "/no/such/dir/h.md"], "folder /no/such/dir does not exist"),
+    (["--label", "--workload", "spin", "--kubeconfig", "/no/such/kubeconfig"], "/no/such/kubeconfig"),
 ])
 def test_fleet_history_bad_input_is_one_line_and_exit_2(fleet_store, args, message):
     path, _ = fleet_store

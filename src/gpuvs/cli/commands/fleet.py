@@ -195,10 +195,10 @@ def history(args: Args) -> None:
         found = stored.read(st, workload=o["workload"], window=o["window"], margin=o["margin"],
                             confidence=o["confidence"])
         if not found.workloads:
-            every = stored.read(st, window=o["window"]) if o["workload"] else found
-            if o["workload"] and every.workloads:
+            every = sorted({res.workload for _, res in stored.fleet_runs(st)[0]})
+            if every:
                 raise UsageError(f"--workload {o['workload']}: no stored fleet run of it in {o['store']} (workloads: "
-                                 f"{', '.join(w.workload for w in every.workloads)})")
+                                 f"{', '.join(every)})")
             raise UsageError(f"no stored gpuvs fleet run in {o['store']} (run gpuvs fleet WORKLOAD --store "
                              f"{o['store']} first)")
     if node is not None and node not in found.nodes():
@@ -207,6 +207,11 @@ def history(args: Args) -> None:
     if o["label"] and len(found.workloads) > 1:
         raise UsageError("--label writes one workload's drift: give --workload (stored: "
                          f"{', '.join(w.workload for w in found.workloads)})")
+    core = None
+    if o["label"] and not o["dry_run"]:  # a cluster that cannot be reached says so before anything is shown
+        from gpuvs.kube import client
+
+        core = client.connect(o["kubeconfig"], o["context"]).core
     console = Console(markup=False, highlight=False, stderr=o["format"] != "term" and not o["output"])
     if o["format"] == "html":
         from gpuvs.report import status
@@ -225,13 +230,10 @@ def history(args: Args) -> None:
     if o["label"]:
         w = found.workloads[0]
         changes = labels.plan_drift([n for n in w.nodes if node is None or n.node == node], workload=w.workload)
-        if o["dry_run"]:
+        if core is None:
             outcome = [(c.node, "dry run: not written") for c in changes]
         else:
-            from gpuvs.kube import client
-
-            cluster = client.connect(o["kubeconfig"], o["context"])
-            outcome = [(n, err or "written") for n, err in labels.apply(cluster.core, changes)]
+            outcome = [(n, err or "written") for n, err in labels.apply(core, changes)]
         status = dict(outcome)
         for c in changes:
             console.print(f"label {c.node}: {c.labels} ({status[c.node]})")
