@@ -21,9 +21,9 @@ from gpuvs.report.tables import Table, interval
 
 
 
-def when(t: float | None) -> str:
+def when(t: float | None, zone: bool = True) -> str:
     """A stored run's time, in UTC (the same on every machine that reads the store)."""
-    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M" + (" UTC" if zone else ""), time.gmtime(t))
 
 
 def pct(ratio: float) -> str:
@@ -117,14 +117,14 @@ def runs_table(w: WorkloadStanding, n: NodeStanding) -> Table:
         figure = fmt(r.mean if r.mean is not None else (p.figure if p else None))
         low, high = run_interval(r, p)
         speed = r.speed if r.speed is not None else (p.speed if p else None)
-        rows.append([r.run_id, when(r.time), f"{figure} {w.unit}" if figure != "-" else "-",
+        rows.append([r.run_id, when(r.time, zone=False), f"{figure} {w.unit}" if figure != "-" else "-",
                      "-" if speed is None else f"{speed:.3f}×", interval(low, high), r.verdict,
                      str(r.n_ok), ("change point: first run at the new level" if r.run_id in cuts else "")
                      + (r.reason if r.verdict in ("failed", "excluded") else "")])
         if r.run_id in cuts or r.verdict in ("slower", "failed"):
             marked.add(i)
     return Table(f"runs-{w.workload}-{n.node}", f"{n.node} ({w.workload}): each run",
-                 ["run", "date", "figure", "speed vs fleet", "interval", "fleet verdict", "trials ok", "notes"],
+                 ["run", "date (UTC)", "figure", "speed vs fleet", "interval", "fleet verdict", "trials ok", "notes"],
                  rows, note="speed vs fleet: the node's figure over the fleet band's in that run, with the interval "
                  "that run reported (simultaneous over its nodes)", right={2, 3, 4, 6},
                  marked=marked)
@@ -189,9 +189,9 @@ def terminal(console: Any, h: FleetHistory, node: str | None = None) -> None:
 
     for w, ns in filtered(h, node):
         console.print(summary(w), style="bold")
-        console.print(rich_table(nodes_table(w, node)))
+        console.print(rich_table(nodes_table(w, node), no_wrap={0}, fold=True))
         for n in ns:
-            console.print(rich_table(runs_table(w, n)))
+            console.print(rich_table(runs_table(w, n), no_wrap={0}, fold=True))
     for run_id, why in h.skipped:
         console.print(f"run {run_id} left out: {why}", style="yellow")
 
