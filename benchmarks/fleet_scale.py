@@ -447,10 +447,15 @@ def main() -> int:
     command = "python benchmarks/fleet_scale.py " + " ".join(sys.argv[1:])
     runs: list[Run] = []
     longer: Run | None = None
+    up_failed = False
     try:
         log(f"up: {size} nodes in {state}")
         t0 = time.monotonic()
-        cluster(["up", "--nodes", str(size), "--gpus", "1"], env)
+        try:
+            cluster(["up", "--nodes", str(size), "--gpus", "1"], env)
+        except RuntimeError:  # test-cluster stopped what it had started (or started nothing: a cluster already there)
+            up_failed = True
+            raise
         log(f"cluster up in {time.monotonic() - t0:.0f} s")
         if not (state / "logs" / "audit.log").exists():
             raise RuntimeError(f"no audit log in {state / 'logs'}: the cluster was already up without one "
@@ -470,17 +475,18 @@ def main() -> int:
         log("interrupted: bringing the cluster down")
         return_code = 130
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-        log(f"failed: {exc}; bringing the cluster down")
+        log(f"failed: {exc}" + ("" if up_failed or args.keep else "; bringing the cluster down"))
         return_code = 1
     else:
         return_code = 0
     finally:
-        if not args.keep:
+        if not args.keep and not up_failed:
             try:
                 cluster(["down"], {**env, "GPUVS_CLUSTER_AUDIT_POLICY": ""}, timeout=300)
             except Exception as exc:  # noqa: BLE001
                 log(f"down failed: {exc}")
                 return_code = 1
+        if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     if runs:
         md = table(runs, args, command, longer)

@@ -14,18 +14,20 @@ a pod's log as text), the Kubernetes components protobuf. benchmarks/fleet_scale
 from __future__ import annotations
 
 import collections
+import os
 import re
 import sqlite3
+import subprocess
+import sys
 import time
 
 import pytest
 from cluster import cluster  # noqa: F401  (the session fixture)
 
-from conftest import missing_part, run_cli
+from conftest import ROOT, missing_part, run_cli
 
 IMAGE = "localhost/gpuvs-python:test"
 SPIN = ["--device", "cpu", "--steps", "3", "--ops", "200000", "--warmup-steps", "1"]
-pytestmark = pytest.mark.cluster
 LINE = re.compile(r'^apiserver_request_total\{(.*)\} (\S+)$')
 OURS = ("application/json", "text/plain")  # the Python client's responses; the components ask for protobuf
 # the design's bound (src/gpuvs/kube/podrun.py): a trial creates, watches, follows the log of, reads back and
@@ -56,6 +58,7 @@ def requests(api) -> collections.Counter:
     return out
 
 
+@pytest.mark.cluster
 def test_a_fleet_run_makes_one_package_configmap_and_a_bounded_number_of_requests_per_trial(cluster, tmp_path):  # noqa: F811
     if len(cluster.nodes) < 3:
         missing_part(f"the fleet tests need the test cluster with 3 nodes; the running one has {len(cluster.nodes)}")
@@ -93,3 +96,19 @@ def test_a_fleet_run_makes_one_package_configmap_and_a_bounded_number_of_request
     assert total <= bound, (total, bound, sorted(delta.items()))
     # and the bound is not empty: the per-second part is what the trials' lives made
     assert n("GET", "nodes") >= 1 and n("WATCH", "pods") >= trials, delta
+
+
+@pytest.mark.parametrize(("env", "args", "said"), [
+    ({"GPUVS_CLUSTER_DIR": "/tmp/gpuvs-cluster"}, [], "not the shared test cluster's"),
+    ({"GPUVS_CLUSTER_PORT_OFFSET": "0"}, [], "not the shared test cluster's"),
+    ({}, ["--sizes", "4,x"], "--sizes '4,x'"),
+    ({}, ["--trials", "3"], "--trials 4 or more"),
+])
+def test_the_scale_benchmark_refuses_the_shared_cluster_and_bad_input_before_anything_starts(env, args, said):
+    """It brings its cluster up and down: it must never be pointed at the shared test cluster."""
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fleet_scale.py"), *args], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, **env})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stdout == "" and time.monotonic() - t0 < 30
