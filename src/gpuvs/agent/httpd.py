@@ -18,13 +18,25 @@ import json
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from gpuvs.agent import metrics
+from gpuvs.agent.ledger import RunRecord
+from gpuvs.agent.state import State
 
-if TYPE_CHECKING:
-    from gpuvs.agent.service import Agent
+
+class Agent(Protocol):
+    """What the routes ask of the agent (service.Agent; the server never imports it)."""
+
+    state: State
+    registry: Any
+    started: threading.Event
+
+    def alive(self) -> bool: ...
+    def runs(self, limit: int = 50) -> list[RunRecord]: ...
+    def run(self, run_id: str) -> RunRecord | None: ...
+    def request_run(self, trigger: str) -> tuple[RunRecord, bool]: ...
 
 
 @dataclass
