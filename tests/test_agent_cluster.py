@@ -73,7 +73,7 @@ def runs(port: int) -> list[dict]:
     return json.loads(body) if code == 200 else []
 
 
-def testing_labels(core) -> list[str]:
+def labelled_testing(core) -> list[str]:
     return [n.metadata.name for n in core.list_node(label_selector="gpuvs.io/testing").items]
 
 
@@ -146,6 +146,7 @@ def promql(port: int, query: str) -> list[dict]:
     return data["data"]["result"] if data.get("status") == "success" else []
 
 
+@pytest.mark.timeout(1200)  # a cold image build (new dependencies) takes minutes before the test itself
 def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_leaves_nothing(image, cluster):  # noqa: F811
     from kubernetes.client.exceptions import ApiException
 
@@ -212,7 +213,7 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
         assert labels["gpuvs.io/perf"] == "slow" and float(labels["gpuvs.io/perf-ratio"]) < 1, labels
         assert core.read_node(home).metadata.labels["gpuvs.io/perf"] == "ok"
         assert "gpuvs.io/perf" not in (core.read_node(busy).metadata.labels or {})  # skipped: not labelled
-        assert testing_labels(core) == [] and gpuvs_pods(core) == []
+        assert labelled_testing(core) == [] and gpuvs_pods(core) == []
         cluster.script("slow", slow, "0")
         # a real Prometheus scraping the agent
         prom, prom_port = prometheus(tmp, f"127.0.0.1:{port}")
@@ -228,7 +229,7 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
         assert code == 202, body
         second = json.loads(body)["id"]
         assert http(port, "/runs", "POST")[0] == 409  # one run at a time
-        wait_for(lambda: testing_labels(core) and gpuvs_pods(core), 120, "the second run testing nodes with pods")
+        wait_for(lambda: labelled_testing(core) and gpuvs_pods(core), 120, "the second run testing nodes with pods")
         pod = core.list_namespaced_pod(NS, label_selector=AGENT).items[0].metadata.name
         core.delete_namespaced_pod(pod, NS)
 
@@ -238,7 +239,7 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
 
         cut = wait_for(back, 180, "the agent back, with the second run ended", step=1)
         assert cut["status"] == "interrupted", cut
-        assert testing_labels(core) == [] and gpuvs_pods(core) == []
+        assert labelled_testing(core) == [] and gpuvs_pods(core) == []
         new = [p.metadata.name for p in core.list_namespaced_pod(NS, label_selector=AGENT).items]
         assert pod not in new and len(new) == 1
         print(f"run {second} interrupted and cleaned up; {time.monotonic() - t0:.0f} s in all")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,19 @@ class Ledger:
     def open(self) -> list[RunRecord]:
         """Open (or create) the table; the runs left `running` or `queued` by an agent that did not end them are
         marked interrupted. Those runs."""
+        with self._lock:  # a real write, so that a read-only or full volume says so now, not at the first run
+            try:
+                db = self._conn()
+                db.execute("CREATE TABLE IF NOT EXISTS agent_probe (at REAL)")
+                db.execute("INSERT INTO agent_probe VALUES (?)", (time.time(),))
+                db.execute("DELETE FROM agent_probe")
+                db.commit()
+            except sqlite3.Error as exc:
+                try:
+                    self._db and self._db.rollback()
+                except sqlite3.Error:
+                    pass
+                raise LedgerError(f"the store {self.path} cannot be written: {exc}") from None
         cut = []
         for r in self.runs(limit=1000):
             if r.status in ("running", "queued"):
@@ -106,11 +120,27 @@ class Ledger:
                     pass
                 raise LedgerError(f"the store {self.path} cannot be written: {exc}") from None
 
+    def _reader(self) -> sqlite3.Connection:
+        """The connection to read with: the usual one, else (a store on a read-only or full volume) a read-only
+        one, so that the runs already kept are still shown."""
+        try:
+            return self._conn()
+        except LedgerError:
+            if not self.path.exists():
+                raise
+            try:
+                db = sqlite3.connect(f"file:{self.path.resolve()}?mode=ro&immutable=1", uri=True,
+                                     check_same_thread=False)
+                db.execute("SELECT COUNT(*) FROM agent_runs").fetchone()
+                return db
+            except sqlite3.Error as exc:
+                raise LedgerError(f"the store {self.path} cannot be read: {exc}") from None
+
     def runs(self, limit: int = 50) -> list[RunRecord]:
         """The latest runs first."""
         with self._lock:
             try:
-                rows = self._conn().execute("SELECT record FROM agent_runs ORDER BY queued_at DESC LIMIT ?",
+                rows = self._reader().execute("SELECT record FROM agent_runs ORDER BY queued_at DESC LIMIT ?",
                                             (limit,)).fetchall()
             except sqlite3.Error as exc:
                 raise LedgerError(f"the store {self.path} cannot be read: {exc}") from None
@@ -119,7 +149,7 @@ class Ledger:
     def get(self, run_id: str) -> RunRecord | None:
         with self._lock:
             try:
-                row = self._conn().execute("SELECT record FROM agent_runs WHERE id = ?", (run_id,)).fetchone()
+                row = self._reader().execute("SELECT record FROM agent_runs WHERE id = ?", (run_id,)).fetchone()
             except sqlite3.Error as exc:
                 raise LedgerError(f"the store {self.path} cannot be read: {exc}") from None
         return RunRecord.from_dict(json.loads(row[0])) if row else None

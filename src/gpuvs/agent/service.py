@@ -85,11 +85,13 @@ class Agent:
         try:
             for r in self.ledger.open():
                 log(f"run {r.id} was cut short by the agent's end: marked interrupted")
-            past = list(reversed(self.ledger.runs(200)))
             self.state.store_worked()
         except LedgerError as exc:
             log(f"ERROR {exc}; the agent runs on and keeps its results in memory (see /metrics: gpuvs_store_ok)")
             self.state.store_failed(str(exc))
+        try:
+            past = list(reversed(self.ledger.runs(200)))  # read-only where it cannot be written: nothing is lost
+        except LedgerError:
             return
         try:
             with Store(self.config.store) as st:
