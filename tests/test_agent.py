@@ -281,7 +281,7 @@ def test_a_store_on_a_read_only_or_full_volume_is_a_clear_error_not_a_crash_loop
         code, body = get(agent.port, "/readyz")
         ready = json.loads(body)
         assert code == 200 and ready["store_ok"] is False and "cannot be written" in ready["store_error"]
-        why = "readonly" if fault == "read-only" else "full"
+        why = "mounted read-only" if fault == "read-only" else "full"
         assert why in ready["store_error"], ready
         errors = [x for x in agent.log.read_text().splitlines() if "ERROR" in x]
         assert errors and f"the store {vol / 'gpuvs.db'} cannot be written" in errors[0], errors

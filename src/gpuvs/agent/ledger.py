@@ -6,6 +6,7 @@ raises LedgerError with one line; the agent keeps running and says so in its log
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -21,6 +22,19 @@ STATUSES = ("queued", "running", "ok", "failed", "interrupted")
 
 class LedgerError(Exception):
     """The store cannot be opened or written: one line, with the path."""
+
+
+def volume(path: Path) -> str:
+    """What is wrong with the store's volume, if it is plain: read-only, or no space left."""
+    try:
+        st = os.statvfs(path.parent if not path.is_dir() else path)
+    except OSError:
+        return ""
+    if st.f_flag & os.ST_RDONLY:
+        return " (its volume is mounted read-only)"
+    if st.f_bavail == 0:
+        return " (its volume is full: no space left)"
+    return ""
 
 
 @dataclass
@@ -77,7 +91,7 @@ class Ledger:
                 db.execute(SCHEMA)
                 db.commit()
             except sqlite3.Error as exc:
-                raise LedgerError(f"the store {self.path} cannot be used: {exc}") from None
+                raise LedgerError(f"the store {self.path} cannot be written: {exc}{volume(self.path)}") from None
             self._db = db
         return self._db
 
@@ -96,7 +110,7 @@ class Ledger:
                     self._db and self._db.rollback()
                 except sqlite3.Error:
                     pass
-                raise LedgerError(f"the store {self.path} cannot be written: {exc}") from None
+                raise LedgerError(f"the store {self.path} cannot be written: {exc}{volume(self.path)}") from None
         cut = []
         for r in self.runs(limit=1000):
             if r.status in ("running", "queued"):

@@ -94,7 +94,11 @@ class Agent:
         except LedgerError:
             return
         try:
-            with Store(self.config.store) as st:
+            try:
+                st = Store(self.config.store)
+            except GpuvsError:  # a full or read-only volume: what it holds is still read
+                st = Store(self.config.store, readonly=True)
+            with st:
                 for r in past:
                     at = r.finished_at or r.queued_at
                     for f in r.fleets:
