@@ -258,3 +258,70 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
             raise AssertionError("pod busy left behind")
         except ApiException as exc:
             assert exc.status == 404
+
+
+def test_a_trial_preempted_by_a_real_job_is_a_failed_trial_with_that_reason(cluster, tmp_path):  # noqa: F811
+    """The pod environment at a PriorityClass like gpuvs-trial (below 0, preempting nobody): a trial holding a node's
+    GPUs, then a pod of the default priority asking for them. The scheduler preempts the trial; the trial fails
+    with kind `preempted` and the scheduler's message naming the job, what it measured before is kept, and no pod
+    of it is left."""
+    import threading
+
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from gpuvs import environments
+    from gpuvs.kube import package
+    from gpuvs.runner import Runner
+    from gpuvs.spec import EnvSpec, RunSpec
+    from gpuvs.store import Store
+
+    cluster.wait_ready()
+    core = cluster.core()
+    sched = client.SchedulingV1Api(core.api_client)
+    pc, node, job = "gpuvs-test-preemptible", cluster.nodes[-1], "gpuvs-test-real-job"
+    sched.create_priority_class({"metadata": {"name": pc}, "value": -100, "preemptionPolicy": "Never",
+                                 "description": "gpuvs's preemption test"})
+    got = {}
+    try:
+        spec = RunSpec(workload="selftest", device="cuda", num_gpus=cluster.gpus, timeout_s=300,
+                       params={"steps": 2000, "step_seconds": 0.1},
+                       env=EnvSpec("pod", {"image": BUSY_IMAGE, "image_pull_policy": "Never", "namespace": "default",
+                                           "kubeconfig": str(cluster.kubeconfig), "node": node,
+                                           "priority_class": pc}))
+        environments.get(spec.env).check(spec)
+
+        def trial():
+            with Store(tmp_path / "gpuvs.db") as st:
+                got["result"] = Runner(st).run_trial(spec)
+
+        t = threading.Thread(target=trial)
+        t.start()
+        wait_for(lambda: [p for p in core.list_namespaced_pod("default", label_selector=f"gpuvs.run_id={spec.run_id}")
+                          .items if p.status.phase == "Running"], 120, "the trial running")
+        time.sleep(2)  # a few steps measured
+        core.create_namespaced_pod("default", {
+            "metadata": {"name": job}, "spec": {
+                "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [{"name": "c", "image": BUSY_IMAGE, "imagePullPolicy": "Never",
+                                "command": ["sh", "-c", "sleep 300"],
+                                "resources": {"limits": {"nvidia.com/gpu": str(cluster.gpus)}}}]}})
+        t.join(180)
+        assert not t.is_alive(), "the trial did not end after its pod was preempted"
+        r = got["result"]
+        assert r.status == "failed" and r.error_kind == "preempted", (r.status, r.error_kind, r.error)
+        assert "preempted by the scheduler" in r.error and job in r.error, r.error
+        assert r.samples  # what it measured before is kept
+        wait_for(lambda: core.read_namespaced_pod(job, "default").status.phase == "Running", 60, "the job running")
+        assert core.list_namespaced_pod("default", label_selector=f"gpuvs.run_id={spec.run_id}").items == []
+    finally:
+        package.release()
+        for call in (lambda: core.delete_namespaced_pod(job, "default", grace_period_seconds=0),
+                     lambda: sched.delete_priority_class(pc)):
+            try:
+                call()
+            except ApiException as exc:
+                assert exc.status == 404
+        wait_for(lambda: not core.list_namespaced_pod("default", field_selector=f"metadata.name={job}").items, 60,
+                 "the job gone")
