@@ -168,6 +168,10 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
                     *[f"--agent-arg={a}" for a in args], timeout=120)
         assert r.returncode == 0, r.stderr
         assert "Deployment/gpuvs-agent created" in r.stdout and "PriorityClass/gpuvs-trial created" in r.stdout
+        again = run_cli("deploy", "--image", image, "--kubeconfig", cluster.kubeconfig,
+                        *[f"--agent-arg={a}" for a in args], timeout=120)  # applied again: each one patched
+        assert again.returncode == 0 and again.stdout.count(" configured") == r.stdout.count(" created") == 10, \
+            again.stdout + again.stderr
         # the test cluster's overlay: the host's network, and the API server where it listens
         from kubernetes import client
 

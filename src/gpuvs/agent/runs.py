@@ -130,7 +130,7 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
             cluster = client.connect(c.kubeconfig, c.context, c.namespace)
             found = fleet_kube.nodes(cluster)
         except GpuvsError as exc:
-            client._CACHE.clear()  # the next try connects afresh
+            client.forget()  # the next try connects afresh
             state.api(False, str(exc))
             state.not_renewed()
             run.status, run.reason = "failed", f"the cluster could not be reached: {exc}"

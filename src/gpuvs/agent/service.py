@@ -155,7 +155,7 @@ class Agent:
             cluster = client.connect(c.kubeconfig, c.context, c.namespace)
             nodes, pods = idle.sweep(cluster)
         except Exception as exc:
-            client._CACHE.clear()
+            client.forget()
             self.state.api(False, str(exc))
             log(f"the cluster could not be reached for the start-up clean-up (tried again before the next run): {exc}")
             return
