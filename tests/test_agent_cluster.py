@@ -162,7 +162,7 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
     prom = None
     t0 = time.monotonic()
     try:
-        args = ["--every", "1h", "--first-after", "3s", "--workload", SPIN, "--margin", "0.3", "--trials", "4",
+        args = ["--every", "1h", "--first-after", "10s", "--workload", SPIN, "--margin", "0.3", "--trials", "4",
                 "--max-trials", "8", "--parallel", "2", "--hold-timeout", "15", "--listen", f":{port}"]
         r = run_cli("deploy", "--image", image, "--kubeconfig", cluster.kubeconfig,
                     *[f"--agent-arg={a}" for a in args], timeout=120)
@@ -237,13 +237,23 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
         pod = core.list_namespaced_pod(NS, label_selector=AGENT).items[0].metadata.name
         core.delete_namespaced_pod(pod, NS)
 
+        def old_gone():
+            try:
+                core.read_namespaced_pod(pod, NS)
+                return False
+            except ApiException as exc:
+                return exc.status == 404
+
+        # the old agent cleaned up before it went (the ReplicaSet's next agent starts no run for 10 s)
+        wait_for(old_gone, 90, "the deleted agent's pod gone", step=0.2)
+        assert labelled_testing(core) == [] and gpuvs_pods(core) == []
+
         def back():
             found = [x for x in runs(port) if x["id"] == second]
             return found[0] if found and found[0]["status"] not in ("queued", "running") else None
 
         cut = wait_for(back, 180, "the agent back, with the second run ended", step=1)
         assert cut["status"] == "interrupted", cut
-        assert labelled_testing(core) == [] and gpuvs_pods(core) == []
         new = [p.metadata.name for p in core.list_namespaced_pod(NS, label_selector=AGENT).items]
         assert pod not in new and len(new) == 1
         print(f"run {second} interrupted and cleaned up; {time.monotonic() - t0:.0f} s in all")

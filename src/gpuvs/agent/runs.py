@@ -202,8 +202,8 @@ def _validate(ctx: Context, run: RunRecord, namespace: str, image: str, node: st
             c.gpu_resource, "--priority-class", c.priority_class, "--store", c.store, "--name",
             f"agent {run.id} validate", *_cluster_args(c, namespace)]
     code, out, err = _gpuvs(ctx, argv, c.run_timeout_s)
-    m = re.search(r"experiment (\S+)\s*$", err.split("\n", 1)[0] if err.startswith("gpuvs validate:") else
-                  next((x for x in err.splitlines() if x.startswith("gpuvs validate:")), ""))
+    first = next((x for x in err.splitlines() if x.startswith("gpuvs validate:")), "")  # "... experiment ID"
+    m = re.search(r"experiment (\S+)\s*$", first)
     run.validate = m.group(1) if m else None
     if run.validate:
         from gpuvs.store import Store
