@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -339,3 +340,128 @@ def test_a_trial_preempted_by_a_real_job_is_a_failed_trial_with_that_reason(clus
                 assert exc.status == 404
         wait_for(lambda: not core.list_namespaced_pod("default", field_selector=f"metadata.name={job}").items, 60,
                  "the job gone")
+
+
+class Forwarder:
+    """A TCP forwarder on 127.0.0.1 to the API server: started late, it makes the API server unreachable for a
+    while and then reachable again (the agent's kubeconfig names the forwarder)."""
+
+    def __init__(self, port: int, target: tuple[str, int]):
+        self.port, self.target = port, target
+        self.sock: socket.socket | None = None
+        self.conns: list[socket.socket] = []
+
+    def start(self) -> None:
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", self.port))
+        self.sock.listen(64)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                a, _ = self.sock.accept()
+            except OSError:
+                return
+            b = socket.create_connection(self.target)
+            self.conns += [a, b]
+            for src, dst in ((a, b), (b, a)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def test_the_api_server_away_for_a_while_then_back_the_agent_backs_off_and_recovers(cluster, tmp_path):  # noqa: F811
+    """The agent run by hand (outside the cluster) against the real API server behind a forwarder that is not there
+    at first: runs fail with growing back-off, /metrics says the API is unreachable; once the forwarder is up the
+    next try reaches the cluster, the fleet runs on every node, its figures are fresh, the failed runs are kept."""
+    import yaml
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from urllib.parse import urlsplit
+
+    cluster.wait_ready()
+    core = cluster.core()
+    sched = client.SchedulingV1Api(core.api_client)
+    kc = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    api = urlsplit(kc["clusters"][0]["cluster"]["server"])
+    fwd = Forwarder(free_port(), (api.hostname, api.port))
+    kc["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{fwd.port}"  # the certificate names 127.0.0.1
+    proxied = tmp_path / "kubeconfig"
+    proxied.write_text(yaml.safe_dump(kc))
+    try:
+        sched.create_priority_class({"metadata": {"name": "gpuvs-trial"}, "value": -100, "preemptionPolicy": "Never",
+                                     "description": "gpuvs's agent test"})
+    except ApiException as exc:
+        assert exc.status == 409
+    port = free_port()
+    from conftest import gpuvs_env
+
+    log = tmp_path / "agent.log"
+    agent = subprocess.Popen([sys.executable, "-m", "gpuvs", "agent", "--kubeconfig", str(proxied), "--namespace",
+                              "default", "--image", BUSY_IMAGE, "--image-pull-policy", "Never", "--validate", "false",
+                              "--workload", "spin:steps=3,ops=300000,warmup-steps=1", "--trials", "4",
+                              "--max-trials", "4", "--parallel", "3", "--every", "1h", "--first-after", "0",
+                              "--store", str(tmp_path / "gpuvs.db"), "--listen", f"127.0.0.1:{port}"],
+                             stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=gpuvs_env(), cwd=tmp_path)
+    try:
+        failed = wait_for(lambda: [r for r in runs(port) if r["status"] == "failed"][1:], 60, "two failed runs")
+        assert all("could not be reached" in r["reason"] for r in failed)
+        from prometheus_client.parser import text_string_to_metric_families
+
+        def metric(name: str, **labels) -> float | None:
+            text = http(port, "/metrics")[1].decode()
+            return next((s.value for f in text_string_to_metric_families(text) for s in f.samples
+                         if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())), None)
+
+        assert metric("gpuvs_api_reachable") == 0
+        fwd.start()  # the API server is back
+        ok = wait_for(lambda: next((r for r in runs(port) if r["status"] == "ok"), None), 180, "a run that reached it",
+                      step=1)
+        assert ok["tested"] == sorted(cluster.nodes[:3]) and ok["fleets"][0]["experiment"], ok
+        assert metric("gpuvs_api_reachable") == 1
+        for node in cluster.nodes[:3]:
+            assert metric("gpuvs_node_perf_ratio", node=node) > 0
+            assert metric("gpuvs_node_perf_stale", node=node) == 0
+        assert metric("gpuvs_runs_total", status="failed", trigger="schedule") >= 2
+        waits = [int(x.split("next scheduled run in ")[1].split(" s")[0]) for x in log.read_text().splitlines()
+                 if "next scheduled run in" in x]
+        assert waits[0] <= 5 < waits[1] <= 10 and waits[-1] > 3000, waits  # backed off, then back to --every
+        assert labelled_testing(core) == []
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            assert agent.wait(60) == 0, log.read_text()[-2000:]
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+            fwd.stop()
+            clear_perf_labels(core, cluster.nodes)
+            try:
+                sched.delete_priority_class("gpuvs-trial")
+            except ApiException as exc:
+                assert exc.status == 404
+    assert [p.metadata.name for p in core.list_namespaced_pod("default", label_selector="gpuvs=1").items] == []
