@@ -23,8 +23,15 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gpuvs.errors import UsageError
-from gpuvs.records import (ExperimentListing, ExperimentMeta, ExperimentRecord, SampleRecord, TelemetryRecord,
-                           TrialRecord, json_value)
+from gpuvs.records import (
+    ExperimentListing,
+    ExperimentMeta,
+    ExperimentRecord,
+    SampleRecord,
+    TelemetryRecord,
+    TrialRecord,
+    json_value,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS experiments (

@@ -187,6 +187,12 @@ class Environment:
     explains: ClassVar[dict[str, tuple[str, ...]]] = {}
     # Where a trial's GPUs are looked for, in the note printed when none is found ("here").
     gpus_where: ClassVar[str] = "here"
+    # How trials can start here (launch.py): "exec" (a fresh worker per trial) always; "fork" (a fresh child
+    # of a zygote that paid the imports once) where the kind can hold a zygote (start_zygote), and whether
+    # --fresh auto picks it. `fork_refusal` says why a kind cannot (one line, for --fresh fork).
+    forks: ClassVar[bool] = False
+    forks_by_default: ClassVar[bool] = False
+    fork_refusal: ClassVar[str] = "it cannot hold a zygote"
 
     def __init__(self, options: dict | None = None):
         self.options = dict(options or {})
@@ -206,6 +212,12 @@ class Environment:
         """Refuse a spec this environment cannot run, before anything starts (raise GpuvsError)."""
 
     def launch(self, spec: RunSpec) -> WorkerStream:
+        raise NotImplementedError
+
+    def start_zygote(self, spec: RunSpec, args: list[str], folder: str) -> Launched:
+        """Start `python -m gpuvs.zygote ARGS` here, for the trials of specs like this one (forks): with the
+        environment a worker of this spec would get, and `folder` (where the zygote's control socket is)
+        reachable at the same path. Its clean-up is the returned process's kill()."""
         raise NotImplementedError
 
     def doctor(self, spec: RunSpec, report: "checkup.Report", timeout: float) -> dict[str, Any] | None:
