@@ -83,10 +83,8 @@ def _gpuvs(ctx: Context, argv: list[str], timeout_s: float) -> tuple[int, str, s
                 p.kill()
                 out, err = p.communicate()
             err += f"\ngpuvs agent: stopped after {timeout_s:g} s (--run-timeout)"
-        if p.returncode != 0 and p.returncode in (-signal.SIGTERM, 143) and ctx.stopping.is_set():
+        if p.returncode in (-signal.SIGTERM, 143) and ctx.stopping.is_set():
             raise Interrupted("the agent is stopping")
-        if p.returncode is None:
-            p.kill()
         return p.returncode, out, err
     finally:
         if p.poll() is None:  # an exception above (the agent stopping): the child cleans up, then goes

@@ -23,7 +23,8 @@ from gpuvs.agent.schedule import Schedule
 from gpuvs.agent.state import State
 from gpuvs.errors import GpuvsError, UsageError
 
-OWN_POD = "GPUVS_AGENT_POD"  # the agent's own pod's name (the Deployment sets it from the downward API)
+OWN_POD = "GPUVS_AGENT_POD"
+MEMORY_RUNS = 500  # the runs of this process kept in memory too (GET /runs while the store cannot be read)  # the agent's own pod's name (the Deployment sets it from the downward API)
 
 
 class Agent:
@@ -50,6 +51,8 @@ class Agent:
 
     def save(self, run: RunRecord) -> None:
         self.memory[run.id] = run
+        while len(self.memory) > MEMORY_RUNS:  # the oldest first (a dict keeps insertion order)
+            del self.memory[next(iter(self.memory))]
         try:
             self.ledger.save(run)
             self.state.store_worked()
