@@ -173,7 +173,7 @@ def facts(a) -> list[str]:
         out.append(f"- zygote: imports {z.get('import_s') or 0:.1f} s, threads after them {z.get('threads')}, CUDA "
                    f"{z.get('cuda')}" + (f", PROBLEM: {z['problem']}" if z.get("problem") else ""))
     for f in (a.failures if a else [])[:4]:
-        out.append(f"- FAILED trial {f['trial'] + 1} [{f['arm']}] {f['status']}: {f['error'][:300]}")
+        out.append(f"- FAILED trial {f.trial + 1} [{f.arm}] {f.status}: {f.error[:300]}")
     return out + [""] if out else out
 
 
