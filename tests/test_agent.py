@@ -421,7 +421,8 @@ def test_the_agent_serves_the_status_page_and_the_drift_of_its_store(tmp_path):
             assert m[("gpuvs_node_drift_ratio", key)] == pytest.approx(v.ratio, rel=1e-12)
             assert m[("gpuvs_node_drift_ratio_low", key)] == pytest.approx(v.ci_low, rel=1e-12)
             assert m[("gpuvs_node_drift_ratio_high", key)] == pytest.approx(v.ci_high, rel=1e-12)
-            assert m[("gpuvs_node_drift_verdict", (("node", n.node), ("verdict", v.verdict), ("workload", "spin")))] == 1
+            said = ("gpuvs_node_drift_verdict", (("node", n.node), ("verdict", v.verdict), ("workload", "spin")))
+            assert m[said] == 1
             assert sum(m[("gpuvs_node_drift_verdict", (("node", n.node), ("verdict", x), ("workload", "spin")))]
                        for x in ("slower", "faster", "equivalent", "inconclusive")) == 1
             assert m[("gpuvs_node_drift_stale", key)] == 0  # from the agent's own latest run

@@ -110,7 +110,8 @@ def route(method: str, path: str) -> Callable | None:
     if (method, path) in ROUTES:
         return ROUTES[(method, path)]
     for (m, prefix), fn in ROUTES.items():
-        if m == method and prefix != "/" and prefix.endswith("/") and path.startswith(prefix) and len(path) > len(prefix):
+        if (m == method and prefix != "/" and prefix.endswith("/") and path.startswith(prefix)
+                and len(path) > len(prefix)):  # "/" is the status page, not every path's prefix
             return fn
     return None
 
