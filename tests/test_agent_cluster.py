@@ -474,7 +474,12 @@ def test_the_api_server_away_for_a_while_then_back_the_agent_backs_off_and_recov
 # `slower`, when the machine was quiet); a third and an eighth of one slow it to about 0.3 and 0.1-0.25.
 SLIDE = (90, 30, 12)
 DRIFT_SPIN = "spin:steps=4,ops=600000,warmup-steps=1"
-SEED_RUNS = 3  # earlier fleet runs made by `gpuvs fleet` (a drift verdict needs 3 earlier runs)
+# Earlier fleet runs made by `gpuvs fleet` (a drift verdict needs 3): 5, since with 3 a change point at a slowed run
+# was missed in 1 of 4 runs here (the slide's two large steps give the slowed node a run-to-run spread of its own,
+# with few degrees of freedom). Simulated with tests/fleet_store.py's runs at these steps and 18% run-to-run
+# movement per node: drift found in 40 of 40 fleets, the change point at a slowed run in 40 of 40 (39 with 3 seeds
+# and the last step to 0.15: 24 of 30).
+SEED_RUNS = 5
 
 
 def test_a_node_slowed_more_at_each_agent_run_is_reported_drifting_and_a_stable_node_is_not(cluster, tmp_path):  # noqa: F811
@@ -483,7 +488,7 @@ def test_a_node_slowed_more_at_each_agent_run_is_reported_drifting_and_a_stable_
     slowed run the node is not called slower than its peers; after the last one the agent's /metrics has its drift
     ratio below 1 and verdict slower (fresh), the stable nodes' drift not slower or faster, and `gpuvs fleet
     history --format json` on the agent's store reads the slowed node drifting slower with its change point at one
-    of the slowed runs, the stable nodes with none. The quota is removed and the labels cleared, whatever happens."""
+    of the slowed runs, the stable nodes not drifting. The quota is removed and the labels cleared, whatever happens."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
     from prometheus_client.parser import text_string_to_metric_families
@@ -574,11 +579,10 @@ def test_a_node_slowed_more_at_each_agent_run_is_reported_drifting_and_a_stable_
         assert standing[slow]["drift"]["ratio"] == pytest.approx(drift(slow), rel=1e-9)
         assert standing[slow]["change"] and standing[slow]["change"]["run_id"] in [x[1] for x in slid], \
             standing[slow]["change_points"]
-        for n in stable:
+        for n in stable:  # not drifting (a false change point on a stable node is held at 5% a check: shown)
             assert standing[n]["drift"]["verdict"] not in ("slower", "faster"), standing[n]["drift"]
-            assert standing[n]["change_points"] == [], standing[n]["change_points"]
-        print(f"{slow}: {standing[slow]['drift']['ratio']:.3f} of its past, "
-              f"{standing[slow]['since_when']}")
+        print(f"{slow}: {standing[slow]['drift']['ratio']:.3f} of its past, {standing[slow]['since_when']}; "
+              f"stable nodes' change points: {[len(standing[n]['change_points']) for n in stable]}")
     finally:
         cluster.script("slow", slow, "0")
         if agent is not None:
