@@ -25,6 +25,10 @@ CORE_FIELDS = (
     ("cuda", "CUDA (torch)"), ("cudnn", "cuDNN"), ("torch", "torch"), ("torchvision", "torchvision"),
     ("cpu_model", "CPU"), ("cpu_usable", "CPUs usable"), ("memory_mib", "memory MiB"),
     ("limits.cpu_limit", "CPU limit"), ("limits.memory_limit_mib", "memory limit MiB"), ("limits.shm_mib", "/dev/shm MiB"),
+    ("software.cuda", "CUDA toolkit (files)"), ("software.cudnn", "cuDNN (files)"),
+    ("software.libraries", "CUDA libraries (files)"), ("software.driver_libs", "driver libraries (libcuda)"),
+    ("software.frameworks", "frameworks (installed)"), ("software.os", "OS (image)"),
+    ("software.env_versions", "image *_VERSION variables"), ("taken_by", "fingerprint taken by"),
 )
 TAIL_FIELDS = (("node_name", "node"), ("python", "python"), ("gpuvs", "gpuvs"))
 
@@ -223,13 +227,17 @@ def analyse(exp: dict[str, Any], records: list[dict[str, Any]]) -> Analysis:
                     trials=trials)
 
 
-def _declarations(workload: str):
+def _declarations(workload: str, params: dict[str, Any] | None = None):
+    """The workload's declaration of each figure of a run with these parameters (the command workload's figures
+    are named by its parameters); a figure the job declared while it ran carries its declaration in its summary."""
     from gpuvs import workloads
+    from gpuvs.workloads.base import recorded
 
     try:
-        return workloads.get(workload).declared
+        w = workloads.get(workload)
     except UsageError:  # a store written by a workload this gpuvs does not know
-        return lambda name: None
+        return lambda name, summary=None: recorded(name, summary or {})
+    return lambda name, summary=None: w.declared(name, params) or recorded(name, summary or {})
 
 
 def _metric(name: str, unit: str, source: str, decl) -> Metric:
@@ -241,15 +249,16 @@ def _metric(name: str, unit: str, source: str, decl) -> Metric:
 def _metrics(records: list[dict[str, Any]], arm_order: list[str], workload: str) -> list[Metric]:
     """Sample series (in the baseline arm's order), then scalar metrics, each with its workload's
     declaration; the headline (the first series or metric declared as one) first."""
-    declared = _declarations(workload)
-    series: dict[str, Metric] = {}
-    scalars: dict[str, Metric] = {}
     ok = sorted((r for r in records if r["status"] == "ok"),
                 key=lambda r: arm_order.index(r["arm"]) if r["arm"] in arm_order else len(arm_order))
+    # arms share how figures are read (Workload.fixed_params): the first trial's parameters declare them
+    declared = _declarations(workload, ((ok or records or [{}])[0].get("spec") or {}).get("params"))
+    series: dict[str, Metric] = {}
+    scalars: dict[str, Metric] = {}
     for rec in ok:
         for name, s in (rec.get("summary") or {}).items():
             if name not in series and s.get("value") is not None:
-                series[name] = _metric(name, s.get("unit", ""), "series", declared(name))
+                series[name] = _metric(name, s.get("unit", ""), "series", declared(name, s))
         for name, m in (rec.get("metrics") or {}).items():
             if name not in scalars and name not in series and m.get("value") is not None:
                 scalars[name] = _metric(name, m.get("unit", ""), "metric", declared(name))

@@ -39,7 +39,12 @@ CREATE TABLE IF NOT EXISTS samples (
 CREATE TABLE IF NOT EXISTS telemetry (
   trial_id INTEGER NOT NULL REFERENCES trials(id), t REAL NOT NULL, gpu INTEGER, data TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS outputs (
+  trial_id INTEGER NOT NULL REFERENCES trials(id), stream TEXT NOT NULL, text TEXT NOT NULL, bytes INTEGER,
+  lines INTEGER, cut INTEGER
+);
 CREATE INDEX IF NOT EXISTS samples_trial ON samples(trial_id);
+CREATE INDEX IF NOT EXISTS outputs_trial ON outputs(trial_id);
 CREATE INDEX IF NOT EXISTS telemetry_trial ON telemetry(trial_id);
 CREATE INDEX IF NOT EXISTS trials_experiment ON trials(experiment_id);
 """
@@ -194,7 +199,7 @@ class Store:
         return trial_id
 
     def add_event(self, trial_id: int, event: dict[str, Any]) -> None:
-        if event.get("type") in ("sample", "telemetry"):
+        if event.get("type") in ("sample", "telemetry", "output"):
             self._pending.setdefault(trial_id, []).append(event)
 
     def due(self, trial_id: int) -> bool:
@@ -217,6 +222,11 @@ class Store:
                                 (trial_id, event.get("series", "main"), event["step"], event.get("value"),
                                  event.get("unit"), event.get("seconds"), event.get("items"),
                                  json.dumps(event.get("extra") or {})))
+            elif event["type"] == "output":  # a command's output on one stream, capped: the last one sent stands
+                self.db.execute("DELETE FROM outputs WHERE trial_id=? AND stream=?", (trial_id, event["stream"]))
+                self.db.execute("INSERT INTO outputs VALUES (?,?,?,?,?,?)",
+                                (trial_id, event["stream"], event.get("text") or "", event.get("bytes"),
+                                 event.get("lines"), event.get("cut")))
             else:
                 data = {k: v for k, v in event.items() if k not in ("type", "t", "gpu")}
                 self.db.execute("INSERT INTO telemetry VALUES (?,?,?,?)",
@@ -296,6 +306,13 @@ class Store:
     def samples(self, trial_id: int) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT * FROM samples WHERE trial_id=? ORDER BY rowid", (trial_id,))
         return [dict(r, extra=json.loads(r["extra"] or "{}")) for r in rows]
+
+    def outputs(self, trial_id: int) -> list[dict[str, Any]]:
+        """A command trial's own output, one row per stream (stdout first): text, bytes, lines, cut."""
+        if self.db.execute("SELECT 1 FROM sqlite_master WHERE name='outputs'").fetchone() is None:
+            return []  # a read-only store written before outputs were kept
+        rows = self.db.execute("SELECT * FROM outputs WHERE trial_id=? ORDER BY stream DESC", (trial_id,))
+        return [dict(r) for r in rows]
 
     def telemetry(self, trial_id: int) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT * FROM telemetry WHERE trial_id=? ORDER BY rowid", (trial_id,))

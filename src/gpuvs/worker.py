@@ -107,7 +107,7 @@ def start_device(spec: RunSpec, workload) -> None:
 
 def run_events(spec: RunSpec, emit: Emit) -> None:
     """Run one spec, emitting every event. Raises on failure (classified by the caller)."""
-    from gpuvs import fingerprint, stats, telemetry, workloads
+    from gpuvs import fingerprint, telemetry, workloads
 
     if spec.launched_at:
         emit(events.startup("launch_to_worker_s", T_START - spec.launched_at))
@@ -136,7 +136,7 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
     finally:
         if sampler is not None:
             sampler.stop()
-    emit({"type": "summary", "data": headline_first(stats.summarize_samples(samples, workload.declared),
+    emit({"type": "summary", "data": headline_first(workload.summarize(samples, params),
                                                     workload.headline_series(params))})
 
 
