@@ -44,7 +44,6 @@ class BareStream(WorkerStream):
         try:
             self._emit(session.config("bare: the command is the environment's own process; gpuvs reads its output "
                                       "from outside", unmeasured=raw.unmeasured))
-            self._emit({"type": "fingerprint", "data": raw.facts()})
             while True:
                 item = raw.output.get()
                 if item is None:
@@ -53,6 +52,7 @@ class BareStream(WorkerStream):
                 for event in session.line(stream, data, at):
                     self._emit(event)
             code = raw.wait(timeout=60)
+            self._emit({"type": "fingerprint", "data": raw.facts()})  # once it ran: a pod's node is known then
             timing = raw.timings()
             for name, seconds in timing.get("startup", {}).items():
                 self._emit(events.startup(name, seconds))
