@@ -31,6 +31,8 @@ CORE_FIELDS = (
     ("software.env_versions", "image *_VERSION variables"), ("taken_by", "fingerprint taken by"),
 )
 TAIL_FIELDS = (("node_name", "node"), ("python", "python"), ("gpuvs", "gpuvs"))
+# Software fields beyond the key ones that an image-against-image comparison names when they differ.
+IMAGE_EXTRA = ("software.libraries", "software.driver_libs", "software.os", "software.env_versions")
 
 
 def fingerprint_fields() -> tuple[tuple[str, str], ...]:
@@ -407,7 +409,12 @@ def _flags(arms: list[ArmResult], records: list[dict[str, Any]]) -> list[str]:
     for arm in arms[1:]:
         if not base.fingerprint or not arm.fingerprint:
             continue
-        diff = {k: v for k, v in fingerprint.differences(base.fingerprint, arm.fingerprint).items() if k not in explained}
+        every = fingerprint.differences(base.fingerprint, arm.fingerprint, fingerprint.KEY_FIELDS + IMAGE_EXTRA)
+        diff = {k: v for k, v in every.items() if k not in explained and k not in IMAGE_EXTRA}
+        software = {k: v for k, v in every.items() if k in fingerprint.SOFTWARE_FIELDS + IMAGE_EXTRA}
+        if software and "image" in varied:  # image against image: what the new image changed, read in each
+            flags.append(f"arm {arm.name}'s image differs from arm {base.name}'s in " + ", ".join(
+                f"{k} ({b} vs {a})" for k, (b, a) in software.items()) + ": what changed with the image")
         if diff:
             flags.append(f"arm {arm.name} differs from arm {base.name} in " + ", ".join(
                 f"{k} ({b} vs {a})" for k, (b, a) in diff.items()) + ", which this comparison did not vary")

@@ -97,7 +97,8 @@ class ContainerJob(RawProcess):
                 f" (its --memory {limit})" if limit else "")
         if code in (125, 126, 127) and engine_time(self.state.get("StartedAt")) is None or (
                 code in (126, 127) and any(w in err.lower() for w in _NOT_FOUND)):
-            what = err or f"the engine's exit status {code}"
+            said = " ".join(" ".join(ln for ln in self.stderr_tail if ln).split())[-400:]  # the engine's message
+            what = err or said or f"the engine's exit status {code}"
             return ("unavailable", f"the command could not start in the container ({self.environment.settings.where()}"
                                    f"): {what}")
         return None

@@ -14,6 +14,7 @@ What a RawJob gives, all seen from outside the job:
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import signal
@@ -77,6 +78,7 @@ class RawProcess(RawJob):
         self._killed = False
         self._open = 2
         self._lock = threading.Lock()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=8)  # an engine's own message is here
         self._waiter = threading.Thread(target=self._wait_exit, daemon=True)
         self._pumps = [threading.Thread(target=self._pump, args=(s, getattr(self.proc, s)), daemon=True)
                        for s in ("stdout", "stderr")]
@@ -101,6 +103,8 @@ class RawProcess(RawJob):
     def _pump(self, stream: str, pipe) -> None:
         for raw in iter(pipe.readline, b""):
             self.output.put((stream, raw, time.time()))
+            if stream == "stderr":
+                self.stderr_tail.append(raw.decode("utf-8", "replace").strip())
         with self._lock:
             self._open -= 1
             last = self._open == 0

@@ -41,6 +41,9 @@ def show(args: Args) -> None:
     ident, as_json = args.positionals[0], args["json"]
     with open_store(args["store"]) as st:
         trials = _trials_of(st, ident)
+        if args["log"]:
+            _show_logs(st, trials)
+            return
         if as_json:
             for t in trials:
                 t["samples"] = st.samples(t["id"])
@@ -59,6 +62,28 @@ def show(args: Args) -> None:
                           fmt(main.get("jitter")), main.get("unit", ""), fmt((t["startup"] or {}).get("first_step_s"), 3),
                           (t["fingerprint"] or {}).get("gpu_name") or "cpu", (t["error"] or "")[:120])
         console.print(table)
+
+
+def _show_logs(st: Store, trials: list[dict]) -> None:
+    """Each trial's stored stdout and stderr (a command's), with what was cut and the cap."""
+    from gpuvs.job import HEAD, TAIL
+
+    out = sys.stdout
+    out.write(f"gpuvs keeps the first {HEAD // 1024} KiB and the last {TAIL // 1024} KiB of each stream of a command's "
+              f"output; what lies between is cut, and said where it was cut.\n")
+    for t in trials:
+        head = f"trial {t['id']} [{t['arm']}] #{t['trial'] + 1}: {t['status']}"
+        if t.get("error"):
+            head += f" ({t['error']})"
+        out.write(f"\n=== {head}\n")
+        rows = st.outputs(t["id"])
+        if not rows:
+            out.write("(no output stored: only the command workload keeps its job's output)\n")
+        for row in rows:
+            cut = f", {row['cut']} bytes cut" if row.get("cut") else ""
+            out.write(f"--- {row['stream']} ({row['bytes']} bytes, {row['lines']} lines{cut})\n")
+            text = row["text"] or ""
+            out.write(text if text.endswith("\n") or not text else text + "\n")
 
 
 def _trials_of(st: Store, ident: str) -> list[dict]:
@@ -90,7 +115,10 @@ COMMAND = Command(
                 groups=(Group("options", (STORE,), "results"),)),
         Command("show", "Every trial of an experiment (or one trial): status, figures, start-up, error, where it ran.",
                 show, groups=(Group("options", (STORE, Param("json", bool, False, "every trial as JSON, samples "
-                                                             "included")), "results"),),
+                                                             "included"),
+                                                Param("log", bool, False, "each trial's stored stdout and stderr (a "
+                                                      "command's: its first 16 KiB and last 48 KiB of each)")),
+                                    "results"),),
                 positionals=(Positional("ident", "an experiment id (a unique prefix will do) or a trial number"),)),
         Command("export", "Everything stored (spec, fingerprint, samples, summary, status, error) as JSON, or a CSV "
                 "per trial.", export,
