@@ -19,11 +19,12 @@ import sys
 
 from gpuvs.sharing.advice import predict
 from gpuvs.sharing.stats import as_rate
+from gpuvs.stats import SeriesSummary
 
 
 def rate(summary: str | None) -> float | None:
     data = json.loads(summary or "{}")
-    return as_rate(next(iter(data.values())))[0] if data else None
+    return as_rate(SeriesSummary.from_dict(next(iter(data.values()))))[0] if data else None
 
 
 def measured(dbs: list[str]) -> dict[tuple[str, str], list[float | None]]:

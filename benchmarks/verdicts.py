@@ -90,7 +90,7 @@ def one_experiment(rng, arms, metrics, cv, diff, trials, rho=0.0, paired=True):
     plan = Plan(FIRST, CAP)
     for n in plan.looks():
         heads = analyse(upto(values, n), figs[:1], paired, plan, n)
-        if all(r["verdict"] != "inconclusive" for r in heads) or n == CAP:
+        if all(r.verdict != "inconclusive" for r in heads) or n == CAP:
             return analyse(upto(values, n), figs, paired, plan, n), n
     raise AssertionError("unreachable")
 
@@ -102,8 +102,8 @@ def false_verdicts(sims, cv, trials, arms, metrics, seed=0) -> dict:
     ns = []
     for _ in range(sims):
         rows, n = one_experiment(rng, arms, metrics, cv, 0.0, trials)
-        bad += any(r["different"] for r in rows)
-        head_bad += any(r["different"] for r in rows if r["headline"])
+        bad += any(r.different for r in rows)
+        head_bad += any(r.different for r in rows if r.headline)
         ns.append(n)
     return {"cv": cv, "trials": trials, "arms": arms, "metrics": metrics, "sims": sims, "false": bad / sims,
             "false_headline": head_bad / sims, "mean_trials": float(np.mean(ns))}
@@ -116,8 +116,8 @@ def false_others(sims, cv, trials, arms, metrics, diff=0.05, seed=5) -> dict:
     bad = opened = 0
     for _ in range(sims):
         rows, _ = one_experiment(rng, arms, metrics, cv, diff, trials)
-        bad += any(r["different"] for r in rows if not r["headline"])
-        opened += any(r["different"] for r in rows if r["headline"])
+        bad += any(r.different for r in rows if not r.headline)
+        opened += any(r.different for r in rows if r.headline)
     return {"cv": cv, "trials": trials, "arms": arms, "metrics": metrics, "diff": diff, "sims": sims,
             "false": bad / sims, "gate_open": opened / sims}
 
@@ -129,9 +129,9 @@ def power(sims, cv, trials, diff, seed=1, rho=0.0) -> dict:
     for _ in range(sims):
         rows, n = one_experiment(rng, 1, 1, cv, diff, trials, rho)
         (r,) = rows
-        right += r["different"] and r["log_r"] > 0
-        wrong += r["different"] and r["log_r"] < 0
-        eq += r["equivalent"]
+        right += r.different and r.log_r > 0
+        wrong += r.different and r.log_r < 0
+        eq += r.equivalent
         ns.append(n)
     return {"cv": cv, "trials": trials, "diff": diff, "sims": sims, "right": right / sims, "wrong": wrong / sims,
             "equivalent": eq / sims, "mean_trials": float(np.mean(ns))}
@@ -142,7 +142,7 @@ def coverage(sims, cv, trials, diff, paired=True, seed=2) -> dict:
     hit = 0
     for _ in range(sims):
         (r,), _ = one_experiment(rng, 1, 1, cv, diff, trials, paired=paired)
-        hit += r["ci_low"] <= 1 + diff <= r["ci_high"]
+        hit += r.ci_low <= 1 + diff <= r.ci_high
     return {"cv": cv, "trials": trials, "diff": diff, "paired": paired, "sims": sims, "coverage": hit / sims}
 
 
@@ -155,16 +155,16 @@ def calibration(sims, cv, first, diff, seed=3, cap=200) -> dict:
     figs = figures(1)
     for _ in range(sims):
         (r,) = analyse(draw(rng, 1, 1, first, cv, diff), figs, estimate=True)
-        if r["verdict"] != "inconclusive" or r["trials_needed"] is None:
+        if r.verdict != "inconclusive" or r.trials_needed is None:
             continue
-        if r["trials_needed"] > cap:
+        if r.trials_needed > cap:
             beyond += 1
             continue
         asked += 1
-        n = r["trials_needed"]
+        n = r.trials_needed
         suggested.append(n)
         (again,) = analyse(draw(rng, 1, 1, n, cv, diff), figs)
-        settled += again["verdict"] != "inconclusive"
+        settled += again.verdict != "inconclusive"
     return {"cv": cv, "first": first, "diff": diff, "sims": sims, "inconclusive": asked + beyond, "rerun": asked,
             "beyond_cap": beyond, "settled": settled / asked if asked else float("nan"),
             "median_suggested": float(np.median(suggested)) if suggested else float("nan")}
@@ -177,7 +177,7 @@ def trials_for_power(cv, diff, rho, paired, sims, target=0.8, seed=4, top=80) ->
         hits = 0
         for _ in range(sims):
             (r,), _ = one_experiment(rng, 1, 1, cv, diff, n, rho, paired)
-            hits += r["different"] and r["log_r"] > 0
+            hits += r.different and r.log_r > 0
         return hits / sims >= target
 
     return stats.first_count(reached, 3, top)

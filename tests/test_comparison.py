@@ -5,23 +5,26 @@ import numpy as np
 import pytest
 
 from gpuvs import comparison
+from gpuvs.records import ArmMeta, ExperimentMeta, ExperimentRecord, MetricValue, TrialRecord
 from gpuvs.report import markdown, tables
+from gpuvs.spec import EnvSpec, RunSpec
+from gpuvs.stats import SeriesSummary
 
 
 def record(arm, trial, value, *, device="cpu", num_gpus=1, unit="images/sec", fp=None, status="ok", attempt=0,
            metrics=None, env=None):
-    return {"id": None, "arm": arm, "trial": trial, "attempt": attempt, "status": status,
-            "error": None if status == "ok" else "boom",
-            "spec": {"workload": "cnn-train", "device": device, "num_gpus": num_gpus, "env": env or {"kind": "host"}},
-            "summary": {"main": {"value": value, "unit": unit, "higher_is_better": unit != "ms"}} if status == "ok"
-            else {},
-            "metrics": metrics or {}, "startup": {"first_step_s": 1.0}, "fingerprint": fp or {"driver": "580", "torch": "2.11"}}
+    ok = status == "ok"
+    return TrialRecord(None, "exp-1", f"{arm}-{trial}-{attempt}", arm, trial, attempt=attempt, workload="cnn-train",
+                       status=status, error=None if ok else "boom",
+                       spec=RunSpec("cnn-train", device=device, num_gpus=num_gpus, env=env or EnvSpec()),
+                       summary={"main": SeriesSummary(1, unit, value=value)} if ok else {},
+                       metrics={k: MetricValue(v, u) for k, (v, u) in (metrics or {}).items()},
+                       startup={"first_step_s": 1.0}, fingerprint=fp or {"driver": "580", "torch": "2.11"})
 
 
 def header(arms, name="study", margin=0.02, workload="cnn-train"):
-    return {"id": "exp-1", "name": name, "kind": "compare", "created": 0.0,
-            "meta": {"margin": margin, "confidence": 0.95, "workload": workload,
-                     "arms": [{"name": a, "overrides": o} for a, o in arms]}}
+    return ExperimentRecord("exp-1", name, "compare", 0.0, ExperimentMeta(
+        margin=margin, confidence=0.95, workload=workload, arms=[ArmMeta(a, o) for a, o in arms]))
 
 
 def test_gpu_vs_cpu_speedup_and_per_trial_table():
@@ -29,14 +32,14 @@ def test_gpu_vs_cpu_speedup_and_per_trial_table():
     recs += [record("gpu", t, v, device="cuda") for t, v in enumerate([1000.0, 1010.0, 990.0])]
     a = comparison.analyse(header([("cpu", {"device": "cpu"}), ("gpu", {"device": "cuda"})]), recs)
     (row,) = a.speedup
-    assert row["speedup"] == pytest.approx(50.0) and row["cpu_arm"] == "cpu" and row["gpu_arm"] == "gpu"
-    assert row["ci_low"] < 50.0 < row["ci_high"]
+    assert row.speedup == pytest.approx(50.0) and row.cpu_arm == "cpu" and row.gpu_arm == "gpu"
+    assert row.ci_low < 50.0 < row.ci_high
     (v,) = a.verdicts
     # interleaved rounds: the ratio is the geometric mean of the per-round ratios (the paired analysis)
     per_round = np.array([1000.0, 1010.0, 990.0]) / np.array([20.0, 21.0, 19.0])
-    assert v["method"] == "paired" and v["n_pairs"] == 3
-    assert v["verdict"] == "faster" and v["ratio"] == pytest.approx(np.exp(np.log(per_round).mean()))
-    assert v["baseline"] == "cpu"
+    assert v.method == "paired" and v.n_pairs == 3
+    assert v.verdict == "faster" and v.ratio == pytest.approx(np.exp(np.log(per_round).mean()))
+    assert v.baseline == "cpu"
     t = tables.per_trial_table(a)
     assert t.columns == ["test case", "cpu images/sec", "gpu images/sec"]
     assert t.rows[0] == ["study #1", "20.0", "1,000.0"] and len(t.rows) == 3
@@ -49,8 +52,8 @@ def test_speedup_for_times_is_cpu_time_over_gpu_time():
     recs = [record("cpu", t, v, unit="ms") for t, v in enumerate([400.0, 410.0])]
     recs += [record("gpu", t, v, device="cuda:0", unit="ms") for t, v in enumerate([10.0, 10.2])]
     a = comparison.analyse(header([("cpu", {}), ("gpu", {})], workload="kernels"), recs)
-    assert a.speedup[0]["speedup"] == pytest.approx(405.0 / 10.1)
-    assert a.verdicts[0]["verdict"] == "faster"  # fewer ms is faster
+    assert a.speedup[0].speedup == pytest.approx(405.0 / 10.1)
+    assert a.verdicts[0].verdict == "faster"  # fewer ms is faster
 
 
 def test_scaling_efficiency_against_the_fewest_gpus():
@@ -59,32 +62,32 @@ def test_scaling_efficiency_against_the_fewest_gpus():
         recs += [record(f"{n}gpu", t, v, device="cuda", num_gpus=n) for t, v in enumerate(values)]
     a = comparison.analyse(header([("1gpu", {"num_gpus": 1}), ("2gpu", {"num_gpus": 2}), ("4gpu", {"num_gpus": 4})]),
                            recs)
-    eff = {r["arm"]: r for r in a.scaling}
-    assert eff["1gpu"]["efficiency"] == pytest.approx(1.0)
-    assert eff["2gpu"]["efficiency"] == pytest.approx(1900.0 / 2000.0)
-    assert eff["4gpu"]["efficiency"] == pytest.approx(3600.0 / 4000.0) and eff["4gpu"]["speedup"] == pytest.approx(3.6)
-    assert eff["4gpu"]["eff_low"] < 0.9 < eff["4gpu"]["eff_high"]
+    eff = {r.arm: r for r in a.scaling}
+    assert eff["1gpu"].efficiency == pytest.approx(1.0)
+    assert eff["2gpu"].efficiency == pytest.approx(1900.0 / 2000.0)
+    assert eff["4gpu"].efficiency == pytest.approx(3600.0 / 4000.0) and eff["4gpu"].speedup == pytest.approx(3.6)
+    assert eff["4gpu"].eff_low < 0.9 < eff["4gpu"].eff_high
     assert tables.scaling_table(a).rows[2][5] == "90.0%"
-    assert [v["arm"] for v in a.verdicts] == ["2gpu", "4gpu"]
+    assert [v.arm for v in a.verdicts] == ["2gpu", "4gpu"]
 
 
 def test_every_series_and_metric_gets_a_row_the_headline_first_the_others_behind_its_gate():
-    m = lambda v: {"latency_p99_ms": {"value": v, "unit": "ms"}}  # noqa: E731
+    m = lambda v: {"latency_p99_ms": (v, "ms")}  # noqa: E731
     recs = [record("a", t, 100.0 + t + 0.01 * t * t, metrics=m(10.0 + t / 10)) for t in range(3)]
     recs += [record("b", t, 100.0 + t, metrics=m(12.0 + t / 10)) for t in range(3)]
     a = comparison.analyse(header([("a", {}), ("b", {"x": 1})]), recs)
     assert [m.name for m in a.metrics] == ["main", "latency_p99_ms"] and a.headline.name == "main"
-    by = {v["metric"]: v for v in a.verdicts}
+    by = {v.metric: v for v in a.verdicts}
     # the headline is equivalent: no difference established, so the other metrics are only shown
-    assert by["main"]["verdict"] == "equivalent" and by["latency_p99_ms"]["verdict"] == "descriptive"
+    assert by["main"].verdict == "equivalent" and by["latency_p99_ms"].verdict == "descriptive"
     assert "descriptive" in tables.verdict_table(a).rows[1][7]
     assert a.settled()
     # the headline differs: latency is tested (Holm) and, declared a time by cnn-infer/cnn-train, is 'slower'
     recs = [record("a", t, 100.0 + t, metrics=m(10.0 + t / 10)) for t in range(3)]
     recs += [record("b", t, 90.0 + t, metrics=m(12.0 + t / 10)) for t in range(3)]
-    by = {v["metric"]: v for v in comparison.analyse(header([("a", {}), ("b", {"x": 1})]), recs).verdicts}
-    assert by["main"]["verdict"] == "slower" and by["latency_p99_ms"]["verdict"] == "slower"
-    assert by["latency_p99_ms"]["family"].startswith("other metrics: Holm")
+    by = {v.metric: v for v in comparison.analyse(header([("a", {}), ("b", {"x": 1})]), recs).verdicts}
+    assert by["main"].verdict == "slower" and by["latency_p99_ms"].verdict == "slower"
+    assert by["latency_p99_ms"].family.startswith("other metrics: Holm")
 
 
 def test_fingerprint_differences_nobody_asked_for_are_flagged():
@@ -111,7 +114,7 @@ def test_arms_that_vary_the_device_are_not_flagged_for_the_gpu_it_brings():
     the device was varied; a difference in anything else (torch) is still flagged."""
     gpu = {"driver": "580", "torch": "2.11", "gpu_name": "H100", "gpu_count": 1, "cpu_model": "Xeon"}
     cpu = {"driver": None, "torch": "2.11", "gpu_name": None, "gpu_count": 0, "cpu_model": "Xeon"}
-    pod = {"kind": "pod", "options": {"image": "x"}}
+    pod = EnvSpec("pod", {"image": "x"})
     recs = [record("gpu", t, 1000.0, device="cuda", fp=gpu, env=pod) for t in range(2)]
     recs += [record("cpu", t, 20.0, fp=cpu, env=pod) for t in range(2)]
     for overrides in ({"device": "cuda"}, {}):  # from --arm device=... or two stored experiments: no overrides
@@ -133,8 +136,9 @@ def test_retries_count_once_and_failures_are_listed():
     a = comparison.analyse(header([("a", {}), ("b", {"x": 1})]), recs)
     arm_a, arm_b = a.arms
     assert (arm_a.n_ok, arm_a.n_total, arm_b.n_ok, arm_b.n_total) == (2, 2, 1, 2)
-    assert a.failures == [{"arm": "b", "trial": 1, "status": "failed", "error": "boom"}]
-    assert a.verdicts[0]["verdict"] == "inconclusive"
+    assert a.failures == [comparison.Failure("b", 1, "failed", "boom")]
+    assert [t.value for t in a.trials if t.arm == "a"] == [100.0, 101.0]  # the retry's figure, once
+    assert a.verdicts[0].verdict == "inconclusive"
     assert tables.per_trial_table(a).rows[1] == ["study #2", "101.0", "failed"]
 
 

@@ -154,9 +154,9 @@ def test_startup_workload_on_host_and_in_a_container(store_path):
         results = Runner(st, timeout_s=300).run_experiment(exp)
     assert [r.status for r in results] == ["ok", "ok"], [r.error for r in results]
     for r in results:
-        s = {k: v["value"] for k, v in r.summary.items()}
+        s = {k: v.value for k, v in r.summary.items()}
         assert list(s) == ["first_result_s", "ready_s", "device_init_s", "first_op_s"]
-        assert r.summary["first_result_s"]["unit"] == "s" and not r.summary["first_result_s"]["higher_is_better"]
+        assert r.summary["first_result_s"].unit == "s" and not r.summary["first_result_s"].higher_is_better
         assert all(v >= 0 for v in s.values())
         assert s["first_result_s"] == pytest.approx(s["ready_s"] + s["device_init_s"] + s["first_op_s"], abs=1e-3)
         assert r.startup["import_s"] < s["ready_s"] < r.startup["launch_to_exit_s"]

@@ -577,7 +577,7 @@ def test_the_image_runs_gpuvs_as_the_deployments_pod_under_the_restricted_contex
     assert out["write /tmp"] == "ok" and out["write store"] == "ok", out
     for name in ("help", "validate", "fleet", "info", "run"):
         assert out[name][0] == 0, (name, out[name])
-    assert "Usage: gpuvs [OPTIONS] COMMAND" in out["help"][1], out["help"]
+    assert "usage: gpuvs COMMAND [options]" in out["help"][1], out["help"]
     assert "gpuvs fleet" in out["fleet"][1] and "validate" in out["validate"][1], out
     assert gpuvs.__version__ in out["info"][2], out["info"]
     assert out["store rows"] == 1 and out["torch"] is None, out

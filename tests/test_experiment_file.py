@@ -42,7 +42,7 @@ def test_a_good_file_becomes_an_experiment(tmp_path):
     assert exp.base.params["steps"] == 3 and exp.base.device == "cpu"
     spec = exp.spec_for(exp.arms[1], 0)
     assert spec.params["step_seconds"] == 0.002 and spec.params["steps"] == 3
-    assert exp.meta["margin"] == 0.05 and exp.meta["file"].endswith("exp.yaml")
+    assert exp.meta.margin == 0.05 and exp.meta.file.endswith("exp.yaml")
 
 
 def test_command_line_values_replace_the_files_and_arms_still_apply(tmp_path):

@@ -5,12 +5,15 @@ against the majority, labels and the five report formats. The cluster runs are i
 import csv
 import io
 import json
+import math
 import random
 
 import pytest
 
 from gpuvs.fleet import adaptive, fingerprints, labels, nodes, schedule, simulate, verdicts
-from gpuvs.fleet.run import FleetResult, NodeRow, sort_rows
+from gpuvs.fleet.result import FleetResult, NodeLabels, NodeRow
+from gpuvs.fleet.run import sort_rows
+from gpuvs.records import ExperimentMeta
 from gpuvs.report import fleet as report
 
 
@@ -234,9 +237,10 @@ def result_fixture():
                     fingerprint={"gpu_name": "X", "node": {"kernel": "5"}}),
             NodeRow("gone", "excluded", reason="not ready: KubeletNotReady"),
             NodeRow("broken", "failed", reason="pod never started", n_trials=1)]
-    control = verdicts.ErrorControl(0.95, looks=3, nodes=3).to_dict()
-    return FleetResult("exp-1", "spin", "ops/sec", True, 0.05, 0.95, {"trials": 4, "max_trials": 12, "step": 4},
-                       control, 1, sort_rows(rows), command="gpuvs fleet spin")
+    control = verdicts.ErrorControl(0.95, looks=3, nodes=3)
+    return FleetResult("exp-1", "spin", "ops/sec", True, 0.05, 0.95, adaptive.Plan(4, 12, 4), control, 1,
+                       sort_rows(rows), command="gpuvs fleet spin",
+                       labels=[NodeLabels("slow<1>", {labels.PERF: "slow"}, {}, "dry run: not written")])
 
 
 def test_label_plan_values_and_details():
@@ -266,8 +270,13 @@ def test_rows_sorted_slowest_first_and_every_format_says_the_same():
     rows = list(csv.DictReader(io.StringIO(report.render("csv", res))))
     assert [r["node"] for r in rows] == ["slow<1>", "n2", "n1", "broken", "gone"]
     assert rows[0]["verdict"] == "slower" and float(rows[0]["speed"]) == 0.5
-    back = FleetResult.from_dict(json.loads(report.render("json", res)))
+    data = json.loads(report.render("json", res))
+    assert data["plan"] == {"trials": 4, "max_trials": 12, "step": 4}
+    assert data["control"]["per_look"] == pytest.approx(0.05 / 3) and data["control"]["nodes"] == 3
+    assert data["labels"][0]["status"] == "dry run: not written" and "log_speed" not in data["rows"][0]
+    back = FleetResult.from_dict(data)
     assert back == res
+    assert "slow&lt;1&gt;: {'gpuvs.io/perf': 'slow'} (dry run: not written)" in report.render("md", res)
 
 
 # -- the run itself, with real workers (host processes stand in for nodes' pods) -------------------
@@ -280,7 +289,7 @@ def test_fleet_run_with_real_workers_stores_every_trial_and_a_failing_node_is_a_
 
     base = RunSpec(workload="selftest", params={"steps": 3, "step_seconds": 0.01}, device="cpu")
     names = ["n1", "n2", "n3", "bad"]
-    exp = fleet_run.fleet_experiment("fleet test", base, names, {"command": "test"}, seed=4)
+    exp = fleet_run.fleet_experiment("fleet test", base, names, ExperimentMeta(command="test"), seed=4)
     for arm in exp.arms:  # host workers take no node option; one "node" crashes at once
         arm.overrides = {"fail_at_step": 1} if arm.name == "bad" else {}
     starts: list = []
@@ -297,12 +306,27 @@ def test_fleet_run_with_real_workers_stores_every_trial_and_a_failing_node_is_a_
     assert rows["gone"].verdict == "excluded" and rows["gone"].reason == "not ready: x"
     assert all(rows[n].n_ok == 4 for n in ("n1", "n2", "n3"))
     assert all(rows[n].verdict in ("equivalent", "inconclusive") for n in ("n1", "n2", "n3"))
-    assert len(stored) == 13 and {t["arm"] for t in stored} == set(names)
+    assert len(stored) == 13 and {t.arm for t in stored} == set(names)
     assert 2 <= ex.max_in_flight <= 3
     for n in names:  # never two trials of one node at once
-        spans = sorted((t["started"], t["ended"]) for t in stored if t["arm"] == n)
+        spans = sorted((t.started, t.ended) for t in stored if t.arm == n)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     assert [r.node for r in result.rows][-2:] == ["bad", "gone"]
+    # each compared node's log speed with its se and df, as a node's history needs them: the same point the
+    # stored trials give again (history.points_from_run, as docs/history.md did it before rows kept them)
+    from gpuvs.fleet import history
+
+    values = {n: [t.summary["main"].value for t in stored if t.arm == n and t.ok] for n in ("n1", "n2", "n3")}
+    again = history.points_from_run(exp.id, 5.0, "selftest", values, higher_is_better=True, margin=0.5,
+                                    unit="steps/sec", fleet_verdicts={n: rows[n].verdict for n in values})
+    kept = history.points_from_fleet(result, 5.0)
+    assert len(kept) == 3 and [p.node for p in sorted(kept, key=lambda p: p.node)] == ["n1", "n2", "n3"]
+    for p in again:
+        (q,) = [k for k in kept if k.node == p.node]
+        assert (q.log_speed, q.se, q.df, q.figure, q.level, q.level_se) == pytest.approx(
+            (p.log_speed, p.se, p.df, p.figure, p.level, p.level_se))
+        assert (q.reference, q.n_trials, q.verdict, q.unit) == (p.reference, p.n_trials, p.verdict, p.unit)
+        assert rows[p.node].log_speed == pytest.approx(math.log(rows[p.node].speed))
     # stored like any experiment: gpuvs report renders the fleet again, in any format
     r = cli("report", exp.id[:12], "--format", "csv", "--store", str(tmp_path / "g.db"))
     assert r.returncode == 0, r.stderr
@@ -340,8 +364,8 @@ def test_spin_reports_operations_per_second(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     with Store(tmp_path / "s.db") as st:
         (trial,) = st.trials()
-        samples = st.samples(trial["id"])
-    main = trial["summary"]["main"]
-    assert main["unit"] == "ops/sec" and main["higher_is_better"] and main["n"] == 3
-    assert main["total_items"] == 60000 and main["value"] == pytest.approx(60000 / main["total_seconds"])
-    assert [s["step"] for s in samples] == [1, 2, 3] and "warmup_s" in trial["startup"]
+        samples = st.samples(trial.id)
+    main = trial.summary["main"]
+    assert main.unit == "ops/sec" and main.higher_is_better and main.n == 3
+    assert main.total_items == 60000 and main.value == pytest.approx(60000 / main.total_seconds)
+    assert [s.step for s in samples] == [1, 2, 3] and "warmup_s" in trial.startup

@@ -262,7 +262,7 @@ def test_docs_name_every_parser_and_metric():
         assert f"`{name}`" in doc, name
         for m in outputs.create(name, outputs.Job(JOBS.get(name, ()))).metrics:
             assert f"`{m.name}`" in doc, (name, m.name)
-    for word in ("NAME=REGEX,higher|lower[,UNIT]", "--step-metric", '"gpuvs"', WALL_TIME.name):
+    for word in ("NAME=REGEX,higher|lower|rate|time[,UNIT]", "--step-metric", '"gpuvs"', WALL_TIME.name):
         assert word in doc
 
 

@@ -8,6 +8,7 @@ import pytest
 from rich.console import Console
 
 from gpuvs import peaks, telemetry
+from gpuvs.records import TelemetryRecord
 from gpuvs.report import terminal
 from gpuvs.runner import TrialResult
 from gpuvs.spec import RunSpec
@@ -87,11 +88,13 @@ def test_readings_stored_in_sqlite_summarise_the_same(store_path):
         st.finish_trial(trial_id, "ok")
         stored = st.telemetry(trial_id)
     assert len(stored) == len(READINGS)
-    assert telemetry.summarize_by_gpu(stored) == telemetry.summarize_by_gpu(READINGS)
+    assert stored[0] == TelemetryRecord.from_event(READINGS[0])
+    assert telemetry.summarize_by_gpu([t.to_dict() for t in stored]) == telemetry.summarize_by_gpu(READINGS)
 
 
 def test_terminal_telemetry_table_shows_means_maxima_and_throttling():
-    results = [TrialResult(spec=RunSpec(workload="gemm", device="cuda", arm=arm), status="ok", telemetry=list(tel))
+    results = [TrialResult(spec=RunSpec(workload="gemm", device="cuda", arm=arm), status="ok",
+                           telemetry=[TelemetryRecord.from_event(e) for e in tel])
                for arm, tel in (("a", READINGS), ("b", READINGS[:2]))]
     results.append(TrialResult(spec=RunSpec(workload="gemm", device="cpu", arm="cpu"), status="ok"))
     console = Console(record=True, width=200)

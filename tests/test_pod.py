@@ -385,7 +385,7 @@ def test_the_log_survives_a_kubelet_restart(kube):
     result = run_pod_trial(kube, steps=60, step_seconds=0.25, node=node, timeout=180)
     t.join()
     assert result.status == "ok", result.error
-    assert [s["step"] for s in result.samples] == list(range(1, 61))
+    assert [s.step for s in result.samples] == list(range(1, 61))
 
 
 @pytest.mark.cluster

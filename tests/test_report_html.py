@@ -5,6 +5,7 @@ escaped. The experiment is written through the real store API with telemetry row
 import math
 
 from gpuvs import comparison, events, stats
+from gpuvs.records import ExperimentMeta, SampleRecord
 from gpuvs.report import html
 from gpuvs.runner import Arm, Experiment
 from gpuvs.spec import RunSpec
@@ -19,11 +20,9 @@ def synthetic_experiment(path):
     driver that differs between the arms although nobody varied it."""
     exp = Experiment(f"{EVIL} study", RunSpec(workload="cnn-train", device="cuda"),
                      [Arm("base"), Arm(EVIL, {"precision": "bf16"})], trials=3, seed=2, kind="compare",
-                     meta={"margin": 0.02, "confidence": 0.95})
+                     meta=ExperimentMeta(margin=0.02, confidence=0.95))
     with Store(path) as st:
-        st.create_experiment(exp.id, exp.name, exp.kind, {**exp.meta, "workload": "cnn-train",
-                                                          "arms": [{"name": a.name, "overrides": a.overrides}
-                                                                   for a in exp.arms]})
+        st.create_experiment(exp.id, exp.name, exp.kind, exp.stored_meta())
         for k, spec in enumerate(exp.order()):
             tid = st.begin_trial(spec)
             rate = (1100.0 if spec.arm == EVIL else 1000.0) * (1 + 0.002 * math.sin(k))
@@ -38,7 +37,8 @@ def synthetic_experiment(path):
                                    "sm_clock_mhz": 1980, "temp_c": 50 + i / 3, "throttle": []})
             fp = {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "torch": "2.11.0",
                   "driver": "580.65" if spec.arm == "base" else "575.51", "cpu_model": "Xeon"}
-            st.finish_trial(tid, "ok", fingerprint=fp, summary=stats.summarize_samples(samples),
+            st.finish_trial(tid, "ok", fingerprint=fp,
+                            summary=stats.summarize_samples([SampleRecord.from_event(e) for e in samples]),
                             startup={"first_step_s": 1.5, "import_s": 2.0})
         return comparison.from_store(st, exp.id)
 
@@ -46,7 +46,7 @@ def synthetic_experiment(path):
 def test_html_report_renders_in_chromium_with_charts_verdicts_and_escaped_names(tmp_path):
     analysis = synthetic_experiment(tmp_path / "gpuvs.db")
     (v,) = analysis.headline_verdicts()
-    assert v["verdict"] == "faster" and 1.09 < v["ratio"] < 1.11
+    assert v.verdict == "faster" and 1.09 < v.ratio < 1.11
     page = html.render(analysis)
     assert "<script" not in page and "http://" not in page and "https://" not in page  # self-contained, no script
     path = tmp_path / "report.html"
@@ -54,7 +54,7 @@ def test_html_report_renders_in_chromium_with_charts_verdicts_and_escaped_names(
 
     dom = chromium_dom(path, tmp_path)
     assert "<script" not in dom and "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
-    assert '<table id="verdicts">' in dom and "v-faster" in dom and f"{v['ratio']:.3f}×" in dom
+    assert '<table id="verdicts">' in dom and "v-faster" in dom and f"{v.ratio:.3f}×" in dom
     assert dom.count('class="chart bars"') == 1 and dom.count('class="chart steps"') == 1
     assert dom.count('class="chart telemetry"') == 5  # utilisation, memory, power, SM clock, temperature
     assert dom.count("<polyline") == 6 + 5 * 6  # 6 trials per step; 6 trials x 5 telemetry charts

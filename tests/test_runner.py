@@ -47,8 +47,10 @@ def test_trials_store_every_sample_and_summary(store_path):
         assert [r.status for r in res] == ["ok", "ok"]
         assert seen.count("sample") == 8  # stray JSON-looking prints on stdout were not taken as samples
         for r in res:
-            assert r.summary["main"]["n"] == 4 and r.fingerprint["pid"] != os.getpid()
-            assert len(st.samples(r.trial_id)) == 4 and st.trial(r.trial_id)["status"] == "ok"
+            assert r.summary["main"].n == 4 and r.fingerprint["pid"] != os.getpid()
+            assert len(st.samples(r.trial_id)) == 4 and st.trial(r.trial_id).status == "ok"
+            assert st.samples(r.trial_id) == r.samples  # what the runner saw is what the store keeps
+            assert st.trial(r.trial_id).summary == r.summary
         assert res[0].fingerprint["pid"] != res[1].fingerprint["pid"]  # each trial its own process
 
 
@@ -60,7 +62,7 @@ def test_timeout_stops_the_worker_and_its_children(store_path):
         assert len(kids) == 2
         time.sleep(0.5)
         assert not any(pid_alive(p) for p in kids + [res.fingerprint["pid"]])
-        assert st.trial(res.trial_id)["status"] == "failed"
+        assert st.trial(res.trial_id).status == "failed"
         assert 1 <= len(st.samples(res.trial_id)) < 1000  # what was measured before the timeout is kept
 
 
@@ -93,14 +95,14 @@ def test_a_worker_that_ends_with_status_0_but_no_results_is_a_failed_trial(store
         row = st.trials()[0]
     assert r.status == "failed" and r.exit_code == 0 and len(r.samples) == 2
     assert r.error.startswith("the worker ended (status 0) without reporting its results")
-    assert row["status"] == "failed" and row["error"] == r.error
+    assert row.status == "failed" and row.error == r.error
 
 
 def test_retries_run_a_crashed_trial_again(store_path):
     with Store(store_path) as st:
         res = Runner(st, retries=2).run_with_retries(_spec(steps=3, exit_at_step=1))
         rows = st.trials()
-    assert res.status == "failed" and [r["attempt"] for r in rows] == [0, 1, 2]
+    assert res.status == "failed" and [r.attempt for r in rows] == [0, 1, 2]
 
 
 PROCESS_EVENTS = ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.exec")

@@ -292,12 +292,12 @@ def test_the_server_as_a_workload(tmp_path):
     t.join(timeout=120)
     res = done[0]
     assert res.ok, res.error
-    assert res.metrics["train_calls"]["value"] == 1 and res.metrics["predict_calls"]["value"] == 3
-    m = {k: v["value"] for k, v in res.metrics.items()}  # the server's own Metrics, stored with the trial
+    assert res.metrics["train_calls"].value == 1 and res.metrics["predict_calls"].value == 3
+    m = {k: v.value for k, v in res.metrics.items()}  # the server's own Metrics, stored with the trial
     assert m["peak_in_flight"] == 1 and m["refused"] == 0 and m["unauthenticated"] == 0 and m["models_loaded"] == 1
     assert 0 < m["models_mib"] < 1 and m["rss_mib"] > 50 and 0 < m["predict_p50_ms"] <= m["predict_p99_ms"]
-    served = [s for s in res.samples if s["series"] == "served"]
-    assert sum(s["items"] for s in served) == 4 and sum(s["extra"]["texts"] for s in served) == 6
+    served = [s for s in res.samples if s.series == "served"]
+    assert sum(s.items for s in served) == 4 and sum(s.extra["texts"] for s in served) == 6
     assert all(s["extra"]["in_flight"] == 0 and s["extra"]["queued"] == 0 for s in served[-2:])
     assert (tmp_path / "models" / "w.pt").is_file() and not pid_alive(res.fingerprint["pid"])
 

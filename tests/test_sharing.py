@@ -13,13 +13,15 @@ import pytest
 
 from conftest import cell, gpuvs_processes, require
 from gpuvs.errors import EnvironmentUnavailable
-from gpuvs.report.sharing import figure_text
+from gpuvs.report.sharing import figure_text, ratio_text
 from gpuvs.runner import Runner
 from gpuvs.sharing import barrier, knobs, mps
 from gpuvs.sharing import stats as sharestats
 from gpuvs.sharing.advice import predict
 from gpuvs.sharing.group import Coordinator, Group, normalized_sum, worker_spec
+from gpuvs.records import SampleRecord
 from gpuvs.spec import RunSpec
+from gpuvs.stats import SeriesSummary
 from gpuvs.store import Store
 
 
@@ -29,10 +31,10 @@ def test_workers_measure_the_same_window(store_path):
         g = Coordinator(Runner(st, timeout_s=120), window_s=1.5).group([spec] * 3, "3 workers", False)
     assert g.ok and len(g.trials) == 3
     for t in g.trials:
-        n = t.primary()["n"]
+        n = t.primary().n
         # 1.5 s of 20 ms steps: about 75 steps each, never the 10 million asked for
         assert 40 <= n <= 80, n
-        assert t.primary()["total_seconds"] == pytest.approx(1.5, abs=0.25)
+        assert t.primary().total_seconds == pytest.approx(1.5, abs=0.25)
     assert g.fairness > 0.8 and g.aggregate == pytest.approx(sum(g.values()))
     assert gpuvs_processes() == []
 
@@ -58,7 +60,7 @@ def test_a_worker_failing_before_the_start_stops_its_group(store_path):
     bad = RunSpec(workload="selftest", device="cpu", params={"fail_at_start": True})
     with Store(store_path) as st:
         g = Coordinator(Runner(st, timeout_s=120), window_s=60).group([good, bad], "mixed", False)
-        rows = [(r["status"], r["error"]) for r in st.trials()]
+        rows = [(r.status, r.error) for r in st.trials()]
     assert not g.ok and "worker 1 failed before the start" in g.failure and "--fail-at-start" in g.failure
     assert rows[0] == ("failed", "stopped: another worker of its group failed before the start")
     assert rows[1][0] == "failed" and "failed before its timed part as asked" in rows[1][1]
@@ -122,7 +124,7 @@ def test_capacity_sweep_measures_every_count_in_its_own_window(store_path):
         assert st_.aggregate == pytest.approx(sum(st_.rates))
     assert [t.status for t in run.trials] == ["ok"] * 3
     # instance 1 ran through all three windows, so it did more steps than instance 3
-    assert run.trials[0].primary()["n"] > run.trials[2].primary()["n"]
+    assert run.trials[0].primary().n > run.trials[2].primary().n
     assert gpuvs_processes() == [] and zombie_children() == []
 
 
@@ -204,12 +206,15 @@ def test_sharing_figures_and_mps_verdict_words():
         f"11.0 [{f.low:.1f}, {f.high:.1f}]"
     assert figure_text(sharestats.figure([5.0])) == "5.0" and figure_text(sharestats.figure([])) == "-"
     sliced = [1.00, 1.01, 0.99, 1.00]
-    assert sharestats.mps_verdict(sliced, [1.30, 1.28, 1.31, 1.29], 0.05)["words"] == "mps helps"
-    assert sharestats.mps_verdict(sliced, [0.80, 0.82, 0.79, 0.81], 0.05)["words"] == "mps hurts"
-    assert sharestats.mps_verdict(sliced, [1.00, 1.01, 0.99, 1.005], 0.05)["words"] == "no difference"
-    assert sharestats.mps_verdict(sliced, [0.7, 1.4], 0.05)["words"] == "inconclusive"
-    lat = sharestats.latency_ms([{"seconds": s / 1000} for s in [1.0] * 98 + [5.0, 9.0]])
-    assert lat["p50"] == pytest.approx(1.0) and lat["p99"] > 5.0 and lat["n"] == 100
+    helps = sharestats.mps_verdict(sliced, [1.30, 1.28, 1.31, 1.29], 0.05)
+    assert helps.words == "mps helps" and helps.verdict == "faster" and helps.ratio == pytest.approx(1.295, rel=0.01)
+    assert ratio_text(helps) == f"{helps.ratio:.3f} [{helps.ci_low:.3f}, {helps.ci_high:.3f}] faster"
+    assert sharestats.mps_verdict(sliced, [0.80, 0.82, 0.79, 0.81], 0.05).words == "mps hurts"
+    assert sharestats.mps_verdict(sliced, [1.00, 1.01, 0.99, 1.005], 0.05).words == "no difference"
+    assert sharestats.mps_verdict(sliced, [0.7, 1.4], 0.05).words == "inconclusive"
+    lat = sharestats.latency_ms([SampleRecord(None, "main", i, 1.0, "x", seconds=s / 1000)
+                                 for i, s in enumerate([1.0] * 98 + [5.0, 9.0])])
+    assert lat.p50 == pytest.approx(1.0) and lat.p99 > 5.0 and lat.n == 100
 
 
 def test_mps_knob_arms():
@@ -232,7 +237,7 @@ def test_normalized_sum():
     g = Group("A+B", False)
     for v in (50.0, 30.0):
         t = TrialResult(spec=RunSpec(workload="selftest"), status="ok")
-        t.summary = {"main": {"value": v}}
+        t.summary = {"main": SeriesSummary(1, "steps/sec", value=v)}
         g.trials.append(t)
     assert normalized_sum(g, [100.0, 60.0]) == pytest.approx(1.0)
     assert normalized_sum(g, [100.0, None]) is None
@@ -378,7 +383,7 @@ def test_a_stop_during_a_capacity_sweep_leaves_nothing(tmp_path, signame, status
     # read through gpuvs's store: a stop that lands between a trial's row and its launch leaves that row
     # 'running' with a dead owner, which the store marks interrupted when it is next opened
     with Store(tmp_path / "gpuvs.db") as st:
-        rows = [r["status"] for r in st.trials()]
+        rows = [r.status for r in st.trials()]
     assert len(rows) >= 2 and all(s == "interrupted" for s in rows), rows
     time.sleep(0.5)
     assert gpuvs_processes() == []
@@ -424,8 +429,8 @@ def test_gemm_and_membw_share_a_window_one_shape_or_copy_each(store_path):
         # jobs' thread pools on this machine's few cores can stretch one a hundredfold, so the test asks what holds
         # whatever their length: about the window's worth of blocks, and none started after the window closed
         for t in g.trials:
-            secs = [x["seconds"] for x in t.samples]
-            assert len(secs) == t.primary()["n"] and sum(secs) == pytest.approx(t.primary()["total_seconds"])
+            secs = [x.seconds for x in t.samples]
+            assert len(secs) == t.primary().n and sum(secs) == pytest.approx(t.primary().total_seconds)
             assert sum(secs) >= 0.65 and sum(secs[:-1]) <= 1.1, secs
         whole_set = RunSpec(workload="gemm", device="cpu", params={"set": "square"})
         bad = coord.group([whole_set], "set", False)

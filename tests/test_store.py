@@ -3,10 +3,12 @@ import sqlite3
 
 import pytest
 
-from gpuvs.errors import UsageError
-from gpuvs.spec import RunSpec
-from gpuvs.store import Store
 from gpuvs import events
+from gpuvs.errors import UsageError
+from gpuvs.records import ExperimentMeta, MetricValue, SampleRecord, TelemetryRecord
+from gpuvs.spec import RunSpec
+from gpuvs.stats import SeriesSummary
+from gpuvs.store import Store
 
 
 def _spec(**kw):
@@ -15,19 +17,32 @@ def _spec(**kw):
 
 def test_trial_is_committed_with_its_events_and_exports(store_path):
     with Store(store_path) as st:
-        st.create_experiment("e1", "demo", "run", {"k": 1})
+        st.create_experiment("e1", "demo", "run", ExperimentMeta(workload="selftest", seed=3, extra={"k": 1}))
         tid = st.begin_trial(_spec(trial=0))
         for i in range(3):
             st.add_event(tid, events.sample(i + 1, 10.0 + i, "steps/sec", seconds=0.1, items=1))
         st.add_event(tid, {"type": "telemetry", "t": 0.5, "gpu": 0, "power_w": 100.0})
-        st.finish_trial(tid, "ok", summary={"main": {"value": 11.0, "unit": "steps/sec"}})
+        st.finish_trial(tid, "ok", summary={"main": SeriesSummary(n=3, unit="steps/sec", value=11.0)},
+                        metrics={"loss": MetricValue(0.5)}, startup={"import_s": 1.0})
     with Store(store_path) as st:
         t = st.trial(tid)
-        assert t["status"] == "ok" and t["summary"]["main"]["value"] == 11.0
-        assert [s["value"] for s in st.samples(tid)] == [10.0, 11.0, 12.0]
-        assert st.telemetry(tid) == [{"t": 0.5, "gpu": 0, "power_w": 100.0}]
+        assert t.status == "ok" and t.ok and t.summary["main"].value == 11.0 and t.primary().n == 3
+        assert t.metrics == {"loss": MetricValue(0.5, "")} and t.startup == {"import_s": 1.0}
+        assert t.spec == _spec(trial=0, run_id=t.run_id) and t.workload == "selftest" and t.attempt == 0
+        assert [s.value for s in st.samples(tid)] == [10.0, 11.0, 12.0]
+        assert st.samples(tid)[0] == SampleRecord(tid, "main", 1, 10.0, "steps/sec", 0.1, 1, {})
+        assert st.telemetry(tid) == [TelemetryRecord(0.5, 0, {"power_w": 100.0})]
+        exp = st.experiment("e1")
+        assert (exp.meta.workload, exp.meta.seed, exp.meta.extra, exp.meta.margin) == ("selftest", 3, {"k": 1}, None)
+        assert exp.meta.judged() == (0.02, 0.95)  # what a run that stored no margin was judged by
         data = json.loads(st.export("json"))
         assert data["trials"][0]["samples"][2]["step"] == 3
+        assert data["trials"][0]["telemetry"] == [{"t": 0.5, "gpu": 0, "power_w": 100.0}]
+        assert data["trials"][0]["summary"] == {"main": {"n": 3, "unit": "steps/sec", "better": None,
+                                                         "higher_is_better": None, "value": 11.0}}
+        assert data["trials"][0]["metrics"] == {"loss": {"value": 0.5, "unit": ""}}
+        assert data["experiments"][0]["meta"] == {"workload": "selftest", "seed": 3, "k": 1}
+        assert list(data["trials"][0]["spec"]) == sorted(data["trials"][0]["spec"])  # as stored: keys sorted
         csv_text = st.export("csv")
         assert "11.0" in csv_text.splitlines()[1] and csv_text.startswith("trial_id,")
         with pytest.raises(UsageError, match="json or csv"):
@@ -36,7 +51,7 @@ def test_trial_is_committed_with_its_events_and_exports(store_path):
 
 def test_a_crash_loses_only_the_trial_in_flight(store_path):
     st = Store(store_path)
-    st.create_experiment("e1", "demo", "run", {})
+    st.create_experiment("e1", "demo", "run", ExperimentMeta())
     done = st.begin_trial(_spec(trial=0))
     st.add_event(done, events.sample(1, 1.0, "x/sec"))
     st.finish_trial(done, "ok")
@@ -47,8 +62,8 @@ def test_a_crash_loses_only_the_trial_in_flight(store_path):
     st.db.execute("UPDATE trials SET owner=? WHERE id=?", (f"{socket.gethostname()}:999999999", inflight))
     del st
     with Store(store_path) as st2:
-        assert st2.trial(done)["status"] == "ok" and len(st2.samples(done)) == 1
-        assert st2.trial(inflight)["status"] == "interrupted"
+        assert st2.trial(done).status == "ok" and len(st2.samples(done)) == 1
+        assert st2.trial(inflight).status == "interrupted"
         assert st2.samples(inflight) == []
 
 
@@ -72,11 +87,11 @@ def _filled_store(path, trials=40, samples=200):
     with Store(path) as st:
         for t in range(trials):
             exp = f"e{t // 10}"
-            st.create_experiment(exp, "demo", "run", {"note": "x" * 200})
+            st.create_experiment(exp, "demo", "run", ExperimentMeta(description="x" * 200))
             tid = st.begin_trial(RunSpec(workload="selftest", device="cpu", experiment_id=exp, trial=t))
             for i in range(samples):
                 st.add_event(tid, events.sample(i + 1, 10.0 + i, "steps/sec", seconds=0.1, items=1))
-            st.finish_trial(tid, "ok", summary={"main": {"value": 11.0, "unit": "steps/sec"}})
+            st.finish_trial(tid, "ok", summary={"main": SeriesSummary(n=1, unit="steps/sec", value=11.0)})
     sqlite3.connect(path).execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
@@ -148,8 +163,8 @@ def test_a_store_on_a_read_only_mount_can_be_listed_shown_and_reported(tmp_path)
 def test_an_ambiguous_id_prefix_names_the_experiments_it_matches(store_path):
     with Store(store_path) as st:
         for i in ("20261123-1", "20261123-2", "20261124-1"):
-            st.create_experiment(i, "demo", "run", {})
-        assert st.experiment("20261124")["id"] == "20261124-1"
+            st.create_experiment(i, "demo", "run", ExperimentMeta())
+        assert st.experiment("20261124").id == "20261124-1"
         with pytest.raises(UsageError, match=r"'2026112' is the start of 3 experiments .*: 20261123-1, 20261123-2, "
                                              r"20261124-1; give more of the id"):
             st.experiment("2026112")
@@ -163,3 +178,32 @@ def test_experiment_ids_are_never_cut_however_narrow_the_terminal(cli, tmp_path)
     for width in ("30", "50", "80"):
         r = cli("results", "list", COLUMNS=width)
         assert r.returncode == 0 and exp_id in r.stdout, (width, r.stdout)
+
+
+def test_meta_reads_back_key_for_key_and_keeps_what_it_does_not_know(store_path):
+    """A meta as an earlier (or later) version stored it: to_dict gives back the same JSON, key for key and in
+    order; what this version knows is typed (the plan of --until-confident, the arms, the base spec)."""
+    stored = {"command": "gpuvs fleet spin", "margin": 0.05, "confidence": 0.95, "workload": "spin",
+              "base": RunSpec(workload="spin", device="cpu").to_dict(), "seed": None,
+              "arms": [{"name": "n1", "overrides": {"node": "n1"}}], "sequential": {"first": 3, "cap": 9, "step": 2},
+              "from_the_future": [1, 2]}
+    with Store(store_path) as st:
+        st.db.execute("INSERT INTO experiments VALUES (?,?,?,?,?)", ("old", "x", "fleet", 1.0, json.dumps(stored)))
+        meta = st.experiment("old").meta
+        assert meta.to_dict() == stored and list(meta.to_dict()) == list(stored)
+        assert meta.base.device == "cpu" and meta.arms[0].overrides == {"node": "n1"} and meta.seed is None
+        assert (meta.sequential.first, meta.sequential.cap, meta.sequential.step) == (3, 9, 2)
+        assert meta.extra == {"from_the_future": [1, 2]} and not meta.is_interleaved("fleet")
+        st.update_meta("old", fleet={"id": "old"})  # set, not replaced: the rest stays as it was
+        again = st.experiment("old").meta.to_dict()
+        assert list(again) == list(stored) + ["fleet"] and again["fleet"] == {"id": "old"}
+    # a new one is written in the fields' order, with only what was set
+    assert list(ExperimentMeta(confidence=0.9, margin=0.1, command="c", trials=3).to_dict()) == \
+        ["margin", "confidence", "command", "trials"]
+
+
+def test_a_summary_stored_before_better_was_declared_keeps_its_direction():
+    old = {"n": 2, "unit": "ms", "higher_is_better": False, "value": 1.5, "mean": 1.5}
+    s = SeriesSummary.from_dict(old)
+    assert s.better is None and s.higher_is_better is False and s.value == 1.5
+    assert SeriesSummary.from_dict({"n": 1, "unit": "x", "better": "lower"}).higher_is_better is False

@@ -26,18 +26,18 @@ def validate(c, store, *args, timeout=600):
                    "--store", store, *args, timeout=timeout)
 
 
-def stored(store) -> dict:
+def stored(store):
     r = run_cli("results", "list", "--store", store)
     assert r.returncode == 0, r.stderr
     from gpuvs.store import Store
 
     with Store(store) as st:
-        exp = [e for e in st.experiments() if e["kind"] == "validate"][-1]
-        return st.experiment(exp["id"])
+        exp = [e for e in st.experiments() if e.kind == "validate"][-1]
+        return st.experiment(exp.id)
 
 
 def rows(exp) -> dict[str, dict]:
-    return {r["check"]: r for r in exp["meta"]["checks"]}
+    return {r["check"]: r for r in exp.meta.checks}
 
 
 def answers(c) -> bool:
@@ -59,7 +59,7 @@ def test_functional_suite_passes_and_reports(cluster, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     exp = stored(store)
     got = rows(exp)
-    assert exp["meta"]["finished"] is True
+    assert exp.meta.finished is True
     assert all(x["status"] == "pass" for x in got.values()), got
     assert got["GPU nodes found and allocatable"]["observed"]["allocatable"] == {n: cluster.gpus for n in cluster.nodes}
     # the fake plugin's Allocate answer reached the container: one device node and the ID it was given
@@ -92,14 +92,14 @@ def test_functional_suite_passes_and_reports(cluster, tmp_path):
     for check in ("GPU pod: scheduled", "GPU pod: running", "GPU pod: deleted and gone"):
         assert 0 < got[check]["seconds"] < 60
     # reported like any experiment
-    md = run_cli("report", exp["id"], "--store", store, "--format", "md")
+    md = run_cli("report", exp.id, "--store", store, "--format", "md")
     assert md.returncode == 0 and "| functional | GPU pod: exec works | pass |" in md.stdout
-    js = json.loads(run_cli("report", exp["id"], "--store", store, "--format", "json").stdout)
+    js = json.loads(run_cli("report", exp.id, "--store", store, "--format", "json").stdout)
     assert js["verdict"].startswith("passed:") and len(js["checks"]) == len(got)
     assert js["figures"]["recovery_s"]["better"] == "lower"
-    html = run_cli("report", exp["id"], "--store", store, "--format", "html").stdout
+    html = run_cli("report", exp.id, "--store", store, "--format", "html").stdout
     assert "<table" in html and "over-request stays Pending" in html
-    term = run_cli("report", exp["id"], "--store", store).stdout
+    term = run_cli("report", exp.id, "--store", store).stdout
     assert "CPU-only pod gets no GPU" in term
 
 
@@ -189,7 +189,7 @@ def test_sigterm_during_an_api_server_outage_restarts_it_and_cleans_up(cluster, 
         time.sleep(1)
     assert leftovers(cluster) == []
     exp = stored(store)
-    assert exp["meta"]["finished"] is False and "SIGTERM" in exp["meta"]["stopped"]
+    assert exp.meta.finished is False and "SIGTERM" in exp.meta.stopped
     assert rows(exp)["nothing left behind"]["status"] == "pass"
 
 

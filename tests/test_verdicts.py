@@ -16,9 +16,12 @@ import pytest
 from rich.console import Console
 
 from gpuvs import comparison, events, family, stats, workloads
+from gpuvs.records import ArmMeta, ExperimentMeta, ExperimentRecord, SampleRecord, TrialRecord
 from gpuvs.report import tables
 from gpuvs.report.terminal import StepLog
 from gpuvs.sequential import Plan, nominal_levels
+from gpuvs.spec import RunSpec
+from gpuvs.stats import SeriesSummary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,10 +58,11 @@ def test_step_log_and_trial_figure_are_get_perf_timing():
         rate, pm, jitter = perf_timing_formula(64, times[:n])
         assert f"images/sec: {rate:.1f} +/- {pm:.1f} (jitter = {jitter:.1f})" in line
         assert rate != pytest.approx(np.mean(64 / np.array(times[:n])), rel=1e-3)  # not the mean of rates
-    summary = stats.summarize_samples([events.sample(i, 64 / s, "images/sec", seconds=s, items=64)
-                                       for i, s in enumerate(times)])["main"]
+    summary = stats.summarize_samples([SampleRecord.from_event(events.sample(i, 64 / s, "images/sec", seconds=s,
+                                                                             items=64)) for i, s in enumerate(times)])
+    summary = summary["main"]
     rate, pm, _ = perf_timing_formula(64, times)
-    assert summary["value"] == pytest.approx(rate) and summary["pm"] == pytest.approx(pm)
+    assert summary.value == pytest.approx(rate) and summary.pm == pytest.approx(pm)
 
 
 # -- declarations -----------------------------------------------------------------------------------
@@ -112,7 +116,7 @@ def test_the_issues_example_loss_and_memory_are_not_faster():
     for decl, base, arm, word in ((nlp, [1.00, 1.01, 0.99], [1.60, 1.61, 1.59], "worse"),
                                   (kern, [100.0, 101.0, 99.0], [200.0, 201.0, 199.0], "more")):
         r = stats.compare_arms(base, arm, better=decl.better, words=(decl.up, decl.down))
-        assert r["verdict"] == word
+        assert r.verdict == word
 
 
 # -- one comparison ---------------------------------------------------------------------------------
@@ -122,25 +126,24 @@ def test_equivalent_and_slower_when_both_hold():
     a = 1000 * (1 + 0.0005 * rng.standard_normal(6))
     b = 985 * (1 + 0.0005 * rng.standard_normal(6))
     r = stats.compare_arms(a, b)
-    assert r["equivalent"] and r["different"] and r["verdict"] == "equivalent" and r["also"] == "slower"
-    assert 0.983 < r["ci_low"] < r["ci_high"] < 0.987
+    assert r.equivalent and r.different and r.verdict == "equivalent" and r.also == "slower"
+    assert 0.983 < r.ci_low < r.ci_high < 0.987
     assert tables.verdict_word(r) == "equivalent within ±2%, and 1.5% slower"
 
 
 def test_no_zero_width_interval_from_identical_values():
-    assert stats.compare_arms([100.0, 100.0], [103.0, 103.0])["ci_low"] is None
+    assert stats.compare_arms([100.0, 100.0], [103.0, 103.0]).ci_low is None
     r = stats.compare_arms([100.0, 100.0], [103.0, 103.0], floor_a=0.01, floor_b=0.01)
     # the floor of 1% per trial: se(log R) = sqrt(0.01^2 / 2 + 0.01^2 / 2) = 0.01
-    assert r["se_log"] == pytest.approx(0.01) and r["ci_high"] / r["ci_low"] > 1.05
+    assert r.se_log == pytest.approx(0.01) and r.ci_high / r.ci_low > 1.05
     # from the store: each trial's own +/- (per-step spread) and the timer's resolution
-    recs = [{"id": None, "arm": arm, "trial": t, "attempt": 0, "status": "ok", "error": None,
-             "spec": {"workload": "cnn-train", "device": "cpu", "env": {"kind": "host"}},
-             "summary": {"main": {"value": v, "unit": "images/sec", "pm": 0.01 * v, "total_seconds": 2.0}},
-             "metrics": {}, "startup": {}, "fingerprint": {}} for arm, v in (("a", 100.0), ("b", 103.0)) for t in range(2)]
-    a = comparison.analyse({"id": "e", "name": "e", "kind": "compare", "meta": {"workload": "cnn-train",
-                            "arms": [{"name": "a"}, {"name": "b"}]}}, recs)
+    recs = [TrialRecord(None, "e", f"{arm}{t}", arm, t, status="ok", spec=RunSpec("cnn-train", device="cpu"),
+                        summary={"main": SeriesSummary(2, "images/sec", value=v, pm=0.01 * v, total_seconds=2.0)})
+            for arm, v in (("a", 100.0), ("b", 103.0)) for t in range(2)]
+    a = comparison.analyse(ExperimentRecord("e", "e", "compare", 0.0, ExperimentMeta(
+        workload="cnn-train", arms=[ArmMeta("a"), ArmMeta("b")])), recs)
     (v,) = a.verdicts
-    assert v["ci_low"] < v["ratio"] < v["ci_high"] and v["se_log"] == pytest.approx(0.01, rel=1e-3)
+    assert v.ci_low < v.ratio < v.ci_high and v.se_log == pytest.approx(0.01, rel=1e-3)
 
 
 def test_pairs_that_all_favour_one_arm_settle_it_and_a_broken_pair_drops_out():
@@ -150,37 +153,39 @@ def test_pairs_that_all_favour_one_arm_settle_it_and_a_broken_pair_drops_out():
     b = {t: 1020 * r * (1 + 0.001 * (-1) ** t) for t, r in enumerate(rounds)}
     unpaired = stats.compare_arms(list(a.values()), list(b.values()))
     paired = stats.compare_arms(a, b, paired=True)
-    assert unpaired["verdict"] == "inconclusive" and unpaired["method"] == "unpaired"
-    assert paired["verdict"] == "faster" and paired["method"] == "paired" and paired["n_pairs"] == 5
+    assert unpaired.verdict == "inconclusive" and unpaired.method == "unpaired"
+    assert paired.verdict == "faster" and paired.method == "paired" and paired.n_pairs == 5
     # a failed trial breaks its round's pair: the other trial of that round is left out
     del b[2]
     r = stats.compare_arms(a, b, paired=True)
-    assert r["method"] == "paired" and r["n_pairs"] == 4 and r["unused"] == 1 and r["verdict"] == "faster"
+    assert r.method == "paired" and r.n_pairs == 4 and r.unused == 1 and r.verdict == "faster"
     # fewer than 3 complete pairs: the unpaired analysis of every trial
     r = stats.compare_arms({0: a[0], 1: a[1], 2: a[2]}, {0: b[0], 3: b[3], 4: b[4]}, paired=True)
-    assert r["method"] == "unpaired" and r["n_a"] == 3 and r["n_b"] == 3
+    assert r.method == "unpaired" and r.n_a == 3 and r.n_b == 3
 
 
 # -- the family and the stopping rule ---------------------------------------------------------------
 
 def test_holm_and_the_gate():
-    mk = lambda p_diff, p_eq: {"p_different": p_diff, "p_equivalent": p_eq, "se_log": 0.01, "log_r": 0.0,  # noqa: E731
-                               "df": 10.0, "margin": 0.02, "words": ["faster", "slower"], "have": 5,
-                               "unit_sd": 0.02, "method": "paired"}
+    def mk(p_diff, p_eq, headline=False):
+        return family.MetricVerdict(n_a=5, n_b=5, margin=0.02, confidence=0.95, better="higher",
+                                    words=("faster", "slower"), level=0.05, level_eq=0.05, method="paired",
+                                    se_log=0.01, df=10.0, p_different=p_diff, p_equivalent=p_eq, log_r=0.0,
+                                    unit_sd=0.02, have=5, headline=headline)
     rows = [mk(0.001, 0.9), mk(0.02, 0.9), mk(0.03, 0.9)]
     family.holm(rows, 0.05, estimate=False)
     # steps: 0.001 <= 0.05/3, 0.02 <= 0.05/3? no: stop. Only the first is different.
-    assert [r["different"] for r in rows] == [True, False, False]
+    assert [r.different for r in rows] == [True, False, False]
     # a comparison counts until both its hypotheses are rejected (at most one of them is true): once
     # the first is both different and equivalent, Holm steps down to 0.05/2 for the other two
     rows = [mk(0.001, 0.002), mk(0.02, 0.9), mk(0.024, 0.9)]
     family.holm(rows, 0.05, estimate=False)
-    assert [r["different"] for r in rows] == [True, True, True] and rows[0]["equivalent"]
+    assert [r.different for r in rows] == [True, True, True] and rows[0].equivalent
     # the gate: other metrics are tested only with the share of arms whose headline differs
-    head = dict(mk(0.5, 0.001), headline=True, declared_tested=True)
-    other = dict(mk(0.0001, 0.9), headline=False, declared_tested=True)
+    head, other = mk(0.5, 0.001, headline=True), mk(0.0001, 0.9)
     family.adjust([head, other], 0.05, 1)
-    assert head["verdict"] == "equivalent" and other["verdict"] == "descriptive" and not other["different"]
+    assert head.verdict == "equivalent" and other.verdict == "descriptive" and not other.different
+    assert (head.tested, head.family, other.tested, other.family) == (True, "headline", False, "descriptive")
 
 
 def test_the_plan_spends_alpha_over_its_looks():

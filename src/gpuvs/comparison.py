@@ -2,19 +2,23 @@
 each arm against the first (baseline) arm, derived tables (speed-up, scaling efficiency, per
 trial), fingerprints side by side with the differences nobody asked for, and failures.
 
-Built from the store (`from_store`) or from the runner's TrialResults while an experiment is still
-running (`from_results`, for --until-confident); both go through the same trial records."""
+Built from the store (`from_store`: its ExperimentRecord and TrialRecords) or from the runner's
+TrialResults while an experiment is still running (`from_results`, for --until-confident); both go
+through the same trial records. Every part is a dataclass; to_dict() is `gpuvs report --format json`."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from gpuvs import environments, family, fingerprint, stats
 from gpuvs.errors import UsageError
-from gpuvs.sequential import Plan
-from gpuvs.spec import device_kind
+from gpuvs.family import MetricVerdict
+from gpuvs.records import (ArmMeta, ExperimentMeta, ExperimentRecord, TelemetryRecord, TrialRecord, json_value,
+                           latest_attempts)
+from gpuvs.spec import EnvSpec, device_kind
 
 TIMER_RESOLUTION_S = 1e-6  # the coarser of perf_counter's and CUDA events' (0.5 us) resolution, rounded up
 
@@ -42,7 +46,7 @@ def fingerprint_fields() -> tuple[tuple[str, str], ...]:
 @dataclass
 class Metric:
     name: str
-    unit: str
+    unit: str | None
     better: str | None  # the workload's declaration: higher, lower, neither; None: undeclared
     up: str  # the verdict's word for a figure above the baseline's, and below it
     down: str
@@ -65,10 +69,73 @@ class ArmResult:
     n_ok: int
     n_total: int
     values: dict[str, dict[int, float]] = field(default_factory=dict)  # metric -> {trial: figure}
-    summaries: dict[str, dict[str, Any]] = field(default_factory=dict)  # metric -> stats.summarize_trials
-    trial_summaries: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # series -> per-trial summaries
+    summaries: dict[str, stats.TrialsSummary] = field(default_factory=dict)  # metric -> across its trials
+    trial_summaries: dict[str, list[stats.SeriesSummary]] = field(default_factory=dict)  # series -> per trial
     startup: dict[str, float] = field(default_factory=dict)  # mean seconds over ok trials
-    fingerprint: dict[str, Any] = field(default_factory=dict)
+    fingerprint: dict[str, Any] = field(default_factory=dict)  # of its first successful trial
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: json_value(getattr(self, f.name)) for f in fields(self)}
+
+
+@dataclass
+class Speedup:
+    """A GPU arm against a CPU arm: CPU time / GPU time for the same work, with its interval."""
+
+    cpu_arm: str
+    gpu_arm: str
+    cpu_mean: float | None
+    gpu_mean: float | None
+    unit: str | None
+    speedup: float
+    ci_low: float | None = None
+    ci_high: float | None = None
+
+
+@dataclass
+class Scaling:
+    """An arm's throughput against the arm with the fewest GPUs, over the ideal N/N0."""
+
+    arm: str
+    num_gpus: int
+    mean: float
+    unit: str | None
+    speedup: float
+    ideal: float
+    efficiency: float
+    eff_low: float | None = None
+    eff_high: float | None = None
+    baseline: str = ""
+
+
+@dataclass
+class Failure:
+    """A trial that did not finish (its last attempt)."""
+
+    arm: str
+    trial: int
+    status: str
+    error: str
+
+
+@dataclass
+class TrialFigure:
+    """One trial as the reports show it: its headline figure, and (read with_steps) the headline's
+    per-step figures and the NVML readings."""
+
+    id: int | None
+    arm: str
+    trial: int
+    status: str
+    value: float | None
+    steps: list[tuple[int, float]] = field(default_factory=list)
+    telemetry: list[TelemetryRecord] = field(default_factory=list)
+
+    def to_dict(self, with_steps: bool = False) -> dict[str, Any]:
+        out = {"id": self.id, "arm": self.arm, "trial": self.trial, "status": self.status, "value": self.value}
+        if with_steps:
+            out.update(steps=[list(s) for s in self.steps], telemetry=[t.to_dict() for t in self.telemetry])
+        return out
 
 
 @dataclass
@@ -78,17 +145,17 @@ class Analysis:
     kind: str
     workload: str
     created: float
-    meta: dict[str, Any]
+    meta: ExperimentMeta
     margin: float
     confidence: float
     metrics: list[Metric]
     arms: list[ArmResult]
-    verdicts: list[dict[str, Any]]
-    speedup: list[dict[str, Any]]
-    scaling: list[dict[str, Any]]
+    verdicts: list[MetricVerdict]
+    speedup: list[Speedup]
+    scaling: list[Scaling]
     flags: list[str]
-    failures: list[dict[str, Any]]
-    trials: list[dict[str, Any]]  # records: id, arm, trial, status, steps [(step, value)], telemetry [...]
+    failures: list[Failure]
+    trials: list[TrialFigure]
 
     @property
     def headline(self) -> Metric | None:
@@ -98,42 +165,30 @@ class Analysis:
     def baseline(self) -> ArmResult | None:
         return self.arms[0] if self.arms else None
 
-    def headline_verdicts(self) -> list[dict[str, Any]]:
-        return [v for v in self.verdicts if self.headline and v["metric"] == self.headline.name]
+    def headline_verdicts(self) -> list[MetricVerdict]:
+        return [v for v in self.verdicts if self.headline and v.metric == self.headline.name]
 
     def settled(self) -> bool:
         """Every arm's headline verdict is something other than inconclusive."""
         vs = self.headline_verdicts()
-        return bool(vs) and all(v["verdict"] != "inconclusive" for v in vs)
+        return bool(vs) and all(v.verdict != "inconclusive" for v in vs)
 
     def to_dict(self, with_steps: bool = False) -> dict[str, Any]:
-        out = asdict(self)
-        if not with_steps:
-            for t in out["trials"]:
-                t.pop("steps", None)
-                t.pop("telemetry", None)
+        """The analysis as `gpuvs report --format json` writes it."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "trials":
+                out["trials"] = [t.to_dict(with_steps) for t in value]
+            elif f.name in ("metrics", "speedup", "scaling", "failures"):
+                out[f.name] = [asdict(x) for x in value]
+            else:
+                out[f.name] = json_value(value)
         return out
 
 
-# -- trial records --------------------------------------------------------------------------------
-
-def _record_from_result(r) -> dict[str, Any]:
-    return {"id": r.trial_id, "arm": r.spec.arm, "trial": r.spec.trial, "attempt": 0, "status": r.status,
-            "error": r.error, "spec": r.spec.to_dict(), "summary": r.summary, "metrics": r.metrics,
-            "startup": r.startup, "fingerprint": r.fingerprint, "started": None}
-
-
-def _latest_attempts(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per (arm, trial): its last attempt (retries keep earlier ones in the store)."""
-    latest: dict[tuple[str, int], dict[str, Any]] = {}
-    for rec in records:
-        key = (rec["arm"], rec["trial"])
-        if key not in latest or (rec.get("attempt") or 0) >= (latest[key].get("attempt") or 0):
-            latest[key] = rec
-    return list(latest.values())
-
-
 def _get(fp: dict[str, Any], key: str) -> Any:
+    """A fingerprint's field (the worker's data, as gathered); dotted keys read nested mappings."""
     for part in key.split("."):
         if not isinstance(fp, dict):
             return None
@@ -145,12 +200,7 @@ def _get(fp: dict[str, Any], key: str) -> Any:
 
 def from_store(store, experiment_id: str, with_steps: bool = True) -> Analysis:
     exp = store.experiment(experiment_id)
-    records = store.trials(exp["id"])
-    if with_steps:
-        for rec in records:
-            rec["samples"] = store.samples(rec["id"])
-            rec["telemetry"] = store.telemetry(rec["id"])
-    return analyse(exp, records)
+    return analyse(exp, store.trials(exp.id, with_samples=with_steps, with_telemetry=with_steps))
 
 
 def from_stored(store, before: str, after: str, margin: float, confidence: float) -> Analysis:
@@ -162,71 +212,69 @@ def from_stored(store, before: str, after: str, margin: float, confidence: float
     for ref in (before, after):
         ident, _, arm = ref.partition(":")
         exp = store.experiment(ident)
-        records = [r for r in _latest_attempts(store.trials(exp["id"]))]
-        names = list(dict.fromkeys(r["arm"] for r in records))
+        records = latest_attempts(store.trials(exp.id))
+        names = list(dict.fromkeys(r.arm for r in records))
         if not arm:
             if len(names) != 1:
-                raise UsageError(f"--stored {ref}: experiment {exp['id']} has arms {', '.join(names) or '(none)'}; "
+                raise UsageError(f"--stored {ref}: experiment {exp.id} has arms {', '.join(names) or '(none)'}; "
                                  f"name one as {ident}:ARM")
             arm = names[0]
         if arm not in names:
-            raise UsageError(f"--stored {ref}: experiment {exp['id']} has no arm {arm!r}; its arms: {', '.join(names)}")
-        picked.append((exp, arm, [r for r in records if r["arm"] == arm]))
-    workloads = {(e.get("meta") or {}).get("workload") or (recs[0]["spec"] or {}).get("workload") if recs else None
+            raise UsageError(f"--stored {ref}: experiment {exp.id} has no arm {arm!r}; its arms: {', '.join(names)}")
+        picked.append((exp, arm, [r for r in records if r.arm == arm]))
+    workloads = {e.meta.workload or (recs[0].spec.workload if recs[0].spec else None) if recs else None
                  for e, _, recs in picked}
     if len(workloads) > 1:
         raise UsageError(f"--stored: the two experiments ran different workloads ({', '.join(map(str, workloads))})")
-    labels = [f"{exp['id']}:{arm}" for exp, arm, _ in picked]
+    labels = [f"{exp.id}:{arm}" for exp, arm, _ in picked]
     if labels[0] == labels[1]:
         raise UsageError("--stored needs two different experiments or arms")
     merged = []
     for label, (_, _, recs) in zip(labels, picked):
-        merged += [{**r, "arm": label} for r in recs]
-    header = {"id": f"{labels[0]} vs {labels[1]}", "name": f"stored: {labels[1]} against {labels[0]}",
-              "kind": "compare-stored", "created": time.time(),
-              "meta": {"margin": margin, "confidence": confidence, "workload": workloads.pop(), "interleaved": False,
-                       "arms": [{"name": label, "overrides": {}} for label in labels]}}
+        merged += [dataclasses.replace(r, arm=label) for r in recs]
+    header = ExperimentRecord(f"{labels[0]} vs {labels[1]}", f"stored: {labels[1]} against {labels[0]}",
+                              "compare-stored", time.time(),
+                              ExperimentMeta(margin=margin, confidence=confidence, workload=workloads.pop(),
+                                             interleaved=False, arms=[ArmMeta(label) for label in labels]))
     return analyse(header, merged)
 
 
 def from_results(exp, results, margin: float, confidence: float) -> Analysis:
-    header = {"id": exp.id, "name": exp.name, "kind": exp.kind, "created": time.time(),
-              "meta": {**exp.meta, "margin": margin, "confidence": confidence, "workload": exp.base.workload,
-                       "arms": [{"name": a.name, "overrides": a.overrides} for a in exp.arms]}}
-    return analyse(header, [_record_from_result(r) for r in results])
+    """An experiment still running (runner.Experiment and its TrialResults so far)."""
+    meta = dataclasses.replace(exp.meta, margin=margin, confidence=confidence, workload=exp.base.workload,
+                               arms=[ArmMeta(a.name, a.overrides) for a in exp.arms])
+    return analyse(ExperimentRecord(exp.id, exp.name, exp.kind, time.time(), meta),
+                   [TrialRecord.from_result(r) for r in results])
 
 
-def analyse(exp: dict[str, Any], records: list[dict[str, Any]]) -> Analysis:
-    meta = exp.get("meta") or {}
-    margin = float(meta.get("margin", 0.02))
-    confidence = float(meta.get("confidence", 0.95))
-    records = sorted(_latest_attempts(records), key=lambda r: (r["trial"], r.get("id") or 0))
-    arm_order = [a["name"] for a in meta.get("arms") or []]
+def analyse(exp: ExperimentRecord, records: list[TrialRecord]) -> Analysis:
+    meta = exp.meta
+    margin, confidence = meta.judged()
+    records = sorted(latest_attempts(records), key=lambda r: (r.trial, r.id or 0))
+    arm_order = meta.arm_names()
     for rec in records:
-        if rec["arm"] not in arm_order:
-            arm_order.append(rec["arm"])
-    overrides = {a["name"]: a.get("overrides") or {} for a in meta.get("arms") or []}
-    workload = meta.get("workload") or ((records[0]["spec"] or {}).get("workload", "") if records else "")
+        if rec.arm not in arm_order:
+            arm_order.append(rec.arm)
+    overrides = meta.overrides()
+    workload = meta.workload or ((records[0].spec.workload if records[0].spec else "") if records else "")
     metrics = _metrics(records, arm_order, workload)
-    arms = [_arm(name, overrides.get(name, {}), [r for r in records if r["arm"] == name], metrics)
+    arms = [_arm(name, overrides.get(name, {}), [r for r in records if r.arm == name], metrics)
             for name in arm_order]
     arms = [a for a in arms if a.n_total or a.name in overrides]
-    verdicts = verdict_rows(meta, arms, metrics, margin, confidence, records, exp.get("kind", ""))
-    failures = [{"arm": r["arm"], "trial": r["trial"], "status": r["status"], "error": r.get("error") or ""}
-                for r in records if r["status"] != "ok"]
+    verdicts = verdict_rows(meta, arms, metrics, margin, confidence, records, exp.kind)
+    failures = [Failure(r.arm, r.trial, r.status, r.error or "") for r in records if r.status != "ok"]
     head = next((m for m in metrics if m.headline), None)
-    trials = [{"id": r.get("id"), "arm": r["arm"], "trial": r["trial"], "status": r["status"],
-               "value": (r.get("summary") or {}).get(head.name, {}).get("value") if head and head.source == "series"
-               else None,
-               "steps": [(s["step"], s["value"]) for s in r.get("samples") or []
-                         if head and s.get("series", "main") == head.name and s.get("value") is not None],
-               "telemetry": r.get("telemetry") or []} for r in records]
-    return Analysis(id=exp["id"], name=exp.get("name", exp["id"]), kind=exp.get("kind", ""),
-                    workload=workload,
-                    created=exp.get("created") or 0.0, meta=meta, margin=margin, confidence=confidence,
-                    metrics=metrics, arms=arms, verdicts=verdicts, speedup=_speedup(arms, head, confidence),
-                    scaling=_scaling(arms, head, confidence), flags=_flags(arms, records), failures=failures,
-                    trials=trials)
+    trials = []
+    for r in records:
+        series = r.summary.get(head.name) if head and head.source == "series" else None
+        trials.append(TrialFigure(r.id, r.arm, r.trial, r.status, series.value if series else None,
+                                  [(s.step, s.value) for s in r.samples or []
+                                   if head and s.series == head.name and s.value is not None],
+                                  list(r.telemetry or [])))
+    return Analysis(id=exp.id, name=exp.name, kind=exp.kind, workload=workload, created=exp.created or 0.0,
+                    meta=meta, margin=margin, confidence=confidence, metrics=metrics, arms=arms, verdicts=verdicts,
+                    speedup=_speedup(arms, head, confidence), scaling=_scaling(arms, head, confidence),
+                    flags=_flags(arms, records), failures=failures, trials=trials)
 
 
 def _declarations(workload: str, params: dict[str, Any] | None = None):
@@ -242,28 +290,29 @@ def _declarations(workload: str, params: dict[str, Any] | None = None):
     return lambda name, summary=None: w.declared(name, params) or recorded(name, summary or {})
 
 
-def _metric(name: str, unit: str, source: str, decl) -> Metric:
+def _metric(name: str, unit: str | None, source: str, decl) -> Metric:
     if decl is None:
         return Metric(name, unit, None, "higher", "lower", False, False, source)
     return Metric(name, unit, decl.better, decl.up, decl.down, decl.headline, decl.tested, source)
 
 
-def _metrics(records: list[dict[str, Any]], arm_order: list[str], workload: str) -> list[Metric]:
+def _metrics(records: list[TrialRecord], arm_order: list[str], workload: str) -> list[Metric]:
     """Sample series (in the baseline arm's order), then scalar metrics, each with its workload's
     declaration; the headline (the first series or metric declared as one) first."""
-    ok = sorted((r for r in records if r["status"] == "ok"),
-                key=lambda r: arm_order.index(r["arm"]) if r["arm"] in arm_order else len(arm_order))
+    ok = sorted((r for r in records if r.ok),
+                key=lambda r: arm_order.index(r.arm) if r.arm in arm_order else len(arm_order))
     # arms share how figures are read (Workload.fixed_params): the first trial's parameters declare them
-    declared = _declarations(workload, ((ok or records or [{}])[0].get("spec") or {}).get("params"))
+    first = (ok or records or [None])[0]
+    declared = _declarations(workload, first.spec.params if first is not None and first.spec else None)
     series: dict[str, Metric] = {}
     scalars: dict[str, Metric] = {}
     for rec in ok:
-        for name, s in (rec.get("summary") or {}).items():
-            if name not in series and s.get("value") is not None:
-                series[name] = _metric(name, s.get("unit", ""), "series", declared(name, s))
-        for name, m in (rec.get("metrics") or {}).items():
-            if name not in scalars and name not in series and m.get("value") is not None:
-                scalars[name] = _metric(name, m.get("unit", ""), "metric", declared(name))
+        for name, s in rec.summary.items():
+            if name not in series and s.value is not None:
+                series[name] = _metric(name, s.unit, "series", declared(name, s))
+        for name, m in rec.metrics.items():
+            if name not in scalars and name not in series and m.value is not None:
+                scalars[name] = _metric(name, m.unit, "metric", declared(name))
     ordered = list(series.values()) + list(scalars.values())
     head = next((m for m in ordered if m.headline), None)
     for m in ordered:
@@ -277,64 +326,59 @@ def _floor(arm: ArmResult, metric: Metric) -> float:
     timed seconds, root mean square over the arm's trials."""
     terms = []
     for summary in arm.trial_summaries.get(metric.name, []):
-        value = summary.get("value")
+        value = summary.value
         if not value:
             continue
-        rel = (summary.get("pm") or 0.0) / abs(value)
-        if summary.get("total_seconds"):
-            rel = (rel * rel + (TIMER_RESOLUTION_S / summary["total_seconds"]) ** 2) ** 0.5
+        rel = (summary.pm or 0.0) / abs(value)
+        if summary.total_seconds:
+            rel = (rel * rel + (TIMER_RESOLUTION_S / summary.total_seconds) ** 2) ** 0.5
         terms.append(rel * rel)
     return (sum(terms) / len(terms)) ** 0.5 if terms else 0.0
 
 
-def sequential_plan(meta: dict[str, Any]) -> Plan | None:
-    seq = meta.get("sequential")
-    return Plan(int(seq["first"]), int(seq["cap"]), int(seq.get("step", 2))) if seq else None
-
-
-def verdict_rows(meta: dict[str, Any], arms: list[ArmResult], metrics: list[Metric], margin: float,
-                 confidence: float, records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+def verdict_rows(meta: ExperimentMeta, arms: list[ArmResult], metrics: list[Metric], margin: float,
+                 confidence: float, records: list[TrialRecord], kind: str) -> list[MetricVerdict]:
     """Every arm against the first on every metric, with the family's corrections (family.py):
     paired by round where the trials were interleaved, unpaired otherwise."""
     if len(arms) < 2:
         return []
     return family.compare_all(metrics, [a.values for a in arms], [a.name for a in arms], margin=margin,
-                              confidence=confidence, paired=meta.get("interleaved", kind == "compare"),
+                              confidence=confidence, paired=meta.is_interleaved(kind),
                               floors=[{m.name: _floor(a, m) for m in metrics} for a in arms],
-                              plan=sequential_plan(meta), rounds=1 + max((r["trial"] for r in records), default=-1))
+                              plan=meta.sequential, rounds=1 + max((r.trial for r in records), default=-1))
 
 
-def _arm(name: str, overrides: dict[str, Any], recs: list[dict[str, Any]], metrics: list[Metric]) -> ArmResult:
-    spec = (recs[0]["spec"] if recs else None) or {}
-    env_label = environments.label(spec.get("env") or {})
-    ok = [r for r in recs if r["status"] == "ok"]
-    arm = ArmResult(name=name, overrides=overrides, device=spec.get("device", "-"), num_gpus=spec.get("num_gpus", 1),
-                    env=env_label, n_ok=len(ok), n_total=len(recs))
+def _arm(name: str, overrides: dict[str, Any], recs: list[TrialRecord], metrics: list[Metric]) -> ArmResult:
+    spec = recs[0].spec if recs else None
+    ok = [r for r in recs if r.ok]
+    arm = ArmResult(name=name, overrides=overrides, device=spec.device if spec else "-",
+                    num_gpus=spec.num_gpus if spec else 1, env=environments.label(spec.env if spec else EnvSpec()),
+                    n_ok=len(ok), n_total=len(recs))
     for metric in metrics:
         values: dict[int, float] = {}
         for r in ok:
             if metric.source == "series":
-                summary = (r.get("summary") or {}).get(metric.name, {})
-                v = summary.get("value")
+                summary = r.summary.get(metric.name)
+                v = summary.value if summary else None
                 if v is not None:
                     arm.trial_summaries.setdefault(metric.name, []).append(summary)
             else:
-                v = (r.get("metrics") or {}).get(metric.name, {}).get("value")
+                m = r.metrics.get(metric.name)
+                v = m.value if m else None
             if v is not None:
-                values[r["trial"]] = float(v)
+                values[r.trial] = float(v)
         arm.values[metric.name] = values
         arm.summaries[metric.name] = stats.summarize_trials(list(values.values()))
     startup: dict[str, list[float]] = {}
     for r in ok:
-        for k, v in (r.get("startup") or {}).items():
+        for k, v in r.startup.items():
             startup.setdefault(k, []).append(float(v))
     arm.startup = {k: sum(v) / len(v) for k, v in startup.items()}
-    arm.fingerprint = next((r["fingerprint"] for r in ok if r.get("fingerprint")),
-                           next((r.get("fingerprint") or {} for r in recs), {}))
+    arm.fingerprint = next((r.fingerprint for r in ok if r.fingerprint), next((r.fingerprint for r in recs), {}))
     return arm
 
 
-def _speedup(arms: list[ArmResult], head: Metric | None, confidence: float) -> list[dict[str, Any]]:
+def _speedup(arms: list[ArmResult], head: Metric | None, confidence: float) -> list[Speedup]:
     """GPU arm against CPU arm: CPU time / GPU time for the same work (for a rate: GPU rate / CPU rate)."""
     if head is None:
         return []
@@ -345,16 +389,15 @@ def _speedup(arms: list[ArmResult], head: Metric | None, confidence: float) -> l
         for g in gpus:
             cv, gv = list(c.values[head.name].values()), list(g.values[head.name].values())
             num, den = (cv, gv) if not head.higher_is_better else (gv, cv)
-            row = {"cpu_arm": c.name, "gpu_arm": g.name, "cpu_mean": c.summaries[head.name].get("mean"),
-                   "gpu_mean": g.summaries[head.name].get("mean"), "unit": head.unit,
-                   "speedup": sum(num) / len(num) / (sum(den) / len(den)), "ci_low": None, "ci_high": None}
+            row = Speedup(c.name, g.name, c.summaries[head.name].mean, g.summaries[head.name].mean, head.unit,
+                          sum(num) / len(num) / (sum(den) / len(den)))
             if len(cv) > 1 and len(gv) > 1:
-                _, row["ci_low"], row["ci_high"] = stats.ratio_interval(den, num, confidence)
+                _, row.ci_low, row.ci_high = stats.ratio_interval(den, num, confidence)
             rows.append(row)
     return rows
 
 
-def _scaling(arms: list[ArmResult], head: Metric | None, confidence: float) -> list[dict[str, Any]]:
+def _scaling(arms: list[ArmResult], head: Metric | None, confidence: float) -> list[Scaling]:
     """Scaling efficiency = N-GPU throughput / (N/N0 x N0-GPU throughput), against the arm with the
     fewest GPUs; only for rates (higher is better) and where arms differ in num_gpus."""
     if head is None or not head.higher_is_better:
@@ -370,12 +413,11 @@ def _scaling(arms: list[ArmResult], head: Metric | None, confidence: float) -> l
         av = list(a.values[head.name].values())
         mean = sum(av) / len(av)
         speedup = mean / bmean
-        row = {"arm": a.name, "num_gpus": a.num_gpus, "mean": mean, "unit": head.unit, "speedup": speedup,
-               "ideal": a.num_gpus / base.num_gpus, "efficiency": speedup / (a.num_gpus / base.num_gpus),
-               "eff_low": None, "eff_high": None, "baseline": base.name}
+        ideal = a.num_gpus / base.num_gpus
+        row = Scaling(a.name, a.num_gpus, mean, head.unit, speedup, ideal, speedup / ideal, baseline=base.name)
         if a is not base and len(av) > 1 and len(bv) > 1:
             _, low, high = stats.ratio_interval(bv, av, confidence)
-            row["eff_low"], row["eff_high"] = low / row["ideal"], high / row["ideal"]
+            row.eff_low, row.eff_high = low / ideal, high / ideal
         rows.append(row)
     return rows
 
@@ -389,16 +431,16 @@ def varied_keys(arms: list[ArmResult]) -> set[str]:
     return keys
 
 
-def _flags(arms: list[ArmResult], records: list[dict[str, Any]]) -> list[str]:
+def _flags(arms: list[ArmResult], records: list[TrialRecord]) -> list[str]:
     """Key fingerprint fields that differ where the user did not ask them to."""
     flags = []
-    kinds = {((r.get("spec") or {}).get("env") or {}).get("kind", environments.DEFAULT) for r in records}
+    kinds = {r.spec.env.kind if r.spec else environments.DEFAULT for r in records}
     varied = varied_keys(arms)
     explained = environments.explained(varied, kinds)
     if "device" in varied:  # the GPU a run sees follows from its device: a CPU arm in a pod sees none
         explained |= set(fingerprint.DEVICE_FIELDS)
     for arm in arms:
-        fps = [r["fingerprint"] for r in records if r["arm"] == arm.name and r["status"] == "ok" and r.get("fingerprint")]
+        fps = [r.fingerprint for r in records if r.arm == arm.name and r.ok and r.fingerprint]
         for other in fps[1:]:
             diff = fingerprint.differences(fps[0], other)
             if diff:

@@ -22,6 +22,7 @@ import yaml
 from gpuvs import environments, workloads
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
+from gpuvs.records import ExperimentMeta
 from gpuvs.runner import SPEC_FIELDS, Arm, Experiment
 from gpuvs.spec import EnvSpec, RunSpec, check_device_syntax
 
@@ -365,8 +366,8 @@ def load(path: str | Path, cli: dict[str, Any] | None = None, device_fallback: s
     if opts["until_confident"] and opts["max_trials"] is None:
         opts["max_trials"] = max(DEFAULT_MAX_TRIALS, opts["trials"])
     exp = Experiment(name=opts["name"] or path.stem, base=base, arms=arms, trials=opts["trials"], seed=opts["order_seed"],
-                     kind="compare", meta={"margin": opts["margin"], "confidence": opts["confidence"],
-                                           "file": str(path), "description": opts["description"]})
+                     kind="compare", meta=ExperimentMeta(margin=opts["margin"], confidence=opts["confidence"],
+                                                         file=str(path), description=opts["description"]))
     return Study(exp, margin=opts["margin"], confidence=opts["confidence"], until_confident=opts["until_confident"],
                  max_trials=opts["max_trials"], retries=opts["retries"], source=str(path))
 

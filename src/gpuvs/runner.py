@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import queue
 import random
 import signal
@@ -14,7 +15,9 @@ from typing import Any, Callable
 
 from gpuvs import environments, events, workloads
 from gpuvs.errors import UsageError, interruption
+from gpuvs.records import ArmMeta, ExperimentMeta, MetricValue, SampleRecord, TelemetryRecord, summaries_from_dict
 from gpuvs.spec import EnvSpec, RunSpec, check_device_syntax
+from gpuvs.stats import SeriesSummary
 from gpuvs.store import Store
 
 # RunSpec fields an arm may set directly; any other key is a workload parameter.
@@ -45,13 +48,13 @@ class TrialResult:
     error: str | None = None
     error_kind: str | None = None
     exit_code: int | None = None
-    fingerprint: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
+    fingerprint: dict[str, Any] = field(default_factory=dict)  # gathered by the worker (fingerprint.py)
+    config: dict[str, Any] = field(default_factory=dict)  # the workload's configuration items
     startup: dict[str, float] = field(default_factory=dict)
-    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
-    summary: dict[str, dict[str, Any]] = field(default_factory=dict)
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    telemetry: list[dict[str, Any]] = field(default_factory=list)
+    metrics: dict[str, MetricValue] = field(default_factory=dict)
+    summary: dict[str, SeriesSummary] = field(default_factory=dict)
+    samples: list[SampleRecord] = field(default_factory=list)
+    telemetry: list[TelemetryRecord] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # stream -> the job's output, capped
     wall_s: float = 0.0
@@ -61,16 +64,17 @@ class TrialResult:
     def ok(self) -> bool:
         return self.status == "ok"
 
-    def primary(self) -> dict[str, Any]:
+    def primary(self) -> SeriesSummary | None:
         """The first series' summary (the headline figure)."""
-        return next(iter(self.summary.values()), {})
+        return next(iter(self.summary.values()), None)
 
     def apply(self, event: dict[str, Any]) -> None:
+        """One event of the worker protocol (events.py) into the result's records."""
         kind = event["type"]
         if kind == "sample":
-            self.samples.append(event)
+            self.samples.append(SampleRecord.from_event(event, self.trial_id))
         elif kind == "telemetry":
-            self.telemetry.append(event)
+            self.telemetry.append(TelemetryRecord.from_event(event))
         elif kind == "fingerprint":
             self.fingerprint = event["data"]
         elif kind == "config":
@@ -78,9 +82,9 @@ class TrialResult:
         elif kind == "startup":
             self.startup[event["name"]] = event["seconds"]
         elif kind == "metric":
-            self.metrics[event["name"]] = {"value": event["value"], "unit": event.get("unit", "")}
+            self.metrics[event["name"]] = MetricValue.from_dict(event)
         elif kind == "summary":
-            self.summary = event["data"]
+            self.summary = summaries_from_dict(event["data"])
             self.reported = True
         elif kind == "error":
             self.error_kind, self.error = event.get("kind"), event.get("message")
@@ -107,7 +111,12 @@ class Experiment:
     seed: int | None = None
     kind: str = "run"
     id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
-    meta: dict[str, Any] = field(default_factory=dict)  # stored with the experiment (margin, command, ...)
+    meta: ExperimentMeta = field(default_factory=ExperimentMeta)  # stored with it (margin, command, ...)
+
+    def stored_meta(self) -> ExperimentMeta:
+        """The meta the store keeps: this one, with the workload, planned trials, order seed, arms and base."""
+        return dataclasses.replace(self.meta, workload=self.base.workload, trials=self.trials, seed=self.seed,
+                                   arms=[ArmMeta(a.name, dict(a.overrides)) for a in self.arms], base=self.base)
 
     def spec_for(self, arm: Arm, trial: int) -> RunSpec:
         spec = copy.deepcopy(self.base)
@@ -193,11 +202,7 @@ class Runner:
         after each addition) how many trials per arm to add; 0 stops (see --until-confident)."""
         specs = exp.order()
         validate_experiment(exp)
-        self.store.create_experiment(exp.id, exp.name, exp.kind, {
-            **exp.meta, "workload": exp.base.workload, "trials": exp.trials, "seed": exp.seed,
-            "arms": [{"name": a.name, "overrides": {k: (v.__dict__ if isinstance(v, EnvSpec) else v)
-                                                    for k, v in a.overrides.items()}} for a in exp.arms],
-            "base": exp.base.to_dict()})
+        self.store.create_experiment(exp.id, exp.name, exp.kind, exp.stored_meta())
         results: list[TrialResult] = []
         done = 0
         while specs:
@@ -365,7 +370,8 @@ class LiveTrial:
             self.late_output()
         r.wall_s = time.monotonic() - self.t0
         if not r.summary and r.samples:
-            r.summary = workloads.get(r.spec.workload).summarize(r.samples, r.spec.params)
+            summary = workloads.get(r.spec.workload).summarize([s.to_dict() for s in r.samples], r.spec.params)
+            r.summary = summaries_from_dict(summary)
         if r.trial_id is not None:
             self.runner.store.finish_trial(r.trial_id, r.status, error=r.error, error_kind=r.error_kind,
                                            exit_code=r.exit_code, fingerprint=r.fingerprint, config=r.config,

@@ -1,4 +1,6 @@
-"""Summaries of samples (per trial) and of trials (per arm).
+"""Summaries of samples (per trial) and of trials (per arm), and the comparison of two arms, as typed
+records: SeriesSummary, TrialsSummary, LogRatio, Comparison. Their to_dict() is the JSON the worker
+protocol, the store and `--format json` carry (the same keys as ever; from_dict reads it back).
 
 Per trial, tf_cnn_benchmarks semantics: throughput = total items / total time (not the mean of
 per-step rates); +/- = standard deviation of per-step rates / sqrt(steps); jitter = 1.4826 x the
@@ -7,11 +9,29 @@ median absolute deviation of per-step rates."""
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 MAD_SCALE = 1.4826
+
+
+def _known(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The items of `data` that are fields of the dataclass `cls` (a stored record read back: a key an
+    earlier version did not write keeps the field's default; one a later version added is left out)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+class Sample(Protocol):
+    """What a summary reads of a sample (records.SampleRecord; the worker's sample events, once read)."""
+
+    series: str
+    value: float | None
+    unit: str | None
+    seconds: float | None
+    items: float | None
 
 
 def perf_timing(items: Sequence[float], seconds: Sequence[float]) -> tuple[float, float, float]:
@@ -40,39 +60,86 @@ def std_error(values: Sequence[float]) -> float:
     return float(arr.std(ddof=1) / math.sqrt(arr.size))
 
 
-def summarize_series(samples: Iterable[dict[str, Any]], better: str | None = None) -> dict[str, Any]:
-    """One series of one trial. Samples are protocol dicts (value, seconds, items, unit); `better` is
-    the workload's declaration (higher, lower, neither; None: undeclared), never read from the unit."""
+_DIRECTION = {"higher": True, "lower": False}
+
+
+@dataclass
+class SeriesSummary:
+    """One series of one trial. value: the trial's figure (total items over total time where every step
+    is timed, else the mean of the step values); better: the workload's declaration (higher, lower,
+    neither; None: undeclared), never read from the unit. The figures are there once a step had a value
+    (n > 0); total_seconds and total_items where every step was timed."""
+
+    n: int = 0
+    unit: str | None = ""
+    better: str | None = None
+    higher_is_better: bool | None = None
+    value: float | None = None
+    total_seconds: float | None = None
+    total_items: float | None = None
+    mean: float | None = None
+    pm: float | None = None
+    jitter: float | None = None
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    figure: str | None = None  # how the trial's figure was made, where a workload says (command: steps, last printed)
+    declared: dict[str, Any] | None = None  # a figure's declaration made while the job ran (the command workload)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary's JSON: n, unit, better and higher_is_better always, each figure where there is one."""
+        out: dict[str, Any] = {"n": self.n, "unit": self.unit, "better": self.better,
+                               "higher_is_better": self.higher_is_better}
+        for f in fields(self)[4:]:
+            value = getattr(self, f.name)
+            if value is not None:
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SeriesSummary:
+        """A stored summary. One written before `better` existed has better None (undeclared: its unit was
+        never a declaration) and keeps its higher_is_better."""
+        out = cls(**_known(cls, data))
+        if "higher_is_better" not in data:
+            out.higher_is_better = _DIRECTION.get(out.better or "")
+        return out
+
+
+def summarize_series(samples: Iterable[Sample], better: str | None = None) -> SeriesSummary:
+    """One series of one trial (samples: SampleRecords); `better` is the workload's declaration (higher,
+    lower, neither; None: undeclared), never read from the unit."""
     samples = list(samples)
-    values = [s["value"] for s in samples if s.get("value") is not None]
-    unit = samples[0].get("unit", "") if samples else ""
-    out: dict[str, Any] = {"n": len(values), "unit": unit, "better": better,
-                           "higher_is_better": {"higher": True, "lower": False}.get(better or "")}
+    values = [s.value for s in samples if s.value is not None]
+    out = SeriesSummary(n=len(values), unit=samples[0].unit if samples else "", better=better,
+                        higher_is_better=_DIRECTION.get(better or ""))
     if not values:
         return out
     arr = np.asarray(values, dtype=float)
-    secs = [s.get("seconds") for s in samples]
-    items = [s.get("items") for s in samples]
+    secs = [s.seconds for s in samples]
+    items = [s.items for s in samples]
     timed = all(x is not None for x in secs) and all(x is not None for x in items) and sum(secs) > 0
     if timed:
-        out["value"], pm, _ = perf_timing(items, secs)  # total items over total time, as tf_cnn_benchmarks
-        out["total_seconds"] = float(sum(secs))
-        out["total_items"] = float(sum(items))
+        out.value, out.pm, _ = perf_timing(items, secs)  # total items over total time, as tf_cnn_benchmarks
+        out.total_seconds = float(sum(secs))
+        out.total_items = float(sum(items))
     else:
-        out["value"], pm = float(arr.mean()), std_error(arr)
-    out.update(mean=float(arr.mean()), pm=pm, jitter=jitter(arr), median=float(np.median(arr)),
-               min=float(arr.min()), max=float(arr.max()),
-               p50=float(np.percentile(arr, 50)), p90=float(np.percentile(arr, 90)),
-               p99=float(np.percentile(arr, 99)))
+        out.value, out.pm = float(arr.mean()), std_error(arr)
+    out.mean, out.jitter, out.median = float(arr.mean()), jitter(arr), float(np.median(arr))
+    out.min, out.max = float(arr.min()), float(arr.max())
+    out.p50, out.p90, out.p99 = (float(np.percentile(arr, q)) for q in (50, 90, 99))
     return out
 
 
-def summarize_samples(samples: Iterable[dict[str, Any]], declared=None) -> dict[str, dict[str, Any]]:
+def summarize_samples(samples: Iterable[Sample], declared=None) -> dict[str, SeriesSummary]:
     """{series: summary} in the order series first appear. `declared(name)` is the workload's
     declaration of a series (Workload.declared) or None."""
-    by_series: dict[str, list[dict[str, Any]]] = {}
+    by_series: dict[str, list[Sample]] = {}
     for s in samples:
-        by_series.setdefault(s.get("series", "main"), []).append(s)
+        by_series.setdefault(s.series, []).append(s)
     out = {}
     for name, group in by_series.items():
         decl = declared(name) if declared else None
@@ -90,17 +157,40 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float
     return mean, mean - half, mean + half
 
 
-def summarize_trials(values: Sequence[float], confidence: float = 0.95) -> dict[str, Any]:
+@dataclass
+class TrialsSummary:
+    """Across trials of one arm: the per-trial figures, their mean, spread and Student-t interval (the
+    figures are there once there is a value: n > 0; the interval is nan under 2)."""
+
+    n: int = 0
+    values: list[float] = field(default_factory=list)
+    mean: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    confidence: float | None = None
+    std: float | None = None
+    cv: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"n": self.n, "values": list(self.values)}
+        if self.n:
+            out.update((f.name, getattr(self, f.name)) for f in fields(self)[2:])
+        return out
+
+
+def summarize_trials(values: Sequence[float | None], confidence: float = 0.95) -> TrialsSummary:
     """Across trials of one arm: the per-trial figures, their mean, spread and CI."""
     arr = np.asarray([v for v in values if v is not None], dtype=float)
-    out: dict[str, Any] = {"n": int(arr.size), "values": [float(v) for v in arr]}
+    out = TrialsSummary(n=int(arr.size), values=[float(v) for v in arr])
     if arr.size == 0:
         return out
-    mean, low, high = t_interval(arr, confidence)
-    out.update(mean=mean, ci_low=low, ci_high=high, confidence=confidence,
-               std=float(arr.std(ddof=1)) if arr.size > 1 else 0.0,
-               cv=float(arr.std(ddof=1) / mean) if arr.size > 1 and mean else 0.0,
-               min=float(arr.min()), max=float(arr.max()))
+    out.mean, out.ci_low, out.ci_high = t_interval(arr, confidence)
+    out.confidence = confidence
+    out.std = float(arr.std(ddof=1)) if arr.size > 1 else 0.0
+    out.cv = float(arr.std(ddof=1) / out.mean) if arr.size > 1 and out.mean else 0.0
+    out.min, out.max = float(arr.min()), float(arr.max())
     return out
 
 
@@ -151,7 +241,22 @@ def _clean(values) -> dict[Any, float]:
     return {k: float(v) for k, v in items if v is not None and math.isfinite(float(v))}
 
 
-def log_ratio(a, b, *, paired: bool = False, floor_a: float = 0.0, floor_b: float = 0.0) -> dict[str, Any]:
+@dataclass
+class LogRatio:
+    """log R = log(B / A) with its standard error and df; method paired or unpaired, the pairs used and
+    the trials left out of them (paired), the per-trial spread of the difference (unit_sd)."""
+
+    method: str
+    log_r: float
+    se: float
+    df: float
+    n_pairs: int
+    unused: int
+    unit_sd: float
+    why_unpaired: str = ""
+
+
+def log_ratio(a, b, *, paired: bool = False, floor_a: float = 0.0, floor_b: float = 0.0) -> LogRatio:
     """log R, its standard error and df, the method used and the trials it used. a, b: lists, or
     {round: figure} dicts (pairs are the rounds both have)."""
     ca, cb = _clean(a), _clean(b)
@@ -160,8 +265,8 @@ def log_ratio(a, b, *, paired: bool = False, floor_a: float = 0.0, floor_b: floa
         d = np.log([cb[k] for k in common]) - np.log([ca[k] for k in common])
         n = d.size
         var = max(float(d.var(ddof=1)), floor_a ** 2 + floor_b ** 2)
-        return {"method": "paired", "log_r": float(d.mean()), "se": math.sqrt(var / n), "df": n - 1.0, "n_pairs": n,
-                "unused": len(ca) + len(cb) - 2 * n, "unit_sd": math.sqrt(var)}
+        return LogRatio("paired", float(d.mean()), math.sqrt(var / n), n - 1.0, n, len(ca) + len(cb) - 2 * n,
+                        math.sqrt(var))
     va_arr, vb_arr = np.array(list(ca.values())), np.array(list(cb.values()))
     ma, mb = float(va_arr.mean()), float(vb_arr.mean())
     ra = max(float(va_arr.var(ddof=1)) / (ma * ma), floor_a ** 2)
@@ -170,15 +275,14 @@ def log_ratio(a, b, *, paired: bool = False, floor_a: float = 0.0, floor_b: floa
     se = math.sqrt(va + vb)
     df = math.inf if se == 0.0 else (va + vb) ** 2 / (va * va / (va_arr.size - 1) + vb * vb / (vb_arr.size - 1))
     why = "" if not paired else f"fewer than {PAIRED_MIN} complete pairs"
-    return {"method": "unpaired", "log_r": math.log(mb / ma), "se": se, "df": df, "n_pairs": 0, "unused": 0,
-            "unit_sd": math.sqrt(ra + rb), "why_unpaired": why}
+    return LogRatio("unpaired", math.log(mb / ma), se, df, 0, 0, math.sqrt(ra + rb), why)
 
 
 def ratio_interval(a, b, confidence: float = 0.95, **kw) -> tuple[float, float, float]:
     """Ratio B/A and its confidence interval: (ratio, low, high). Needs 2+ values per arm."""
     p = log_ratio(a, b, **kw)
-    half = _t_quantile((1 + confidence) / 2, p["df"]) * p["se"]
-    return math.exp(p["log_r"]), math.exp(p["log_r"] - half), math.exp(p["log_r"] + half)
+    half = _t_quantile((1 + confidence) / 2, p.df) * p.se
+    return math.exp(p.log_r), math.exp(p.log_r - half), math.exp(p.log_r + half)
 
 
 def p_values(log_r: float, se: float, df: float, margin: float) -> tuple[float, float]:
@@ -194,13 +298,68 @@ def p_values(log_r: float, se: float, df: float, margin: float) -> tuple[float, 
 
 def tost_p(a, b, margin: float, **kw) -> float:
     p = log_ratio(a, b, **kw)
-    return p_values(p["log_r"], p["se"], p["df"], margin)[1]
+    return p_values(p.log_r, p.se, p.df, margin)[1]
+
+
+@dataclass
+class Comparison:
+    """Arm B against baseline arm A (compare_arms): the ratio B/A, its interval at the level the verdict
+    was made at, the two tests' p-values and the verdict ('equivalent', with `also` the word when a
+    difference holds too; a word of `words`; 'inconclusive'; 'descriptive' for a figure shown, not
+    tested), trials per arm that would settle it. log_r, unit_sd and have are there once the ratio's
+    uncertainty was estimated (2+ positive figures per arm)."""
+
+    n_a: int
+    n_b: int
+    margin: float
+    confidence: float
+    better: str | None
+    words: tuple[str, str]
+    level: float
+    level_eq: float
+    method: str | None = None
+    n_pairs: int = 0
+    unused: int = 0
+    mean_a: float | None = None
+    mean_b: float | None = None
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    se_log: float | None = None
+    df: float | None = None
+    p_different: float | None = None
+    p_equivalent: float | None = None
+    different: bool = False
+    equivalent: bool = False
+    verdict: str = "inconclusive"
+    also: str | None = None
+    trials_needed: int | None = None
+    more_trials: int | None = None
+    reason: str = ""
+    log_r: float | None = None
+    unit_sd: float | None = None
+    have: int | None = None
+
+    _ESTIMATED = ("log_r", "unit_sd", "have")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(Comparison):
+            if f.name not in self._ESTIMATED or self.log_r is not None:
+                out[f.name] = list(self.words) if f.name == "words" else getattr(self, f.name)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Comparison:
+        known = _known(cls, data)
+        known["words"] = tuple(known.get("words") or ("faster", "slower"))
+        return cls(**known)
 
 
 def compare_arms(a, b, *, better: str | None = "higher", words: tuple[str, str] = ("faster", "slower"),
                  margin: float = 0.02, confidence: float = 0.95, level: float | None = None,
                  level_eq: float | None = None, paired: bool = False, floor_a: float = 0.0,
-                 floor_b: float = 0.0, estimate: bool = True) -> dict[str, Any]:
+                 floor_b: float = 0.0, estimate: bool = True) -> Comparison:
     """Arm B against baseline arm A from per-trial figures: ratio B/A, its interval and a verdict.
 
     level / level_eq: the two-sided level of the difference test and the one-sided level of each
@@ -214,62 +373,56 @@ def compare_arms(a, b, *, better: str | None = "higher", words: tuple[str, str] 
     level = alpha if level is None else level
     level_eq = level if level_eq is None else level_eq
     ca, cb = _clean(a), _clean(b)
-    out: dict[str, Any] = {"n_a": len(ca), "n_b": len(cb), "margin": margin, "confidence": confidence,
-                           "better": better, "words": list(words), "level": level, "level_eq": level_eq,
-                           "method": None, "n_pairs": 0, "unused": 0,
-                           "mean_a": float(np.mean(list(ca.values()))) if ca else None,
-                           "mean_b": float(np.mean(list(cb.values()))) if cb else None,
-                           "ratio": None, "ci_low": None, "ci_high": None, "se_log": None, "df": None,
-                           "p_different": None, "p_equivalent": None, "different": False, "equivalent": False,
-                           "verdict": "inconclusive", "also": None, "trials_needed": None, "more_trials": None,
-                           "reason": ""}
-    if not ca or not cb or out["mean_a"] <= 0 or out["mean_b"] <= 0:
-        out["reason"] = "no positive figures in one arm" if ca and cb else "an arm has no successful trial"
+    out = Comparison(n_a=len(ca), n_b=len(cb), margin=margin, confidence=confidence, better=better,
+                     words=(words[0], words[1]), level=level, level_eq=level_eq,
+                     mean_a=float(np.mean(list(ca.values()))) if ca else None,
+                     mean_b=float(np.mean(list(cb.values()))) if cb else None)
+    if not ca or not cb or out.mean_a <= 0 or out.mean_b <= 0:
+        out.reason = "no positive figures in one arm" if ca and cb else "an arm has no successful trial"
         return out
-    out["ratio"] = out["mean_b"] / out["mean_a"]
+    out.ratio = out.mean_b / out.mean_a
     if len(ca) < 2 or len(cb) < 2:
-        out["reason"] = "needs at least 2 successful trials per arm"
-        out["trials_needed"], out["more_trials"] = 2, 2 - min(len(ca), len(cb))
+        out.reason = "needs at least 2 successful trials per arm"
+        out.trials_needed, out.more_trials = 2, 2 - min(len(ca), len(cb))
         return out
     p = log_ratio(ca, cb, paired=paired, floor_a=floor_a, floor_b=floor_b)
-    out.update(method=p["method"], n_pairs=p["n_pairs"], unused=p["unused"], se_log=p["se"], df=p["df"],
-               log_r=p["log_r"], unit_sd=p["unit_sd"], have=min(len(ca), len(cb)))
-    if p["method"] == "paired":
-        out["ratio"] = math.exp(p["log_r"])  # the geometric mean of the per-round ratios
-    if p["se"] == 0.0:
-        out["reason"] = ("no spread between trials and no per-trial uncertainty known: "
-                         "the interval cannot be bounded")
+    out.method, out.n_pairs, out.unused, out.se_log, out.df = p.method, p.n_pairs, p.unused, p.se, p.df
+    out.log_r, out.unit_sd, out.have = p.log_r, p.unit_sd, min(len(ca), len(cb))
+    if p.method == "paired":
+        out.ratio = math.exp(p.log_r)  # the geometric mean of the per-round ratios
+    if p.se == 0.0:
+        out.reason = ("no spread between trials and no per-trial uncertainty known: "
+                      "the interval cannot be bounded")
         return out
-    out["p_different"], out["p_equivalent"] = p_values(p["log_r"], p["se"], p["df"], margin)
+    out.p_different, out.p_equivalent = p_values(p.log_r, p.se, p.df, margin)
     return decide(out, level, level_eq, estimate)
 
 
-def decide(out: dict[str, Any], level: float, level_eq: float, estimate: bool = True) -> dict[str, Any]:
+def decide(out: Comparison, level: float, level_eq: float, estimate: bool = True) -> Comparison:
     """(Re)make the verdict of a compare_arms result at these levels (see compare_arms); a result
     without a standard error is left as it is."""
-    if not out.get("se_log"):
+    if not out.se_log:
         return out
-    out.update(level=level, level_eq=level_eq, verdict="inconclusive", also=None, reason="")
-    half = min(_t_quantile(1 - level / 2, out["df"]) * out["se_log"], 700.0)  # an early look's level is tiny
-    out["ci_low"], out["ci_high"] = math.exp(out["log_r"] - half), math.exp(min(out["log_r"] + half, 700.0))
-    out["different"] = out["p_different"] < level
-    out["equivalent"] = out["margin"] > 0 and out["p_equivalent"] < level_eq
-    word = out["words"][0] if out["log_r"] > 0 else out["words"][1]
-    if out["equivalent"]:
-        out["verdict"], out["also"] = "equivalent", word if out["different"] else None
-    elif out["different"]:
-        out["verdict"] = word
-    if out["verdict"] != "inconclusive":
-        out["trials_needed"], out["more_trials"] = out["have"], 0
+    out.level, out.level_eq, out.verdict, out.also, out.reason = level, level_eq, "inconclusive", None, ""
+    half = min(_t_quantile(1 - level / 2, out.df) * out.se_log, 700.0)  # an early look's level is tiny
+    out.ci_low, out.ci_high = math.exp(out.log_r - half), math.exp(min(out.log_r + half, 700.0))
+    out.different = out.p_different < level
+    out.equivalent = out.margin > 0 and out.p_equivalent < level_eq
+    word = out.words[0] if out.log_r > 0 else out.words[1]
+    if out.equivalent:
+        out.verdict, out.also = "equivalent", word if out.different else None
+    elif out.different:
+        out.verdict = word
+    if out.verdict != "inconclusive":
+        out.trials_needed, out.more_trials = out.have, 0
         return out
-    out["reason"] = "the interval holds both 1 and a ratio outside the margin"
+    out.reason = "the interval holds both 1 and a ratio outside the margin"
     if not estimate:
-        out["trials_needed"] = out["more_trials"] = None
+        out.trials_needed = out.more_trials = None
         return out
-    need = trials_to_settle(out["log_r"], out["se_log"], out["df"], out["unit_sd"], out["method"], out["margin"],
-                            level, level_eq)
-    out["trials_needed"] = need
-    out["more_trials"] = None if need is None else max(1, need - out["have"])
+    need = trials_to_settle(out.log_r, out.se_log, out.df, out.unit_sd, out.method, out.margin, level, level_eq)
+    out.trials_needed = need
+    out.more_trials = None if need is None else max(1, need - out.have)
     return out
 
 

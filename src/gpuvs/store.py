@@ -4,11 +4,15 @@ by the worker, so the cost stays out of the measured loop), and the rest with it
 one transaction. A gpuvs killed outright (SIGKILL) loses at most the last second of its trial in
 flight: the next open marks that trial interrupted and keeps what it had measured. Several trials may
 be in flight at once (workers sharing a GPU). A damaged file is one line that says what to do; a
-store on a read-only mount is opened read-only and can still be listed, shown and reported."""
+store on a read-only mount is opened read-only and can still be listed, shown and reported.
+
+Rows are read into typed records (gpuvs.records: ExperimentRecord, TrialRecord, SampleRecord,
+TelemetryRecord) and written from them: the JSON of the store's columns is made and read there."""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -19,6 +23,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gpuvs.errors import UsageError
+from gpuvs.records import (ExperimentListing, ExperimentMeta, ExperimentRecord, OutputRecord, SampleRecord,
+                           TelemetryRecord, TrialRecord, json_value)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS experiments (
@@ -83,9 +89,9 @@ class _Checked:
     def __init__(self, db: sqlite3.Connection, path: Path):
         self._db, self._path = db, path
 
-    def execute(self, sql: str, args: Any = ()) -> sqlite3.Cursor:
+    def execute(self, sql: str, args: Any = ()) -> _CheckedCursor:
         try:
-            return self._db.execute(sql, args)
+            return _CheckedCursor(self._db.execute(sql, args), self._path)
         except sqlite3.DatabaseError as exc:
             raise _store_error(self._path, exc) from None
 
@@ -97,6 +103,32 @@ class _Checked:
 
     def close(self) -> None:
         self._db.close()
+
+
+class _CheckedCursor:
+    """A cursor whose rows are read with the same care: a damaged page met while fetching is one line too."""
+
+    def __init__(self, cur: sqlite3.Cursor, path: Path):
+        self._cur, self._path = cur, path
+
+    @property
+    def lastrowid(self) -> int | None:
+        return self._cur.lastrowid
+
+    def fetchone(self) -> sqlite3.Row | None:
+        try:
+            return self._cur.fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise _store_error(self._path, exc) from None
+
+    def fetchall(self) -> list[sqlite3.Row]:
+        try:
+            return self._cur.fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise _store_error(self._path, exc) from None
+
+    def __iter__(self):
+        return iter(self.fetchall())
 
 
 def _store_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
@@ -139,7 +171,7 @@ class Store:
             self.db.execute("SELECT COUNT(*) FROM experiments").fetchone()  # a damaged file says so now
         self.flush_interval_s = flush_interval_s
         self.write_seconds = 0.0  # time gpuvs spent writing events (reported by the storing-cost test)
-        self._pending: dict[int, list[dict[str, Any]]] = {}
+        self._pending: dict[int, list[SampleRecord | TelemetryRecord]] = {}
         self._flushed_at: dict[int, float] = {}
         if not self.readonly:
             self._reap_orphans()
@@ -163,32 +195,30 @@ class Store:
             if _pid_alive(row["owner"]):
                 continue
             samples = self.samples(row["id"])
-            summary = json.loads(row["summary"]) if row["summary"] else stats.summarize_samples(samples)
+            summary = row["summary"] or _json(stats.summarize_samples(samples))
             self.db.execute("UPDATE trials SET status='interrupted', error=COALESCE(error, "
                             "'gpuvs stopped while this trial ran'), summary=? WHERE id=?",
-                            (json.dumps(summary, default=str) if samples else row["summary"], row["id"]))
+                            (summary if samples else row["summary"], row["id"]))
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def create_experiment(self, experiment_id: str, name: str, kind: str, meta: dict[str, Any]) -> None:
+    def create_experiment(self, experiment_id: str, name: str, kind: str, meta: ExperimentMeta) -> None:
         self.db.execute("INSERT OR IGNORE INTO experiments (id, name, kind, created, meta) VALUES (?,?,?,?,?)",
-                        (experiment_id, name, kind, time.time(), json.dumps(meta, default=str)))
+                        (experiment_id, name, kind, time.time(), _json(meta)))
 
-    def set_meta(self, experiment_id: str, meta: dict[str, Any]) -> None:
+    def set_meta(self, experiment_id: str, meta: ExperimentMeta) -> None:
         """Replace an experiment's meta in one committed write (runs that are not trials, such as
         `gpuvs validate`, keep each result there as soon as it is known)."""
-        self.db.execute("UPDATE experiments SET meta=? WHERE id=?", (json.dumps(meta, default=str), experiment_id))
+        self.db.execute("UPDATE experiments SET meta=? WHERE id=?", (_json(meta), experiment_id))
 
     def update_meta(self, experiment_id: str, **items: Any) -> None:
-        """Add or replace keys of an experiment's meta (a fleet run keeps its verdicts there)."""
-        meta = self.experiment(experiment_id)["meta"]
-        meta.update(items)
-        self.set_meta(experiment_id, meta)
+        """Set fields of an experiment's meta (a fleet run keeps its verdicts there)."""
+        self.set_meta(experiment_id, dataclasses.replace(self.experiment(experiment_id).meta, **items))
 
     def begin_trial(self, spec, attempt: int = 0) -> int:
         if not spec.experiment_id:
             spec.experiment_id = f"trial-{spec.run_id}"
-        self.create_experiment(spec.experiment_id, spec.workload, "trial", {})  # no-op if it exists
+        self.create_experiment(spec.experiment_id, spec.workload, "trial", ExperimentMeta())  # no-op if it exists
         cur = self.db.execute(
             "INSERT INTO trials (experiment_id, run_id, arm, trial, attempt, workload, status, spec, started, owner)"
             " VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -199,8 +229,14 @@ class Store:
         return trial_id
 
     def add_event(self, trial_id: int, event: dict[str, Any]) -> None:
-        if event.get("type") in ("sample", "telemetry", "output"):
-            self._pending.setdefault(trial_id, []).append(event)
+        """One event of the worker protocol: a sample, a telemetry reading or a command's output waits for the
+        next write."""
+        if event["type"] == "sample":
+            self._pending.setdefault(trial_id, []).append(SampleRecord.from_event(event, trial_id))
+        elif event["type"] == "telemetry":
+            self._pending.setdefault(trial_id, []).append(TelemetryRecord.from_event(event))
+        elif event["type"] == "output":
+            self._pending.setdefault(trial_id, []).append(OutputRecord.from_event(event, trial_id))
 
     def due(self, trial_id: int) -> bool:
         """Events of this trial have waited FLUSH_INTERVAL_S or more since its last write."""
@@ -216,21 +252,17 @@ class Store:
         self._transaction(trial_id, [], [], json_fields)
 
     def _write_events(self, trial_id: int) -> None:
-        for event in self._pending.pop(trial_id, []):
-            if event["type"] == "sample":
+        for rec in self._pending.pop(trial_id, []):
+            if isinstance(rec, SampleRecord):
                 self.db.execute("INSERT INTO samples VALUES (?,?,?,?,?,?,?,?)",
-                                (trial_id, event.get("series", "main"), event["step"], event.get("value"),
-                                 event.get("unit"), event.get("seconds"), event.get("items"),
-                                 json.dumps(event.get("extra") or {})))
-            elif event["type"] == "output":  # a command's output on one stream, capped: the last one sent stands
-                self.db.execute("DELETE FROM outputs WHERE trial_id=? AND stream=?", (trial_id, event["stream"]))
+                                (trial_id, rec.series, rec.step, rec.value, rec.unit, rec.seconds, rec.items,
+                                 json.dumps(rec.extra)))
+            elif isinstance(rec, OutputRecord):  # a command's output on one stream, capped: the last one sent stands
+                self.db.execute("DELETE FROM outputs WHERE trial_id=? AND stream=?", (trial_id, rec.stream))
                 self.db.execute("INSERT INTO outputs VALUES (?,?,?,?,?,?)",
-                                (trial_id, event["stream"], event.get("text") or "", event.get("bytes"),
-                                 event.get("lines"), event.get("cut")))
+                                (trial_id, rec.stream, rec.text, rec.bytes, rec.lines, rec.cut))
             else:
-                data = {k: v for k, v in event.items() if k not in ("type", "t", "gpu")}
-                self.db.execute("INSERT INTO telemetry VALUES (?,?,?,?)",
-                                (trial_id, event.get("t", 0.0), event.get("gpu"), json.dumps(data)))
+                self.db.execute("INSERT INTO telemetry VALUES (?,?,?,?)", (trial_id, rec.t, rec.gpu, json.dumps(rec.data)))
 
     def finish_trial(self, trial_id: int, status: str, *, error: str | None = None, error_kind: str | None = None,
                      exit_code: int | None = None, **json_fields: Any) -> None:
@@ -246,7 +278,7 @@ class Store:
             if col not in JSON_COLUMNS:
                 raise ValueError(col)
             sets.append(f"{col}=?")
-            args.append(json.dumps(value, default=str))
+            args.append(_json(value))
         self.db.execute("BEGIN IMMEDIATE")
         try:
             self._write_events(trial_id)
@@ -260,13 +292,8 @@ class Store:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def _trial(self, row: sqlite3.Row) -> dict[str, Any]:
-        out = dict(row)
-        for col in JSON_COLUMNS:
-            out[col] = json.loads(out[col]) if out.get(col) else ({} if col != "spec" else None)
-        return out
-
-    def trials(self, experiment_id: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+    def trials(self, experiment_id: str | None = None, status: str | None = None,
+               with_samples: bool = False, with_telemetry: bool = False) -> list[TrialRecord]:
         q, args = "SELECT * FROM trials WHERE 1=1", []
         if experiment_id:
             q += " AND experiment_id=?"
@@ -274,21 +301,27 @@ class Store:
         if status:
             q += " AND status=?"
             args.append(status)
-        return [self._trial(r) for r in self.db.execute(q + " ORDER BY id", args)]
+        out = [TrialRecord.from_row(r) for r in self.db.execute(q + " ORDER BY id", args)]
+        for t in out:
+            if with_samples:
+                t.samples = self.samples(t.id)
+            if with_telemetry:
+                t.telemetry = self.telemetry(t.id)
+        return out
 
-    def trial(self, trial_id: int) -> dict[str, Any]:
+    def trial(self, trial_id: int) -> TrialRecord:
         row = self.db.execute("SELECT * FROM trials WHERE id=?", (trial_id,)).fetchone()
         if row is None:
             raise UsageError(f"no trial {trial_id} in {self.path}")
-        return self._trial(row)
+        return TrialRecord.from_row(row)
 
-    def experiments(self) -> list[dict[str, Any]]:
+    def experiments(self) -> list[ExperimentListing]:
         rows = self.db.execute(
             "SELECT e.*, COUNT(t.id) AS n_trials, SUM(t.status='ok') AS n_ok, MIN(t.workload) AS workload "
             "FROM experiments e LEFT JOIN trials t ON t.experiment_id=e.id GROUP BY e.id ORDER BY e.created")
-        return [dict(r, meta=json.loads(r["meta"])) for r in rows]
+        return [ExperimentListing.from_row(r) for r in rows]
 
-    def experiment(self, experiment_id: str) -> dict[str, Any]:
+    def experiment(self, experiment_id: str) -> ExperimentRecord:
         row = self.db.execute("SELECT * FROM experiments WHERE id=?", (experiment_id,)).fetchone()
         if row is None:
             matches = self.db.execute("SELECT * FROM experiments WHERE substr(id, 1, ?) = ? ORDER BY created",
@@ -301,51 +334,52 @@ class Store:
                 raise UsageError(f"{experiment_id!r} is the start of {len(matches)} experiments in {self.path}: "
                                  f"{shown}; give more of the id")
             row = matches[0]
-        return dict(row, meta=json.loads(row["meta"]))
+        return ExperimentRecord.from_row(row)
 
-    def samples(self, trial_id: int) -> list[dict[str, Any]]:
+    def samples(self, trial_id: int) -> list[SampleRecord]:
         rows = self.db.execute("SELECT * FROM samples WHERE trial_id=? ORDER BY rowid", (trial_id,))
-        return [dict(r, extra=json.loads(r["extra"] or "{}")) for r in rows]
+        return [SampleRecord(r["trial_id"], r["series"], r["step"], r["value"], r["unit"], r["seconds"], r["items"],
+                             json.loads(r["extra"] or "{}")) for r in rows]
 
-    def outputs(self, trial_id: int) -> list[dict[str, Any]]:
-        """A command trial's own output, one row per stream (stdout first): text, bytes, lines, cut."""
+    def outputs(self, trial_id: int) -> list[OutputRecord]:
+        """A command trial's own output, one record per stream (stdout first)."""
         if self.db.execute("SELECT 1 FROM sqlite_master WHERE name='outputs'").fetchone() is None:
             return []  # a read-only store written before outputs were kept
         rows = self.db.execute("SELECT * FROM outputs WHERE trial_id=? ORDER BY stream DESC", (trial_id,))
-        return [dict(r) for r in rows]
+        return [OutputRecord(r["trial_id"], r["stream"], r["text"], r["bytes"], r["lines"], r["cut"]) for r in rows]
 
-    def telemetry(self, trial_id: int) -> list[dict[str, Any]]:
+    def telemetry(self, trial_id: int) -> list[TelemetryRecord]:
         rows = self.db.execute("SELECT * FROM telemetry WHERE trial_id=? ORDER BY rowid", (trial_id,))
-        return [{"t": r["t"], "gpu": r["gpu"], **json.loads(r["data"])} for r in rows]
+        return [TelemetryRecord(r["t"], r["gpu"], json.loads(r["data"])) for r in rows]
 
     # -- export ----------------------------------------------------------------------------------
 
     def export(self, fmt: str, experiment_id: str | None = None, with_samples: bool = True) -> str:
-        trials = self.trials(experiment_id)
         if fmt == "json":
-            for t in trials:
-                if with_samples:
-                    t["samples"] = self.samples(t["id"])
-                    t["telemetry"] = self.telemetry(t["id"])
-            return json.dumps({"store": str(self.path), "experiments": self.experiments(), "trials": trials},
-                              indent=2, default=str)
+            trials = self.trials(experiment_id, with_samples=with_samples, with_telemetry=with_samples)
+            return json.dumps({"store": str(self.path), "experiments": [e.to_dict() for e in self.experiments()],
+                               "trials": [t.to_dict() for t in trials]}, indent=2, default=str)
         if fmt == "csv":
-            return trials_csv(trials)
+            return trials_csv(self.trials(experiment_id))
         raise UsageError(f"unknown export format {fmt!r}; use json or csv")
 
 
-def trials_csv(trials: Iterable[dict[str, Any]]) -> str:
+def _json(value: Any) -> str:
+    """A column's JSON text: records by their to_dict."""
+    return json.dumps(json_value(value), default=str)
+
+
+def trials_csv(trials: Iterable[TrialRecord]) -> str:
     """One row per trial and series: the columns people put in spreadsheets."""
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["trial_id", "experiment_id", "arm", "trial", "workload", "status", "device", "env", "series",
                 "value", "unit", "pm", "jitter", "n", "gpu", "error"])
     for t in trials:
-        spec = t["spec"] or {}
-        env = (spec.get("env") or {}).get("kind", "")
-        summaries = t["summary"] or {"": {}}
-        for series, s in summaries.items():
-            w.writerow([t["id"], t["experiment_id"], t["arm"], t["trial"], t["workload"], t["status"],
-                        spec.get("device"), env, series, s.get("value"), s.get("unit"), s.get("pm"),
-                        s.get("jitter"), s.get("n"), (t["fingerprint"] or {}).get("gpu_name"), t["error"] or ""])
+        device = t.spec.device if t.spec else None
+        env = t.spec.env.kind if t.spec else ""
+        for series, s in list(t.summary.items()) or [("", None)]:
+            figures = [s.value, s.unit, s.pm, s.jitter, s.n] if s else [None] * 5
+            w.writerow([t.id, t.experiment_id, t.arm, t.trial, t.workload, t.status, device, env, series, *figures,
+                        t.fingerprint.get("gpu_name"), t.error or ""])
     return buf.getvalue()

@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 T_START = time.time()
 
@@ -23,6 +23,7 @@ from gpuvs.failures import classify  # noqa: E402
 from gpuvs.spec import RunSpec  # noqa: E402
 
 Emit = Callable[[dict[str, Any]], None]
+T = TypeVar("T")
 
 
 def _protocol_stream():
@@ -115,7 +116,8 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
     params = workload.validate(spec.params, spec.device)
     import_requirements(workload, emit, spec)
     emit({"type": "fingerprint", "data": fingerprint.take(import_torch="torch" in workload.requires)})
-    samples: list[dict[str, Any]] = []
+    samples: list[dict[str, Any]] = []  # the sample events, summarised by the workload (the command workload's
+    # summary is plain Python: its worker may run in an image whose Python has no numpy)
 
     def collect(event: dict[str, Any]) -> None:
         if event["type"] == "sample":
@@ -140,7 +142,7 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
                                                     workload.headline_series(params))})
 
 
-def headline_first(summary: dict[str, Any], headline: str | None) -> dict[str, Any]:
+def headline_first(summary: dict[str, T], headline: str | None) -> dict[str, T]:
     """The summary with the workload's headline series first (the order reports and verdicts read)."""
     if headline in summary:
         return {headline: summary[headline], **{k: v for k, v in summary.items() if k != headline}}

@@ -1,20 +1,27 @@
 """Change points: where in its history a node's speed against its peers changed, so that "since when?"
 has an answer (the first run at the new level: its id and time), with the step's size and interval.
 
-Statistic. On a node's series of log speed ratios y_1..y_n (history.py), for each split k with at
-least `min_segment` runs on each side, Z_k = (mean(y after k) - mean(y up to k)) / (sigma sqrt(1/k +
-1/(n-k))); the statistic is max_k |Z_k| and the change point is its argmax. sigma is the run-to-run
-spread pooled over the fleet's nodes from successive differences (drift.run_spread), which a step
-inflates little; it is the same estimate the drift verdict uses.
+Series. A node's level against the mean of its peers' in each run (peers.py), y_1..y_n: the fleet's
+own movement cancels run by run.
+
+Statistic. For each split k with at least `min_segment` runs on each side, Z_k = (mean(y after k) -
+mean(y up to k)) / (sigma sqrt(1/k + 1/(n-k))); the statistic is max_k |Z_k| and the change point is
+its argmax. sigma is the run-to-run spread pooled over the fleet's nodes from successive differences
+and moderated per node (drift.run_spread), which a step inflates little; it is the same estimate the
+drift verdict uses.
 
 Threshold. Under no change (the ratios independent, equal mean and spread) max |Z| with a known sigma
 has a distribution that depends only on n and min_segment: it is drawn once per (n, min_segment) by
 Monte Carlo (NULL_DRAWS series of normals, a fixed seed, so the same history gives the same answer),
 and sigma's own uncertainty (Satterthwaite's df) is integrated over a grid of chi-square quantiles.
-That gives each node a p-value; Holm's step-down across the fleet's nodes at alpha = 1 - confidence
-keeps the chance of any false change point in a stable fleet, per check, at most alpha. A node found
-changed is then split further (binary segmentation): each side with 2 x min_segment runs or more is
-tested the same way at alpha / m (m nodes tested), so a node that changed twice shows both.
+That gives each node a p-value. A peer's step leaks into every other node's series (by half in a
+fleet of 3, for as long as the history lasts after it), so a node is found changed only when Holm over
+the fleet and Holm over the fleet without each other node agree (peers.blame, a closed test): one
+node's change is blamed on it alone, and the chance of any false change point on a stable node, per
+check, stays at most alpha = 1 - confidence however large a peer's change. A node found changed is
+then held against the peers not found changed, and split further (binary segmentation): each side
+with 2 x min_segment runs or more is tested the same way at alpha / m (m nodes tested), so a node that
+changed twice shows both.
 
 The step at a change point compares the segments on either side of it (up to the neighbouring change
 points): exp(mean after - mean before), with a t interval from the same sigma, simultaneous over the
@@ -35,7 +42,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import special
 
-from gpuvs.fleet import drift, verdicts
+from gpuvs.fleet import drift, peers
 from gpuvs.fleet.history import NodeHistory, t_quantile
 
 MIN_SEGMENT = 2
@@ -69,6 +76,16 @@ class ChangePoint:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class RelativePoint:
+    """A node's speed against its peers in one run (the series change points are found in)."""
+
+    run_id: str
+    time: float
+    speed: float  # exp(log speed vs the mean of the peers measured in that run)
+    se: float  # of log speed, from the run's trials (the run-to-run spread is the RunSpread's)
+
+
 @dataclass
 class NodeChanges:
     node: str
@@ -76,8 +93,10 @@ class NodeChanges:
     runs: int  # points analysed
     tested: bool
     reason: str = ""  # why it was not tested
-    p_value: float | None = None  # of its first (whole-history) test
-    p_adjusted: float | None = None  # Holm-adjusted over the fleet's nodes
+    p_value: float | None = None  # of its whole-history test against `reference`
+    p_adjusted: float | None = None  # of the closed test over the fleet's nodes (peers.blame)
+    reference: list[str] = field(default_factory=list)  # the peers it was held against (not found changed)
+    series: list[RelativePoint] = field(default_factory=list)  # its speed against them, run by run
     change_points: list[ChangePoint] = field(default_factory=list)  # in time order
 
     @property
@@ -97,8 +116,9 @@ class ChangeResult:
     spread: drift.RunSpread | None
     nodes: list[NodeChanges]
     tested: int = 0
-    method: str = ("max |Z| over splits, pooled run-to-run sigma (successive differences), Monte Carlo null; "
-                   "Holm over nodes, then binary segmentation at alpha/m")
+    method: str = ("max |Z| over splits of log speed vs the mean of the peers in each run, pooled run-to-run sigma "
+                   "(successive differences), Monte Carlo null; a node is found changed when Holm over the fleet and "
+                   "over the fleet without each other node agree (closed test), then binary segmentation at alpha/m")
 
     @property
     def alpha(self) -> float:
@@ -134,15 +154,29 @@ def null_distribution(n: int, min_segment: int) -> np.ndarray:
     return np.sort(np.concatenate(parts))
 
 
+@functools.lru_cache(maxsize=4096)
+def _sigma_grid(df: float) -> np.ndarray:
+    """sqrt(chi2_df / df) at _GRID evenly spaced quantiles: how an estimated sigma scales the statistic."""
+    if math.isinf(df) or df > 1e6:
+        return np.ones(_GRID)
+    return np.sqrt(special.chdtri(df, 1 - (np.arange(_GRID) + 0.5) / _GRID) / df)
+
+
+def p_values(t: np.ndarray, n: int, min_segment: int, df: np.ndarray) -> np.ndarray:
+    """P(max |Z| >= t) for n runs without change, sigma estimated with `df` degrees of freedom (arrays
+    of the same shape: one p per statistic); observed = known-sigma statistic / sqrt(chi2_df / df),
+    integrated over df's grid."""
+    null = null_distribution(n, min_segment)
+    t = np.atleast_1d(np.asarray(t, float)).ravel()
+    df = np.broadcast_to(np.asarray(df, float), t.shape)
+    scale = np.stack([_sigma_grid(float(d)) for d in df]) if t.size else np.ones((0, _GRID))
+    above = null.size - np.searchsorted(null, (t[:, None] * scale).ravel(), side="left").reshape(scale.shape)
+    return np.mean((above + 1) / (null.size + 1), axis=1)
+
+
 def p_value(t: float, n: int, min_segment: int, df: float) -> float:
     """P(max |Z| >= t) for n runs without change, sigma estimated with `df` degrees of freedom."""
-    null = null_distribution(n, min_segment)
-    if math.isinf(df) or df > 1e6:
-        scale = np.ones(1)
-    else:  # observed = known-sigma statistic / sqrt(chi2_df / df)
-        scale = np.sqrt(special.chdtri(df, 1 - (np.arange(_GRID) + 0.5) / _GRID) / df)
-    above = null.size - np.searchsorted(null, t * scale, side="left")
-    return float(np.mean((above + 1) / (null.size + 1)))
+    return float(p_values(np.array([t]), n, min_segment, np.array([df]))[0])
 
 
 def _test(y: np.ndarray, min_segment: int, df: float) -> tuple[float, int]:
@@ -177,6 +211,16 @@ def _refine(y: np.ndarray, cuts: list[int], min_segment: int, rounds: int = 3) -
     return cuts
 
 
+def _scaled(t: peers.Table, c: peers.Contrasts, i: int, spread: drift.RunSpread, base_peers: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """Node i's series against the contrast's peers: (its columns, y / sd, sd, df), sd grown with a
+    smaller reference (peers.variance_scale)."""
+    cols, y, _ = c.series(i)
+    sd, df = spread.of(t.nodes[i])
+    sd *= math.sqrt(float(peers.variance_scale(c.peers[i], base_peers[i])))
+    return cols, y / sd, sd, df
+
+
 def detect(hists: Sequence[NodeHistory], *, confidence: float = 0.95, min_segment: int = MIN_SEGMENT,
            max_points: int | None = None) -> ChangeResult:
     """Change points of one workload's node histories (the last `max_points` runs of each; all: None)."""
@@ -187,42 +231,81 @@ def detect(hists: Sequence[NodeHistory], *, confidence: float = 0.95, min_segmen
         raise ValueError(f"one workload at a time (got {', '.join(sorted(workloads))})")
     alpha = 1.0 - confidence
     points = {h.node: list(h.points[-max_points:] if max_points else h.points) for h in hists}
-    spread = drift.run_spread({n: [(p.log_speed, p.se) for p in pts] for n, pts in points.items()})
     nodes = [NodeChanges(h.node, h.workload, len(points[h.node]), False) for h in hists]
-    result = ChangeResult(next(iter(workloads), ""), confidence, min_segment, spread, nodes)
+    result = ChangeResult(next(iter(workloads), ""), confidence, min_segment, None, nodes)
     for nc in nodes:
         if nc.runs < 2 * min_segment:
             nc.reason = f"too few runs: {nc.runs} of the {2 * min_segment} needed"
-        elif spread is None or not spread.sd > 0:
+    members = [nc for nc in nodes if not nc.reason]
+    while True:  # members whose runs have too few peers measured alongside are left out, and the rest again
+        if len(members) < 2:
+            for nc in members:
+                nc.reason = "no peer with enough runs to hold it against"
+            return result
+        t = peers.table({nc.node: points[nc.node] for nc in members})
+        everyone = np.ones(len(t.nodes), bool)
+        base = peers.contrasts(t, everyone)
+        for i, nc in enumerate(members):
+            if (got := base.series(i)[1].size) < 2 * min_segment:
+                nc.reason = f"too few runs with a peer measured in the same run: {got} of the {2 * min_segment} needed"
+        if all(not nc.reason for nc in members):
+            break
+        members = [nc for nc in members if not nc.reason]
+    spread = drift.run_spread({n: list(zip(*base.series(i)[1:])) for i, n in enumerate(t.nodes)}, contrasts=True)
+    result.spread = spread
+    if spread is None or not spread.sd > 0:
+        for nc in members:
             nc.reason = "no run-to-run spread: the step cannot be scaled"
-    testable = [nc for nc in nodes if not nc.reason]
-    if not testable:
         return result
-    result.tested = m = len(testable)
-    scale = {nc.node: spread.of(nc.node) for nc in testable}  # (sd, df) of each node
-    y = {nc.node: np.array([p.log_speed for p in points[nc.node]]) / scale[nc.node][0] for nc in testable}
-    first = {nc.node: _test(y[nc.node], min_segment, scale[nc.node][1]) for nc in testable}
-    changed, adjusted = verdicts.holm({n: pk[0] for n, pk in first.items()}, alpha)
-    for nc in testable:
-        nc.tested, (nc.p_value, k) = True, first[nc.node]
-        nc.p_adjusted = adjusted[nc.node]
-        if nc.node not in changed:
+    result.tested = m = len(members)
+
+    sd0 = np.array([spread.of(n)[0] for n in t.nodes])
+    df0 = np.array([spread.of(n)[1] for n in t.nodes])
+
+    def p_of(reference: np.ndarray) -> dict[int, float]:
+        c = peers.contrasts(t, reference)
+        idx = np.flatnonzero(reference)
+        y = c.y[idx] / (sd0[idx] * np.sqrt(peers.variance_scale(c.peers[idx], base.peers[idx])))[:, None]
+        whole = ~np.isnan(y).any(axis=1)
+        out: dict[int, float] = {}
+        if whole.any() and y.shape[1] >= 2 * min_segment:  # the nodes measured with peers in every run: at once
+            z, _ = max_z(y[whole], min_segment)
+            out.update(zip(idx[whole].tolist(), p_values(z, y.shape[1], min_segment, df0[idx[whole]]).tolist()))
+        for i, row in zip(idx[~whole], y[~whole]):
+            row = row[~np.isnan(row)]
+            if row.size >= 2 * min_segment:
+                out[int(i)] = _test(row, min_segment, float(df0[i]))[0]
+        return out
+
+    found = peers.blame(p_of, everyone, alpha)
+    keep = everyone.copy()
+    keep[list(found.moved)] = False
+    if keep.sum() < 2:
+        keep = everyone
+    final = peers.contrasts(t, keep)
+    q_cache: dict[float, float] = {}
+    for i, nc in enumerate(members):
+        cols, series, sd, df = _scaled(t, final, i, spread, base.peers)
+        nc.tested, nc.reference = True, [n for j, n in enumerate(t.nodes) if keep[j] and j != i]
+        nc.series = [RelativePoint(t.runs[c], t.times[c], math.exp(y * sd), float(final.se[i, c]))
+                     for c, y in zip(cols, series)]
+        nc.p_value, k = _test(series, min_segment, df)
+        nc.p_adjusted = found.adjusted.get(i, 1.0)
+        if i not in found.moved:
             continue
-        sd, df = scale[nc.node]
-        found = {k: nc.p_value}
-        series = y[nc.node]
-        _split(series, 0, k, min_segment, df, alpha / m, found)
-        _split(series, k, series.size, min_segment, df, alpha / m, found)
-        cuts = _refine(series, sorted(found), min_segment)
-        found = dict(zip(cuts, (found[c] for c in sorted(found))))
+        found_at = {k: nc.p_value}
+        _split(series, 0, k, min_segment, df, alpha / m, found_at)
+        _split(series, k, series.size, min_segment, df, alpha / m, found_at)
+        cuts = _refine(series, sorted(found_at), min_segment)
+        found_at = dict(zip(cuts, (found_at[c] for c in sorted(found_at))))
         bounds = [0, *cuts, series.size]
-        pts = points[nc.node]
-        q = t_quantile(1 - alpha / (2 * m), df)
+        q = q_cache.setdefault(df, t_quantile(1 - alpha / (2 * m), df))
+        pts = nc.series
         for j, c in enumerate(cuts):
             a, b = bounds[j], bounds[j + 2]
             step = float(series[c:b].mean() - series[a:c].mean()) * sd
             se = sd * math.sqrt(1 / (c - a) + 1 / (b - c))
             nc.change_points.append(ChangePoint(
                 nc.node, nc.workload, pts[c].run_id, pts[c].time, pts[c - 1].run_id, pts[c - 1].time, c, c - a, b - c,
-                math.exp(step), math.exp(step - q * se), math.exp(step + q * se), step, se, df, found[c]))
+                math.exp(step), math.exp(step - q * se), math.exp(step + q * se), step, se, df, found_at[c]))
     return result

@@ -1,14 +1,15 @@
 """Drift verdicts and change points on simulated fleet histories: the same code a real history goes
-through (history.points_from_run from each run's trials, drift.assess, changepoint.detect), with each
-trial's figure drawn as
+through (history.points_from_run from each run's trials, drift.assess, changepoint.detect, both on
+peers.py's contrasts), with each trial's figure drawn as
 
     100 x fleet(t) x node_i(t) x exp(between z_it) x (1 + cv z)
 
 fleet(t): a change of the whole fleet (a trend over the history and a shock per run, the same for every
 node), which must not cause alarms; exp(between z_it): the node's own run-to-run movement (another day,
 other pods, another thermal state), independent across nodes and runs; node_i(t): 1, except for a
-node given a Change (a sudden step or a slide over several runs). Used by the tests and by
-benchmarks/drift_error_rates.py."""
+node given a Change (a sudden step or a slide over several runs; its peers, stable, are where a leak
+of its change would show as false alarms), and the last node's run-to-run movement `noisy` times the
+others'. Used by the tests and by benchmarks/drift_error_rates.py."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def fleet_history(nodes: int, runs: int, rng: np.random.Generator, noise: Noise 
 @dataclass
 class Rates:
     fleets: int
-    false_drift: int = 0  # fleets where a stable node was called slower or faster than its past
+    false_drift: int = 0  # fleets where a stable node (a changed node's peers too) was called slower or faster
     drift_found: int = 0  # fleets where the changed node was called slower (or faster, for a rise)
     stable_equivalent: int = 0  # stable nodes called equivalent to their past (summed over fleets)
     stable_nodes: int = 0

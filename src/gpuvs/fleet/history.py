@@ -1,13 +1,14 @@
 """Each node's history across stored fleet runs, as typed records: one HistoryPoint per node and run
-(its figure, its speed against the fleet band of its peers in that run with the interval, and what
-is needed to combine runs: the log ratio, its standard error and df), gathered into a NodeHistory per
-node and workload, ordered in time. drift.py (the latest run against the node's own past) and
-changepoint.py (where in its history a node changed) work on these, and so can a store query, the
-CLI, the agent's metrics and a status page: nothing here reads the store or renders anything.
+(its figure, on the log scale with the standard error of that run's trials, and its speed against
+the fleet band of its peers as `gpuvs fleet` reported it in that run, with that interval), gathered
+into a NodeHistory per node and workload, ordered in time. drift.py (the latest run against the
+node's own past) and changepoint.py (where in its history a node changed) work on these, and so can a
+store query, the CLI, the agent's metrics and a status page: nothing here reads the store or renders
+anything.
 
-Why the ratio to the band and not the node's own figure: a change of the whole fleet (a new driver
-everywhere, a busier shared file system, a cooler week) moves the node's peers as much as the node,
-so it cancels in the ratio; what is left is the node's own movement relative to its peers."""
+The drift and change-point tests do not use each run's ratio to the band: they take the fleet's own
+movement out by comparing each node's level with its peers' levels run by run (peers.py), so that a
+peer's movement is not read as the node's."""
 
 from __future__ import annotations
 
@@ -15,15 +16,19 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
 from scipy import special
 
 from gpuvs.fleet import verdicts
+from gpuvs.fleet.result import FleetResult
 
 
 @dataclass(frozen=True)
 class HistoryPoint:
-    """One node in one fleet run. speed = exp(log_speed): its speed against the fleet band of its peers
-    in that run (below 1: slower, whatever the unit), with the run's own interval (not simultaneous
+    """One node in one fleet run. level: its own figure on the log scale, signed so that higher is
+    faster (log figure, or -log figure where lower is better), with level_se from the run's trials.
+    speed = exp(log_speed): its speed against the fleet band of its peers in that run, as `gpuvs fleet`
+    compared them (below 1: slower, whatever the unit), with the run's own interval (not simultaneous
     over nodes; `confidence`)."""
 
     run_id: str
@@ -32,6 +37,8 @@ class HistoryPoint:
     node: str
     figure: float  # the node's mean figure in that run, in the workload's unit
     unit: str
+    level: float
+    level_se: float  # the trials' relative standard deviation / sqrt(n_trials)
     log_speed: float
     se: float  # standard error of log_speed within the run (Welch's, from the trials)
     df: float
@@ -83,6 +90,10 @@ class NodeHistory:
     def log_speeds(self) -> list[float]:
         return [p.log_speed for p in self.points]
 
+    @property
+    def levels(self) -> list[float]:
+        return [p.level for p in self.points]
+
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "workload": self.workload, "points": [p.to_dict() for p in self.points]}
 
@@ -100,13 +111,34 @@ def points_from_run(run_id: str, time: float, workload: str, values: Mapping[str
                     fleet_verdicts: Mapping[str, str] | None = None, reference: str | None = None,
                     confidence: float = 0.95) -> list[HistoryPoint]:
     """The points of one fleet run from its successful trials' figures ({node: [figure per trial]}, as
-    the store keeps them): each node against the fleet band of its peers, exactly as `gpuvs fleet`
-    compared them (verdicts.band_speeds). `fleet_verdicts`: that run's verdict per node, where known.
-    A node with fewer than 2 trials, or with no peer to compare with, has no point in that run."""
+    the store keeps them): each node's level (log mean figure, signed) with its standard error, and
+    its speed against the fleet band of its peers exactly as `gpuvs fleet` compared them
+    (verdicts.band_speeds). `fleet_verdicts`: that run's verdict per node, where known. A node with
+    fewer than 2 trials, or with no peer to compare with, has no point in that run."""
     speeds = verdicts.band_speeds(values, higher_is_better=higher_is_better, margin=margin, reference=reference)
     said = fleet_verdicts or {}
-    return [HistoryPoint(run_id, float(time), workload, node, b.mean, unit, b.log_speed, b.se, b.df, b.n,
-                         b.reference, said.get(node, ""), confidence) for node, b in speeds.items()]
+    sign = 1.0 if higher_is_better else -1.0
+    out = []
+    for node, b in speeds.items():
+        trials = np.asarray(values[node], float)
+        level_se = float(trials.std(ddof=1) / b.mean / math.sqrt(trials.size))
+        out.append(HistoryPoint(run_id, float(time), workload, node, b.mean, unit, sign * math.log(b.mean), level_se,
+                                b.log_speed, b.se, b.df, b.n, b.reference, said.get(node, ""), confidence))
+    return out
+
+
+def points_from_fleet(result: FleetResult, time: float) -> list[HistoryPoint]:
+    """The points of one stored fleet run from its own rows (FleetResult, as `gpuvs fleet` keeps it with
+    the experiment; `time`: the experiment's `created`): each compared node's log speed against its
+    reference, with its standard error and df, as the run computed them (the same figures points_from_run
+    makes again from the run's trials). Rows without them (the reference node, failed or excluded nodes,
+    results stored before rows kept them) have no point; for those runs, points_from_run on the stored
+    trials gives them."""
+    sign = 1.0 if result.higher_is_better else -1.0
+    return [HistoryPoint(result.id, float(time), result.workload, r.node, r.mean, result.unit,
+                         sign * math.log(r.mean), r.level_se, r.log_speed, r.se, r.df, r.n_ok, tuple(r.reference),
+                         r.verdict, result.confidence)
+            for r in result.rows if r.log_speed is not None and r.mean and r.level_se is not None]
 
 
 def histories(points: Iterable[HistoryPoint]) -> list[NodeHistory]:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpuvs.fleet.run import NodeRow
+from gpuvs.fleet.result import NodeRow
 
 PERF = "gpuvs.io/perf"
 RATIO = "gpuvs.io/perf-ratio"

@@ -5,67 +5,23 @@ runner's LiveTrial, so every event is stored as it arrives like any experiment; 
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import random
+import statistics
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from gpuvs import workloads
 from gpuvs.errors import UsageError, interruption
 from gpuvs.fleet import adaptive, fingerprints
 from gpuvs.fleet.nodes import Excluded, NodeInfo
+from gpuvs.fleet.result import FleetResult, NodeLabels, NodeRow  # noqa: F401  (the run's result, re-exported)
 from gpuvs.fleet.schedule import Item, Slots
+from gpuvs.records import ExperimentMeta
 from gpuvs.runner import Arm, Experiment, LiveTrial, Runner, TrialResult
 
 POLL_S = 0.05
-
-
-@dataclass
-class NodeRow:
-    node: str
-    verdict: str  # slower | faster | equivalent | inconclusive | reference | failed | excluded
-    reason: str = ""
-    n_ok: int = 0
-    n_trials: int = 0
-    mean: float | None = None
-    speed: float | None = None  # relative to the fleet; below 1 is slower, whatever the unit
-    ratio: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    speed_low: float | None = None
-    speed_high: float | None = None
-    p_adjusted: float | None = None  # of the verdict that was reached (different or equivalent)
-    reference: list[str] = field(default_factory=list)
-    differs: dict[str, list[Any]] = field(default_factory=dict)  # label -> [its value, the majority's]
-    fingerprint: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class FleetResult:
-    id: str
-    workload: str
-    unit: str
-    higher_is_better: bool
-    margin: float
-    confidence: float
-    plan: dict[str, Any]
-    control: dict[str, Any]
-    looks_used: int
-    rows: list[NodeRow]
-    command: str = ""
-    labels: list[dict[str, Any]] = field(default_factory=list)  # planned/written label changes
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FleetResult:
-        data = dict(data)
-        data["rows"] = [NodeRow(**r) for r in data.get("rows") or []]
-        return cls(**data)
-
-    def measured(self) -> list[NodeRow]:
-        return [r for r in self.rows if r.verdict not in ("excluded", "failed")]
 
 
 class Executor:
@@ -78,7 +34,7 @@ class Executor:
         self.results: list[TrialResult] = []
         self.failed_nodes: dict[str, str] = {}  # node -> why it ran nothing
         self.max_in_flight = 0
-        self.value_of: Callable[[TrialResult], float | None] = lambda r: r.primary().get("value")
+        self.value_of: Callable[[TrialResult], float | None] = lambda r: r.primary().value if r.primary() else None
 
     def __call__(self, items: list[Item]) -> dict[str, list[float]]:
         slots = Slots([it for it in items if it[0] not in self.failed_nodes], self.parallel)
@@ -157,7 +113,7 @@ def headline_higher(workload: str) -> bool:
     return decl.better == "higher"
 
 
-def fleet_experiment(name: str, base, nodes: list[str], meta: dict[str, Any], seed: int | None) -> Experiment:
+def fleet_experiment(name: str, base, nodes: list[str], meta: ExperimentMeta, seed: int | None) -> Experiment:
     """One arm per node, pinned to it through the pod environment's `node` option."""
     return Experiment(name=name, base=base, arms=[Arm(n, {"node": n}) for n in nodes], trials=0, seed=seed,
                       kind="fleet", meta=meta)
@@ -169,10 +125,9 @@ def run(runner: Runner, exp: Experiment, nodes: list[NodeInfo], excluded: list[E
     """Create the experiment in the store, run the fleet, and keep the result with it."""
     t0 = time.monotonic()
     higher = headline_higher(exp.base.workload)
-    runner.store.create_experiment(exp.id, exp.name, exp.kind, {**exp.meta, "workload": exp.base.workload,
-                                                                "base": exp.base.to_dict(), "seed": exp.seed,
-                                                                "arms": [{"name": a.name, "overrides": a.overrides}
-                                                                         for a in exp.arms]})
+    if exp.seed is None:  # drawn once and stored, as every experiment's trial order seed: the order can be re-made
+        exp.seed = random.SystemRandom().randrange(2**31)
+    runner.store.create_experiment(exp.id, exp.name, exp.kind, dataclasses.replace(exp.stored_meta(), trials=None))
     ex = Executor(runner, exp, parallel, on_end)
     outcome = adaptive.run([n.name for n in nodes], ex, plan, higher_is_better=higher, margin=margin,
                            confidence=confidence, reference=reference, seed=exp.seed)
@@ -183,7 +138,7 @@ def run(runner: Runner, exp: Experiment, nodes: list[NodeInfo], excluded: list[E
 
 def build(exp: Experiment, nodes: list[NodeInfo], excluded: list[Excluded], outcome: adaptive.Outcome,
           ex: Executor, *, plan: adaptive.Plan, margin: float, confidence: float, unit: str) -> FleetResult:
-    fps: dict[str, dict[str, Any]] = {}
+    fps: dict[str, dict[str, Any]] = {}  # the fingerprints gathered by the workers, with the kubelet's
     for node in nodes:
         worker = next((r.fingerprint for r in ex.results if r.spec.arm == node.name and r.ok and r.fingerprint), None)
         fps[node.name] = fingerprints.combined(worker, node.system)
@@ -205,13 +160,18 @@ def build(exp: Experiment, nodes: list[NodeInfo], excluded: list[Excluded], outc
             if v.ci_low is not None and v.ci_high is not None:
                 row.speed_low, row.speed_high = ((v.ci_low, v.ci_high) if higher else (1 / v.ci_high, 1 / v.ci_low))
             row.p_adjusted = v.p_equivalent_adj if v.verdict == "equivalent" else v.p_different_adj
+            if v.log_ratio is not None:  # log(speed): the sign of a rate's log ratio, the other way for a time
+                row.log_speed, row.se, row.df = (v.log_ratio if higher else -v.log_ratio), v.se, v.df
+            figures = outcome.values.get(n, [])
+            if len(figures) >= 2 and v.mean:
+                row.level_se = statistics.stdev(figures) / v.mean / math.sqrt(len(figures))
             if v.verdict == "reference":
                 row.speed = row.ratio = 1.0
         rows.append(row)
     rows += [NodeRow(e.node, "excluded", reason=e.reason) for e in excluded]
     return FleetResult(id=exp.id, workload=exp.base.workload, unit=unit, higher_is_better=higher, margin=margin,
-                       confidence=confidence, plan=asdict(plan), control=outcome.control.to_dict(),
-                       looks_used=outcome.looks_used, rows=sort_rows(rows), command=exp.meta.get("command", ""))
+                       confidence=confidence, plan=plan, control=outcome.control, looks_used=outcome.looks_used,
+                       rows=sort_rows(rows), command=exp.meta.command or "")
 
 
 def sort_rows(rows: list[NodeRow]) -> list[NodeRow]:

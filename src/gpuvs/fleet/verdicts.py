@@ -82,6 +82,9 @@ class NodeVerdict:
     trials_needed: int | None = None
     reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    log_ratio: float | None = None  # log(node / reference), its standard error and (Welch) df
+    se: float | None = None
+    df: float | None = None
 
     @property
     def settled(self) -> bool:
@@ -146,7 +149,7 @@ def band_speeds(values: Mapping[str, Sequence[float]], *, higher_is_better: bool
             continue
         p = stats.log_ratio([x for r in ref for x in values[r]], list(vals))
         sign = 1.0 if higher_is_better else -1.0
-        out[node] = BandSpeed(node, tuple(ref), sign * p["log_r"], p["se"], p["df"], len(vals), means[node])
+        out[node] = BandSpeed(node, tuple(ref), sign * p.log_r, p.se, p.df, len(vals), means[node])
     return out
 
 
@@ -173,7 +176,7 @@ def assess(values: Mapping[str, Sequence[float]], *, higher_is_better: bool, mar
     means = {n: _mean(v) for n, v in values.items() if v}
     comparable = {n for n, v in values.items() if len(v) >= 2}
     out: dict[str, NodeVerdict] = {}
-    tested: dict[str, dict[str, Any]] = {}
+    tested: dict[str, stats.Comparison] = {}
     candidates = {n: means[n] for n in comparable}
     control.nodes = max(1, sum(1 for n in values if n != reference))
     for node, vals in values.items():
@@ -196,15 +199,15 @@ def assess(values: Mapping[str, Sequence[float]], *, higher_is_better: bool, mar
                                words=("faster", "slower") if higher_is_better else ("slower", "faster"),
                                margin=margin, confidence=control.interval_confidence)
         tested[node] = c
-        ratio = c["ratio"]
+        ratio = c.ratio
         speed = None if ratio is None else (ratio if higher_is_better else 1.0 / ratio)
-        out[node] = NodeVerdict(node, len(vals), mean, ref, "inconclusive", ratio=ratio, ci_low=c["ci_low"],
-                                ci_high=c["ci_high"], speed=speed, p_different=c["p_different"],
-                                p_equivalent=c["p_equivalent"], trials_needed=c["trials_needed"],
-                                reason=c.get("reason") or "")
+        out[node] = NodeVerdict(node, len(vals), mean, ref, "inconclusive", ratio=ratio, ci_low=c.ci_low,
+                                ci_high=c.ci_high, speed=speed, p_different=c.p_different,
+                                p_equivalent=c.p_equivalent, trials_needed=c.trials_needed, reason=c.reason,
+                                log_ratio=c.log_r, se=c.se_log, df=c.df)
     level = control.per_look
-    p_diff = {n: c["p_different"] for n, c in tested.items() if c["p_different"] is not None}
-    p_eq = {n: c["p_equivalent"] for n, c in tested.items() if c["p_equivalent"] is not None}
+    p_diff = {n: c.p_different for n, c in tested.items() if c.p_different is not None}
+    p_eq = {n: c.p_equivalent for n, c in tested.items() if c.p_equivalent is not None}
     different, diff_adj = holm(p_diff, level)
     equivalent, eq_adj = holm(p_eq, level) if margin > 0 else (set(), {})
     for node in tested:

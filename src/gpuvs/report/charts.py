@@ -69,13 +69,13 @@ def _axes(frame: _Frame, xticks: Sequence[float] | None, yticks: Sequence[float]
 def bar_chart(a: Analysis, metric: str) -> dict[str, Any] | None:
     """One bar per arm (mean of per-trial figures) with its confidence-interval whisker and the
     trials as dots."""
-    arms = [(i, arm, arm.summaries.get(metric, {})) for i, arm in enumerate(a.arms)]
-    arms = [(i, arm, s) for i, arm, s in arms if s.get("n")]
+    arms = [(i, arm, arm.summaries.get(metric)) for i, arm in enumerate(a.arms)]
+    arms = [(i, arm, s) for i, arm, s in arms if s is not None and s.n]
     if not arms:
         return None
     unit = next(m.unit for m in a.metrics if m.name == metric)
-    top = max(max(s.get("ci_high") if s.get("ci_high") == s.get("ci_high") and s.get("ci_high") is not None
-                  else s["mean"], s["max"]) for _, _, s in arms)
+    top = max(max(s.ci_high if s.ci_high == s.ci_high and s.ci_high is not None else s.mean, s.max)
+              for _, _, s in arms)
     yticks = nice_ticks(0.0, top * 1.08)
     frame = _Frame(0, 1, 0, yticks[-1])
     band = (W - LEFT - RIGHT) / len(arms)
@@ -83,11 +83,11 @@ def bar_chart(a: Analysis, metric: str) -> dict[str, Any] | None:
     for k, (i, arm, s) in enumerate(arms):
         x = LEFT + k * band + band * 0.2
         width = band * 0.6
-        bar = {"x": round(x, 1), "width": round(width, 1), "y": frame.y(s["mean"]),
-               "height": round(frame.y(0) - frame.y(s["mean"]), 1), "colour": colour(i), "name": arm.name,
-               "cx": round(x + width / 2, 1), "label": fmt(s["mean"]), "whisker": None,
-               "dots": [frame.y(v) for v in s.get("values", [])]}
-        low, high = s.get("ci_low"), s.get("ci_high")
+        bar = {"x": round(x, 1), "width": round(width, 1), "y": frame.y(s.mean),
+               "height": round(frame.y(0) - frame.y(s.mean), 1), "colour": colour(i), "name": arm.name,
+               "cx": round(x + width / 2, 1), "label": fmt(s.mean), "whisker": None,
+               "dots": [frame.y(v) for v in s.values]}
+        low, high = s.ci_low, s.ci_high
         if low is not None and high is not None and low == low and high == high:
             bar["whisker"] = {"y1": frame.y(max(low, 0.0)), "y2": frame.y(high)}
         bars.append(bar)
@@ -126,8 +126,8 @@ def step_chart(a: Analysis) -> dict[str, Any] | None:
     if head is None:
         return None
     index = {arm.name: i for i, arm in enumerate(a.arms)}
-    lines = [{"name": f"{t['arm']} trial {t['trial'] + 1}", "colour": colour(index.get(t["arm"], 0)),
-              "points": [(float(s), float(v)) for s, v in t["steps"]]} for t in a.trials if t["steps"]]
+    lines = [{"name": f"{t.arm} trial {t.trial + 1}", "colour": colour(index.get(t.arm, 0)),
+              "points": [(float(s), float(v)) for s, v in t.steps]} for t in a.trials if t.steps]
     return line_chart(f"{head.name} per step, every trial", head.unit, "step", lines)
 
 
@@ -140,13 +140,13 @@ def telemetry_charts(a: Analysis) -> list[dict[str, Any]]:
         lines = []
         for t in a.trials:
             by_gpu: dict[Any, list[tuple[float, float]]] = {}
-            for row in t["telemetry"]:
-                v = row.get(key)
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and row.get("t") is not None:
-                    by_gpu.setdefault(row.get("gpu"), []).append((float(row["t"]), float(v)))
+            for row in t.telemetry:
+                v = row.data.get(key)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and row.t is not None:
+                    by_gpu.setdefault(row.gpu, []).append((float(row.t), float(v)))
             for gpu, pts in by_gpu.items():
-                lines.append({"name": f"{t['arm']} trial {t['trial'] + 1} GPU {gpu}",
-                              "colour": colour(index.get(t["arm"], 0)), "points": pts})
+                lines.append({"name": f"{t.arm} trial {t.trial + 1} GPU {gpu}",
+                              "colour": colour(index.get(t.arm, 0)), "points": pts})
         chart = line_chart(f"{label} over time", unit, "seconds", lines, width=520, height=230)
         if chart:
             charts.append(chart)

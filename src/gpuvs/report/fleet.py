@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from gpuvs.fleet import fingerprints
-from gpuvs.fleet.run import FleetResult, NodeRow
+from gpuvs.fleet.result import FleetResult, NodeRow
 from gpuvs.report import markdown
 from gpuvs.report.tables import Table, interval
 
@@ -67,11 +67,11 @@ def node_table(res: FleetResult) -> Table:
 def control_note(res: FleetResult) -> str:
     c = res.control
     return (f"speed vs fleet: the node's figure over its reference's (the other nodes within ±{100 * res.margin:g}% "
-            f"of their median, pooled), below 1 is slower. Error rate held at {100 * c['alpha']:g}% for the whole "
-            f"fleet: Holm over {c['nodes']} node(s) at each of at most {c['looks']} look(s) "
-            f"({100 * c['per_look']:.3g}% per look); intervals are simultaneous "
-            f"({100 * c['interval_confidence']:.3g}%). Trials: {res.plan['trials']} per node, up to "
-            f"{res.plan['max_trials']} where unsettled; {res.looks_used} look(s) used.")
+            f"of their median, pooled), below 1 is slower. Error rate held at {100 * c.alpha:g}% for the whole "
+            f"fleet: Holm over {c.nodes} node(s) at each of at most {c.looks} look(s) "
+            f"({100 * c.per_look:.3g}% per look); intervals are simultaneous "
+            f"({100 * c.interval_confidence:.3g}%). Trials: {res.plan.trials} per node, up to "
+            f"{res.plan.max_trials} where unsettled; {res.looks_used} look(s) used.")
 
 
 def fingerprint_table(res: FleetResult) -> Table | None:
@@ -104,8 +104,8 @@ def render_markdown(res: FleetResult) -> str:
     for t in tables(res):
         out += ["", markdown.table(t)]
     if res.labels:
-        out += ["", "### Node labels", ""] + [f"- {markdown.cell(lab['node'])}: {markdown.cell(lab['labels'])} "
-                                              f"({markdown.cell(lab['status'])})" for lab in res.labels]
+        out += ["", "### Node labels", ""] + [f"- {markdown.cell(lab.node)}: {markdown.cell(lab.labels)} "
+                                              f"({markdown.cell(lab.status)})" for lab in res.labels]
     return "\n".join(out) + "\n"
 
 
@@ -212,4 +212,4 @@ def terminal(console: Any, res: FleetResult) -> None:
     for t in tables(res):
         console.print(rich_table(t))
     for lab in res.labels:
-        console.print(f"label {lab['node']}: {lab['labels']} ({lab['status']})")
+        console.print(f"label {lab.node}: {lab.labels} ({lab.status})")

@@ -3,10 +3,9 @@ groups as 'mean [low, high]', a ratio of two arms with its interval and verdict.
 
 from __future__ import annotations
 
-from typing import Any
-
 from gpuvs.report.numbers import fmt
-from gpuvs.sharing.stats import Figure
+from gpuvs.sharing.stats import Figure, MpsVerdict
+from gpuvs.stats import Comparison
 
 
 def figure_text(f: Figure, digits: int = 1) -> str:
@@ -17,9 +16,9 @@ def figure_text(f: Figure, digits: int = 1) -> str:
     return f"{fmt(f.mean, digits)} [{fmt(f.low, digits)}, {fmt(f.high, digits)}]"
 
 
-def ratio_text(c: dict[str, Any]) -> str:
-    if c.get("ratio") is None:
+def ratio_text(c: Comparison | MpsVerdict) -> str:
+    if c.ratio is None:
         return "-"
-    if c.get("ci_low") is None:
-        return f"{fmt(c['ratio'], 3)} ({c.get('reason') or 'no interval'})"
-    return f"{fmt(c['ratio'], 3)} [{fmt(c['ci_low'], 3)}, {fmt(c['ci_high'], 3)}] {c['verdict']}"
+    if c.ci_low is None:
+        return f"{fmt(c.ratio, 3)} ({c.reason or 'no interval'})"
+    return f"{fmt(c.ratio, 3)} [{fmt(c.ci_low, 3)}, {fmt(c.ci_high, 3)}] {c.verdict}"

@@ -4,10 +4,11 @@ renderers only lay them out, so every format says exactly the same thing."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpuvs.comparison import Analysis, fingerprint_rows
+from gpuvs.family import MetricVerdict
 from gpuvs.report.numbers import fmt
+from gpuvs.stats import TrialsSummary
 
 
 @dataclass
@@ -32,38 +33,38 @@ def interval(low: float | None, high: float | None, digits: int = 3) -> str:
     return f"{low:.{digits}f}{sep}{high:.{digits}f}"
 
 
-def verdict_word(v: dict[str, Any]) -> str:
+def verdict_word(v: MetricVerdict) -> str:
     """'faster', 'equivalent within ±2%', 'equivalent within ±2%, and 1.5% slower' (both hold),
     'inconclusive', 'descriptive'."""
-    if v["verdict"] == "equivalent":
-        text = f"equivalent within ±{100 * v['margin']:g}%"
-        if v.get("also") and v.get("ratio") is not None:
-            text += f", and {100 * abs(v['ratio'] - 1):.1f}% {v['also']}"
+    if v.verdict == "equivalent":
+        text = f"equivalent within ±{100 * v.margin:g}%"
+        if v.also and v.ratio is not None:
+            text += f", and {100 * abs(v.ratio - 1):.1f}% {v.also}"
         return text
-    return v["verdict"]
+    return v.verdict
 
 
-def to_settle(v: dict[str, Any]) -> str:
-    if v["verdict"] == "descriptive":
+def to_settle(v: MetricVerdict) -> str:
+    if v.verdict == "descriptive":
         return "-"
-    if v["verdict"] != "inconclusive":
+    if v.verdict != "inconclusive":
         return "settled"
-    if v.get("ratio") is not None and v.get("reason", "").startswith("needs"):
-        return f"2+ trials per arm needed ({v['more_trials']} more)"
-    if v["more_trials"] is None:
-        return "more than 10,000 per arm" if v.get("se_log") else (v.get("reason") or "-")
-    return f"{v['trials_needed']} per arm ({v['more_trials']} more)"
+    if v.ratio is not None and v.reason.startswith("needs"):
+        return f"2+ trials per arm needed ({v.more_trials} more)"
+    if v.more_trials is None:
+        return "more than 10,000 per arm" if v.se_log else (v.reason or "-")
+    return f"{v.trials_needed} per arm ({v.more_trials} more)"
 
 
-def tested_as(v: dict[str, Any]) -> str:
+def tested_as(v: MetricVerdict) -> str:
     """How the row was tested: its family and the analysis of the design."""
-    if v.get("method") == "paired":
-        how = f"paired, {v['n_pairs']} rounds" + (f" ({v['unused']} trials unpaired, left out)" if v["unused"] else "")
-    elif v.get("method") == "unpaired":
-        how = "unpaired" + ("" if v.get("interleaved", True) else ", not interleaved")
+    if v.method == "paired":
+        how = f"paired, {v.n_pairs} rounds" + (f" ({v.unused} trials unpaired, left out)" if v.unused else "")
+    elif v.method == "unpaired":
+        how = "unpaired" + ("" if v.interleaved else ", not interleaved")
     else:
         how = "-"
-    fam = v.get("family", "")
+    fam = v.family or ""
     short = "descriptive" if fam.startswith("descriptive") else ("Holm" if fam.startswith("other") else "headline")
     return f"{short}; {how}"
 
@@ -72,11 +73,10 @@ def verdict_table(a: Analysis) -> Table | None:
     if len(a.arms) < 2 or not a.verdicts:
         return None
     pct = f"{100 * a.confidence:g}%"
-    rows = [[f"{v['metric']} ({v['unit']})" if v["unit"] else v["metric"], v["arm"], fmt(v["mean_a"]),
-             fmt(v["mean_b"]), ratio(v["ratio"]), interval(v["ci_low"], v["ci_high"]), verdict_word(v), tested_as(v),
-             to_settle(v)] for v in a.verdicts]
+    rows = [[f"{v.metric} ({v.unit})" if v.unit else v.metric, v.arm, fmt(v.mean_a), fmt(v.mean_b), ratio(v.ratio),
+             interval(v.ci_low, v.ci_high), verdict_word(v), tested_as(v), to_settle(v)] for v in a.verdicts]
     head = a.headline
-    fams = sorted({v.get("family", "") for v in a.verdicts if v.get("family")}, key=lambda f: not f.startswith("headline"))
+    fams = sorted({v.family for v in a.verdicts if v.family}, key=lambda f: not f.startswith("headline"))
     note = (f"ratio = arm / {a.arms[0].name} (the baseline): per-round ratios (paired) where the trials were "
             "interleaved and both trials of a round succeeded, else ratio of means (Welch); the interval is at the "
             f"level each row was tested at ({pct} for one headline comparison at a fixed count); equivalent = two "
@@ -84,7 +84,7 @@ def verdict_table(a: Analysis) -> Table | None:
             f"verdict, the other metrics are tested with Holm's method once the headline shows a difference, "
             "else descriptive; each metric's direction and words are the workload's declaration. "
             + "families: " + "; ".join(fams)
-            + ("" if a.meta.get("interleaved", True) else
+            + ("" if a.meta.interleaved is not False else
                ". Not interleaved: drift between the two experiments cannot be told apart from the change"))
     return Table("verdicts", f"Verdict: each arm against {a.arms[0].name}",
                  ["metric", "arm", f"{a.arms[0].name} mean", "arm mean", "ratio", "CI", "verdict", "tested as",
@@ -95,13 +95,12 @@ def arm_table(a: Analysis) -> Table | None:
     rows = []
     for arm in a.arms:
         for m in a.metrics:
-            s = arm.summaries.get(m.name, {})
-            n = s.get("n", 0)
+            s = arm.summaries.get(m.name) or TrialsSummary()
+            n = s.n
             rows.append([arm.name, m.name, arm.device + (f" x{arm.num_gpus}" if arm.num_gpus > 1 else ""), arm.env,
-                         f"{n}/{arm.n_total}", fmt(s.get("mean")),
-                         interval(s.get("ci_low"), s.get("ci_high"), 1) if n > 1 else "-",
-                         f"{fmt(s.get('min'))} … {fmt(s.get('max'))}" if n else "-",
-                         f"{100 * s.get('cv', 0):.2f}%" if n > 1 else "-", m.unit])
+                         f"{n}/{arm.n_total}", fmt(s.mean), interval(s.ci_low, s.ci_high, 1) if n > 1 else "-",
+                         f"{fmt(s.min)} … {fmt(s.max)}" if n else "-", f"{100 * (s.cv or 0):.2f}%" if n > 1 else "-",
+                         m.unit])
     if not rows:
         return None
     return Table("arms", "Summary per arm (mean of per-trial figures)",
@@ -114,8 +113,8 @@ def per_trial_table(a: Analysis) -> Table | None:
     if head is None:
         return None
     trials = sorted({t for arm in a.arms for t in arm.values.get(head.name, {})} |
-                    {f["trial"] for f in a.failures})
-    failed = {(f["arm"], f["trial"]): f["status"] for f in a.failures}
+                    {f.trial for f in a.failures})
+    failed = {(f.arm, f.trial): f.status for f in a.failures}
     rows = []
     for t in trials:
         row = [f"{a.name} #{t + 1}"]
@@ -131,9 +130,9 @@ def per_trial_table(a: Analysis) -> Table | None:
 def speedup_table(a: Analysis) -> Table | None:
     if not a.speedup:
         return None
-    unit = a.speedup[0]["unit"]
-    rows = [[a.name, r["cpu_arm"], fmt(r["cpu_mean"]), r["gpu_arm"], fmt(r["gpu_mean"]), f"{r['speedup']:.2f}×",
-             interval(r["ci_low"], r["ci_high"], 2)] for r in a.speedup]
+    unit = a.speedup[0].unit
+    rows = [[a.name, r.cpu_arm, fmt(r.cpu_mean), r.gpu_arm, fmt(r.gpu_mean), f"{r.speedup:.2f}×",
+             interval(r.ci_low, r.ci_high, 2)] for r in a.speedup]
     return Table("speedup", "Speed-up: CPU time / GPU time for the same work",
                  ["test case", "CPU arm", f"CPU {unit}", "GPU arm", f"GPU {unit}", "speed-up",
                   f"{100 * a.confidence:g}% CI"], rows, right={2, 4, 5, 6})
@@ -142,12 +141,10 @@ def speedup_table(a: Analysis) -> Table | None:
 def scaling_table(a: Analysis) -> Table | None:
     if not a.scaling:
         return None
-    unit = a.scaling[0]["unit"]
-    rows = [[r["arm"], str(r["num_gpus"]), fmt(r["mean"]), f"{r['speedup']:.2f}×", f"{r['ideal']:g}×",
-             f"{100 * r['efficiency']:.1f}%",
-             "-" if r["eff_low"] is None else f"{100 * r['eff_low']:.1f}% … {100 * r['eff_high']:.1f}%"]
-            for r in a.scaling]
-    return Table("scaling", f"Scaling: N-GPU throughput / (N x {a.scaling[0]['baseline']})",
+    unit = a.scaling[0].unit
+    rows = [[r.arm, str(r.num_gpus), fmt(r.mean), f"{r.speedup:.2f}×", f"{r.ideal:g}×", f"{100 * r.efficiency:.1f}%",
+             "-" if r.eff_low is None else f"{100 * r.eff_low:.1f}% … {100 * r.eff_high:.1f}%"] for r in a.scaling]
+    return Table("scaling", f"Scaling: N-GPU throughput / (N x {a.scaling[0].baseline})",
                  ["arm", "GPUs", unit, "speed-up", "ideal", "scaling efficiency", f"{100 * a.confidence:g}% CI"],
                  rows, right={1, 2, 3, 4, 5, 6})
 
@@ -176,8 +173,7 @@ def fingerprint_table(a: Analysis) -> Table | None:
 def failure_table(a: Analysis) -> Table | None:
     if not a.failures:
         return None
-    rows = [[f["arm"], str(f["trial"] + 1), f["status"], f["error"].splitlines()[0][:200] if f["error"] else "-"]
-            for f in a.failures]
+    rows = [[f.arm, str(f.trial + 1), f.status, f.error.splitlines()[0][:200] if f.error else "-"] for f in a.failures]
     return Table("failures", "Trials that did not finish", ["arm", "trial", "status", "error"], rows)
 
 
@@ -195,12 +191,12 @@ def headline_sentence(a: Analysis) -> str:
         return ""
     parts = []
     for v in vs:
-        if v["ratio"] is None:
-            parts.append(f"{v['arm']} vs {v['baseline']}: {v['verdict']} ({v['reason']})")
+        if v.ratio is None:
+            parts.append(f"{v.arm} vs {v.baseline}: {v.verdict} ({v.reason})")
             continue
-        ci = f" ({100 * a.confidence:g}% CI {interval(v['ci_low'], v['ci_high'])})" if v["ci_low"] is not None else ""
-        parts.append(f"{v['arm']} vs {v['baseline']}: {ratio(v['ratio'])} {v['metric']}{ci}: {verdict_word(v)}"
-                     + (f", {to_settle(v)}" if v["verdict"] == "inconclusive" else ""))
+        ci = f" ({100 * a.confidence:g}% CI {interval(v.ci_low, v.ci_high)})" if v.ci_low is not None else ""
+        parts.append(f"{v.arm} vs {v.baseline}: {ratio(v.ratio)} {v.metric}{ci}: {verdict_word(v)}"
+                     + (f", {to_settle(v)}" if v.verdict == "inconclusive" else ""))
     return "; ".join(parts)
 
 
@@ -210,15 +206,15 @@ def header_lines(a: Analysis) -> list[tuple[str, str]]:
 
     lines = [("experiment", f"{a.name} ({a.id})"), ("workload", a.workload),
              ("created", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.created)) if a.created else "-")]
-    base = a.meta.get("base") or {}
-    if base.get("params"):
-        lines.append(("parameters", " ".join(f"{k}={v}" for k, v in base["params"].items())))
+    meta = a.meta
+    if meta.base is not None and meta.base.params:
+        lines.append(("parameters", " ".join(f"{k}={v}" for k, v in meta.base.params.items())))
     for arm in a.arms:
         lines.append((f"arm {arm.name}", " ".join(f"{k}={v}" for k, v in arm.overrides.items()) or "(the base)"))
-    if a.meta.get("command"):
-        lines.append(("command", a.meta["command"]))
-    if a.meta.get("file"):
-        lines.append(("file", a.meta["file"]))
-    if a.meta.get("seed") is not None:
-        lines.append(("trial order seed (--order-seed)", str(a.meta["seed"])))
+    if meta.command:
+        lines.append(("command", meta.command))
+    if meta.file:
+        lines.append(("file", meta.file))
+    if meta.seed is not None:
+        lines.append(("trial order seed (--order-seed)", str(meta.seed)))
     return lines

@@ -11,6 +11,7 @@ from rich.table import Table
 from gpuvs import environments, stats
 from gpuvs.report import tables
 from gpuvs.report.numbers import fmt
+from gpuvs.stats import SeriesSummary
 
 CONFIG_LABELS = [
     ("model", "Model"), ("dataset", "Dataset"), ("mode", "Mode"), ("batch_size_global", "Batch size"),
@@ -92,9 +93,8 @@ def trial_line(result) -> str:
     head = f"trial {spec.trial + 1} [{spec.arm}] ({where})"
     if not result.ok:
         return f"{head}: {result.status.upper()}: {result.error}"
-    main = result.primary()
-    text = (f"{head}: {fmt(main.get('value'))} {main.get('unit', '')} +/- {fmt(main.get('pm'))} "
-            f"(jitter = {fmt(main.get('jitter'))})")
+    main = result.primary() or SeriesSummary()
+    text = f"{head}: {fmt(main.value)} {main.unit} +/- {fmt(main.pm)} (jitter = {fmt(main.jitter)})"
     start = result.startup
     parts = [f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f} s" for k, v in start.items()
              if k in ("first_step_s", "launch_to_timed_s")]
@@ -110,10 +110,10 @@ def total_block(console: Console, result) -> None:
     if result.ok and main:
         series = next(iter(result.summary))
         named = f" ({series})" if len(result.summary) > 1 else ""
-        value = main.get("value") or 0.0
+        value = main.value or 0.0
         text = f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
         console.print(RULE, highlight=False)
-        console.print(f"total {main.get('unit', '')}{named}: {text}", highlight=False)
+        console.print(f"total {main.unit}{named}: {text}", highlight=False)
         console.print(RULE, highlight=False)
 
 
@@ -121,20 +121,19 @@ def arm_table(results: Iterable, title: str = "Summary across trials") -> Table:
     """One row per arm and series: mean of per-trial figures, 95% CI, range, CV."""
     groups: dict[tuple[str, str], list] = {}
     for r in results:
-        for series in (r.summary or {"main": {}}):
+        for series in (r.summary or {"main": None}):
             groups.setdefault((r.spec.arm, series), []).append(r)
     table = Table(title=title, title_justify="left")
     for col in ("arm", "series", "trials ok", "mean", "95% CI", "min … max", "CV", "unit"):
         table.add_column(col, justify="right" if col not in ("arm", "series", "unit") else "left")
     for (arm, series), rs in groups.items():
         ok = [r for r in rs if r.ok and series in r.summary]
-        values = [r.summary[series].get("value") for r in ok]
+        values = [r.summary[series].value for r in ok]
         s = stats.summarize_trials(values)
-        unit = ok[0].summary[series].get("unit", "") if ok else ""
-        ci = f"{fmt(s.get('ci_low'))} … {fmt(s.get('ci_high'))}" if s.get("n", 0) > 1 else "-"
-        table.add_row(arm, series, f"{len(ok)}/{len(rs)}", fmt(s.get("mean")), ci,
-                      f"{fmt(s.get('min'))} … {fmt(s.get('max'))}" if ok else "-",
-                      f"{100 * s.get('cv', 0):.2f}%" if s.get("n", 0) > 1 else "-", unit)
+        unit = ok[0].summary[series].unit if ok else ""
+        ci = f"{fmt(s.ci_low)} … {fmt(s.ci_high)}" if s.n > 1 else "-"
+        table.add_row(arm, series, f"{len(ok)}/{len(rs)}", fmt(s.mean), ci, f"{fmt(s.min)} … {fmt(s.max)}" if ok else "-",
+                      f"{100 * (s.cv or 0):.2f}%" if s.n > 1 else "-", unit)
     return table
 
 
@@ -158,7 +157,7 @@ def startup_table(results: Iterable) -> Table | None:
 
 
 def metrics_table(results: Iterable) -> Table | None:
-    rows = [(r.spec.arm, r.spec.trial + 1, name, m["value"], m.get("unit", "")) for r in results if r.ok
+    rows = [(r.spec.arm, r.spec.trial + 1, name, m.value, m.unit) for r in results if r.ok
             for name, m in r.metrics.items() if "/" not in name]  # SERIES/NAME metrics: series_table
     if not rows:
         return None
@@ -181,12 +180,12 @@ def series_table(results: Iterable) -> Table | None:
             continue
         for name, m in r.metrics.items():
             series, sep, key = name.rpartition("/")
-            if not sep or series not in r.summary or m.get("value") is None:
+            if not sep or series not in r.summary or m.value is None:
                 continue
             row = rows.setdefault((r.spec.arm, series), {})
-            row.setdefault(key, []).append(m["value"])
-            units[(r.spec.arm, series)] = r.summary[series].get("unit", "")
-            row.setdefault("", []).append(r.summary[series].get("value"))
+            row.setdefault(key, []).append(m.value)
+            units[(r.spec.arm, series)] = r.summary[series].unit
+            row.setdefault("", []).append(r.summary[series].value)
             if key not in columns:
                 columns.append(key)
     if not rows:
@@ -211,7 +210,7 @@ def telemetry_table(results: Iterable) -> Table | None:
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         if r.telemetry:
-            groups.setdefault(r.spec.arm, []).extend(r.telemetry)
+            groups.setdefault(r.spec.arm, []).extend(t.to_dict() for t in r.telemetry)
     if not groups:
         return None
     table = Table(title="GPU telemetry (NVML)", title_justify="left")

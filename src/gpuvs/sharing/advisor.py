@@ -5,7 +5,7 @@ solo windows against the measured verdict (stats.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from gpuvs.sharing import stats
 from gpuvs.sharing.advice import Advice, predict
@@ -67,7 +67,7 @@ def measure(coord: Coordinator, specs: dict[str, RunSpec], pairs: list[PairRuns]
             save()
 
 
-def verdicts(pr: PairRuns, total: float | None, margin: float) -> tuple[list, Advice, dict[str, Any] | None]:
+def verdicts(pr: PairRuns, total: float | None, margin: float) -> tuple[list, Advice, stats.MpsVerdict | None]:
     """(each job's solo figures, the prediction from them, the measured MPS verdict or None)."""
     solo = [solo_figures(pr.runs["A alone"]), solo_figures(pr.runs["B alone"])]
     advice = predict(solo, total, margin)

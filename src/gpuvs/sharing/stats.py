@@ -6,41 +6,51 @@ work with MPS over work time-sliced, within a margin. Statistics only: their tex
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 from gpuvs import stats
+from gpuvs.records import SampleRecord
 
 _PER_SECOND = {"s": 1.0, "sec": 1.0, "seconds": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}
 
 
-def as_rate(summary: dict[str, Any]) -> tuple[float, str]:
+def as_rate(summary: stats.SeriesSummary | None) -> tuple[float, str]:
     """A series summary's headline as a rate: itself, or for a duration (ms per run) runs per second, so
     that workers' figures can be added up."""
-    unit = summary.get("unit", "")
-    value = summary.get("value") or 0.0
-    if summary.get("better") != "lower":  # the workload declared it; only a time is turned into a rate
-        return value, unit
+    summary = summary or stats.SeriesSummary()
+    unit = summary.unit or ""
+    value = summary.value or 0.0
+    if summary.better != "lower":  # the workload declared it; only a time is turned into a rate
+        return value, summary.unit
     return (_PER_SECOND.get(unit.strip().lower(), 1.0) / value if value else 0.0), "runs/sec"
 
 
-def window_rate(samples: list[dict[str, Any]], declared) -> tuple[float, str] | None:
+def window_rate(samples: list[SampleRecord], declared) -> tuple[float, str] | None:
     """The rate of the samples of one worker that arrived within one window (its first series);
     `declared` is its workload's Workload.declared (which way is better)."""
     if not samples:
         return None
-    series = samples[0].get("series", "main")
+    series = samples[0].series
     decl = declared(series)
-    return as_rate(stats.summarize_series([s for s in samples if s.get("series", "main") == series],
-                                          decl.better if decl else None))
+    return as_rate(stats.summarize_series([s for s in samples if s.series == series], decl.better if decl else None))
 
 
-def latency_ms(samples: list[dict[str, Any]]) -> dict[str, float] | None:
+@dataclass
+class Latency:
+    """Per-step times (ms) of one worker: median, 99th percentile, how many steps."""
+
+    p50: float
+    p99: float
+    n: int
+
+
+def latency_ms(samples: list[SampleRecord]) -> Latency | None:
     """p50 and p99 of the per-step time (ms) of samples that carry their seconds (one batch each)."""
-    secs = [1e3 * s["seconds"] for s in samples if s.get("seconds")]
+    secs = [1e3 * s.seconds for s in samples if s.seconds]
     if not secs:
         return None
-    s = stats.summarize_series([{"value": v, "unit": "ms"} for v in secs])
-    return {"p50": s["p50"], "p99": s["p99"], "n": s["n"]}
+    s = stats.summarize_series([SampleRecord(None, "main", i, v, "ms") for i, v in enumerate(secs, 1)])
+    return Latency(s.p50, s.p99, s.n)
 
 
 @dataclass
@@ -56,13 +66,13 @@ class Figure:
 def figure(values: Sequence[float | None], confidence: float = 0.95) -> Figure:
     vals = [float(v) for v in values if v is not None]
     s = stats.summarize_trials(vals, confidence)
-    if not s["n"]:
+    if not s.n:
         return Figure([], None, None, None)
-    two = s["n"] >= 2
-    return Figure(vals, s["mean"], s["ci_low"] if two else None, s["ci_high"] if two else None)
+    two = s.n >= 2
+    return Figure(vals, s.mean, s.ci_low if two else None, s.ci_high if two else None)
 
 
-def compare(base: Sequence[float | None], other: Sequence[float | None], margin: float) -> dict[str, Any]:
+def compare(base: Sequence[float | None], other: Sequence[float | None], margin: float) -> stats.Comparison:
     """other against base over repeated groups: compare's ratio, interval and verdict words. Every figure
     compared here is a rate (throughput, work done): higher is faster."""
     return stats.compare_arms([v for v in base if v is not None], [v for v in other if v is not None],
@@ -73,10 +83,41 @@ MPS_WORDS = {"faster": "mps helps", "slower": "mps hurts", "equivalent": "no dif
              "inconclusive": "inconclusive"}
 
 
+@dataclass
+class MpsVerdict:
+    """MPS against time-slicing on the work done: the comparison, and its verdict in the advisor's words."""
+
+    comparison: stats.Comparison
+    words: str  # mps helps | mps hurts | no difference | inconclusive
+
+    @property
+    def ratio(self) -> float | None:
+        return self.comparison.ratio
+
+    @property
+    def ci_low(self) -> float | None:
+        return self.comparison.ci_low
+
+    @property
+    def ci_high(self) -> float | None:
+        return self.comparison.ci_high
+
+    @property
+    def verdict(self) -> str:
+        return self.comparison.verdict
+
+    @property
+    def reason(self) -> str:
+        return self.comparison.reason
+
+    @property
+    def more_trials(self) -> int | None:
+        return self.comparison.more_trials
+
+
 def mps_verdict(sliced_work: Sequence[float | None], mps_work: Sequence[float | None],
-                margin: float) -> dict[str, Any]:
+                margin: float) -> MpsVerdict:
     """MPS against time-slicing on the work done (sum over jobs of together/alone): the comparison with
     its verdict in the advisor's words (helps / hurts / no difference within ±margin / inconclusive)."""
     out = compare(sliced_work, mps_work, margin)
-    out["words"] = MPS_WORDS[out["verdict"]]
-    return out
+    return MpsVerdict(out, MPS_WORDS[out.verdict])

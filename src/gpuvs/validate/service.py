@@ -100,14 +100,14 @@ def job_body(suite: Suite, name: str, node: str) -> dict[str, Any]:
     """The GPU job's pod: gpuvs's pod environment's manifest (the worker, its package ConfigMap, the security
     context of every trial pod), asking 1 GPU on the node, with this run's deadline."""
     from gpuvs import workloads
-    from gpuvs.environments.pod import PodSettings, manifest
+    from gpuvs.environments.pod import PodEnvironment, PodSettings, manifest
     from gpuvs.spec import EnvSpec, RunSpec
 
     s, pods = suite.settings, suite.pods
     w = workloads.get(s.job_workload)
     device = job_device(s.job_workload)
     params = {w.window_param: long_run(w), **s.job_params}
-    spec = RunSpec(workload=s.job_workload, params=params, device=device, env=EnvSpec("pod", {}),
+    spec = RunSpec(workload=s.job_workload, params=params, device=device, env=EnvSpec(PodEnvironment.kind, {}),
                    timeout_s=float(pods.deadline_s), telemetry_interval_s=0.0, arm="validate")
     body = manifest(spec, PodSettings(image=s.image, pull_policy=s.pull, gpu_resource=s.resource, node=node))
     body["metadata"]["name"] = name

@@ -43,11 +43,12 @@ class MetricDecl:
         return {"higher": True, "lower": False}.get(self.better)
 
 
-def recorded(name: str, summary: dict[str, Any]) -> MetricDecl | None:
+def recorded(name: str, summary: Any) -> MetricDecl | None:
     """The declaration a trial's summary of a figure carries with it (`"declared": {"better", "up", "down",
-    "headline"}`), for a figure the job itself declared while it ran (the command workload's JSON lines): known
-    only from what was stored, never guessed. None where the summary carries none."""
-    d = summary.get("declared") if isinstance(summary, dict) else None
+    "headline"}`: a stats.SeriesSummary's `declared`, or the summary event's key), for a figure the job itself
+    declared while it ran (the command workload's JSON lines): known only from what was stored, never guessed. None
+    where the summary carries none."""
+    d = summary.get("declared") if isinstance(summary, dict) else getattr(summary, "declared", None)
     if not isinstance(d, dict) or d.get("better") not in BETTER or not d.get("up") or not d.get("down"):
         return None
     return MetricDecl(name, d["better"], str(d["up"]), str(d["down"]), bool(d.get("headline")),
@@ -169,10 +170,14 @@ class Workload:
         return next((d for d in self.declarations(params) if d.matches(name)), None)
 
     def summarize(self, samples: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        """One trial's samples summarised per series, each with its declared direction (stats.summarize_samples)."""
+        """One trial's sample events summarised per series, each with its declared direction
+        (stats.summarize_samples), as the summary event carries them (SeriesSummary.to_dict)."""
         from gpuvs import stats
+        from gpuvs.records import SampleRecord
 
-        return stats.summarize_samples(samples, lambda name: self.declared(name, params))
+        records = [SampleRecord.from_event(e) for e in samples]
+        summary = stats.summarize_samples(records, lambda name: self.declared(name, params))
+        return {name: s.to_dict() for name, s in summary.items()}
 
     def check_in(self, spec: RunSpec, environment: Any) -> None:
         """Checks that need to know where a trial runs (an executable on the host's PATH), before anything

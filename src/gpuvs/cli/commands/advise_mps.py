@@ -15,6 +15,7 @@ from gpuvs.cli.command import Args, Command, Positional
 from gpuvs.cli.command import Group as Options
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
+from gpuvs.records import ExperimentMeta
 from gpuvs.report.sharing import figure_text, ratio_text
 from gpuvs.report.numbers import fmt
 from gpuvs.runner import Runner, validate_spec
@@ -70,7 +71,7 @@ def advise_mps(args: Args) -> None:
     total = gpu_memory_total_mib(device)
     with Store(run["store"]) as store:
         store.create_experiment(exp_id, run["name"] or f"advise-mps {len(pairs)} pair(s)", "advise-mps",
-                                {"pairs": texts, "options": ao})
+                                ExperimentMeta(pairs=texts, options=ao))
         runner = Runner(store, timeout_s=run["timeout"] + ao["duration"])
         coord = Coordinator(runner, ao["duration"], say=lambda s: console.print("  " + s))
         save = (lambda: _write_json(ao["json"], pairs, total, ao["margin"])) if ao["json"] else (lambda: None)
@@ -90,13 +91,13 @@ def _one_pair(console, pr: PairRuns, total, margin: float) -> None:
     console.print(f"prediction: {advice.prediction} (from {advice.source}{': ' + note if note else ''})", style="bold")
     for reason in advice.reasons:
         console.print(f"  - {reason}")
-    if verdict is None or verdict["ratio"] is None:
+    if verdict is None or verdict.ratio is None:
         console.print("measured: no verdict (MPS needs a GPU, or a run failed)")
         return
-    settled = verdict["words"] != "inconclusive"
-    console.print(f"measured: {verdict['words']} (work with MPS / time-sliced {ratio_text(verdict)}); "
-                  + (f"prediction {'confirmed' if verdict['words'] == advice.prediction else 'NOT confirmed'}"
-                     if settled else f"no verdict yet: about {verdict['more_trials'] or 'many'} more repeat(s) "
+    settled = verdict.words != "inconclusive"
+    console.print(f"measured: {verdict.words} (work with MPS / time-sliced {ratio_text(verdict)}); "
+                  + (f"prediction {'confirmed' if verdict.words == advice.prediction else 'NOT confirmed'}"
+                     if settled else f"no verdict yet: about {verdict.more_trials or 'many'} more repeat(s) "
                      "would settle it"), style="bold")
 
 
@@ -108,7 +109,7 @@ def _pairs_table(console, pairs: list[PairRuns], total, margin: float) -> None:
     hits = settled = 0
     for pr in pairs:
         _, advice, verdict = verdicts(pr, total, margin)
-        words = verdict["words"] if verdict and verdict["ratio"] is not None else "no verdict"
+        words = verdict.words if verdict and verdict.ratio is not None else "no verdict"
         hit = "-" if words in ("inconclusive", "no verdict") else ("yes" if words == advice.prediction else "NO")
         settled += hit != "-"
         hits += hit == "yes"
@@ -146,11 +147,11 @@ def _write_json(path: str, pairs: list[PairRuns], total, margin: float) -> None:
     out = []
     for pr in pairs:
         solo, advice, verdict = verdicts(pr, total, margin)
-        ok = verdict is not None and verdict["ratio"] is not None
+        ok = verdict is not None and verdict.ratio is not None
         out.append({"a": pr.a, "b": pr.b, "predicted": advice.prediction, "source": advice.source,
                     "predicted_ratio": advice.ratio, "reasons": advice.reasons,
-                    "measured": verdict["words"] if ok else None, "measured_ratio": verdict["ratio"] if ok else None,
-                    "measured_ci": [verdict["ci_low"], verdict["ci_high"]] if ok else None,
+                    "measured": verdict.words if ok else None, "measured_ratio": verdict.ratio if ok else None,
+                    "measured_ci": [verdict.ci_low, verdict.ci_high] if ok else None,
                     "work": pr.work, "solo": [{"telemetry": t, "gpm": g, "memory_mib": m} for t, g, m in solo]})
     try:
         Path(path).write_text(json.dumps(out if len(out) > 1 else out[0], indent=1) + "\n")

@@ -21,8 +21,10 @@ from gpuvs.cli.command import Args, Command, Form, Group, Positional
 from gpuvs.errors import UsageError
 from gpuvs.experiment import STUDY_PARAMS, Study
 from gpuvs.params import Param
+from gpuvs.records import ExperimentMeta
 from gpuvs.report import terminal
 from gpuvs.runner import Experiment, TrialResult, validate_spec
+from gpuvs.sequential import Plan
 from gpuvs.store import Store
 
 COMPARE_OPTIONS = (
@@ -82,7 +84,7 @@ def study_from_args(args: Args, console: Console) -> tuple[Study, dict[str, Any]
         max_trials = max(experiment.DEFAULT_MAX_TRIALS, trials)
     name = run["name"] or f"{prep.workload.name}: " + " vs ".join(a.name for a in arms)
     exp = Experiment(name=name, base=prep.base, arms=arms, trials=trials, seed=run["order_seed"], kind="compare",
-                     meta={"margin": cmp["margin"], "confidence": cmp["confidence"]})
+                     meta=ExperimentMeta(margin=cmp["margin"], confidence=cmp["confidence"]))
     return Study(exp, margin=cmp["margin"], confidence=cmp["confidence"], until_confident=until,
                  max_trials=max_trials, retries=run["retries"]), run
 
@@ -165,11 +167,11 @@ def run(args: Args) -> None:
             validate_spec(exp.spec_for(arm, 0))
         except UsageError as exc:
             raise UsageError(f"arm {arm.name}: {exc}") from None
-    exp.meta["command"] = "gpuvs compare " + shlex.join(args.argv)
+    exp.meta.command = "gpuvs compare " + shlex.join(args.argv)
     if study.until_confident and exp.trials < 2:
         exp.trials = 2
     if study.until_confident:  # the looks are planned now, so that the stopping rule can spend alpha over them
-        exp.meta["sequential"] = {"first": exp.trials, "cap": max(study.max_trials, exp.trials), "step": 2}
+        exp.meta.sequential = Plan(first=exp.trials, cap=max(study.max_trials, exp.trials), step=2)
     more = until_confident(study, console) if study.until_confident else None
     results = common.execute(exp, run["store"], console, run["quiet"], run["timeout"], study.retries, progress=True,
                              more=more)

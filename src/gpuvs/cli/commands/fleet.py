@@ -22,7 +22,9 @@ from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.fleet import adaptive, kube, labels, nodes
 from gpuvs.fleet import run as fleet_run
+from gpuvs.fleet.result import NodeLabels
 from gpuvs.params import Param
+from gpuvs.records import ExperimentMeta
 from gpuvs.report import fleet as report
 from gpuvs.report import terminal
 from gpuvs.runner import Runner, TrialResult, validate_spec
@@ -97,8 +99,8 @@ def fleet(args: Args) -> None:
         raise UsageError(f"--reference {o['reference']}: not one of the fleet's nodes that can run the pod "
                          f"({', '.join(n.name for n in chosen) or 'none'})")
     exp = fleet_run.fleet_experiment(run["name"] or f"fleet {prep.workload.name}", base, [n.name for n in chosen],
-                                     {"command": "gpuvs fleet " + shlex.join(args.argv), "margin": o["margin"],
-                                      "confidence": o["confidence"]}, run["order_seed"])
+                                     ExperimentMeta(command="gpuvs fleet " + shlex.join(args.argv), margin=o["margin"],
+                                                    confidence=o["confidence"]), run["order_seed"])
     usable = []
     for node, arm in zip(chosen, exp.arms):  # the pod environment's own checks, per node: a refusal is a row
         try:
@@ -132,8 +134,7 @@ def fleet(args: Args) -> None:
             outcome = ([(c.node, "dry run: not written") for c in changes] if o["dry_run"]
                        else [(n, err or "written") for n, err in labels.apply(cluster.core, changes)])
             status = dict(outcome)
-            result.labels = [{"node": c.node, "labels": c.labels, "annotations": c.annotations,
-                              "status": status[c.node]} for c in changes]
+            result.labels = [NodeLabels(c.node, c.labels, c.annotations, status[c.node]) for c in changes]
         st.update_meta(exp.id, fleet=result.to_dict())
     text = report.render(o["format"], result)
     if o["output"]:

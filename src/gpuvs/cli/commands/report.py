@@ -14,6 +14,7 @@ from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.cli.common import open_store
 from gpuvs.cli.options import STORE
 from gpuvs.errors import UsageError
+from gpuvs.records import TrialRecord
 from gpuvs.params import Param
 from gpuvs.report import html, markdown, terminal, validation
 from gpuvs.store import trials_csv
@@ -22,7 +23,7 @@ FORMATS = {"term": "term", "terminal": "term", "md": "md", "markdown": "md", "ht
            "csv": "csv"}
 
 
-def render(fmt: str, analysis: comparison.Analysis, trials: list[dict], width: int = 140) -> str:
+def render(fmt: str, analysis: comparison.Analysis, trials: list[TrialRecord], width: int = 140) -> str:
     if fmt == "md":
         return markdown.render(analysis)
     if fmt == "html":
@@ -39,9 +40,9 @@ def render(fmt: str, analysis: comparison.Analysis, trials: list[dict], width: i
 def experiment_of(st, ident: str) -> str:
     """An experiment id from an experiment id or prefix, or a trial's run id."""
     try:
-        return st.experiment(ident)["id"]
+        return st.experiment(ident).id
     except UsageError:
-        runs = {t["experiment_id"] for t in st.trials() if t["run_id"] == ident}
+        runs = {t.experiment_id for t in st.trials() if t.run_id == ident}
         if len(runs) == 1:
             return runs.pop()
         raise
@@ -57,13 +58,13 @@ def report(args: Args) -> None:
     with open_store(store) as st:
         exp_id = experiment_of(st, ident)
         exp = st.experiment(exp_id)
-        if exp["kind"] == validation.KIND:
+        if exp.kind == validation.KIND:
             return _write(validation.render(fmt, exp), output, exp_id)
-        if exp["meta"].get("fleet"):  # a gpuvs fleet run: its own report (one row per node)
-            from gpuvs.fleet.run import FleetResult
+        if exp.meta.fleet:  # a gpuvs fleet run: its own report (one row per node)
+            from gpuvs.fleet.result import FleetResult
             from gpuvs.report import fleet as fleet_report
 
-            return _write(fleet_report.render(fmt, FleetResult.from_dict(exp["meta"]["fleet"])), output, exp_id)
+            return _write(fleet_report.render(fmt, FleetResult.from_dict(exp.meta.fleet)), output, exp_id)
         analysis = comparison.from_store(st, exp_id, with_steps=fmt == "html")
         trials = st.trials(exp_id) if fmt == "csv" else []
     if fmt == "term" and not output:

@@ -13,8 +13,10 @@ from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.cli.common import open_store
 from gpuvs.cli.options import STORE
 from gpuvs.errors import UsageError
+from gpuvs.records import TrialRecord
 from gpuvs.params import Param
 from gpuvs.report.numbers import fmt
+from gpuvs.stats import SeriesSummary
 from gpuvs.store import Store
 
 OUTPUT = Param("output", str, None, "write here instead of standard output", aliases=("o",))
@@ -28,12 +30,12 @@ def list_results(args: Args) -> None:
         found = st.experiments()
         t = Table(title=f"experiments in {store}", title_justify="left")
         # an id is what people copy into the next command: never cut, whatever the terminal's width
-        t.add_column("id", no_wrap=True, min_width=max([len(e["id"]) for e in found] + [2]))
+        t.add_column("id", no_wrap=True, min_width=max([len(e.id) for e in found] + [2]))
         for col in ("name", "kind", "workload", "trials ok", "created"):
             t.add_column(col, overflow="fold")
         for e in found:
-            t.add_row(e["id"], e["name"], e["kind"], e["workload"] or "-", f"{e['n_ok'] or 0}/{e['n_trials']}",
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["created"])))
+            t.add_row(e.id, e.name, e.kind, e.workload or "-", f"{e.n_ok or 0}/{e.n_trials}",
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.created)))
         Console(markup=False, highlight=False).print(t)
 
 
@@ -46,8 +48,8 @@ def show(args: Args) -> None:
             return
         if as_json:
             for t in trials:
-                t["samples"] = st.samples(t["id"])
-            print(json.dumps(trials, indent=2, default=str))
+                t.samples = st.samples(t.id)
+            print(json.dumps([t.to_dict() for t in trials], indent=2, default=str))
             return
         console = Console(markup=False, highlight=False)
         table = Table(title=f"trials of {ident}", title_justify="left")
@@ -55,16 +57,15 @@ def show(args: Args) -> None:
                     "first step s", "GPU", "error"):
             table.add_column(col)
         for t in trials:
-            spec = t["spec"] or {}
-            main = next(iter((t["summary"] or {}).values()), {})
-            table.add_row(str(t["id"]), t["arm"], str(t["trial"] + 1), t["status"], spec.get("device", "-"),
-                          (spec.get("env") or {}).get("kind", "-"), fmt(main.get("value")), fmt(main.get("pm")),
-                          fmt(main.get("jitter")), main.get("unit", ""), fmt((t["startup"] or {}).get("first_step_s"), 3),
-                          (t["fingerprint"] or {}).get("gpu_name") or "cpu", (t["error"] or "")[:120])
+            main = t.primary() or SeriesSummary()
+            table.add_row(str(t.id), t.arm, str(t.trial + 1), t.status, t.spec.device if t.spec else "-",
+                          t.spec.env.kind if t.spec else "-", fmt(main.value), fmt(main.pm), fmt(main.jitter),
+                          main.unit, fmt(t.startup.get("first_step_s"), 3), t.fingerprint.get("gpu_name") or "cpu",
+                          (t.error or "")[:120])
         console.print(table)
 
 
-def _show_logs(st: Store, trials: list[dict]) -> None:
+def _show_logs(st: Store, trials: list[TrialRecord]) -> None:
     """Each trial's stored stdout and stderr (a command's), with what was cut and the cap."""
     from gpuvs.job import HEAD, TAIL
 
@@ -72,34 +73,33 @@ def _show_logs(st: Store, trials: list[dict]) -> None:
     out.write(f"gpuvs keeps the first {HEAD // 1024} KiB and the last {TAIL // 1024} KiB of each stream of a command's "
               f"output; what lies between is cut, and said where it was cut.\n")
     for t in trials:
-        head = f"trial {t['id']} [{t['arm']}] #{t['trial'] + 1}: {t['status']}"
-        if t.get("error"):
-            head += f" ({t['error']})"
+        head = f"trial {t.id} [{t.arm}] #{t.trial + 1}: {t.status}"
+        if t.error:
+            head += f" ({t.error})"
         out.write(f"\n=== {head}\n")
-        rows = st.outputs(t["id"])
+        rows = st.outputs(t.id)
         if not rows:
             out.write("(no output stored: only the command workload keeps its job's output)\n")
         for row in rows:
-            cut = f", {row['cut']} bytes cut" if row.get("cut") else ""
-            out.write(f"--- {row['stream']} ({row['bytes']} bytes, {row['lines']} lines{cut})\n")
-            text = row["text"] or ""
-            out.write(text if text.endswith("\n") or not text else text + "\n")
+            cut = f", {row.cut} bytes cut" if row.cut else ""
+            out.write(f"--- {row.stream} ({row.bytes} bytes, {row.lines} lines{cut})\n")
+            out.write(row.text if row.text.endswith("\n") or not row.text else row.text + "\n")
 
 
-def _trials_of(st: Store, ident: str) -> list[dict]:
+def _trials_of(st: Store, ident: str) -> list[TrialRecord]:
     """A trial number, else an experiment id or a unique prefix of one (ids start with digits too)."""
     if ident.isdigit():
         try:
             return [st.trial(int(ident))]
         except UsageError:
             pass
-    return st.trials(st.experiment(ident)["id"])
+    return st.trials(st.experiment(ident).id)
 
 
 def export(args: Args) -> None:
     fmt_name, experiment, output = args["format"], args["experiment"], args["output"]
     with open_store(args["store"]) as st:
-        exp_id = st.experiment(experiment)["id"] if experiment else None
+        exp_id = st.experiment(experiment).id if experiment else None
         text = st.export(fmt_name, exp_id)
     if output:
         Path(output).write_text(text)

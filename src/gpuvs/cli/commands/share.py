@@ -11,6 +11,7 @@ from gpuvs.cli.command import Args, Command, Positional
 from gpuvs.cli.command import Group as Options
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
+from gpuvs.records import ExperimentMeta
 from gpuvs.report.sharing import figure_text, ratio_text
 from gpuvs.report.numbers import fmt
 from gpuvs.runner import Runner, validate_spec
@@ -18,6 +19,7 @@ from gpuvs.sharing import knobs, studies
 from gpuvs.sharing import stats as sharestats
 from gpuvs.sharing.group import Coordinator, Group, check_shareable, gpu_memory_total_mib
 from gpuvs.spec import RunSpec
+from gpuvs.stats import SeriesSummary
 from gpuvs.store import Store
 
 SHARE_OPTIONS = (
@@ -74,7 +76,7 @@ def share(args: Args) -> None:
     run = prep.run
     with Store(run["store"]) as store:
         store.create_experiment(exp_id, run["name"] or f"share {base.workload}", "share",
-                                {"base": base.to_dict(), "share": so})
+                                ExperimentMeta(base=base, share=so))
         runner = Runner(store, timeout_s=run["timeout"] + so["duration"] + so["ready_timeout"],
                         on_trial_end=lambda r: console.print("  " + _trial_line(r), style=None if r.ok else "red"))
         coord = Coordinator(runner, so["duration"], so["ready_timeout"], say=lambda s: console.print("  " + s))
@@ -98,10 +100,10 @@ def share(args: Args) -> None:
 
 
 def _trial_line(r) -> str:
-    m = r.primary()
+    m = r.primary() or SeriesSummary(n=None)
     if not r.ok:
         return f"{r.spec.arm}: worker {r.spec.trial}: {r.status}: {r.error}"
-    return f"{r.spec.arm}: worker {r.spec.trial}: {fmt(m.get('value'))} {m.get('unit', '')} over {m.get('n')} steps"
+    return f"{r.spec.arm}: worker {r.spec.trial}: {fmt(m.value)} {m.unit} over {m.n} steps"
 
 
 def scaling_table(console, base: RunSpec, so, found: studies.Scaling, total) -> None:
@@ -140,7 +142,7 @@ def pairs_table(console, a: RunSpec, b: RunSpec, so, found: studies.Interference
         t.add_column(col, justify="left" if col == "run" else "right")
 
     def lat(groups: list[Group], key: str) -> str:
-        vals = [(sharestats.latency_ms(g.trials[0].samples) or {}).get(key) for g in groups if g.ok]
+        vals = [getattr(sharestats.latency_ms(g.trials[0].samples), key, None) for g in groups if g.ok]
         return figure_text(sharestats.figure(vals), 2)
 
     for label, groups in alone.items():

@@ -12,6 +12,7 @@ from rich.table import Table
 from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.params import Param
+from gpuvs.records import ExperimentMeta
 from gpuvs.report.numbers import fmt
 from gpuvs.runner import Runner, validate_spec
 from gpuvs.sharing import matrix
@@ -49,7 +50,7 @@ def share_matrix(args: Args) -> None:
     for case in cases:
         case.a.experiment_id = case.b.experiment_id = exp_id
     with Store(store) as st:
-        st.create_experiment(exp_id, data.get("name") or Path(file).stem, "share-matrix", {"file": data})
+        st.create_experiment(exp_id, data.get("name") or Path(file).stem, "share-matrix", ExperimentMeta(file=data))
         coord = Coordinator(Runner(st), window, say=lambda s: console.print("  " + s))
         rows = matrix.measure(coord, cases, modes, key, heading=lambda text: console.rule(text, style="dim"))
     t = Table(title=f"{data.get('name', Path(file).stem)}: time per run, alone and together ({window:g} s windows)",

@@ -10,6 +10,7 @@ import uuid
 
 from gpuvs.cli.command import Args, Command, Group
 from gpuvs.errors import RunFailed, UsageError
+from gpuvs.records import ExperimentMeta
 from gpuvs.params import Param
 from gpuvs.report import validation
 from gpuvs.store import Store
@@ -112,12 +113,12 @@ def validate(args: Args) -> None:
     st = Store(store)  # a store that cannot be written says so before anything starts
     run = uuid.uuid4().hex[:8]
     exp_id = time.strftime("%Y%m%d-%H%M%S-") + run[:6]
-    meta = {"host": cluster.host, "source": cluster.source, "namespace": cluster.namespace,
-            "settings": s.__dict__, "checks": [], "finished": False}
+    meta = ExperimentMeta(host=cluster.host, source=cluster.source, namespace=cluster.namespace, settings=s.__dict__,
+                          checks=[], finished=False)
     label = name or f"validate {cluster.host}"
 
     def record(row) -> None:
-        meta["checks"].append(row.to_dict())
+        meta.checks.append(row.to_dict())
         st.set_meta(exp_id, meta)
         mark = {"pass": "ok  ", "FAIL": "FAIL", "not run": "--  ", "shared": "SHRD"}.get(row.status, row.status)
         print(f"  {mark} {row.suite}: {row.check}: {row.detail}", file=sys.stderr, flush=True)
@@ -132,9 +133,9 @@ def validate(args: Args) -> None:
             functional.run(suite)
             if disruptive:
                 availability.run(suite)
-            meta["finished"] = True
+            meta.finished = True
         except KeyboardInterrupt as exc:
-            meta["stopped"] = str(exc) or "interrupted"
+            meta.stopped = str(exc) or "interrupted"
             raise
         finally:
             problems = suite.clean_up()

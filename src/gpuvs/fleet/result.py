@@ -1,0 +1,109 @@
+"""What a fleet run found, as typed records: one NodeRow per node (the excluded ones included), the
+FleetResult around them (the plan, how the error rate was held, the labels written). Every report renders
+it; the store keeps its to_dict() in the experiment's meta (`fleet`), and from_dict() reads it back."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from gpuvs.fleet.adaptive import Plan
+from gpuvs.fleet.verdicts import ErrorControl
+
+
+def _known(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass
+class NodeRow:
+    node: str
+    verdict: str  # slower | faster | equivalent | inconclusive | reference | failed | excluded
+    reason: str = ""
+    n_ok: int = 0
+    n_trials: int = 0
+    mean: float | None = None
+    speed: float | None = None  # relative to the fleet; below 1 is slower, whatever the unit
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    speed_low: float | None = None
+    speed_high: float | None = None
+    # log(speed) against the node's reference with its standard error and (Welch) df, as one run's point of
+    # the node's history needs it (history.points_from_fleet); None where the node was not compared, and in
+    # results stored before they were kept
+    log_speed: float | None = None
+    se: float | None = None
+    df: float | None = None
+    level_se: float | None = None  # the trials' relative standard deviation / sqrt(n): the se of log(mean)
+    p_adjusted: float | None = None  # of the verdict that was reached (different or equivalent)
+    reference: list[str] = field(default_factory=list)
+    differs: dict[str, list[Any]] = field(default_factory=dict)  # label -> [its value, the majority's]
+    fingerprint: dict[str, Any] = field(default_factory=dict)  # the worker's, plus the kubelet's under `node`
+
+    _SINCE = ("log_speed", "se", "df", "level_se")  # kept since the typed model: written where known
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in self._SINCE or getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeRow:
+        return cls(**_known(cls, data))
+
+
+@dataclass
+class NodeLabels:
+    """The gpuvs.io labels and annotation planned for one node, and what became of them (written, a dry run,
+    or the API's refusal)."""
+
+    node: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    status: str
+
+
+@dataclass
+class FleetResult:
+    id: str
+    workload: str
+    unit: str
+    higher_is_better: bool
+    margin: float
+    confidence: float
+    plan: Plan
+    control: ErrorControl
+    looks_used: int
+    rows: list[NodeRow]
+    command: str = ""
+    labels: list[NodeLabels] = field(default_factory=list)  # planned/written label changes
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "plan":
+                value = dataclasses.asdict(value)
+            elif f.name == "control":
+                value = value.to_dict()
+            elif f.name == "rows":
+                value = [r.to_dict() for r in value]
+            elif f.name == "labels":
+                value = [dataclasses.asdict(lab) for lab in value]
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FleetResult:
+        known = _known(cls, data)
+        known["plan"] = Plan(**_known(Plan, data["plan"]))
+        known["control"] = ErrorControl(**_known(ErrorControl, data["control"]))
+        known["rows"] = [NodeRow.from_dict(r) for r in data.get("rows") or []]
+        known["labels"] = [NodeLabels(**_known(NodeLabels, lab)) for lab in data.get("labels") or []]
+        return cls(**known)
+
+    def measured(self) -> list[NodeRow]:
+        return [r for r in self.rows if r.verdict not in ("excluded", "failed")]
