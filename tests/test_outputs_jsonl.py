@@ -78,8 +78,19 @@ def test_an_expected_metric_that_never_came_and_a_bad_expectation():
     failure = reader.failure()
     head = 'metric accuracy (a JSON line {"gpuvs": "accuracy", ...}) never appeared; last lines: '
     assert failure.startswith(head) and "loss" not in failure[:len(head)]
-    shown = failure[len(head):].split(" | ")  # the last five lines, tagged (the two streams' order is the OS's)
-    assert len(shown) == 5 and "stderr: step 5 done" in shown and any("step_ms" in x for x in shown) and "stderr: " + json.dumps(
-        {"gpuvs": "samples_per_sec", "value": 5000.5, "unit": "samples/s", "better": "higher"}) in shown
+    shown = failure[len(head):].split(" | ")  # the last five lines to arrive, tagged with their stream
+    # the two streams are read by two threads: which of them arrived last is the OS's (a loaded machine reorders
+    # them), so the tail is checked as five of the script's own lines, each tagged with the stream it came on
+    script_lines = {"stdout: starting", "stdout: " + json.dumps({"event": "config", "lr": 0.1}),
+                    "stderr: " + json.dumps({"gpuvs": "samples_per_sec", "value": 5000.5, "unit": "samples/s",
+                                             "better": "higher"}),
+                    "stdout: " + json.dumps({"gpuvs": "step_ms", "value": 12.5, "better": "lower", "kind": "time",
+                                             "unit": "ms"})}
+    for step in range(1, 6):
+        line = {"gpuvs": "loss", "value": 1 / (step + 1), "step": step}
+        if step == 1:
+            line["better"] = "lower"
+        script_lines |= {"stdout: " + json.dumps(line), f"stderr: step {step} done"}
+    assert len(shown) == 5 and set(shown) <= script_lines, shown
     with pytest.raises(UsageError, match=r"^parser jsonl:loss,,acc: metric: the name is empty"):
         outputs.make_reader(["jsonl:loss,,acc"])
