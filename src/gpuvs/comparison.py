@@ -454,7 +454,7 @@ def _flags(arms: list[ArmResult], records: list[TrialRecord]) -> list[str]:
         every = fingerprint.differences(base.fingerprint, arm.fingerprint, fingerprint.KEY_FIELDS + IMAGE_EXTRA)
         diff = {k: v for k, v in every.items() if k not in explained and k not in IMAGE_EXTRA}
         software = {k: v for k, v in every.items() if k in fingerprint.SOFTWARE_FIELDS + IMAGE_EXTRA}
-        if software and "image" in varied:  # image against image: what the new image changed, read in each
+        if software and varied == {"image"}:  # image against image: what the new image changed, read in each
             flags.append(f"arm {arm.name}'s image differs from arm {base.name}'s in " + ", ".join(
                 f"{k} ({b} vs {a})" for k, (b, a) in software.items()) + ": what changed with the image")
         if diff:
