@@ -244,6 +244,8 @@ def test_a_cpu_limit_on_one_arm_is_called_slower_with_its_ratio(cli, nopython):
     assert v["arm"] == "slim" and v["verdict"] == "slower", v
     assert v["ratio"] < 0.5 and v["ci_low"] < v["ratio"] < v["ci_high"] < 0.8
     assert "slim vs full:" in r.stdout and "slower" in r.stdout
+    flat = " ".join(r.stdout.split())  # what could not be measured inside is said beside the verdict
+    assert "arm slim ran bare, so the command is the container's own process" in flat and "no NVML telemetry" in flat
 
 
 def test_an_a_a_comparison_of_one_command_is_never_called_faster_or_slower(cli):

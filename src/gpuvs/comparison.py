@@ -432,7 +432,8 @@ def varied_keys(arms: list[ArmResult]) -> set[str]:
 
 
 def _flags(arms: list[ArmResult], records: list[TrialRecord]) -> list[str]:
-    """Key fingerprint fields that differ where the user did not ask them to."""
+    """Key fingerprint fields that differ where the user did not ask them to; what an arm run bare could not
+    measure; what an image against another changed."""
     flags = []
     kinds = {r.spec.env.kind if r.spec else environments.DEFAULT for r in records}
     varied = varied_keys(arms)
@@ -440,6 +441,10 @@ def _flags(arms: list[ArmResult], records: list[TrialRecord]) -> list[str]:
     if "device" in varied:  # the GPU a run sees follows from its device: a CPU arm in a pod sees none
         explained |= set(fingerprint.DEVICE_FIELDS)
     for arm in arms:
+        unmeasured = next((r.config["unmeasured"] for r in records if r.arm == arm.name and r.ok
+                           and isinstance(r.config.get("unmeasured"), str)), None)
+        if unmeasured:  # a command run bare: what gpuvs could not measure inside, said beside the verdict
+            flags.append(f"arm {arm.name} ran bare, so {unmeasured}")
         fps = [r.fingerprint for r in records if r.arm == arm.name and r.ok and r.fingerprint]
         for other in fps[1:]:
             diff = fingerprint.differences(fps[0], other)
