@@ -277,3 +277,33 @@ def test_image_against_image_names_what_the_new_image_changed(cli, tmp_path, nop
                    for ln in r.stdout.splitlines()), r.stdout
     finally:
         podman("rmi", "-f", v1, v2)
+
+
+NO_NUMPY_WORKER = r"""
+import json, sys
+class NoNumpy:  # the user's image: Python and nothing else
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" or name.startswith("numpy."):
+            raise ModuleNotFoundError("No module named 'numpy' (this test's image has none)")
+sys.meta_path.insert(0, NoNumpy())
+from gpuvs import worker
+from gpuvs.spec import RunSpec
+spec = RunSpec(workload="command", device="cpu", params={"argv": ["sh", "-c", "echo 'speed: 5'; echo 'speed: 7'"],
+               "step_metric": ["speed=speed: ([0-9]+),rate"], "headline": "speed"})
+out = []
+worker.run_events(spec, out.append)
+summary = [e for e in out if e["type"] == "summary"][0]["data"]
+print(json.dumps(summary["speed"]))
+print("numpy" in sys.modules)
+"""
+
+
+def test_the_wrapped_commands_worker_needs_no_numpy_in_the_image():
+    """Wrapped mode needs Python and its standard library only: the command's worker imports no other workload's
+    module (the kernel suite's imports numpy) and summarises in plain Python."""
+    r = subprocess.run([sys.executable, "-c", NO_NUMPY_WORKER], capture_output=True, text=True, timeout=120,
+                       env=gpuvs_env())
+    assert r.returncode == 0, r.stderr
+    speed, loaded = r.stdout.strip().splitlines()
+    speed = json.loads(speed)
+    assert speed["n"] == 2 and speed["value"] == 6.0 and speed["declared"]["up"] == "faster" and loaded == "False"
