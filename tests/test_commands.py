@@ -27,7 +27,8 @@ def every_command() -> list[tuple[str, Command]]:
 
 
 COMMANDS = every_command()
-LEAVES = [(path, cmd) for path, cmd in COMMANDS if not cmd.subcommands]
+LEAVES = [(path, cmd) for path, cmd in COMMANDS if cmd.run is not None]  # those that run (gpuvs fleet as well)
+GROUPS = [(path, cmd) for path, cmd in COMMANDS if cmd.run is None]  # made of sub-commands only (gpuvs results)
 SAMPLE_WORKLOAD = "selftest"
 
 
@@ -153,9 +154,9 @@ def test_bad_input_to_every_command_is_one_line_and_exit_2(gpuvs, path, cmd):
 @pytest.mark.parametrize("args, message", [
     (["nosuch"], "No such command 'nosuch'."),
     (["--nosuch"], "unknown option --nosuch for gpuvs; give a command first: " + ", ".join(commands.names())),
-] + [([path.split()[1], "nosuch"], "No such command 'nosuch'.") for path, cmd in COMMANDS if cmd.subcommands]
+] + [([path.split()[1], "nosuch"], "No such command 'nosuch'.") for path, cmd in GROUPS]
   + [([path.split()[1], "--nosuch"], f"unknown option --nosuch for {path}; give a command first: "
-      + ", ".join(s.name for s in cmd.subcommands)) for path, cmd in COMMANDS if cmd.subcommands])
+      + ", ".join(s.name for s in cmd.subcommands)) for path, cmd in GROUPS])
 def test_an_unknown_command_is_one_line_and_exit_2(gpuvs, args, message):
     assert bad(gpuvs, args, message) is None
 
@@ -166,10 +167,26 @@ def test_gpuvs_and_a_command_group_alone_show_their_help(gpuvs):
     assert [c.name for c in commands.all_commands()] == commands.names() and len(commands.names()) >= 14
     for cmd in commands.all_commands():
         assert re.search(rf"^│ {cmd.name} +│ {re.escape(cmd.summary[:40])}", out, re.M), cmd.name
-    for path, cmd in COMMANDS:
-        if cmd.subcommands:
-            code, out, _ = gpuvs(*words(path))
-            assert code == 0 and out.startswith(f"usage: {path} COMMAND")
+    for path, cmd in GROUPS:
+        code, out, _ = gpuvs(*words(path))
+        assert code == 0 and out.startswith(f"usage: {path} COMMAND")
+
+
+def test_a_command_that_runs_and_has_sub_commands_takes_a_sub_commands_name_first(gpuvs):
+    """gpuvs fleet WORKLOAD and gpuvs fleet history, gpuvs report ID and gpuvs report status: a first word that
+    names a sub-command goes there, anything else to the command itself; no workload is named like a
+    sub-command of a command that takes a workload (it could not be reached)."""
+    both = [(path, cmd) for path, cmd in COMMANDS if cmd.run is not None and cmd.subcommands]
+    assert {path for path, _ in both} >= {"gpuvs fleet", "gpuvs report"}
+    for path, cmd in both:
+        for sub in cmd.subcommands:
+            if any(p.workload for p in cmd.positionals):
+                assert sub.name not in workloads.names()
+            assert bad(gpuvs, words(path) + [sub.name, "--nosuch"], f"unknown option --nosuch for {path} {sub.name}") is None
+        assert bad(gpuvs, words(path) + positionals(cmd) + ["--nosuch"],
+                   f"unknown option --nosuch for {what(path, cmd)}") is None
+        code, out, _ = gpuvs(*words(path), *positionals(cmd), "--help")
+        assert code == 0 and all(f"usage: {path} " in out and f"{path} {sub.name} " in out for sub in cmd.subcommands)
 
 
 def test_the_checks_above_can_fail(gpuvs):

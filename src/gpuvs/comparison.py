@@ -13,12 +13,20 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from gpuvs import environments, family, fingerprint, stats
+from gpuvs import environments, family, fingerprint, stats, timeshare
 from gpuvs.errors import UsageError
 from gpuvs.family import MetricVerdict
-from gpuvs.records import (ArmMeta, ExperimentMeta, ExperimentRecord, TelemetryRecord, TrialRecord, json_value,
-                           latest_attempts)
+from gpuvs.records import (
+    ArmMeta,
+    ExperimentMeta,
+    ExperimentRecord,
+    TelemetryRecord,
+    TrialRecord,
+    json_value,
+    latest_attempts,
+)
 from gpuvs.spec import EnvSpec, device_kind
+from gpuvs.timeshare import TimeShares
 
 TIMER_RESOLUTION_S = 1e-6  # the coarser of perf_counter's and CUDA events' (0.5 us) resolution, rounded up
 
@@ -156,6 +164,7 @@ class Analysis:
     flags: list[str]
     failures: list[Failure]
     trials: list[TrialFigure]
+    time: TimeShares | None = None  # where the wall time went (timeshare.py); None where it is not known
 
     @property
     def headline(self) -> Metric | None:
@@ -182,6 +191,8 @@ class Analysis:
                 out["trials"] = [t.to_dict(with_steps) for t in value]
             elif f.name in ("metrics", "speedup", "scaling", "failures"):
                 out[f.name] = [asdict(x) for x in value]
+            elif f.name == "time":
+                out["time"] = None if value is None else asdict(value)
             else:
                 out[f.name] = json_value(value)
         return out
@@ -250,6 +261,7 @@ def from_results(exp, results, margin: float, confidence: float) -> Analysis:
 def analyse(exp: ExperimentRecord, records: list[TrialRecord]) -> Analysis:
     meta = exp.meta
     margin, confidence = meta.judged()
+    attempts = list(records)  # every attempt took wall time, retried ones too
     records = sorted(latest_attempts(records), key=lambda r: (r.trial, r.id or 0))
     arm_order = meta.arm_names()
     for rec in records:
@@ -274,7 +286,8 @@ def analyse(exp: ExperimentRecord, records: list[TrialRecord]) -> Analysis:
     return Analysis(id=exp.id, name=exp.name, kind=exp.kind, workload=workload, created=exp.created or 0.0,
                     meta=meta, margin=margin, confidence=confidence, metrics=metrics, arms=arms, verdicts=verdicts,
                     speedup=_speedup(arms, head, confidence), scaling=_scaling(arms, head, confidence),
-                    flags=_flags(arms, records), failures=failures, trials=trials)
+                    flags=_flags(arms, records), failures=failures, trials=trials,
+                    time=timeshare.from_records(attempts, timeshare.wall_of(exp, attempts), meta.timing))
 
 
 def _declarations(workload: str, params: dict[str, Any] | None = None):

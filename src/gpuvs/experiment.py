@@ -5,7 +5,7 @@ Every problem is one line that says where it is: `FILE:LINE: what is wrong` for 
 numbers from YAML's node marks), `--arm #N: arm 'NAME': ...` for the command line.
 
 An arm's keys other than `name` are overrides: a RunSpec field (device, num_gpus, timeout_s,
-telemetry_interval_s), `env`, an environment option (environments.option_keys()) or a workload parameter.
+telemetry_interval_s, fresh), `env`, an environment option (environments.option_keys()) or a workload parameter.
 Every arm shares the base's parameters (its device's defaults filled in) unless it overrides them,
 so arms differ only in what they name."""
 
@@ -21,6 +21,7 @@ import yaml
 
 from gpuvs import environments, workloads
 from gpuvs.errors import UsageError
+from gpuvs.launch import FRESH
 from gpuvs.params import Param
 from gpuvs.records import ExperimentMeta
 from gpuvs.runner import SPEC_FIELDS, Arm, Experiment
@@ -47,6 +48,7 @@ SPEC_PARAMS = {
     "timeout_s": Param("timeout_s", float, None, "seconds a trial may take", min=0.001),
     "telemetry_interval_s": Param("telemetry_interval_s", float, 0.1, "seconds between NVML readings",
                                   min=0.0, max=3600.0),
+    "fresh": FRESH,
 }
 ALIASES = {"timeout": "timeout_s", "telemetry_interval": "telemetry_interval_s"}  # the CLI's spellings
 COMMAND_KEY = "command"  # a file's (and an arm's) command line: the argv of a workload that takes one
@@ -342,7 +344,8 @@ def load(path: str | Path, cli: dict[str, Any] | None = None, device_fallback: s
         raise UsageError(f"{params_loc}: {_as_key(exc)}") from None
     base = RunSpec(workload=workload.name, params=params, device=device, num_gpus=fields.get("num_gpus", 1),
                    env=EnvSpec(kind=fields.get("env", environments.DEFAULT), options=env_options),
-                   telemetry_interval_s=fields.get("telemetry_interval_s", 0.1), timeout_s=fields.get("timeout_s"))
+                   telemetry_interval_s=fields.get("telemetry_interval_s", 0.1), timeout_s=fields.get("timeout_s"),
+                   fresh=fields.get("fresh", "auto"))
 
     if "arms" not in top:
         raise UsageError(f"{path}:{doc.line}: missing key 'arms' (a list of at least two mappings, each with a name)")

@@ -277,6 +277,8 @@ class ExperimentMeta:
     checks: list[dict[str, Any]] | None = None
     finished: bool | None = None
     stopped: str | None = None
+    # the runner's own: the experiment's wall time and its zygotes' starts (timeshare.py)
+    timing: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as stored
     order: tuple[str, ...] = field(default=(), repr=False, compare=False)
 

@@ -7,35 +7,29 @@ import copy
 import dataclasses
 import queue
 import random
-import signal
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuvs import environments, events, workloads
+from gpuvs import environments, events, launch, workloads
 from gpuvs.errors import UsageError, interruption
-from gpuvs.records import ArmMeta, ExperimentMeta, MetricValue, SampleRecord, TelemetryRecord, summaries_from_dict
+from gpuvs.launch import exit_text  # noqa: F401  (a worker's end in words; the runner's since the start)
+from gpuvs.records import (
+    ArmMeta,
+    ExperimentMeta,
+    MetricValue,
+    SampleRecord,
+    TelemetryRecord,
+    summaries_from_dict,
+)
 from gpuvs.spec import EnvSpec, RunSpec, check_device_syntax
 from gpuvs.stats import SeriesSummary
 from gpuvs.store import Store
 
 # RunSpec fields an arm may set directly; any other key is a workload parameter.
-SPEC_FIELDS = ("device", "num_gpus", "telemetry_interval_s", "timeout_s")
+SPEC_FIELDS = ("device", "num_gpus", "telemetry_interval_s", "timeout_s", "fresh")
 ENV_FIELDS = ("env",)
-
-
-def exit_text(code: int | None) -> str:
-    """A worker's end in words: a negative status is the signal that ended it (SIGKILL is what the
-    kernel's out-of-memory killer sends, so say where to look)."""
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = " (the kernel's out-of-memory killer sends it: see `dmesg`)" if -code == signal.SIGKILL else ""
-        return f"worker was killed by {name}{hint}"
-    return f"worker exited with status {code}"
 
 
 @dataclass
@@ -168,12 +162,28 @@ def validate_spec(spec: RunSpec) -> dict[str, Any]:
         raise UsageError(f"--num-gpus must be at least 1, got {spec.num_gpus}")
     if spec.num_gpus > 1 and not workload.multi_gpu:
         raise UsageError(f"{workload.name} runs on one device; --num-gpus {spec.num_gpus} is not supported for it")
+    workload.check_spec(spec, params)
     if spec.timeout_s is not None and spec.timeout_s <= 0:
         raise UsageError(f"--timeout must be positive, got {spec.timeout_s}")
+    launch.check(spec)
     environment = environments.get(spec.env)
     environment.check(spec)
     workload.check_in(spec, environment)
     return params
+
+
+def resolve_fresh(exp: Experiment) -> None:
+    """--fresh auto becomes one mode for every arm of the experiment (launch.resolve); an arm that set
+    `fresh` itself keeps it."""
+    if exp.base.fresh != "auto" and all(a.overrides.get("fresh", "auto") != "auto" for a in exp.arms):
+        return
+    specs = [exp.spec_for(arm, 0) for arm in exp.arms]
+    mode = launch.resolve(specs)
+    if exp.base.fresh == "auto":
+        exp.base.fresh = mode
+    for arm in exp.arms:
+        if arm.overrides.get("fresh") == "auto":
+            arm.overrides["fresh"] = mode
 
 
 def validate_experiment(exp: Experiment) -> None:
@@ -195,28 +205,52 @@ class Runner:
         self.retries = retries
         self.on_trial_start = on_trial_start
         self.on_trial_end = on_trial_end
+        self.launcher = launch.Launcher()  # fresh exec, or forks of zygotes it owns
+        self.timing: dict[str, Any] = {}  # the last experiment's wall time and zygote starts (timeshare.py)
+
+    def close(self) -> None:
+        """End every zygote (run_experiment does it itself; run_trial leaves them for the next trial)."""
+        self.launcher.close()
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def run_experiment(self, exp: Experiment, more: Callable[[list[TrialResult]], int] | None = None
                        ) -> list[TrialResult]:
         """Run every arm x trial in order. `more`, if given, is asked after the planned trials (and
         after each addition) how many trials per arm to add; 0 stops (see --until-confident)."""
+        t_start = time.monotonic()
+        resolve_fresh(exp)
         specs = exp.order()
         validate_experiment(exp)
         self.store.create_experiment(exp.id, exp.name, exp.kind, exp.stored_meta())
         results: list[TrialResult] = []
         done = 0
-        while specs:
-            total = done + len(specs)
-            for spec in specs:
-                if self.on_trial_start:
-                    self.on_trial_start(spec, done, total)
-                results.append(self.run_with_retries(spec))
-                done += 1
-            extra = more(results) if more else 0
-            specs = []
-            if extra > 0:
-                exp.trials += extra
-                specs = exp.order(start=exp.trials - extra)
+        launcher = self.launcher
+        try:
+            launcher.prepare(exp.spec_for(arm, 0) for arm in exp.arms)  # every zygote starts now, at once
+            while specs:
+                total = done + len(specs)
+                for spec in specs:
+                    if self.on_trial_start:
+                        self.on_trial_start(spec, done, total)
+                    results.append(self.run_with_retries(spec))
+                    done += 1
+                extra = more(results) if more else 0
+                specs = []
+                if extra > 0:
+                    exp.trials += extra
+                    specs = exp.order(start=exp.trials - extra)
+        finally:
+            launcher.close()
+            self.timing = {"wall_s": time.monotonic() - t_start, "fresh": exp.base.fresh, **launcher.timing()}
+            try:
+                self.store.update_meta(exp.id, timing=self.timing)
+            except Exception:  # a store that cannot be written now: the trials are already kept
+                pass
         return results
 
     def run_with_retries(self, spec: RunSpec) -> TrialResult:
@@ -267,9 +301,11 @@ class LiveTrial:
 
     def start(self) -> None:
         spec = self.result.spec
+        launcher = self.runner.launcher
         self.result.trial_id = self.runner.store.begin_trial(spec, self.attempt)
+        launcher.ready(spec, self.timeout)  # a zygote's start (once per arm) is the experiment's, not the trial's
         self.t0 = time.monotonic()
-        self.launched = workloads.get(spec.workload).launch(spec, environments.get(spec.env))
+        self.launched = launcher.launch(spec)
 
     def handle(self, line: str) -> None:
         event = events.decode(line)

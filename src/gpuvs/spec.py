@@ -34,6 +34,7 @@ class RunSpec:
     telemetry_interval_s: float = 0.1
     timeout_s: float | None = None
     launched_at: float | None = None  # wall clock when the launcher started the worker
+    fresh: str = "auto"  # how the trial's process starts: exec, fork (from a zygote), auto (launch.py decides)
     # Start barrier for workers that must measure the same window (sharing/group.py):
     # {"dir": path, "name": this worker's name, "window_s": seconds or None, "wait_s": seconds}
     barrier: dict[str, Any] | None = None

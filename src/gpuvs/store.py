@@ -23,8 +23,16 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gpuvs.errors import UsageError
-from gpuvs.records import (ExperimentListing, ExperimentMeta, ExperimentRecord, OutputRecord, SampleRecord,
-                           TelemetryRecord, TrialRecord, json_value)
+from gpuvs.records import (
+    ExperimentListing,
+    ExperimentMeta,
+    ExperimentRecord,
+    OutputRecord,
+    SampleRecord,
+    TelemetryRecord,
+    TrialRecord,
+    json_value,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS experiments (
@@ -202,9 +210,11 @@ class Store:
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def create_experiment(self, experiment_id: str, name: str, kind: str, meta: ExperimentMeta) -> None:
+    def create_experiment(self, experiment_id: str, name: str, kind: str, meta: ExperimentMeta,
+                          created: float | None = None) -> None:
+        """`created`: unix seconds (default now); a run imported from elsewhere keeps the time it was made."""
         self.db.execute("INSERT OR IGNORE INTO experiments (id, name, kind, created, meta) VALUES (?,?,?,?,?)",
-                        (experiment_id, name, kind, time.time(), _json(meta)))
+                        (experiment_id, name, kind, time.time() if created is None else float(created), _json(meta)))
 
     def set_meta(self, experiment_id: str, meta: ExperimentMeta) -> None:
         """Replace an experiment's meta in one committed write (runs that are not trials, such as

@@ -13,9 +13,10 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, TypeVar
 
 T_START = time.time()
+FORKED = False  # True in a child of the zygote (zygote.py), which sets T_START to the moment it was forked
 
 from gpuvs import events  # noqa: E402
 from gpuvs.errors import EXIT_CODES, WorkloadError  # noqa: E402
@@ -112,6 +113,8 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
 
     if spec.launched_at:
         emit(events.startup("launch_to_worker_s", T_START - spec.launched_at))
+        if FORKED:  # the fork request to the child running: what a forked trial pays to start
+            emit(events.startup("fork_s", T_START - spec.launched_at))
     workload = workloads.get(spec.workload)
     params = workload.validate(spec.params, spec.device)
     import_requirements(workload, emit, spec)
@@ -138,6 +141,8 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
     finally:
         if sampler is not None:
             sampler.stop()
+    if spec.launched_at:  # the workload is done: what follows until exit is teardown (timeshare.py)
+        emit(events.startup("launch_to_done_s", time.time() - spec.launched_at))
     emit({"type": "summary", "data": headline_first(workload.summarize(samples, params),
                                                     workload.headline_series(params))})
 

@@ -18,9 +18,13 @@ GPUVS = Command("gpuvs", "gpuvs: how your GPU jobs really perform, compared with
 
 
 def dispatch(argv: list[str]) -> int | None:
-    """Find the command (and sub-command) named by argv, parse the rest, run it."""
+    """Find the command (and sub-command) named by argv, parse the rest, run it. A command that runs
+    itself and has sub-commands too (`gpuvs fleet WORKLOAD`, `gpuvs fleet history`) takes the first word
+    as a sub-command where it names one, else runs itself with the rest."""
     path, cmd, rest = "gpuvs", None, list(argv)
     while cmd is None or cmd.subcommands:
+        if cmd is not None and cmd.run is not None and not (rest and cmd.subcommand(rest[0])):
+            break
         if not rest or rest[0] in parser.HELP:
             if cmd is None:
                 help.group_help(GPUVS, path, commands=commands.all_commands())

@@ -16,11 +16,11 @@ from typing import Any, Callable
 
 from rich.console import Console
 
-from gpuvs import environments, workloads
+from gpuvs import environments, timeshare, workloads
 from gpuvs.cli import options, parser
 from gpuvs.cli.command import Args
 from gpuvs.errors import RunFailed, UsageError
-from gpuvs.report import terminal
+from gpuvs.report import tables, terminal
 from gpuvs.runner import Experiment, Runner, TrialResult, validate_experiment
 from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store import Store
@@ -62,7 +62,8 @@ def prepare(args: Args, console: Console) -> Prepared:
                                                               cpu_filled.items()) + " (give them to override)",
                       style="yellow")
     base = RunSpec(workload=workload.name, params=params, device=device, num_gpus=run["num_gpus"], env=env,
-                   telemetry_interval_s=run["telemetry_interval"], timeout_s=run["timeout"])
+                   telemetry_interval_s=run["telemetry_interval"], timeout_s=run["timeout"],
+                   fresh=run.get("fresh") or "auto")
     return Prepared(workload, base, run)
 
 
@@ -102,6 +103,10 @@ def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,
     for table in (terminal.series_table(results), terminal.telemetry_table(results)):
         if table is not None:
             console.print(table)
+    shares = timeshare.from_records(results,
+                                    runner.timing.get("wall_s"), runner.timing)
+    if shares is not None:
+        console.print(terminal.rich_table(tables.time_shares_table(shares)))
     console.print(f"stored as experiment {exp.id} in {store_path}", style="dim", highlight=False)
     return results
 

@@ -41,9 +41,9 @@ def command_help(cmd: Command, path: str, workload: workloads.Workload | None = 
     """A command's help: usage (one line per form), what it does, its workload's parameters where it
     takes a workload, its arguments, its option groups."""
     out = out or console()
-    if cmd.subcommands:
+    if cmd.subcommands and cmd.run is None:
         return group_help(cmd, path, out)
-    lines = cmd.usage_lines()
+    lines = cmd.usage_lines() + [f"{sub.name} {sub.usage_lines()[0]}" for sub in cmd.subcommands]
     out.print("usage: " + "\n".join(("" if i == 0 else "       ") + f"{path} {line}" for i, line in enumerate(lines)))
     out.print(cmd.summary)
     if cmd.notes:
@@ -68,6 +68,8 @@ def command_help(cmd: Command, path: str, workload: workloads.Workload | None = 
         out.print(options_table(g.title + (f" ({'; '.join(taken)})" if taken else ""), g.params))
         for p in g.params:
             owned.setdefault(p.name, g.key)
+    if cmd.subcommands:
+        out.print(commands_table(cmd.subcommands, f"sub-commands ({path} COMMAND --help lists one's options)"))
 
 
 def group_help(cmd: Command, path: str, out: Console | None = None, commands: Sequence[Command] | None = None) -> None:
@@ -75,9 +77,13 @@ def group_help(cmd: Command, path: str, out: Console | None = None, commands: Se
     out = out or console()
     out.print(f"usage: {path} COMMAND [options]   ({path} COMMAND --help lists a command's options)")
     out.print(cmd.summary)
-    t = Table(title="commands", title_justify="left")
+    out.print(commands_table(commands if commands is not None else cmd.subcommands))
+
+
+def commands_table(cmds: Sequence[Command], title: str = "commands") -> Table:
+    t = Table(title=title, title_justify="left")
     for col in ("command", "what it does"):
         t.add_column(col)
-    for sub in commands if commands is not None else cmd.subcommands:
+    for sub in cmds:
         t.add_row(sub.name, sub.summary)
-    out.print(t)
+    return t

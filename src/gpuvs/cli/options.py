@@ -8,6 +8,7 @@ from typing import Any
 
 from gpuvs import environments
 from gpuvs.cli.command import Group
+from gpuvs.launch import FRESH
 from gpuvs.params import Param
 from gpuvs.spec import EnvSpec
 
@@ -24,6 +25,8 @@ RUN_OPTIONS = (
     Param("name", str, None, "a name for this experiment in the store"),
     Param("quiet", bool, False, "no step log; per-trial lines and the summary only"),
 )
+# The run options of the commands that run trials one after another (run, compare): and how each starts.
+TRIAL_OPTIONS = RUN_OPTIONS + (FRESH,)
 
 # The store of the commands that read results (results, report, compare --stored).
 STORE = Param("store", str, "gpuvs.db", "SQLite file that keeps the results")

@@ -189,6 +189,12 @@ class Environment:
     gpus_where: ClassVar[str] = "here"
     # True where start_bare() runs a command as the environment's own process (the command workload's --bare).
     runs_bare: ClassVar[bool] = False
+    # How trials can start here (launch.py): "exec" (a fresh worker per trial) always; "fork" (a fresh child
+    # of a zygote that paid the imports once) where the kind can hold a zygote (start_zygote), and whether
+    # --fresh auto picks it. `fork_refusal` says why a kind cannot (one line, for --fresh fork).
+    forks: ClassVar[bool] = False
+    forks_by_default: ClassVar[bool] = False
+    fork_refusal: ClassVar[str] = "it cannot hold a zygote"
 
     def __init__(self, options: dict | None = None):
         self.options = dict(options or {})
@@ -219,6 +225,12 @@ class Environment:
         """Why the command's executable cannot be found where the worker runs, in one line; None where it is
         found, or where that cannot be told before the trial (inside an image)."""
         return None
+
+    def start_zygote(self, spec: RunSpec, args: list[str], folder: str) -> Launched:
+        """Start `python -m gpuvs.zygote ARGS` here, for the trials of specs like this one (forks): with the
+        environment a worker of this spec would get, and `folder` (where the zygote's control socket is)
+        reachable at the same path. Its clean-up is the returned process's kill()."""
+        raise NotImplementedError
 
     def doctor(self, spec: RunSpec, report: "checkup.Report", timeout: float) -> dict[str, Any] | None:
         """Add this environment's checks to the report; return what a probe inside reported

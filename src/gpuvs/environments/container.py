@@ -234,6 +234,10 @@ class ContainerEnvironment(Environment):
     runs_bare = True
     explains = {"env": SOFTWARE_FIELDS, "image": SOFTWARE_FIELDS, "rootfs": SOFTWARE_FIELDS,
                 "engine": SOFTWARE_FIELDS, "gpus": ("gpu_count", "gpu_name")}
+    # --fresh fork: one container per arm, kept for the experiment, holds the zygote; each trial is a fresh
+    # process in it (sharing the container's filesystem, /dev/shm and cgroup). Asked for, never the default:
+    # a fresh container per trial is what a container comparison usually asks about.
+    forks = True
 
     @classmethod
     def label(cls, options: dict[str, Any]) -> str:
@@ -288,7 +292,8 @@ class ContainerEnvironment(Environment):
         return f"gpuvs-{spec.run_id}"
 
     def command(self, spec: RunSpec, entry: tuple[str, ...] = ("-m", "gpuvs.inside"),
-                bare: list[str] | None = None, workdir: str | None = None) -> tuple[list[str], dict]:
+                folders: tuple[str, ...] = (), bare: list[str] | None = None,
+                workdir: str | None = None) -> tuple[list[str], dict]:
         """(argv, environment of the engine process) for one run; start() adds the spec to that environment.
         `bare`: the command itself as the container's process (bare mode): no gpuvs package, no run spec, no
         --rm (the engine's record of its start and exit is read after it ends, then it is removed)."""
@@ -324,6 +329,8 @@ class ContainerEnvironment(Environment):
             args += ["-v", m]
         if spec.barrier:  # gpuvs share: the start barrier is a folder every worker sees at the same path
             args += ["-v", f"{spec.barrier['dir']}:{spec.barrier['dir']}"]
+        for folder in folders:  # a zygote's control socket (launch.py), at the same path inside
+            args += ["-v", f"{folder}:{folder}"]
         mps_root = self.options.get("mps")
         if mps_root:  # gpuvs's own MPS daemon: its pipe and log folders, and the host's IPC namespace it needs
             root = str(Path(mps_root).parent)
@@ -358,8 +365,12 @@ class ContainerEnvironment(Environment):
     def launch(self, spec: RunSpec) -> Launched:
         return self.start(spec)
 
-    def start(self, spec: RunSpec, entry: tuple[str, ...] = ("-m", "gpuvs.inside")) -> ContainerLaunched:
-        argv, env = self.command(spec, entry)
+    def start_zygote(self, spec: RunSpec, args: list[str], folder: str) -> ContainerLaunched:
+        return self.start(spec, entry=("-m", "gpuvs.zygote", *args, "--entry", "inside"), folders=(folder,))
+
+    def start(self, spec: RunSpec, entry: tuple[str, ...] = ("-m", "gpuvs.inside"),
+              folders: tuple[str, ...] = ()) -> ContainerLaunched:
+        argv, env = self.command(spec, entry, folders)
         spec.launched_at = time.time()  # after gpuvs's own preparation: the clock counts the engine's work
         env["GPUVS_SPEC"] = spec.to_json()
         name = self.container_name(spec)

@@ -53,6 +53,8 @@ class HostEnvironment(Environment):
     params = (ENV_VAR,)
     internal_keys = ("mps",)  # gpuvs share: its MPS daemon's pipe folder (the client env is in env_var)
     runs_bare = True
+    forks = True
+    forks_by_default = True
 
     def check(self, spec: RunSpec) -> None:
         env_vars(self.options.get("env_var"))
@@ -79,6 +81,12 @@ class HostEnvironment(Environment):
         if shutil.which(name, path=path) is None:
             return f"the command's executable {name!r} is not on this host's PATH ({path})"
         return None
+
+    def start_zygote(self, spec: RunSpec, args: list[str], folder: str) -> Launched:
+        python = self.options.get("python") or sys.executable
+        env = worker_env(spec, env_vars(self.options.get("env_var")))
+        env.pop("GPUVS_SPEC")  # each child gets its own with its fork request
+        return Launched([python, "-m", "gpuvs.zygote", *args, "--entry", "worker"], env=env)
 
     def doctor(self, spec: RunSpec, report, timeout: float) -> dict[str, Any] | None:
         probe_spec = RunSpec(workload="selftest")

@@ -327,6 +327,8 @@ class PodEnvironment(Environment):
     fingerprint_fields = (("in_pod", "in a pod"), ("node_name", "node"), ("container_image", "image"))
     explains = {"env": ("*",), "image": SOFTWARE_FIELDS, "node": ("*",), "node_selector": ("*",),
                 "gpu_resource": ("gpu_count", "gpu_name")}
+    fork_refusal = ("cannot hold a zygote: its trials' output would have to pass through the API server's exec "
+                    "streams, with no way to hand a child its own pipes or to see its exit status first-hand")
 
     @classmethod
     def label(cls, options: dict[str, Any]) -> str:

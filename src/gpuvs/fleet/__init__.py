@@ -13,4 +13,6 @@ points (the node's level with its se, and its speed against its fleet band as th
 gathers them per node; peers.py holds each node against its peers run by run and decides who moved (a
 closed test, so that one node's change is blamed on it alone); drift.py judges a node's latest run
 against its earlier ones (it also calls gpuvs.stats, for its p-values); changepoint.py finds where in
-its history a node changed; drift_simulate.py measures both on simulated histories."""
+its history a node changed; drift_simulate.py measures both on simulated histories; stored.py reads a
+store's fleet runs into each node's history per workload with its drift verdict and change points, slow
+and drifting nodes first (what `gpuvs fleet history`, the status page and the agent show)."""

@@ -4,6 +4,12 @@ gpuvs.io/perf        ok | slow | inconclusive   (faster and equivalent are ok)
 gpuvs.io/perf-ratio  the node's relative speed against the fleet, e.g. 0.512
 annotation gpuvs.io/perf-details  JSON: experiment, workload, verdict, ratio, interval, reference, time
 
+gpuvs fleet history --label writes the drift against each node's own past:
+
+gpuvs.io/drift        slower | faster | ok | inconclusive
+gpuvs.io/drift-ratio  the latest run against the node's past (its speed against its peers), e.g. 0.937
+annotation gpuvs.io/drift-details  JSON: workload, run, verdict, ratio, interval, checks, change point, time
+
 A scheduler's affinity or a person can act on them; gpuvs never taints or cordons a node itself."""
 
 from __future__ import annotations
@@ -45,6 +51,37 @@ def plan(rows: list[NodeRow], *, experiment_id: str, workload: str) -> list[Labe
                    "interval": [r.speed_low, r.speed_high], "reference": r.reference, "trials": r.n_ok,
                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         out.append(LabelChange(r.node, labels, {DETAILS: json.dumps(details, sort_keys=True)}))
+    return out
+
+
+DRIFT = "gpuvs.io/drift"
+DRIFT_RATIO = "gpuvs.io/drift-ratio"
+DRIFT_DETAILS = "gpuvs.io/drift-details"
+DRIFT_VALUES = {"slower": "slower", "faster": "faster", "equivalent": "ok"}  # anything else: inconclusive
+
+
+def plan_drift(standings: list[Any], *, workload: str) -> list[LabelChange]:
+    """The drift labels of the nodes measured in the workload's latest run (stored.NodeStanding each):
+    gpuvs.io/drift=slower|faster|ok|inconclusive (ok: equivalent to its past within the margin),
+    gpuvs.io/drift-ratio (latest run / its past, against its peers) and an annotation with the runs
+    compared, the interval and the latest change point. Nodes not measured in the latest run are left as
+    they are."""
+    out = []
+    for n in standings:
+        v = n.drift
+        if v is None or v.run_id is None:
+            continue
+        labels = {DRIFT: DRIFT_VALUES.get(v.verdict, "inconclusive")}
+        if v.ratio is not None:
+            labels[DRIFT_RATIO] = f"{v.ratio:.3f}"
+        c = n.change
+        details = {"workload": workload, "run": v.run_id, "verdict": v.verdict, "ratio": v.ratio,
+                   "interval": [v.ci_low, v.ci_high], "checks": v.checks, "reference": v.reference,
+                   "reason": v.reason, "interleaved": False,
+                   "since": None if c is None else {"run": c.run_id, "time": time.strftime(
+                       "%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.time)), "step": c.step},
+                   "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        out.append(LabelChange(n.node, labels, {DRIFT_DETAILS: json.dumps(details, sort_keys=True)}))
     return out
 
 

@@ -9,6 +9,7 @@ from gpuvs.comparison import Analysis, fingerprint_rows
 from gpuvs.family import MetricVerdict
 from gpuvs.report.numbers import fmt
 from gpuvs.stats import TrialsSummary
+from gpuvs.timeshare import LABELS, PARTS, TimeShares
 
 
 @dataclass
@@ -177,9 +178,32 @@ def failure_table(a: Analysis) -> Table | None:
     return Table("failures", "Trials that did not finish", ["arm", "trial", "status", "error"], rows)
 
 
+def time_shares_table(ts: TimeShares | None) -> Table | None:
+    """Where the wall time went: each part in seconds, as a share of the wall time, and per trial."""
+    if ts is None:
+        return None
+    rows = []
+    for part in PARTS:
+        per = ts.per_trial.get(part)
+        rows.append([LABELS[part], f"{ts.seconds[part]:.1f}", f"{100 * ts.shares[part]:.1f}%",
+                     "-" if per is None else f"{per:.2f}"])
+    rows.append(["wall time", f"{ts.wall_s:.1f}", "100.0%",
+                 f"{ts.per_trial['wall']:.2f}" if "wall" in ts.per_trial else "-"])
+    zyg = (f"; start-up holds {len(ts.zygote_starts_s)} zygote start(s) of "
+           + ", ".join(f"{s:.1f}" for s in ts.zygote_starts_s) + " s") if ts.zygote_starts_s else ""
+    note = (f"{ts.trials} trial(s); per trial: mean seconds from launch to exit (docs/trials.md defines each "
+            f"part){zyg}")
+    return Table("time", "Where the time went", ["part", "seconds", "share", "per trial (s)"], rows, note=note,
+                 right={1, 2, 3})
+
+
+def _time_table(a: Analysis) -> Table | None:
+    return time_shares_table(a.time)
+
+
 def all_tables(a: Analysis) -> list[Table]:
     """In reading order: the answer first, then the figures behind it, then where they came from."""
-    makers = (verdict_table, speedup_table, scaling_table, arm_table, per_trial_table, startup_table,
+    makers = (verdict_table, speedup_table, scaling_table, arm_table, per_trial_table, startup_table, _time_table,
               failure_table, fingerprint_table)
     return [t for t in (m(a) for m in makers) if t is not None]
 

@@ -230,11 +230,14 @@ def telemetry_table(results: Iterable) -> Table | None:
     return table
 
 
-def rich_table(t) -> Table:
-    """A report table (report/tables.py) as a rich table; highlighted rows in yellow."""
+def rich_table(t, no_wrap: Iterable[int] = (), fold: bool = False) -> Table:
+    """A report table (report/tables.py) as a rich table; highlighted rows in yellow. `no_wrap`: columns never
+    cut (ids people copy); `fold`: a long word in the others wraps instead of ending in an ellipsis."""
     table = Table(title=t.title, title_justify="left", caption=t.note or None, caption_justify="left")
+    keep = set(no_wrap)
     for i, col in enumerate(t.columns):
-        table.add_column(col, justify="right" if i in t.right else "left")
+        table.add_column(col, justify="right" if i in t.right else "left", no_wrap=i in keep,
+                         overflow="fold" if fold else "ellipsis")
     for i, row in enumerate(t.rows):
         table.add_row(*row, style="yellow" if i in t.marked else None)
     return table

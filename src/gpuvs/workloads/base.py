@@ -148,6 +148,9 @@ class Workload:
     window_param: ClassVar[str] = "steps"  # the count a shared window replaces (set very high under share)
     # Python modules the worker needs inside the environment (checked by environments/doctor).
     requires: ClassVar[tuple[str, ...]] = ()
+    # False where the workload measures its own process's start-up (`startup`): --fresh auto then starts
+    # every trial as a new process (exec), never as a fork of a zygote that already paid the imports.
+    fork_by_default: ClassVar[bool] = True
     # Every figure the workload yields (series and scalar metrics), in order: the first pattern that
     # matches a name declares it. Exactly one headline.
     metrics: ClassVar[tuple[MetricDecl, ...]] = ()
@@ -215,6 +218,13 @@ class Workload:
 
     def check(self, params: dict[str, Any]) -> None:
         """Cross-parameter checks; raise UsageError."""
+
+    def check_spec(self, spec: RunSpec, params: dict[str, Any]) -> None:
+        """Checks of the parameters against the rest of the run (its device count, ...); raise UsageError."""
+
+    def imports(self, params: dict[str, Any]) -> tuple[str, ...]:
+        """The modules a zygote imports once for this workload's trials (launch.py, zygote.py)."""
+        return tuple(self.requires)
 
     def headline_series(self, params: dict[str, Any]) -> str | None:
         """Of the series the headline declaration matches (a glob such as "*" may match several), the one a

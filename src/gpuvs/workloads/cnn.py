@@ -1,8 +1,11 @@
 """CNN training and inference on synthetic ImageNet-shaped data or a real ImageFolder: the
 benchmark that tf_cnn_benchmarks users know, in PyTorch, with the same step log semantics.
 
-Timing on a GPU uses CUDA events recorded after every step and read at display steps, so the
-loop never waits on the host between steps; on a CPU, a host clock per step."""
+The timed phase is workloads/_timed.py's: a fixed --steps N or adaptive (--target-se, --seconds, with
+--min-steps and --max-steps). On a GPU, CUDA events recorded after every step and read only once they
+have completed, so the host never waits inside the timed phase; its start is marked while the warm-up's
+steps still fill the GPU's queue (no synchronise between warm-up and timed steps). On a CPU, a host
+clock per step."""
 
 from __future__ import annotations
 
@@ -13,8 +16,13 @@ from typing import Any, Iterator
 from gpuvs import events, precision
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.params import Param
-from gpuvs.workloads import register
+from gpuvs.workloads import _timed, register
 from gpuvs.workloads.base import RunContext, Workload, duration, rate
+
+# For the GPU proof of the timed phase only (benchmarks/time_to_verdict.py): "blocking" restores the reading
+# of step events before issue 25 (a synchronise after the warm-up and at every display step), so that the
+# dip it caused can be shown beside its absence.
+READ_ENV = "GPUVS_TIMED_READ"
 
 # name -> (torchvision constructor, default image size, smallest image size it accepts, extra kwargs)
 MODELS: dict[str, tuple[str, int, int, dict[str, Any]]] = {
@@ -46,7 +54,7 @@ COMMON = (
     Param("workers", int, 4, "DataLoader worker processes (with --data-dir); also --data-workers", min=0, max=256,
           aliases=("data_workers",)),
     Param("seed", int, 0, "random seed of weights and synthetic data", min=0),
-)
+) + _timed.PARAMS
 
 
 class _CnnBase(Workload):
@@ -66,6 +74,12 @@ class _CnnBase(Workload):
         params["image_size"] = size
         if params["data_dir"] and not os.path.isdir(params["data_dir"]):
             raise UsageError(f"--data-dir {params['data_dir']!r} is not a folder")
+        _timed.check(params)
+
+    def check_spec(self, spec, params: dict[str, Any]) -> None:
+        if spec.num_gpus > 1 and _timed.Plan.from_params(params).adaptive:
+            raise UsageError("--target-se and --seconds stop one device's timed phase; with --num-gpus "
+                             f"{spec.num_gpus} every rank must run the same steps: give --steps N")
 
     # -- pieces ------------------------------------------------------------------------------
 
@@ -130,7 +144,7 @@ class _CnnBase(Workload):
                        (y % p["num_classes"]).to(device, non_blocking=True))
             epoch += 1
 
-    def config_event(self, ctx: RunContext) -> dict[str, Any]:
+    def config_event(self, ctx: RunContext, plan: _timed.Plan | None = None) -> dict[str, Any]:
         p = ctx.params
         spec = ctx.spec
         devices = ctx.world_size
@@ -139,7 +153,7 @@ class _CnnBase(Workload):
                      batch_size_global=p["batch_size"] * devices, batch_size_per_device=p["batch_size"],
                      devices=f"{devices} x {spec.device.split(':')[0]}", data_format=p["data_format"],
                      precision=p["precision"], image_size=p["image_size"], warmup_steps=p["warmup_steps"],
-                     steps=p["steps"])
+                     steps=plan.describe() if plan is not None and plan.adaptive else p["steps"])
         if self.training:
             items["optimizer"] = p["optimizer"]
         return events.config(**items)
@@ -153,7 +167,8 @@ class _CnnBase(Workload):
         import torch
 
         p = ctx.params
-        yield self.config_event(ctx)
+        plan = _timed.Plan.from_params(p, windowed=bool(ctx.spec.barrier))
+        yield self.config_event(ctx, plan)
         self.set_precision(p["precision"], None)
         try:
             t0 = time.perf_counter()
@@ -171,25 +186,63 @@ class _CnnBase(Workload):
             yield events.startup("data_setup_s", time.perf_counter() - t0)
 
             t0 = time.perf_counter()
-            step(next(data))
+            out = step(next(data))
             sync()
-            yield events.startup("first_step_s", time.perf_counter() - t0)
+            first = time.perf_counter() - t0
+            yield events.startup("first_step_s", first)
+            # the barrier of gpuvs share, and the proof's "before", keep the reading of before issue 25
+            if cuda and not ctx.spec.barrier and os.environ.get(READ_ENV) != "blocking":
+                yield from self.timed_on_device(ctx, plan, step, data, out, first)
+                return
             for _ in range(p["warmup_steps"] - 1):
                 step(next(data))
             sync()
             yield events.startup("warmup_s", time.perf_counter() - t0)
             if ctx.spec.launched_at:
                 yield events.startup("launch_to_timed_s", time.time() - ctx.spec.launched_at)
-            yield from self.timed(ctx, step, data, cuda)
+            if cuda:
+                yield from self.timed(ctx, step, data, cuda)
+                return
+            ctx.start_window()
+            phase = _timed.TimedPhase(plan, lambda: step(next(data)), items=p["batch_size"] * ctx.world_size,
+                                      unit=self.unit, display=p["display_every"], window_open=ctx.window_open)
+            yield from phase.run()
+            yield from self.final_metrics(phase.durations)
         except torch.cuda.OutOfMemoryError as exc:
             total = torch.cuda.get_device_properties(device).total_memory / 2**30 if torch.cuda.is_available() else 0
             raise WorkloadError("oom", f"out of GPU memory at batch size {p['batch_size']} ({p['model']}, "
                                 f"{p['precision']}, image {p['image_size']}); the GPU has {total:.1f} GiB: "
                                 f"{str(exc).splitlines()[0][:160]}") from None
 
+    def timed_on_device(self, ctx: RunContext, plan: _timed.Plan, step, data, out, first: float
+                        ) -> Iterator[dict[str, Any]]:
+        """Warm-up and timed steps with no synchronise between them: the device's clock marks the warm-up's
+        start (right after the first step's synchronise, so at about the host's time h0) and the timed
+        phase's start, which is queued behind the warm-up's steps; both are read after the phase."""
+        import torch
+
+        p = ctx.params
+        dev = _timed.CudaDevice(torch)
+        h0 = time.time()
+        warm_start = dev.mark()
+        for _ in range(p["warmup_steps"] - 1):
+            out = step(next(data))
+        dev.prepare(out)
+        ctx.start_window()
+        phase = _timed.TimedPhase(plan, lambda: step(next(data)), items=p["batch_size"] * ctx.world_size,
+                                  unit=self.unit, display=p["display_every"], window_open=ctx.window_open, device=dev)
+        yield from phase.run()
+        warm = phase.start_mark.seconds_since(warm_start)  # read after the phase's synchronise
+        yield events.startup("warmup_s", first + warm)
+        if ctx.spec.launched_at:
+            yield events.startup("launch_to_timed_s", h0 + warm - ctx.spec.launched_at)
+        yield from self.final_metrics(phase.durations)
+
     def timed(self, ctx: RunContext, step, data, cuda: bool) -> Iterator[dict[str, Any]]:
-        """Timed steps; samples are emitted at display steps. Under a start barrier the loop ends
-        when the shared window closes (--steps is then an upper bound)."""
+        """The timed steps on a GPU as before issue 25 (under gpuvs share's barrier, and for the proof's
+        "before"): samples are emitted at display steps, where the host waits for the GPU (a synchronise,
+        and the loss read back). Under a start barrier the loop ends when the shared window closes (--steps
+        is then an upper bound)."""
         import torch
 
         p = ctx.params

@@ -57,6 +57,9 @@ class Command(Workload):
     metrics = (duration(outputs.WALL_TIME.name, headline=True),)
     argv_param = "argv"
     fixed_params = ("metric", "step_metric", "parser", "headline")
+    # the job is a fresh process of its own in every trial; a zygote would save only gpuvs's worker's imports, and
+    # bare mode has no worker to fork (--fresh fork is refused there)
+    fork_by_default = False
     params = (
         ArgvParam("argv", str, None, "the command and its arguments, given after -- (in an experiment file: "
                   "command: [WORD, ...]); run as given, never through a shell", multiple=True),
@@ -98,6 +101,11 @@ class Command(Workload):
                     raise UsageError(f"parser {p.name} reads a file the command writes, which gpuvs cannot read "
                                      "in bare mode (it is not inside): drop --bare (an image with Python), or read "
                                      "the tool's printed output")
+
+    def check_spec(self, spec: RunSpec, params: dict[str, Any]) -> None:
+        if params.get("bare") and spec.fresh == "fork":
+            raise UsageError("--bare runs the command as the environment's own process, with no worker to fork from "
+                             "a zygote: drop --fresh fork (or --bare)")
 
     def declarations(self, params: dict[str, Any] | None = None) -> tuple[MetricDecl, ...]:
         if not params or not params.get("argv"):

@@ -3,7 +3,10 @@ child processes, stray output), the way pyperf checks its own machinery. Needs n
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -15,6 +18,30 @@ from gpuvs.params import Param
 from gpuvs.sharing.barrier import ready
 from gpuvs.workloads import register
 from gpuvs.workloads.base import RunContext, Workload, rate
+
+
+_RUNS = [0]  # runs of this workload in this process: a trial that shares a process with another sees it grow
+
+
+def state() -> dict[str, Any]:
+    """What one trial's process holds that another trial must not share."""
+    _RUNS[0] += 1
+    out: dict[str, Any] = {"pid": os.getpid(), "ppid": os.getppid(), "runs": _RUNS[0], "py_random": random.random()}
+    numpy = sys.modules.get("numpy")
+    out["np_random"] = float(numpy.random.random()) if numpy is not None else None
+    torch = sys.modules.get("torch")
+    out["torch_seed"] = int(torch.initial_seed()) if torch is not None else None
+    out["torch_cuda_initialized"] = bool(torch.cuda.is_initialized()) if torch is not None else None
+    out["threads"] = len(os.listdir("/proc/self/task"))
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    out["sockets"] = sum(link.startswith("socket:") for link in links)
+    out["fds"] = len(links)
+    return out
 
 
 @register
@@ -40,11 +67,21 @@ class SelfTest(Workload):
               "OOM kill)", min=0, max=1 << 20),
         Param("write_mib", int, 0, "write a file of this size in the temporary folder before the steps (a disk "
               "limit's eviction)", min=0, max=1 << 20),
+        Param("imports", str, "", "modules to import first, comma-separated (a zygote imports them once)"),
+        Param("state", bool, False, "log the process's state first: pid, a module-level counter this run "
+              "increments, random draws (Python, numpy), torch's seed, threads, sockets held"),
     )
+
+    def imports(self, params: dict[str, Any]) -> tuple[str, ...]:
+        return tuple(m.strip() for m in str(params.get("imports") or "").split(",") if m.strip())
 
     def run(self, ctx: RunContext) -> Iterator[dict[str, Any]]:
         p = ctx.params
+        for module in self.imports(p):
+            importlib.import_module(module)
         yield events.config(steps=p["steps"], step_seconds=p["step_seconds"], pid=os.getpid())
+        if p["state"]:
+            yield events.log("state " + json.dumps(state()))
         kids = [subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
                 for _ in range(p["children"])]
         if kids:

@@ -28,6 +28,7 @@ class Startup(Workload):
     unit = "s"
     metrics = (duration("first_result_s", headline=True), duration("*_s"))
     requires = ("torch",)
+    fork_by_default = False  # what it measures is the launch itself: a fresh process per trial
     params = (
         Param("job", str, "kernel", "kernel: one tiny kernel; model: build a small model, one forward pass",
               choices=("kernel", "model")),

@@ -37,8 +37,9 @@ COMPARE_OPTIONS = (
 
 # RUN_OPTIONS that an experiment file also knows (under its own key name).
 FILE_KEYS = {"device": "device", "num_gpus": "num_gpus", "trials": "trials", "timeout": "timeout_s",
-             "retries": "retries", "telemetry_interval": "telemetry_interval_s", "order_seed": "order_seed", "name": "name"}
-SUMMARY_TABLES = ("verdicts", "speedup", "scaling", "per_trial", "failures")
+             "retries": "retries", "telemetry_interval": "telemetry_interval_s", "order_seed": "order_seed", "name": "name",
+             "fresh": "fresh"}
+SUMMARY_TABLES = ("verdicts", "speedup", "scaling", "per_trial", "time", "failures")
 
 
 def _file_arg(args: list[str]) -> str | None:
@@ -189,7 +190,7 @@ FILE = Form("file", "--file experiments/X.yaml [options that replace the file's]
 COMMAND = Command(
     "compare", "Compare arms of one workload, trials interleaved (A B B A ...), with a verdict per metric.", run,
     groups=(Group("compare options", _as_compare_uses(COMPARE_OPTIONS), "compare"),
-            options.run_group(_as_compare_uses(options.RUN_OPTIONS)), *options.env_groups()),
+            options.run_group(_as_compare_uses(options.TRIAL_OPTIONS)), *options.env_groups()),
     positionals=(Positional("workload", workload=True),),
     usage="WORKLOAD [options] --arm NAME:key=value[,key=value...] --arm ...",
     notes="An arm's keys: device, num_gpus, timeout_s, env, environment options, or workload parameters.",

@@ -1,9 +1,12 @@
 """gpuvs fleet WORKLOAD [options]: the same workload on every GPU node of a cluster (one pod per trial,
 pinned to its node), each node compared with the fleet; which nodes are slower, by how much, how sure.
+gpuvs fleet history [NODE] [options]: each node against its own past, from the stored fleet runs.
 
     gpuvs fleet spin --device cpu --image IMAGE [--nodes a,b,c] [--node-label KEY[=VALUE]] [--all-nodes]
                 [--trials 4 --max-trials 12] [--parallel N] [--reference NODE] [--margin 0.05]
                 [--label [--dry-run]] [--format term|md|html|json|csv -o FILE] [pod options]
+
+    gpuvs fleet history [NODE] [--workload W] [--format term|md|html|json -o FILE] [--label [--dry-run]]
 
 Exit status: 0 when the fleet ran (whatever the verdicts), 1 when a node ran no trial, 2 on bad input."""
 
@@ -18,6 +21,7 @@ from rich.console import Console
 
 from gpuvs import environments
 from gpuvs.cli import common, options
+from gpuvs.cli.options import STORE
 from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.fleet import adaptive, kube, labels, nodes
@@ -159,6 +163,91 @@ def _fleet_run_options() -> tuple:
                  for p in options.RUN_OPTIONS)
 
 
+HISTORY_FORMATS = ("term", "md", "html", "json")
+HISTORY_OPTIONS = (
+    Param("workload", str, None, "only this workload (default: every workload with stored fleet runs)"),
+    Param("window", int, 10, "earlier runs the latest run is compared with (drift)", min=3, max=1000),
+    Param("margin", float, 0.05, "equivalence margin of a node against its own past (0.05: ±5%)", min=0.0, max=0.5),
+    Param("confidence", float, 0.95, "1 - the false-alarm rate for the whole fleet, per check", min=0.5, max=0.999),
+    Param("format", str, "term", "report format", choices=HISTORY_FORMATS),
+    Param("output", str, None, "write the report here (else standard output)", aliases=("o",)),
+    Param("label", bool, False, "write gpuvs.io/drift=slower|faster|ok|inconclusive and gpuvs.io/drift-ratio on the "
+          "nodes of the latest run (needs one workload)"),
+    Param("dry_run", bool, False, "with --label: show the labels, write nothing"),
+    Param("kubeconfig", str, None, "with --label: kubeconfig file (default: KUBECONFIG, ~/.kube/config, else "
+          "in-cluster)"),
+    Param("context", str, None, "with --label: kubeconfig context"),
+    STORE,
+)
+
+
+def history(args: Args) -> None:
+    """Each node's history across the stored fleet runs, its drift verdict and change points."""
+    from gpuvs.fleet import stored
+    from gpuvs.report import history as report_history
+
+    o, node = args.options, (args.positionals[0] if args.positionals else None)
+    if o["dry_run"] and not o["label"]:
+        raise UsageError("--dry-run applies with --label (it shows the labels instead of writing them)")
+    if o["output"] and not Path(o["output"]).resolve().parent.is_dir():
+        raise UsageError(f"--output {o['output']}: folder {Path(o['output']).parent} does not exist")
+    with common.open_store(o["store"]) as st:
+        found = stored.read(st, workload=o["workload"], window=o["window"], margin=o["margin"],
+                            confidence=o["confidence"])
+        if not found.workloads:
+            every = sorted({res.workload for _, res in stored.fleet_runs(st)[0]})
+            if every:
+                raise UsageError(f"--workload {o['workload']}: no stored fleet run of it in {o['store']} (workloads: "
+                                 f"{', '.join(every)})")
+            raise UsageError(f"no stored gpuvs fleet run in {o['store']} (run gpuvs fleet WORKLOAD --store "
+                             f"{o['store']} first)")
+    if node is not None and node not in found.nodes():
+        raise UsageError(f"no node {node!r} in the stored fleet runs of {o['store']} (nodes: "
+                         f"{', '.join(found.nodes())})")
+    if o["label"] and len(found.workloads) > 1:
+        raise UsageError("--label writes one workload's drift: give --workload (stored: "
+                         f"{', '.join(w.workload for w in found.workloads)})")
+    core = None
+    if o["label"] and not o["dry_run"]:  # a cluster that cannot be reached says so before anything is shown
+        from gpuvs.kube import client
+
+        core = client.connect(o["kubeconfig"], o["context"]).core
+    console = Console(markup=False, highlight=False, stderr=o["format"] != "term" and not o["output"])
+    if o["format"] == "html":
+        from gpuvs.report import status
+
+        text = status.render_history(found, node)
+    else:
+        text = report_history.render(o["format"], found, node)
+    if o["output"]:
+        Path(o["output"]).write_text(text, encoding="utf-8")
+        report_history.terminal(console, found, node)
+        console.print(f"wrote {o['output']}", style="dim")
+    elif o["format"] == "term":
+        report_history.terminal(console, found, node)
+    else:
+        sys.stdout.write(text)
+    if o["label"]:
+        w = found.workloads[0]
+        changes = labels.plan_drift([n for n in w.nodes if node is None or n.node == node], workload=w.workload)
+        if core is None:
+            outcome = [(c.node, "dry run: not written") for c in changes]
+        else:
+            outcome = [(n, err or "written") for n, err in labels.apply(core, changes)]
+        status = dict(outcome)
+        for c in changes:
+            console.print(f"label {c.node}: {c.labels} ({status[c.node]})")
+
+
+HISTORY = Command(
+    "history", "Each node against its own past: its speed at each stored fleet run, its drift verdict and change "
+    "points, slow and drifting nodes first.", history,
+    groups=(Group("history options", HISTORY_OPTIONS, "history"),),
+    positionals=(Positional("node", "only this node (its drift is still judged against the whole fleet)",
+                            required=False),),
+    notes="Reads the store's gpuvs fleet runs; runs nothing. See docs/history.md.",
+)
+
 COMMAND = Command(
     "fleet", "Find the slow nodes: the same workload in a pod on every GPU node, each node compared with the fleet.",
     fleet,
@@ -169,4 +258,5 @@ COMMAND = Command(
     positionals=(Positional("workload", workload=True),),
     usage="WORKLOAD --image IMAGE [fleet options] [workload options] [pod options]",
     notes="Runs WORKLOAD in a pod on every GPU node, compares each node with the fleet. See docs/fleet.md.",
+    subcommands=(HISTORY,),
 )

@@ -1,4 +1,5 @@
-"""gpuvs report EXPERIMENT [--format term|md|html|json|csv] [-o FILE] [--store PATH]."""
+"""gpuvs report EXPERIMENT [--format term|md|html|json|csv] [-o FILE] [--store PATH]; gpuvs report status
+[-o FILE] [--store PATH]: the status page (report/status.py)."""
 
 from __future__ import annotations
 
@@ -82,6 +83,36 @@ def _write(text: str, output: str | None, exp_id: str) -> None:
         sys.stdout.write(text)
 
 
+def status(args: Args) -> None:
+    """The status page of everything the store holds (fleet histories, validate runs)."""
+    from gpuvs.report.status import render_status_page
+
+    output = args["output"]
+    if output and not Path(output).resolve().parent.is_dir():
+        raise UsageError(f"-o {output}: folder {Path(output).parent} does not exist")
+    with open_store(args["store"]) as st:
+        page = render_status_page(st, window=args["window"], margin=args["margin"], confidence=args["confidence"])
+    if output:
+        Path(output).write_text(page, encoding="utf-8")
+        print(f"status page of {args['store']}: wrote {output}", file=sys.stderr)
+    else:
+        sys.stdout.write(page)
+
+
+STATUS = Command(
+    "status", "One self-contained HTML page: slow and drifting nodes first, the fleet's latest verdicts, the latest "
+    "validate results, each node's speed over time with its intervals and change points.", status,
+    groups=(Group("status options", (Param("output", str, None, "write the page here instead of standard output",
+                                           aliases=("o",)),
+                                     Param("window", int, 10, "earlier runs a node's latest run is compared with",
+                                           min=3, max=1000),
+                                     Param("margin", float, 0.05, "equivalence margin of a node against its own past",
+                                           min=0.0, max=0.5),
+                                     Param("confidence", float, 0.95, "1 - the false-alarm rate for the whole fleet, "
+                                           "per check", min=0.5, max=0.999), STORE), "status"),),
+    notes="Reads the store; runs nothing. The in-cluster agent serves the same page. See docs/history.md.",
+)
+
 COMMAND = Command(
     "report", "A stored experiment's report: verdicts, derived tables, per-trial figures, fingerprints (and charts, "
     "in html).", report,
@@ -89,4 +120,5 @@ COMMAND = Command(
                                      Param("output", str, None, "write here instead of standard output",
                                            aliases=("o",)), STORE), "report"),),
     positionals=(Positional("ident", "an experiment id (a unique prefix will do) or a trial's run id"),),
+    subcommands=(STATUS,),
 )

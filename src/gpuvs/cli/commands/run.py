@@ -24,7 +24,7 @@ def run(args: Args) -> None:
 
 COMMAND = Command(
     "run", "Run a workload: K trials, each in a fresh worker, with a step log and a summary.", run,
-    groups=(options.run_group(), *options.env_groups()),
+    groups=(options.run_group(options.TRIAL_OPTIONS), *options.env_groups()),
     positionals=(WORKLOAD,),
     usage="WORKLOAD [workload options] [run options] [environment options]",
     help_when_bare=True,

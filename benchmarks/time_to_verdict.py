@@ -1,0 +1,397 @@
+"""GPU proof of issue 25 (a verdict in the time it takes to measure), in one command of about 9 minutes on an
+H100. Old and new side by side, every figure from gpuvs's own store:
+
+  e  nothing else slows: the plain PyTorch loop (benchmarks/plain_loop.py), twice, against gpuvs's figure of
+     the same job in parts b and c (run first: it also warms the machine's caches for what follows)
+  b  an A/A --until-confident within ±1% on ResNet-50 bf16 NHWC batch 256 (30 timed steps), new mechanism:
+     wall time to the verdict (target 45 s; 110 s before)
+  a  `gpuvs compare cnn-train` at its defaults, new (fork, events read once completed) and old (--fresh exec,
+     GPUVS_TIMED_READ=blocking): share of the wall time in timed steps (target at least half) and the per-trial
+     breakdown
+  d  the dip: per-step rates of steps 1, 11, 21 against the others at --display-every 10, old reading against new
+  c  independence: fresh exec against fork in one interleaved comparison, 8 rounds: the trial-to-trial spread of
+     each (Brown-Forsythe's test on log figures, and an F-test on their variances) and the verdict of fork
+     against exec within ±1%
+
+Each part has a time limit (gpuvs is stopped with SIGTERM at it and keeps what it finished; c gets what is left
+of TOTAL_S); progress is printed as it goes and the markdown is rewritten after every part, so a stop returns
+what was done.
+
+usage: OUT=DIR [DEVICE=cuda|cpu] [TOTAL_S=530] [ROUNDS=8] PYTHONPATH=src python benchmarks/time_to_verdict.py
+DEVICE=cpu runs every part at toy sizes: a check of the script, not a measurement.
+Writes $OUT/time_to_verdict.md, $OUT/time_to_verdict.db (every experiment) and $OUT/time_to_verdict.log."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE / "src"))
+
+from gpuvs import comparison  # noqa: E402
+from gpuvs.report import tables  # noqa: E402
+from gpuvs.store import Store  # noqa: E402
+
+OUT = Path(os.environ.get("OUT") or "out")
+OUT.mkdir(parents=True, exist_ok=True)
+DB, MD, LOG = OUT / "time_to_verdict.db", OUT / "time_to_verdict.md", OUT / "time_to_verdict.log"
+DEVICE = os.environ.get("DEVICE", "cuda")
+GPU = DEVICE == "cuda"
+TOTAL_S = float(os.environ.get("TOTAL_S") or (530 if GPU else 420))
+ROUNDS = int(os.environ.get("ROUNDS") or (8 if GPU else 2))
+T0 = time.monotonic()
+PY = sys.executable
+
+if GPU:
+    JOB = ["--model", "resnet50", "--batch-size", "256", "--precision", "bf16", "--data-format", "NHWC",
+           "--warmup-steps", "10", "--steps", "30"]
+    PLAIN = ["resnet50", "256", "bf16", "NHWC", "30", "10"]
+    DEFAULTS: list[str] = []  # cnn-train exactly at its defaults (ResNet-50, batch 64, fp32, 100 steps)
+    DISPLAY = 10
+    UNTIL = []  # --max-trials at its default (20)
+    LIMITS = {"e": 45, "b": 110, "a_new": 110, "a_old": 50, "d": 50}
+else:
+    JOB = ["--model", "resnet18", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "2", "--steps", "6"]
+    PLAIN = ["resnet18", "2", "fp32", "NCHW", "6", "2", "cpu", "size=32"]
+    DEFAULTS = ["--model", "resnet18", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "2",
+                "--steps", "8"]
+    DISPLAY = 2
+    UNTIL = ["--max-trials", "4"]
+    LIMITS = {"e": 60, "b": 90, "a_new": 60, "a_old": 60, "d": 60}
+
+results: dict[str, dict] = {}
+notes: list[str] = []
+
+
+def elapsed() -> float:
+    return time.monotonic() - T0
+
+
+def say(text: str) -> None:
+    print(f"[{elapsed():6.1f} s] {text}", flush=True)
+
+
+def log(text: str) -> None:
+    with LOG.open("a") as fh:
+        fh.write(text.rstrip() + "\n")
+
+
+def gpuvs(name: str, args: list[str], limit: float, env: dict[str, str] | None = None) -> dict:
+    """Run `gpuvs ARGS --name NAME` with a time limit (SIGTERM at it: gpuvs keeps what it finished)."""
+    cmd = [PY, "-m", "gpuvs", *args, "--device", DEVICE, "--store", str(DB), "--name", name, "--quiet"]
+    full_env = dict(os.environ, PYTHONPATH=str(HERE / "src"), PYTHONUNBUFFERED="1", COLUMNS="160", **(env or {}))
+    say(f"{name}: gpuvs {' '.join(args)} (limit {limit:.0f} s)")
+    t = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=HERE)
+    stopped = False
+    try:
+        out, err = proc.communicate(timeout=max(1.0, limit))
+    except subprocess.TimeoutExpired:
+        stopped = True
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+    wall = time.monotonic() - t
+    log(f"=== {name} ({wall:.1f} s, exit {proc.returncode}{', stopped at its limit' if stopped else ''})\n"
+        f"$ {' '.join(cmd)}\n{out[-6000:]}\n{err[-3000:]}")
+    say(f"{name}: exit {proc.returncode} after {wall:.1f} s{' (stopped at its limit)' if stopped else ''}")
+    return {"wall": wall, "code": proc.returncode, "stopped": stopped, "cmd": "gpuvs " + " ".join(args)}
+
+
+def plain() -> float | None:
+    args = [PY, str(HERE / "benchmarks" / "plain_loop.py"), *PLAIN]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    log(f"=== plain loop: {' '.join(args)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    if p.returncode:
+        return None
+    return float(json.loads(p.stdout.strip().splitlines()[-1])["images_per_sec"])
+
+
+def analysis(name: str):
+    """The stored experiment of that name, analysed as every report is (None if it stored nothing)."""
+    if not DB.exists():
+        return None
+    with Store(DB) as st:
+        found = [e for e in st.experiments() if e.name == name]
+        if not found:
+            return None
+        a = comparison.from_store(st, found[-1].id, with_steps=False)
+        a.samples = {t.id: st.samples(t.id) for t in st.trials(found[-1].id)}
+        a.records = st.trials(found[-1].id)
+    return a
+
+
+def headline(a) -> dict | None:
+    vs = a.headline_verdicts() if a else []
+    return vs[-1] if vs else None
+
+
+def trial_values(a, arm: str | None = None) -> list[float]:
+    return [t.value for t in a.trials if t.status == "ok" and t.value and (arm is None or t.arm == arm)]
+
+
+def per_arm_time(a, arm: str) -> dict[str, float]:
+    """Mean seconds per trial of one arm's parts (timeshare's definitions), and its share in timed steps."""
+    from gpuvs import timeshare
+
+    parts = [timeshare.trial_time(r.startup or {}, r.summary or {}) for r in a.records if r.arm == arm]
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return {}
+    mean = lambda f: statistics.fmean(getattr(p, f) for p in parts)
+    out = {k: mean(k + "_s") for k in ("measured", "fork", "warm_up", "start_up", "teardown", "wall")}
+    out["n"] = len(parts)
+    out["share"] = out["measured"] / out["wall"]
+    return out
+
+
+def md_time(ts) -> list[str]:
+    t = tables.time_shares_table(ts)
+    if t is None:
+        return ["(no timing stored)"]
+    rows = ["| " + " | ".join(t.columns) + " |", "|" + "---|" * len(t.columns)]
+    rows += ["| " + " | ".join(r) + " |" for r in t.rows]
+    return rows + ["", t.note]
+
+
+def facts(a) -> list[str]:
+    """What the experiment's zygotes said when ready, and its failed trials: the lines to read first when a
+    figure looks wrong."""
+    out = []
+    for z in (a.meta.timing or {}).get("zygotes") or [] if a else []:
+        out.append(f"- zygote: imports {z.get('import_s') or 0:.1f} s, threads after them {z.get('threads')}, CUDA "
+                   f"{z.get('cuda')}" + (f", PROBLEM: {z['problem']}" if z.get("problem") else ""))
+    for f in (a.failures if a else [])[:4]:
+        out.append(f"- FAILED trial {f.trial + 1} [{f.arm}] {f.status}: {f.error[:300]}")
+    return out + [""] if out else out
+
+
+def verdict_text(v) -> str:
+    if not v:
+        return "no verdict (too few trials)"
+    ci = f" [{v.ci_low:.4f}, {v.ci_high:.4f}]" if v.ci_low is not None else ""
+    ratio = f"{v.ratio:.4f}" if v.ratio is not None else "-"
+    return f"{tables.verdict_word(v)} ({v.arm} / {v.baseline} = {ratio}{ci}, {v.method or '-'})"
+
+
+# -- the parts --------------------------------------------------------------------------------------
+
+def part_e() -> None:
+    runs = []
+    deadline = time.monotonic() + LIMITS["e"]
+    for _ in range(2):
+        if time.monotonic() > deadline:
+            break
+        say("e: plain PyTorch loop " + " ".join(PLAIN))
+        runs.append(plain())
+        say(f"e: plain loop {runs[-1]} images/sec")
+    results["e"] = {"plain": [r for r in runs if r]}
+
+
+def part_b() -> None:
+    name = "b: A/A until-confident"
+    run = gpuvs(name, ["compare", "cnn-train", *JOB, "--margin", "0.01", "--arm", "a:seed=1", "--arm", "b:seed=2",
+                       "--until-confident", *UNTIL, "--order-seed", "7"], LIMITS["b"])
+    results["b"] = {"run": run, "name": name}
+
+
+def part_a() -> None:
+    new = gpuvs("a: defaults, new", ["compare", "cnn-train", *DEFAULTS, "--arm", "a:seed=1", "--arm", "b:seed=2",
+                                     "--order-seed", "7"], LIMITS["a_new"])
+    write()
+    old = gpuvs("a: defaults, old", ["compare", "cnn-train", *DEFAULTS, "--arm", "a:seed=1", "--arm", "b:seed=2",
+                                     "--order-seed", "7", "--fresh", "exec"], LIMITS["a_old"],
+                env={"GPUVS_TIMED_READ": "blocking"})
+    results["a"] = {"new": new, "old": old}
+
+
+def part_d() -> None:
+    d = ["--display-every", str(DISPLAY)]
+    run = gpuvs("d: the dip", ["compare", "cnn-train", *JOB, *d, "--arm", "before:env_var=GPUVS_TIMED_READ=blocking",
+                               "--arm", "after:seed=0", "--trials", "2", "--order-seed", "3"], LIMITS["d"])
+    results["d"] = {"run": run}
+
+
+def part_c() -> None:
+    left = TOTAL_S - elapsed() - 15  # the markdown and the answer's transfer
+    run = gpuvs("c: exec vs fork", ["compare", "cnn-train", *JOB, "--margin", "0.01", "--arm", "exec:fresh=exec",
+                                    "--arm", "fork:fresh=fork", "--trials", str(ROUNDS), "--order-seed", "11"],
+                max(30.0, left))
+    results["c"] = {"run": run}
+
+
+# -- the markdown -----------------------------------------------------------------------------------
+
+def dip(a, arm: str) -> tuple[float, float, int] | None:
+    """Mean rate of the steps after a synchronise (1, D+1, 2D+1...) over the mean of the other steps, minus 1
+    (per trial, then averaged), the worst such step's, and the trials used."""
+    out, worst = [], []
+    for r in a.records:
+        if r.arm != arm or r.status != "ok":
+            continue
+        rates = {s.step: s.value for s in a.samples[r.id] if s.series == "main" and s.value}
+        after = [rates[k] for k in rates if (k - 1) % DISPLAY == 0]
+        rest = [rates[k] for k in rates if (k - 1) % DISPLAY != 0]
+        if after and rest:
+            base = statistics.fmean(rest)
+            out.append(statistics.fmean(after) / base - 1)
+            worst.append(min(after) / base - 1)
+    return (statistics.fmean(out), min(worst), len(out)) if out else None
+
+
+def brown_forsythe(x: list[float], y: list[float]) -> tuple[float, float, float, float]:
+    """(Brown-Forsythe W, p, F = var ratio y/x, two-sided p of the F-test) on the log figures."""
+    from scipy import stats as sps
+
+    lx, ly = [math.log(v) for v in x], [math.log(v) for v in y]
+    w, p = sps.levene(lx, ly, center="median")
+    f = statistics.variance(ly) / statistics.variance(lx)
+    pf = 2 * min(sps.f.cdf(f, len(ly) - 1, len(lx) - 1), sps.f.sf(f, len(ly) - 1, len(lx) - 1))
+    return float(w), float(p), float(f), float(pf)
+
+
+def cv(values: list[float]) -> float:
+    return statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else float("nan")
+
+
+def write() -> None:
+    L = ["# Time to a verdict (issue 25)", ""]
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip() if GPU else "none (DEVICE=cpu: a check of "\
+                                                                                     "the script, not a measurement)"
+    import torch
+
+    L += [f"GPU: {gpu}; torch {torch.__version__}; {time.strftime('%Y-%m-%d %H:%M')}; this run took "
+          f"{elapsed():.0f} s of its {TOTAL_S:.0f} s", ""]
+    L += [f"Job of b, c, d, e: cnn-train {' '.join(JOB)}; `--margin 0.01` for b and c.", ""]
+
+    if "b" in results:
+        a = analysis(results["b"]["name"])
+        run = results["b"]["run"]
+        v = headline(a)
+        per = max((sum(1 for t in a.trials if t.arm == arm) for arm in ("a", "b")), default=0) if a else 0
+        L += ["## b. A/A until-confident within ±1%, new mechanism", "", f"`{run['cmd']}`", "",
+              f"- verdict: **{verdict_text(v)}** after {per} trials per arm",
+              f"- wall time to the verdict: **{run['wall']:.1f} s** from the command's start to its exit "
+              f"(target 45 s; 110 s before){' — stopped at its limit' if run['stopped'] else ''}"]
+        L += facts(a)
+        if a and a.time:
+            L += [f"- the experiment's own wall time {a.time.wall_s:.1f} s; timed steps "
+                  f"{100 * a.time.shares['measured']:.1f}% of it", ""] + md_time(a.time)
+        L.append("")
+
+    if "a" in results:
+        L += ["## a. `gpuvs compare cnn-train` at its defaults: where the time went, old and new", ""]
+        rows = []
+        for key, label in (("new", "new: fork, events read once completed"),
+                           ("old", "old: --fresh exec, GPUVS_TIMED_READ=blocking")):
+            a = analysis(f"a: defaults, {key}")
+            run = results["a"][key]
+            L += [f"### {label}", "", f"`{run['cmd']}`" + (" (stopped at its limit: the trials it finished)"
+                                                          if run["stopped"] else ""), ""]
+            L += facts(a)
+            if a and a.time:
+                L += md_time(a.time) + [""]
+                t = a.time
+                rows.append((label, t.shares["measured"], t.per_trial, t.trials, t.wall_s))
+        if rows:
+            L += ["### side by side", "", "| | trials | wall s | share in timed steps | per trial: wall | measured | "
+                  "start-up | warm-up | fork | teardown |", "|---|---|---|---|---|---|---|---|---|---|"]
+            for label, share, per, n, wall in rows:
+                L.append(f"| {label} | {n} | {wall:.1f} | **{100 * share:.1f}%** | {per.get('wall', 0):.2f} | "
+                         f"{per.get('measured', 0):.2f} | {per.get('start_up', 0):.2f} | {per.get('warm_up', 0):.2f} | "
+                         f"{per.get('fork', 0):.2f} | {per.get('teardown', 0):.2f} |")
+            L += ["", "Target: at least half of the wall time in timed steps with the new mechanism.", ""]
+
+    if "d" in results:
+        a = analysis("d: the dip")
+        L += ["## d. The dip after a synchronise", "", f"`{results['d']['run']['cmd']}`", ""]
+        if a:
+            L += [f"Steps 1, {DISPLAY + 1}, {2 * DISPLAY + 1}... against the other steps of the same trial "
+                  f"(--display-every {DISPLAY}):", "", "| reading | trials | mean of those steps vs the others | "
+                  "worst such step | figure (mean of trials) |", "|---|---|---|---|---|"]
+            for arm, label in (("before", "old: synchronise at display steps"), ("after", "new: events read once "
+                                                                                          "completed")):
+                got = dip(a, arm)
+                vals = trial_values(a, arm)
+                if got:
+                    L.append(f"| {label} | {got[2]} | {100 * got[0]:+.2f}% | {100 * got[1]:+.2f}% | "
+                             f"{statistics.fmean(vals):.1f} |")
+            L += ["", f"Verdict, new reading against old: {verdict_text(headline(a))}", ""] + facts(a)
+
+    if "c" in results:
+        a = analysis("c: exec vs fork")
+        L += ["## c. Independence: fresh exec against fork, interleaved", "", f"`{results['c']['run']['cmd']}`"
+              + (" (stopped at its limit: the rounds it finished)" if results["c"]["run"]["stopped"] else ""), ""]
+        if a:
+            ex, fk = trial_values(a, "exec"), trial_values(a, "fork")
+            L += [f"- trials: exec {len(ex)}, fork {len(fk)} (target at least 8 each)"]
+            for arm, vals in (("exec", ex), ("fork", fk)):
+                if vals:
+                    L.append(f"- {arm}: mean {statistics.fmean(vals):.1f}, CV {100 * cv(vals):.2f}%, figures "
+                             + ", ".join(f"{x:.1f}" for x in vals))
+            if len(ex) > 2 and len(fk) > 2:
+                w, p, f, pf = brown_forsythe(ex, fk)
+                L.append(f"- spreads: Brown–Forsythe (Levene's test about the median) on the log figures W = {w:.3f}, "
+                         f"p = {p:.3f}; F-test on the variances of the log figures: fork/exec = {f:.2f}, two-sided "
+                         f"p = {pf:.3f} (p ≥ 0.05: no evidence that forking changes the trial-to-trial spread)")
+            L.append(f"- verdict, fork against exec: **{verdict_text(headline(a))}**")
+            L += facts(a)
+            for arm in ("exec", "fork"):
+                t = per_arm_time(a, arm)
+                if t:
+                    L.append(f"- per trial, {arm}: wall {t['wall']:.2f} s, timed steps {t['measured']:.2f} s "
+                             f"({100 * t['share']:.1f}%), start-up {t['start_up']:.2f}, warm-up {t['warm_up']:.2f}, "
+                             f"fork {t['fork']:.3f}, teardown {t['teardown']:.2f}")
+            L.append("")
+
+    if "e" in results:
+        plains = results["e"]["plain"]
+        L += ["## e. Nothing else slows: gpuvs against the plain PyTorch loop", "",
+              f"`python benchmarks/plain_loop.py {' '.join(PLAIN)}`: "
+              + (", ".join(f"{x:.1f}" for x in plains) + " images/sec" if plains else "no figure"), ""]
+        if plains:
+            ref = statistics.fmean(plains)
+            names = {"b": "b: A/A until-confident", "c": "c: exec vs fork"}
+            for part, arm, label in (("b", None, "b (fork)"), ("c", "fork", "c, fork arm"), ("c", "exec", "c, exec arm")):
+                a = analysis(names[part]) if part in results else None
+                vals = trial_values(a, arm) if a else []
+                if vals:
+                    L.append(f"- {label}: {statistics.fmean(vals):.1f} images/sec over {len(vals)} trials: "
+                             f"**{statistics.fmean(vals) / ref:.4f}** of the plain loop (target within 1%)")
+            L.append("")
+    L += notes
+    MD.write_text("\n".join(L) + "\n")
+
+
+def main() -> int:
+    LOG.write_text("")
+    say(f"time_to_verdict: DEVICE={DEVICE}, TOTAL_S={TOTAL_S:.0f}, ROUNDS={ROUNDS}, OUT={OUT}")
+    for part in (part_e, part_b, part_a, part_d, part_c):
+        try:
+            part()
+        except Exception as exc:  # one part's failure does not lose the others
+            notes.append(f"- {part.__name__} failed: {type(exc).__name__}: {exc}")
+            say(notes[-1])
+        try:
+            write()
+        except Exception as exc:
+            say(f"writing the markdown failed: {type(exc).__name__}: {exc}")
+        say(f"{part.__name__} done; {TOTAL_S - elapsed():.0f} s of the budget left")
+    print(MD.read_text(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
