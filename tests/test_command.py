@@ -94,6 +94,7 @@ def trials(tmp_path) -> list[dict]:
     (["--step-metric", "x=speed ([0-9]+),faster", "--", "true"], "unknown direction 'faster'"),
     (["--", "gpuvs-no-such-program"], "the command's executable 'gpuvs-no-such-program' is not on this host's PATH"),
     (["--", "./not-here.sh"], "the command's executable ./not-here.sh is not an executable file here"),
+    (["--bare", "--fresh", "fork", "--", "true"], "--bare runs the command as the environment's own process"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_anything_starts(cli, tmp_path, args, message):
     r = cli("run", "command", "--device", "cpu", *args)
