@@ -276,14 +276,18 @@ def test_a_container_holds_the_zygote_for_the_arm_and_is_removed(store_path):
     assert _containers(exp.id) == []
 
 
-def test_a_zygote_that_cannot_start_is_a_stored_failed_trial_each_time(store_path):
+def test_a_zygote_that_cannot_start_is_a_stored_failed_trial_each_time(store_path, tmp_path):
+    # a gpuvs that fails to import shadows the real one (PYTHONPATH comes before site-packages, where an
+    # installed gpuvs is found whatever PYTHONPATH says)
+    (tmp_path / "broken" / "gpuvs").mkdir(parents=True)
+    (tmp_path / "broken" / "gpuvs" / "__init__.py").write_text('raise ImportError("a gpuvs broken on purpose")\n')
     spec = RunSpec(workload="selftest", device="cpu", params={"steps": 2}, fresh="fork",
-                   env=EnvSpec("host", {"env_var": ["PYTHONPATH=/nonexistent"]}))
+                   env=EnvSpec("host", {"env_var": [f"PYTHONPATH={tmp_path / 'broken'}"]}))
     with Store(store_path) as st:
         res = Runner(st).run_experiment(Experiment("x", spec, [Arm("a")], trials=2, seed=0))
         rows = st.trials()
     assert [r.status for r in res] == ["failed", "failed"] and {r.error_kind for r in res} == {"unavailable"}
     assert res[0].error.startswith("the zygote ended before it was ready: zygote exited with status 1")
-    assert "No module named gpuvs" in res[0].error
+    assert "a gpuvs broken on purpose" in res[0].error
     assert [(row.status, row.error) for row in rows] == [("failed", r.error) for r in res]
     assert gpuvs_processes() == []

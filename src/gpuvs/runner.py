@@ -257,7 +257,7 @@ class Runner:
         attempt = 0
         while True:
             result = self.run_trial(spec, attempt)
-            if result.ok or result.error_kind in ("oom", "input", "unavailable") or attempt >= self.retries:
+            if result.ok or result.error_kind in ("oom", "input", "unavailable", "preempted") or attempt >= self.retries:
                 return result
             attempt += 1
             spec = copy.deepcopy(spec)

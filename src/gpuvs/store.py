@@ -154,12 +154,15 @@ def _store_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
 
 
 class Store:
-    def __init__(self, path: str | os.PathLike = "gpuvs.db", flush_interval_s: float = FLUSH_INTERVAL_S):
+    def __init__(self, path: str | os.PathLike = "gpuvs.db", flush_interval_s: float = FLUSH_INTERVAL_S,
+                 readonly: bool | None = None):
+        """readonly: None (read-only where the file or its folder cannot be written), or True: read only, e.g. a
+        store on a full volume that the agent still reads its earlier results from."""
         self.path = Path(path)
         if self.path.parent and not self.path.parent.exists():
             raise UsageError(f"cannot create store {self.path}: folder {self.path.parent} does not exist")
-        self.readonly = self.path.exists() and not (os.access(self.path, os.W_OK) and
-                                                   os.access(self.path.parent or ".", os.W_OK))
+        self.readonly = self.path.exists() and (bool(readonly) or not (os.access(self.path, os.W_OK) and
+                                                                       os.access(self.path.parent or ".", os.W_OK)))
         try:
             if self.readonly:
                 # a read-only mount: no WAL index can be made beside it, and nobody writes it meanwhile

@@ -359,16 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def exit_now(code: int) -> None:
-    """End without the interpreter's teardown (with torch loaded, a second or more): the children are
-    gone and nothing is left to write."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
+    from gpuvs.worker import exit_now  # without the interpreter's teardown, as a worker ends
+
     exit_now(main())

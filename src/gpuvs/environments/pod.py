@@ -61,6 +61,8 @@ PARAMS = (
     Param("node_selector", str, None, "node selector KEY=VALUE", multiple=True),
     Param("toleration", str, None, "toleration KEY[=VALUE][:EFFECT]", multiple=True),
     Param("runtime_class", str, None, "runtimeClassName of the pod (e.g. nvidia)"),
+    Param("priority_class", str, None, "priorityClassName of the pod (gpuvs agent: gpuvs-trial, which any real job "
+          "preempts; a preempted trial fails with that reason)"),
     Param("service_account", str, None, "service account of the pod (default: none mounted)"),
     Param("label", str, None, "extra pod label KEY=VALUE", multiple=True),
     Param("pod_security", str, "baseline", "the pod's security context: baseline (the image's own user, root in "
@@ -101,6 +103,7 @@ class PodSettings:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, str]] = field(default_factory=list)
     runtime_class: str | None = None
+    priority_class: str | None = None
     service_account: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     pod_security: str = "baseline"
@@ -163,6 +166,7 @@ def parse_options(options: dict[str, Any]) -> PodSettings:
     s = PodSettings(image=str(image), pull_policy=options.get("image_pull_policy") or None,
                     gpu_resource=str(options.get("gpu_resource") or GPU_RESOURCE),
                     node=options.get("node") or None, runtime_class=options.get("runtime_class") or None,
+                    priority_class=options.get("priority_class") or None,
                     service_account=options.get("service_account") or None, python=options.get("python") or "python3",
                     package=str(options.get("package") or "configmap"),
                     bypass_scheduler=bool(options.get("bypass_scheduler")),
@@ -185,7 +189,7 @@ def parse_options(options: dict[str, Any]) -> PodSettings:
         s.requests["memory"] = quantity("memory_request", options["memory_request"])
     if options.get("shm_size"):
         s.shm_size = quantity("shm_size", options["shm_size"])
-    for name in (s.node, s.runtime_class, s.service_account):
+    for name in (s.node, s.runtime_class, s.service_account, s.priority_class):
         if name is not None and not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name):
             raise UsageError(f"{name!r} is not a Kubernetes object name (lower-case letters, digits, - and .)")
     if s.bypass_scheduler and not s.node:
@@ -307,6 +311,8 @@ def manifest(spec: RunSpec, s: PodSettings, package: bool = True) -> dict[str, A
         pod_spec["tolerations"] = list(s.tolerations)
     if s.runtime_class:
         pod_spec["runtimeClassName"] = s.runtime_class
+    if s.priority_class:
+        pod_spec["priorityClassName"] = s.priority_class
     if s.service_account:
         pod_spec["serviceAccountName"] = s.service_account
     if s.host_network:

@@ -116,6 +116,13 @@ def connect(kubeconfig: str | None = None, context: str | None = None, namespace
     return cluster
 
 
+def forget() -> None:
+    """Drop the cached connections: the next connect() reaches the cluster afresh (a long-lived caller, after the
+    API server was unreachable)."""
+    with _LOCK:
+        _CACHE.clear()
+
+
 def check_namespace(cluster: Cluster) -> None:
     """UsageError for a namespace that does not exist (a user who may not read namespaces is let through:
     creating the pod will then say)."""

@@ -271,6 +271,9 @@ class PodLaunched(WorkerStream):
             raise Fault("crash", f"the API server at {self.cluster.host} has not answered for {away:.0f} s: pod "
                                  f"{self.name}'s state is unknown")
         if self.gone or (pod is not None and pod.metadata.deletion_timestamp):
+            preempted = self._preempted()
+            if preempted is not None:  # a real job took the node: a failed trial with that reason, never a slow one
+                raise Fault("preempted", f"pod {self.name} was preempted by the scheduler: {preempted}")
             raise Fault("crash", f"pod {self.name} was deleted from outside gpuvs before the worker finished")
         if pod is not None and pod.status and pod.status.phase == "Failed" and pod.status.reason:
             cs = _container_status(pod)
@@ -284,6 +287,20 @@ class PodLaunched(WorkerStream):
             if not ran:
                 raise Fault("unavailable", f"node {pod.spec.node_name} refused pod {self.name}: {pod.status.reason}: "
                                            f"{pod.status.message or ''}".rstrip(": "))
+
+    def _preempted(self) -> str | None:
+        """The scheduler's Preempted event for this pod (its message names the pod that took its place), else
+        None. Read once more from the API when the watch has not brought it yet: the pod's deletion and the
+        event arrive on two watches."""
+        for reason_, message in list(self.events_seen):
+            if reason_ == "Preempted":
+                return message or "Preempted"
+        try:
+            found = self.cluster.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name="
+                                                            f"{self.name}", _request_timeout=10).items
+        except Exception:
+            return None
+        return next(((e.message or "Preempted") for e in found if e.reason == "Preempted"), None)
 
     def _wait_started(self) -> None:
         t0 = time.monotonic()

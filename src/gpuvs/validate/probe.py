@@ -132,6 +132,7 @@ class Pods:
     resource: str
     deadline_s: int  # activeDeadlineSeconds: the server-side backstop of every pod
     request_timeout: float = 10.0
+    priority_class: str | None = None  # gpuvs agent: gpuvs-trial, so that a real job preempts a probe
 
     def body(self, name: str, gpus: int, node: str | None = None, command: list[str] | None = None
              ) -> dict[str, Any]:
@@ -145,6 +146,8 @@ class Pods:
                             "securityContext": {"allowPrivilegeEscalation": False}}]}
         if node:
             spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+        if self.priority_class:
+            spec["priorityClassName"] = self.priority_class
         return {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "labels": {"gpuvs": "1", LABEL: self.run}}, "spec": spec}
 

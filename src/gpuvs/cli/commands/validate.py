@@ -82,6 +82,8 @@ VALIDATE_OPTIONS = (
     Param("job_workload", str, "spin", "what the GPU job beside the CPU service runs (a gpuvs workload; e.g. gemm "
           "with torch in the image)"),
     Param("job_param", str, None, "KEY=VALUE for the job's workload (repeat)", multiple=True),
+    Param("priority_class", str, None, "priorityClassName of the probe pods (gpuvs agent: gpuvs-trial, which any "
+          "real job preempts)"),
     Param("store", str, "gpuvs.db", "SQLite file that keeps the results"),
     Param("name", str, None, "a name for this run in the store"),
 )
@@ -123,7 +125,8 @@ def validate(args: Args) -> None:
         mark = {"pass": "ok  ", "FAIL": "FAIL", "not run": "--  ", "shared": "SHRD"}.get(row.status, row.status)
         print(f"  {mark} {row.suite}: {row.check}: {row.detail}", file=sys.stderr, flush=True)
 
-    pods = Pods(cluster, run, image, pull, resource, deadline_s=int(max(600, timeout * 20)))
+    pods = Pods(cluster, run, image, pull, resource, deadline_s=int(max(600, timeout * 20)),
+                priority_class=args["priority_class"])
     suite = Suite(cluster, s, pods, record)
     with st:
         st.create_experiment(exp_id, label, validation.KIND, meta)

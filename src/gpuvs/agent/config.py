@@ -1,0 +1,106 @@
+"""The agent's settings, checked before anything starts (bad input: one line, exit 2)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from gpuvs.errors import UsageError
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)?$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+_KEY = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+def duration(option: str, text: str | float) -> float:
+    """'90', '90s', '15m', '6h', '1d' as seconds."""
+    m = _DURATION.match(str(text).strip())
+    if not m:
+        raise UsageError(f"--{option} {text!r}: expected a duration like 90s, 15m, 6h or 1d (seconds if no unit)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """One --workload: a gpuvs workload and the options its fleet is run with (KEY=VALUE → --KEY VALUE)."""
+
+    name: str
+    options: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> WorkloadSpec:
+        from gpuvs import workloads
+
+        name, _, rest = str(text).partition(":")
+        name = name.strip()
+        try:
+            workloads.get(name)
+        except UsageError as exc:
+            raise UsageError(f"--workload {text!r}: {exc}") from None
+        options = []
+        for item in [i for i in rest.split(",") if i.strip()]:
+            key, eq, value = item.strip().partition("=")
+            if not eq or not _KEY.match(key):
+                raise UsageError(f"--workload {text!r}: expected NAME[:KEY=VALUE,...] (KEY a fleet option without "
+                                 f"its dashes, e.g. spin:steps=10,ops=3000000), got {item.strip()!r}")
+            options.append((key, value))
+        return cls(name, tuple(options))
+
+    def argv(self) -> list[str]:
+        return [a for k, v in self.options for a in (f"--{k}", v)]
+
+    def __str__(self) -> str:
+        return self.name + (":" + ",".join(f"{k}={v}" for k, v in self.options) if self.options else "")
+
+
+@dataclass
+class AgentConfig:
+    store: str = "gpuvs.db"
+    host: str = "0.0.0.0"
+    port: int = 8080
+    every_s: float = 6 * 3600.0
+    first_after_s: float = 300.0
+    workloads: list[WorkloadSpec] = field(default_factory=lambda: [WorkloadSpec("spin")])
+    device: str = "cpu"
+    image: str | None = None  # None: the agent's own image (read from its own pod)
+    pull_policy: str = "IfNotPresent"
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str | None = None
+    gpu_resource: str = "nvidia.com/gpu"
+    priority_class: str = "gpuvs-trial"
+    pod_security: str = "baseline"
+    package: str = "configmap"
+    python: str = "python3"
+    trials: int = 4
+    max_trials: int | None = None
+    margin: float = 0.05
+    parallel: int = 4
+    validate: bool = True
+    hold_timeout_s: float = 20.0
+    run_timeout_s: float = 3600.0
+    stale_after_s: float | None = None  # None: twice --every
+    backoff_max_s: float = 300.0
+
+    def stale_after(self) -> float:
+        return self.stale_after_s if self.stale_after_s is not None else 2 * self.every_s
+
+    def check(self) -> None:
+        if self.every_s < 10:
+            raise UsageError(f"--every {self.every_s:g} s: at least 10 s")
+        if not 0 < self.port < 65536:
+            raise UsageError(f"--listen port {self.port}: expected 1-65535")
+        if self.max_trials is not None and self.max_trials < self.trials:
+            raise UsageError(f"--max-trials {self.max_trials} is below --trials {self.trials}")
+        if not self.workloads:
+            raise UsageError("--workload: at least one")
+
+
+def listen(text: str) -> tuple[str, int]:
+    """HOST:PORT or :PORT or PORT."""
+    host, sep, port = str(text).rpartition(":")
+    try:
+        number = int(port)
+    except ValueError:
+        raise UsageError(f"--listen {text!r}: expected HOST:PORT, :PORT or PORT") from None
+    return (host or "0.0.0.0") if sep else "0.0.0.0", number

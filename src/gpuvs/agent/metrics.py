@@ -1,0 +1,114 @@
+"""/metrics: the agent's state in Prometheus's exposition format (prometheus-client), named by Prometheus's
+conventions (base units, _seconds, _total for counters, labels for what varies). Read from the state at each
+scrape by one collector; docs/deploy.md has the table. A new metric is one more `yield` here."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.exposition import generate_latest
+
+from gpuvs.agent.state import State
+
+VERDICTS = ("slower", "faster", "equivalent", "inconclusive", "reference")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class AgentCollector(Collector):
+    def __init__(self, state: State):
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        s, now = self.state, time.time()
+        with s.lock:
+            ratio = GaugeMetricFamily("gpuvs_node_perf_ratio", "The node's speed against its peers in the last "
+                                      "fleet that measured it (below 1: slower)", labels=["node", "workload"])
+            low = GaugeMetricFamily("gpuvs_node_perf_ratio_low", "Lower end of the ratio's confidence interval",
+                                    labels=["node", "workload"])
+            high = GaugeMetricFamily("gpuvs_node_perf_ratio_high", "Upper end of the ratio's confidence interval",
+                                     labels=["node", "workload"])
+            verdict = GaugeMetricFamily("gpuvs_node_perf_verdict", "1 for the node's verdict against the fleet, 0 "
+                                        "for the others", labels=["node", "workload", "verdict"])
+            stale = GaugeMetricFamily("gpuvs_node_perf_stale", "1 when the figure was not renewed by the last run "
+                                      "(node skipped, failed or gone; cluster unreachable) or is older than "
+                                      "--stale-after", labels=["node", "workload"])
+            success = GaugeMetricFamily("gpuvs_node_perf_last_success_timestamp_seconds", "When the figure was "
+                                        "measured (Unix time)", labels=["node", "workload"])
+            for fig in sorted(s.figures.values(), key=lambda f: (f.node, f.workload)):
+                key = [fig.node, fig.workload]
+                if fig.ratio is not None:
+                    ratio.add_metric(key, fig.ratio)
+                if fig.low is not None:
+                    low.add_metric(key, fig.low)
+                if fig.high is not None:
+                    high.add_metric(key, fig.high)
+                for v in VERDICTS:
+                    verdict.add_metric(key + [v], 1.0 if fig.verdict == v else 0.0)
+                stale.add_metric(key, 1.0 if s.stale(fig, now) else 0.0)
+                success.add_metric(key, fig.measured_at)
+            yield from (ratio, low, high, verdict, stale, success)
+
+            gone = GaugeMetricFamily("gpuvs_node_gone", "1 for a node with results that is no longer in the "
+                                     "cluster (its figures are kept, stale)", labels=["node"])
+            for node in sorted({n for n, _ in s.figures}):
+                gone.add_metric([node], 1.0 if node in s.gone else 0.0)
+            yield gone
+            skipped = GaugeMetricFamily("gpuvs_node_skipped", "1 for a node the last run did not test (its GPUs "
+                                        "were requested by other pods, not ready, cordoned, ...)", labels=["node"])
+            for node in sorted(s.skipped):
+                skipped.add_metric([node], 1.0)
+            yield skipped
+            testing = GaugeMetricFamily("gpuvs_node_testing", "1 while the node is under test (gpuvs.io/testing)",
+                                        labels=["node"])
+            for node in sorted(s.testing):
+                testing.add_metric([node], 1.0)
+            yield testing
+
+            check = GaugeMetricFamily("gpuvs_validate_check_ok", "1 when the functional validate check passed in "
+                                      "the last run that ran it", labels=["check"])
+            check_stale = GaugeMetricFamily("gpuvs_validate_check_stale", "1 when the last run did not renew the "
+                                            "check, or it is older than --stale-after", labels=["check"])
+            for c in sorted(s.checks.values(), key=lambda c: c.check):
+                check.add_metric([c.check], 1.0 if c.ok else 0.0)
+                check_stale.add_metric([c.check], 1.0 if s.stale(c, now) else 0.0)
+            yield check
+            yield check_stale
+
+            if s.last_run_at is not None:
+                yield GaugeMetricFamily("gpuvs_last_run_timestamp_seconds", "When the last run ended, whatever its "
+                                        "outcome (Unix time)", value=s.last_run_at)
+            if s.last_success_at is not None:
+                yield GaugeMetricFamily("gpuvs_last_success_timestamp_seconds", "When the last run that ran every "
+                                        "fleet ended (Unix time)", value=s.last_success_at)
+            yield GaugeMetricFamily("gpuvs_run_in_progress", "1 while a run is going on",
+                                    value=1.0 if s.running is not None else 0.0)
+            runs = CounterMetricFamily("gpuvs_runs", "Runs ended, by trigger and outcome", labels=["trigger",
+                                                                                                     "status"])
+            for (trigger, status), n in sorted(s.runs.items()):
+                runs.add_metric([trigger, status], n)
+            yield runs
+            failed = CounterMetricFamily("gpuvs_trials_failed", "Fleet trials that failed, by workload and reason "
+                                         "(preempted: a real job took the node)", labels=["workload", "reason"])
+            for (workload, reason), n in sorted(s.failed_trials.items()):
+                failed.add_metric([workload, reason], n)
+            yield failed
+            yield GaugeMetricFamily("gpuvs_api_reachable", "1 when the last attempt reached the cluster's API "
+                                    "server, 0 when it did not", value=1.0 if s.api_ok else 0.0)
+            yield GaugeMetricFamily("gpuvs_store_ok", "1 when the store could be written the last time it was, 0 "
+                                    "when not (see the log)", value=1.0 if s.store_ok else 0.0)
+            yield CounterMetricFamily("gpuvs_store_errors", "Writes to the store that failed", value=s.store_errors)
+            yield GaugeMetricFamily("gpuvs_agent_start_timestamp_seconds", "When the agent started (Unix time)",
+                                    value=s.started_at)
+
+
+def registry(state: State) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(AgentCollector(state))
+    return reg
+
+
+def exposition(reg: CollectorRegistry) -> bytes:
+    return generate_latest(reg)

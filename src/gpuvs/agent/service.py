@@ -1,0 +1,239 @@
+"""The agent: the loop that starts runs when they are due (schedule.py) or asked for (POST /runs), one at a time;
+the HTTP server; SIGTERM and SIGINT (a run in flight is stopped: its child cleans up its pods, the marks come off
+the nodes, the run is kept as interrupted, then the agent exits 0).
+
+At start: the runs a killed agent left `running` are marked interrupted (ledger.py), the figures of earlier runs
+are read back from the store (state.py), and, on first reaching the cluster, what a killed agent left there is
+removed (idle.sweep: gpuvs.io/testing on nodes, gpuvs pods in its namespace)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+
+from gpuvs.agent import idle, metrics
+from gpuvs.agent.config import AgentConfig
+from gpuvs.agent.httpd import Server
+from gpuvs.agent.ledger import Ledger, LedgerError, RunRecord
+from gpuvs.agent.runs import Context, execute, log
+from gpuvs.agent.schedule import Schedule
+from gpuvs.agent.state import State
+from gpuvs.errors import GpuvsError, UsageError
+
+OWN_POD = "GPUVS_AGENT_POD"
+MEMORY_RUNS = 500  # the runs of this process kept in memory too (GET /runs while the store cannot be read)  # the agent's own pod's name (the Deployment sets it from the downward API)
+
+
+class Agent:
+    def __init__(self, config: AgentConfig):
+        self.config = config
+        self.state = State(config.stale_after())
+        self.registry = metrics.registry(self.state)
+        self.ledger = Ledger(config.store)
+        self.schedule = Schedule(config.every_s, config.first_after_s, config.backoff_max_s)
+        self.stopping = threading.Event()
+        self.started = threading.Event()
+        self.wake = threading.Event()
+        self.ctx = Context(config, self.state, self.trial_image, self.stopping)
+        self.pending: RunRecord | None = None
+        self.current: RunRecord | None = None
+        self.memory: dict[str, RunRecord] = {}  # the runs of this process, when the store cannot keep them
+        self.lock = threading.Lock()
+        self.swept = False
+        self._image: str | None = config.image
+        self.loop_thread = threading.Thread(target=self._loop, name="gpuvs-agent-loop", daemon=True)
+        self.server: Server | None = None
+
+    # -- the store -------------------------------------------------------------------------------
+
+    def save(self, run: RunRecord) -> None:
+        self.memory[run.id] = run
+        while len(self.memory) > MEMORY_RUNS:  # the oldest first (a dict keeps insertion order)
+            del self.memory[next(iter(self.memory))]
+        try:
+            self.ledger.save(run)
+            self.state.store_worked()
+        except LedgerError as exc:
+            if self.state.store_ok:
+                log(f"ERROR {exc}; results are kept in memory until it can be written (see /metrics: gpuvs_store_ok)")
+            self.state.store_failed(str(exc))
+
+    def runs(self, limit: int = 50) -> list[RunRecord]:
+        try:
+            stored = {r.id: r for r in self.ledger.runs(limit)}
+        except LedgerError:
+            stored = {}
+        with self.lock:
+            live = [r for r in (self.current, self.pending) if r is not None]
+        merged = {**stored, **{r.id: r for r in self.memory.values()}, **{r.id: r for r in live}}
+        return sorted(merged.values(), key=lambda r: r.queued_at, reverse=True)[:limit]
+
+    def run(self, run_id: str) -> RunRecord | None:
+        return next((r for r in self.runs(500) if r.id == run_id), None) or self._stored(run_id)
+
+    def _stored(self, run_id: str) -> RunRecord | None:
+        try:
+            return self.ledger.get(run_id)
+        except LedgerError:
+            return None
+
+    def _restore(self) -> None:
+        """The runs cut short by a killed agent are marked interrupted; earlier figures come back from the store."""
+        from gpuvs.fleet.result import FleetResult
+        from gpuvs.store import Store
+
+        try:
+            for r in self.ledger.open():
+                log(f"run {r.id} was cut short by the agent's end: marked interrupted")
+            self.state.store_worked()
+        except LedgerError as exc:
+            log(f"ERROR {exc}; the agent runs on and keeps its results in memory (see /metrics: gpuvs_store_ok)")
+            self.state.store_failed(str(exc))
+        try:
+            past = list(reversed(self.ledger.runs(200)))  # read-only where it cannot be written: nothing is lost
+        except LedgerError:
+            return
+        try:
+            try:
+                st = Store(self.config.store)
+            except GpuvsError:  # a full or read-only volume: what it holds is still read
+                st = Store(self.config.store, readonly=True)
+            with st:
+                for r in past:
+                    at = r.finished_at or r.queued_at
+                    for f in r.fleets:
+                        if f.experiment:
+                            fleet = st.experiment(f.experiment).meta.fleet
+                            if fleet:
+                                self.state.fleet(FleetResult.from_dict(fleet), f.workload, at)
+                    if r.checks:
+                        self.state.validate(r.checks, at)
+                    if r.status in ("ok", "failed", "interrupted"):
+                        self.state.last_run_at = at
+                    if r.status == "ok":
+                        self.state.last_success_at = at
+        except (GpuvsError, OSError) as exc:
+            log(f"ERROR the results of earlier runs could not be read back from {self.config.store}: {exc}")
+
+    # -- the trial image -------------------------------------------------------------------------
+
+    def trial_image(self) -> str:
+        """--image, else the agent's own image, read from its own pod (pods get in its namespace)."""
+        if self._image:
+            return self._image
+        from gpuvs.kube import client
+
+        name = os.environ.get(OWN_POD)
+        if not name:
+            raise UsageError("--image IMAGE is needed when the agent does not run in its pod (GPUVS_AGENT_POD unset)")
+        c = self.config
+        cluster = client.connect(c.kubeconfig, c.context, c.namespace)
+        pod = cluster.core.read_namespaced_pod(name, cluster.namespace, _request_timeout=15)
+        self._image = pod.spec.containers[0].image
+        return self._image
+
+    # -- runs ------------------------------------------------------------------------------------
+
+    def request_run(self, trigger: str) -> tuple[RunRecord, bool]:
+        """(the run queued, True), or (the run already queued or running, False)."""
+        with self.lock:
+            busy = self.pending or self.current
+            if busy is not None:
+                return busy, False
+            run = RunRecord(id=time.strftime("%Y%m%d-%H%M%S-", time.gmtime()) + uuid.uuid4().hex[:4],
+                            trigger=trigger, queued_at=time.time())
+            self.pending = run
+        self.save(run)
+        self.wake.set()
+        return run, True
+
+    def _sweep(self) -> None:
+        from gpuvs.kube import client
+
+        c = self.config
+        try:
+            cluster = client.connect(c.kubeconfig, c.context, c.namespace)
+            nodes, pods = idle.sweep(cluster)
+        except Exception as exc:
+            client.forget()
+            self.state.api(False, str(exc))
+            log(f"the cluster could not be reached for the start-up clean-up (tried again before the next run): {exc}")
+            return
+        self.swept = True
+        self.state.api(True)
+        if nodes or pods:
+            log(f"start-up clean-up: {idle.TESTING} removed from {', '.join(nodes) or 'no node'}; "
+                f"pods deleted: {', '.join(pods) or 'none'}")
+
+    def _one(self, run: RunRecord) -> None:
+        with self.lock:
+            self.current, self.pending = run, None
+        self.state.running = run
+        log(f"run {run.id} ({run.trigger}) starts")
+        try:
+            execute(self.ctx, run, self.save)
+        except GpuvsError as exc:  # the trial image could not be found, ...
+            run.status, run.reason, run.finished_at = "failed", str(exc), time.time()
+        if self.stopping.is_set() and run.status == "running":
+            run.status, run.reason = "interrupted", "the agent is stopping"
+        self.save(run)
+        self.state.ended(run, run.finished_at or time.time())
+        with self.lock:
+            self.current = None
+        nxt = self.schedule.ran(run.started_at or time.time(), run.reached)
+        log(f"run {run.id} {run.status}" + (f": {run.reason}" if run.reason else "")
+            + f"; next scheduled run in {max(0, nxt - time.time()):.0f} s")
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            if self.pending is None and self.schedule.due(time.time()):
+                self.request_run("schedule")
+            if self.pending is not None and not self.stopping.is_set():
+                if not self.swept:  # what a killed agent left behind goes before anything new starts
+                    self._sweep()
+                self._one(self.pending)
+                continue
+            self.wake.wait(min(5.0, max(0.05, self.schedule.wait_s(time.time()))))
+            self.wake.clear()
+
+    def alive(self) -> bool:
+        return self.loop_thread.is_alive() or not self.started.is_set()
+
+    # -- life ------------------------------------------------------------------------------------
+
+    def stop(self, why: str = "stopping") -> None:
+        if not self.stopping.is_set():
+            log(f"{why}: the run in flight (if any) is stopped and cleaned up")
+        self.stopping.set()
+        self.ctx.child.stop()
+        self.wake.set()
+
+    def serve(self) -> int:
+        c = self.config
+        try:
+            self.server = Server(self, c.host, c.port)
+        except OSError as exc:
+            raise UsageError(f"--listen {c.host}:{c.port}: {exc.strerror or exc}") from None
+        self._restore()
+        self.schedule.start(time.time())
+        self.server.start()
+        log(f"listening on {c.host}:{self.server.port}; store {c.store}; every {c.every_s:g} s, first run in "
+            f"{c.first_after_s:g} s; workloads {', '.join(map(str, c.workloads))}")
+        handlers = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            handlers[sig] = signal.signal(sig, lambda s, f: self.stop(f"got {signal.Signals(s).name}"))
+        try:
+            self.loop_thread.start()
+            self.started.set()
+            while self.loop_thread.is_alive():
+                self.loop_thread.join(0.5)
+        finally:
+            for sig, h in handlers.items():
+                signal.signal(sig, h)
+            self.server.stop()
+            self.ledger.close()
+        log("stopped")
+        return 0

@@ -1,0 +1,130 @@
+"""What the agent's metrics show, kept in memory and rebuilt from the store at start: the latest figure per node
+and workload (ratio, verdict, when it was last measured), the latest validate checks, the nodes gone from the
+cluster, the runs and their failed trials, and whether the API server and the store answer.
+
+A figure is stale when the last run did not renew it (the node was skipped, failed, gone; the run could not reach
+the cluster) or when it is older than --stale-after (default twice --every); stale figures are still shown, with
+gpuvs_node_perf_stale 1 and their own gpuvs_node_perf_last_success_timestamp_seconds. Nothing is dropped: a node
+deleted from the cluster keeps its last figures, marked gone (gpuvs_node_gone 1) and stale."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from gpuvs.agent.ledger import RunRecord
+from gpuvs.fleet.result import FleetResult
+
+PASS_STATUSES = ("pass", "shared")  # validate's row statuses that count as ok (shared: a finding, not a failure)
+
+
+@dataclass
+class NodeFigure:
+    node: str
+    workload: str
+    ratio: float | None
+    verdict: str
+    low: float | None
+    high: float | None
+    measured_at: float  # when the run that measured it ended
+    experiment: str
+    renewed: bool = True  # the latest run that ran this workload renewed it
+
+
+@dataclass
+class CheckState:
+    check: str
+    ok: bool
+    status: str
+    at: float
+    renewed: bool = True
+
+
+@dataclass
+class State:
+    stale_after_s: float
+    figures: dict[tuple[str, str], NodeFigure] = field(default_factory=dict)
+    checks: dict[str, CheckState] = field(default_factory=dict)
+    gone: set[str] = field(default_factory=set)
+    skipped: dict[str, str] = field(default_factory=dict)  # the last run's skipped nodes and why
+    testing: set[str] = field(default_factory=set)
+    runs: Counter = field(default_factory=Counter)  # (trigger, status) -> runs ended
+    failed_trials: Counter = field(default_factory=Counter)  # (workload, reason) -> trials
+    last_run_at: float | None = None  # when the last run ended, whatever its outcome
+    last_success_at: float | None = None  # when the last run that reached the cluster and ran its fleets ended
+    running: RunRecord | None = None
+    api_ok: bool | None = None  # None: not asked yet
+    api_error: str = ""
+    store_ok: bool = True
+    store_error: str = ""
+    store_errors: int = 0
+    started_at: float = field(default_factory=time.time)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def store_failed(self, message: str) -> None:
+        with self.lock:
+            self.store_ok, self.store_error = False, message
+            self.store_errors += 1
+
+    def store_worked(self) -> None:
+        with self.lock:
+            self.store_ok, self.store_error = True, ""
+
+    def api(self, ok: bool, error: str = "") -> None:
+        with self.lock:
+            self.api_ok, self.api_error = ok, error
+
+    def fleet(self, result: FleetResult, workload: str, at: float) -> None:
+        """A fleet's rows: each measured node's figure is renewed; the others of this workload are not."""
+        with self.lock:
+            measured = set()
+            for row in result.measured():
+                self.figures[(row.node, workload)] = NodeFigure(row.node, workload, row.speed, row.verdict,
+                                                                row.speed_low, row.speed_high, at, result.id)
+                measured.add(row.node)
+            for (node, w), fig in self.figures.items():
+                if w == workload and node not in measured:
+                    fig.renewed = False
+
+    def not_renewed(self, workload: str | None = None) -> None:
+        """A run that measured nothing (of this workload, or of any): every figure it would have renewed."""
+        with self.lock:
+            for (node, w), fig in self.figures.items():
+                if workload is None or w == workload:
+                    fig.renewed = False
+            if workload is None:
+                for c in self.checks.values():
+                    c.renewed = False
+
+    def validate(self, checks: dict[str, str], at: float) -> None:
+        with self.lock:
+            for c in self.checks.values():
+                c.renewed = False
+            for name, status in checks.items():
+                self.checks[name] = CheckState(name, status in PASS_STATUSES, status, at)
+
+    def nodes_now(self, names: set[str]) -> None:
+        """The cluster's nodes now: a node with figures that is not among them is gone (and back if it returns)."""
+        with self.lock:
+            known = {node for node, _ in self.figures}
+            self.gone = known - names
+
+    def ended(self, run: RunRecord, at: float) -> None:
+        with self.lock:
+            self.runs[(run.trigger, run.status)] += 1
+            self.last_run_at = at
+            if run.status == "ok":
+                self.last_success_at = at
+            self.skipped = dict(run.skipped)
+            for f in run.fleets:
+                for reason, n in f.failed_trials.items():
+                    self.failed_trials[(f.workload, reason)] += n
+            self.running = None
+
+    def stale(self, fig: NodeFigure | CheckState, now: float | None = None) -> bool:
+        now = time.time() if now is None else now
+        at = fig.measured_at if isinstance(fig, NodeFigure) else fig.at
+        gone = isinstance(fig, NodeFigure) and fig.node in self.gone
+        return gone or not fig.renewed or now - at > self.stale_after_s

@@ -1,0 +1,45 @@
+"""gpuvs deploy [--dry-run] [--delete] [--image IMAGE] [--agent-arg ARG ...] [--kubeconfig F] [--context C]: the
+agent's manifests (deploy/, carried by the installed package) applied to a cluster, printed, or removed."""
+
+from __future__ import annotations
+
+import sys
+
+from gpuvs.cli.command import Args, Command, Group
+from gpuvs.errors import UsageError
+from gpuvs.params import Param
+
+DEPLOY_OPTIONS = (
+    Param("dry_run", bool, False, "print the manifests (YAML), apply nothing"),
+    Param("delete", bool, False, "remove what deploy applied (the namespace with the agent, its store's claim and "
+          "its pods; the ClusterRole, its binding and the PriorityClass)"),
+    Param("image", str, None, "the agent's image (default: localhost/gpuvs:VERSION, as deploy/ names it)"),
+    Param("agent_arg", str, None, "one more argument of `gpuvs agent` (repeat: --agent-arg=--every --agent-arg=1h)",
+          multiple=True),
+    Param("kubeconfig", str, None, "default: KUBECONFIG, ~/.kube/config or the in-cluster service account"),
+    Param("context", str, None, "kubeconfig context"),
+)
+
+
+def deploy(args: Args) -> None:
+    from gpuvs.kube import deploy as manifests
+
+    if args["dry_run"] and args["delete"]:
+        raise UsageError("--dry-run and --delete: give one of them")
+    objs = manifests.manifests(args["image"], list(args["agent_arg"] or []))
+    if args["dry_run"]:
+        sys.stdout.write(manifests.render(objs))
+        return
+    from gpuvs.kube.client import connect
+
+    cluster = connect(args["kubeconfig"], args["context"])
+    done = manifests.delete(cluster, objs) if args["delete"] else manifests.apply(cluster, objs)
+    for what, how in done:
+        print(f"{what} {how}")
+
+
+COMMAND = Command(
+    "deploy", "Deploy gpuvs's agent into a cluster (the manifests of deploy/), print them, or remove them.", deploy,
+    groups=(Group("deploy options", DEPLOY_OPTIONS, "deploy"),),
+    notes="The same objects as `kubectl apply -k deploy/`. See docs/deploy.md.",
+)

@@ -1,0 +1,86 @@
+"""deploy/'s manifests as the installed package carries them (gpuvs/manifests: the same files, package data), and
+their application to a cluster through the official client: each object created, or merge-patched to the
+manifest where it exists (what `kubectl apply -k deploy/` does for these plain objects), in the kustomization's
+order (the namespace first); removed in the reverse order by --delete. Another image or other agent arguments
+change the Deployment's container only."""
+
+from __future__ import annotations
+
+import copy
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from gpuvs.errors import UsageError
+from gpuvs.kube.client import Cluster, api_message, client_module
+
+AGENT = ("Deployment", "gpuvs-agent")
+
+
+def manifests(image: str | None = None, agent_args: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every object of deploy/, in the kustomization's order; the agent's image and extra arguments if given."""
+    root = resources.files("gpuvs") / "manifests"
+    try:
+        order = yaml.safe_load((root / "kustomization.yaml").read_text())["resources"]
+        out = [yaml.safe_load((root / name).read_text()) for name in order]
+    except (OSError, KeyError, TypeError) as exc:
+        raise UsageError(f"gpuvs's manifests are missing from the installed package ({root}): {exc}") from None
+    for m in out:
+        if (m["kind"], m["metadata"]["name"]) == AGENT:
+            c = m["spec"]["template"]["spec"]["containers"][0]
+            if image:
+                c["image"] = image
+            if agent_args:
+                c["args"] = [*c.get("args", []), *agent_args]
+    return copy.deepcopy(out)
+
+
+def render(objs: list[dict[str, Any]]) -> str:
+    """The objects as one YAML stream (`kubectl apply -f -` takes it)."""
+    return yaml.safe_dump_all(objs, sort_keys=False, default_flow_style=False)
+
+
+def _resource(dyn: Any, m: dict[str, Any]) -> Any:
+    return dyn.resources.get(api_version=m["apiVersion"], kind=m["kind"])
+
+
+def apply(cluster: Cluster, objs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Create each object, or merge-patch it where it exists; [(kind/name, created | configured)]. The first
+    refusal stops with one line (what, the API's words)."""
+    k8s = client_module()
+    dyn = k8s.dynamic.DynamicClient(cluster.api)
+    done = []
+    for m in objs:
+        what = f"{m['kind']}/{m['metadata']['name']}"
+        ns = m["metadata"].get("namespace")
+        try:
+            r = _resource(dyn, m)
+            try:
+                r.create(body=m, namespace=ns)
+                done.append((what, "created"))
+            except k8s.client.exceptions.ApiException as exc:
+                if exc.status != 409:
+                    raise
+                r.patch(body=m, name=m["metadata"]["name"], namespace=ns, content_type="application/merge-patch+json")
+                done.append((what, "configured"))
+        except k8s.client.exceptions.ApiException as exc:
+            raise UsageError(f"{what} could not be applied on {cluster.host}: {api_message(exc)}") from None
+    return done
+
+
+def delete(cluster: Cluster, objs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Delete each object (namespaced ones go with the namespace), last first; [(kind/name, deleted | absent)]."""
+    k8s = client_module()
+    dyn = k8s.dynamic.DynamicClient(cluster.api)
+    done = []
+    for m in reversed(objs):
+        what = f"{m['kind']}/{m['metadata']['name']}"
+        try:
+            _resource(dyn, m).delete(name=m["metadata"]["name"], namespace=m["metadata"].get("namespace"))
+            done.append((what, "deleted"))
+        except k8s.client.exceptions.ApiException as exc:
+            if exc.status != 404:
+                raise UsageError(f"{what} could not be deleted on {cluster.host}: {api_message(exc)}") from None
+            done.append((what, "absent"))
+    return done

@@ -1,0 +1,377 @@
+"""gpuvs agent without a cluster (tests/test_agent_cluster.py runs it in one): its schedule and back-off, its
+figures and their staleness, its /metrics read back by prometheus-client's own parser, bad input, and the faults
+that can be made real here: the API server unreachable (back-off, /metrics says stale, the figures already kept
+stay, nothing lost) and a store on a read-only or a full volume (a tmpfs in a mount namespace of its own: a clear
+error in the log and in /metrics, the agent keeps serving, no crash loop). Also: the manifests travel in gpuvs's
+wheel, `gpuvs deploy --dry-run` prints exactly deploy/, and kubectl finds `kubectl-gpuvs` as a plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import ROOT, SRC, gpuvs_env, missing_part, run_cli
+from gpuvs.agent.config import WorkloadSpec
+from gpuvs.agent.ledger import FleetOutcome, Ledger, RunRecord
+from gpuvs.agent.metrics import exposition, registry
+from gpuvs.agent.schedule import Schedule
+from gpuvs.agent.state import State
+from gpuvs.fleet.adaptive import Plan
+from gpuvs.fleet.result import FleetResult, NodeRow
+from gpuvs.fleet.verdicts import ErrorControl
+from gpuvs.records import ExperimentMeta
+from gpuvs.store import Store
+
+DEAD_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters:
+- cluster: {server: "https://127.0.0.1:PORT"}
+  name: dead
+contexts:
+- context: {cluster: dead, user: u}
+  name: dead
+current-context: dead
+users:
+- name: u
+  user: {token: x}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fleet_result(exp_id: str, speeds: dict[str, float]) -> FleetResult:
+    rows = [NodeRow(node, "slower" if s < 0.9 else "equivalent", n_ok=4, n_trials=4, speed=s, speed_low=s * 0.9,
+                    speed_high=s * 1.1) for node, s in speeds.items()]
+    return FleetResult(exp_id, "spin", "ops/s", True, 0.05, 0.95, Plan(4, 12, 4), ErrorControl(0.95, 3, len(rows)),
+                       1, rows)
+
+
+def kept_run(store: Path, speeds: dict[str, float], at: float) -> str:
+    """A run of an earlier agent in the store: a fleet experiment and the ledger's row."""
+    exp_id = "20260101-000000-abcdef"
+    with Store(store) as st:
+        st.create_experiment(exp_id, "agent fleet", "fleet", ExperimentMeta(fleet=fleet_result(exp_id, speeds)
+                                                                            .to_dict()))
+    ledger = Ledger(store)
+    ledger.save(RunRecord("20260101-000000-aaaa", "schedule", "ok", queued_at=at, started_at=at, finished_at=at,
+                          reached=True, tested=sorted(speeds), fleets=[FleetOutcome("spin", exp_id)]))
+    ledger.close()
+    return exp_id
+
+
+def metrics_of(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def get(port: int, path: str, method: str = "GET") -> tuple[int, str]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def wait_for(fn, timeout: float, what: str, step: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(step)
+
+
+class AgentProcess:
+    """`gpuvs agent` for real, as a process of its own (optionally wrapped, e.g. in a mount namespace)."""
+
+    def __init__(self, tmp: Path, *args: str, wrap: list[str] | None = None):
+        self.port = free_port()
+        self.log = tmp / "agent.log"
+        argv = [sys.executable, "-m", "gpuvs", "agent", "--listen", f"127.0.0.1:{self.port}", *args]
+        self.proc = subprocess.Popen([*(wrap or []), *argv], stdout=subprocess.DEVNULL,
+                                     stderr=open(self.log, "w"), env=gpuvs_env(), cwd=tmp)
+        wait_for(lambda: get(self.port, "/healthz")[0] == 200 or self.proc.poll() is not None, 60, "the agent up")
+        assert self.proc.poll() is None, self.log.read_text()
+
+    def metrics(self) -> dict:
+        code, body = get(self.port, "/metrics")
+        assert code == 200
+        return metrics_of(body)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# -- pieces --------------------------------------------------------------------------------------------------
+
+def test_the_schedule_runs_every_period_and_backs_off_while_the_cluster_is_away():
+    s = Schedule(every_s=600, first_after_s=30, backoff_max_s=60)
+    s.start(1000)
+    assert not s.due(1029) and s.due(1030)
+    # unreachable: 5, 10, 20, 40, then at most 60 s after each try, never later than the period
+    nexts = [s.ran(t, reached=False) - t for t in (1030, 1040, 1060, 1100, 1200, 1300)]
+    assert nexts == [5, 10, 20, 40, 60, 60]
+    assert s.ran(2000, reached=True) == 2600 and s.failures == 0
+    assert s.ran(2600, reached=False) == 2605  # the back-off starts again from 5 s
+    short = Schedule(every_s=15, first_after_s=0, backoff_max_s=300)
+    short.start(0)
+    for _ in range(5):
+        short.ran(0, reached=False)
+    assert short.next_at == 15  # never later than --every
+
+
+def test_figures_stale_when_not_renewed_gone_nodes_kept_and_the_exposition_parses():
+    state = State(stale_after_s=100)
+    now = time.time()
+    state.fleet(fleet_result("e1", {"a": 0.5, "b": 1.0, "c": 1.02}), "spin", now)
+    state.validate({"functional: GPU pod: exec works": "pass", "functional: GPU sharing": "shared",
+                    "functional: over-request stays Pending": "FAIL"}, now)
+    state.ended(RunRecord("r1", "schedule", "ok", fleets=[FleetOutcome("spin", "e1", failed_trials={"preempted": 2})]),
+                now)
+    m = metrics_of(exposition(registry(state)).decode())
+    assert m[("gpuvs_node_perf_ratio", (("node", "a"), ("workload", "spin")))] == 0.5
+    assert m[("gpuvs_node_perf_verdict", (("node", "a"), ("verdict", "slower"), ("workload", "spin")))] == 1
+    assert m[("gpuvs_node_perf_verdict", (("node", "a"), ("verdict", "equivalent"), ("workload", "spin")))] == 0
+    assert m[("gpuvs_node_perf_stale", (("node", "a"), ("workload", "spin")))] == 0
+    assert m[("gpuvs_validate_check_ok", (("check", "functional: GPU sharing"),))] == 1  # a finding, not a failure
+    assert m[("gpuvs_validate_check_ok", (("check", "functional: over-request stays Pending"),))] == 0
+    assert m[("gpuvs_runs_total", (("status", "ok"), ("trigger", "schedule")))] == 1
+    assert m[("gpuvs_trials_failed_total", (("reason", "preempted"), ("workload", "spin")))] == 2
+    assert m[("gpuvs_last_run_timestamp_seconds", ())] == pytest.approx(now)
+    # node b deleted from the cluster; the next fleet measured a and c only: b kept, marked gone and stale
+    state.nodes_now({"a", "c"})
+    state.fleet(fleet_result("e2", {"a": 0.6, "c": 1.0}), "spin", now + 10)
+    m = metrics_of(exposition(registry(state)).decode())
+    assert m[("gpuvs_node_perf_ratio", (("node", "b"), ("workload", "spin")))] == 1.0
+    assert m[("gpuvs_node_gone", (("node", "b"),))] == 1 and m[("gpuvs_node_gone", (("node", "a"),))] == 0
+    assert m[("gpuvs_node_perf_stale", (("node", "b"), ("workload", "spin")))] == 1
+    assert m[("gpuvs_node_perf_stale", (("node", "a"), ("workload", "spin")))] == 0
+    assert m[("gpuvs_node_perf_ratio", (("node", "a"), ("workload", "spin")))] == 0.6
+    # a run that could not measure anything, and age: every figure stale, none dropped
+    state.not_renewed()
+    m = metrics_of(exposition(registry(state)).decode())
+    assert all(m[("gpuvs_node_perf_stale", (("node", n), ("workload", "spin")))] == 1 for n in "abc")
+    assert m[("gpuvs_validate_check_stale", (("check", "functional: GPU sharing"),))] == 1
+    fresh = State(stale_after_s=100)
+    fresh.fleet(fleet_result("e3", {"a": 1.0}), "spin", now - 101)
+    assert metrics_of(exposition(registry(fresh)).decode())[
+        ("gpuvs_node_perf_stale", (("node", "a"), ("workload", "spin")))] == 1
+
+
+def test_workload_specs_and_bad_input_are_one_line_and_exit_2(tmp_path):
+    assert WorkloadSpec.parse("spin:steps=10,ops=3000000").argv() == ["--steps", "10", "--ops", "3000000"]
+    assert str(WorkloadSpec.parse("spin:steps=10")) == "spin:steps=10"
+    for args, words in ((["--workload", "nope"], "--workload 'nope'"), (["--workload", "spin:steps"], "KEY=VALUE"),
+                        (["--every", "5"], "at least 10 s"), (["--every", "soon"], "a duration"),
+                        (["--listen", "x:y"], "HOST:PORT"), (["--store", "/nonexistent/dir/g.db"], "does not exist"),
+                        (["--trials", "3"], "--trials")):
+        r = run_cli("agent", *args, cwd=tmp_path, timeout=60)
+        assert r.returncode == 2, (args, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0] and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+# -- faults, for real -----------------------------------------------------------------------------------------
+
+def test_api_server_unreachable_backs_off_metrics_say_stale_and_nothing_is_lost(tmp_path):
+    store = tmp_path / "gpuvs.db"
+    kept_run(store, {"node-a": 0.5, "node-b": 1.0}, time.time() - 30)
+    dead = tmp_path / "kubeconfig"
+    dead.write_text(DEAD_KUBECONFIG.replace("PORT", str(free_port())))
+    agent = AgentProcess(tmp_path, "--kubeconfig", str(dead), "--image", "x", "--store", str(store),
+                         "--every", "1h", "--first-after", "0")
+    try:
+        # the figures of the earlier run are back at once, fresh
+        m = agent.metrics()
+        assert m[("gpuvs_node_perf_ratio", (("node", "node-a"), ("workload", "spin")))] == 0.5
+        # runs fail (unreachable), one after another with growing back-off, well before --every
+        wait_for(lambda: agent.metrics().get(("gpuvs_runs_total", (("status", "failed"), ("trigger", "schedule"))),
+                                             0) >= 3, 60, "three failed runs")
+        log = agent.log.read_text()
+        waits = [int(x.split("next scheduled run in ")[1].split(" s")[0]) for x in log.splitlines()
+                 if "next scheduled run in" in x]
+        assert waits[:3] == sorted(waits[:3]) and waits[0] <= 5 < waits[2] <= 20, log
+        assert "the cluster could not be reached: no cluster reachable at https://127.0.0.1:" in log
+        m = agent.metrics()
+        assert m[("gpuvs_api_reachable", ())] == 0
+        assert m[("gpuvs_node_perf_stale", (("node", "node-a"), ("workload", "spin")))] == 1  # marked stale...
+        assert m[("gpuvs_node_perf_ratio", (("node", "node-a"), ("workload", "spin")))] == 0.5  # ...and kept
+        assert ("gpuvs_last_success_timestamp_seconds", ()) in m
+        code, body = get(agent.port, "/readyz")
+        assert code == 200 and json.loads(body)["api_reachable"] is False
+        # the HTTP API: one run at a time, runs listed and read, unknown routes refused
+        code, body = get(agent.port, "/runs", "POST")
+        assert code in (202, 409), body
+        listed = json.loads(get(agent.port, "/runs")[1])
+        assert listed[-1]["id"] == "20260101-000000-aaaa" and listed[-1]["status"] == "ok"
+        assert any(r["status"] == "failed" and "could not be reached" in r["reason"] for r in listed)
+        assert json.loads(get(agent.port, f"/runs/{listed[-1]['id']}")[1])["fleets"][0]["workload"] == "spin"
+        assert get(agent.port, "/runs/nope")[0] == 404 and get(agent.port, "/nothing")[0] == 404
+        assert get(agent.port, "/metrics", "POST")[0] == 405
+    finally:
+        assert agent.stop() == 0
+    assert "stopped" in agent.log.read_text().splitlines()[-1]
+    # nothing lost: the earlier run and every failed one are in the store
+    kept = Ledger(store).runs(100)
+    assert kept[-1].status == "ok" and sum(r.status == "failed" for r in kept) >= 3
+    with Store(store) as st:
+        assert st.experiment("20260101-000000-abcdef").meta.fleet["rows"][0]["speed"] == 0.5
+
+
+def mount_namespace_or_skip() -> None:
+    r = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if r.returncode != 0 or shutil.which("mount") is None:
+        missing_part(f"a mount namespace of its own (unshare -m) is needed to make a read-only or full volume: "
+                     f"{r.stderr.decode().strip()}")
+
+
+@pytest.mark.parametrize("fault", ["read-only", "full"])
+def test_a_store_on_a_read_only_or_full_volume_is_a_clear_error_not_a_crash_loop(tmp_path, fault):
+    mount_namespace_or_skip()
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    seed = tmp_path / "seed.db"
+    kept_run(seed, {"node-a": 0.7, "node-b": 1.0}, time.time() - 30)
+    dead = tmp_path / "kubeconfig"
+    dead.write_text(DEAD_KUBECONFIG.replace("PORT", str(free_port())))
+    # the volume: a 2 MiB tmpfs with the store on it, then made read-only, or filled to the last byte
+    then = (f"mount -o remount,ro {vol}" if fault == "read-only" else
+            f"dd if=/dev/zero of={vol}/filler bs=4k 2>/dev/null; true")
+    script = (f"mount -t tmpfs -o size=2m tmpfs {vol} && cp {seed} {vol}/gpuvs.db && {then} && "
+              f'exec "$@"')
+    agent = AgentProcess(tmp_path, "--kubeconfig", str(dead), "--image", "x", "--store", str(vol / "gpuvs.db"),
+                         "--every", "1h", "--first-after", "0",
+                         wrap=["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"])
+    try:
+        wait_for(lambda: agent.metrics().get(("gpuvs_store_ok", ())) == 0, 30, "gpuvs_store_ok 0")
+        m = agent.metrics()
+        assert m[("gpuvs_node_perf_ratio", (("node", "node-a"), ("workload", "spin")))] == 0.7  # still shown
+        assert get(agent.port, "/healthz")[0] == 200  # alive: no restart that would hide the error
+        code, body = get(agent.port, "/readyz")
+        ready = json.loads(body)
+        assert code == 200 and ready["store_ok"] is False and "cannot be written" in ready["store_error"]
+        why = "mounted read-only" if fault == "read-only" else "full"
+        assert why in ready["store_error"], ready
+        errors = [x for x in agent.log.read_text().splitlines() if "ERROR" in x]
+        assert errors and f"the store {vol / 'gpuvs.db'} cannot be written" in errors[0], errors
+        # runs still go on (and fail on the unreachable cluster); listed from memory; still up after them
+        wait_for(lambda: agent.metrics().get(("gpuvs_runs_total", (("status", "failed"), ("trigger", "schedule"))),
+                                             0) >= 2, 60, "two runs despite the store")
+        assert agent.metrics()[("gpuvs_store_errors_total", ())] >= 2
+        listed = json.loads(get(agent.port, "/runs")[1])
+        assert listed[-1]["status"] == "ok" and sum(r["status"] == "failed" for r in listed) >= 2
+        assert agent.proc.poll() is None
+    finally:
+        assert agent.stop() == 0
+
+
+# -- deploy and the plugin ------------------------------------------------------------------------------------
+
+def deploy_manifests() -> list[dict]:
+    order = yaml.safe_load((ROOT / "deploy/kustomization.yaml").read_text())["resources"]
+    return [yaml.safe_load((ROOT / "deploy" / name).read_text()) for name in order]
+
+
+def test_deploy_dry_run_prints_exactly_deploy_and_the_image_option_changes_only_the_image(tmp_path):
+    r = run_cli("deploy", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert list(yaml.safe_load_all(r.stdout)) == deploy_manifests()
+    r = run_cli("deploy", "--dry-run", "--image", "registry.example/gpuvs:9", "--agent-arg=--every",
+                "--agent-arg=1h", cwd=tmp_path)
+    got, want = list(yaml.safe_load_all(r.stdout)), deploy_manifests()
+    c = next(m for m in got if m["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == "registry.example/gpuvs:9" and c["args"][-2:] == ["--every", "1h"]
+    assert [m for m in got if m["kind"] != "Deployment"] == [m for m in want if m["kind"] != "Deployment"]
+    r = run_cli("deploy", "--dry-run", "--delete", cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_deployment_probes_the_agent_and_names_its_own_pod():
+    d = next(m for m in deploy_manifests() if m["kind"] == "Deployment")
+    c = d["spec"]["template"]["spec"]["containers"][0]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    env = {e["name"]: e for e in c["env"]}
+    assert env["GPUVS_AGENT_POD"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    from gpuvs.agent.service import OWN_POD
+    from gpuvs.agent.httpd import ROUTES
+
+    assert OWN_POD == "GPUVS_AGENT_POD" and ("GET", "/healthz") in ROUTES and ("GET", "/readyz") in ROUTES
+
+
+def test_the_wheel_carries_the_manifests_and_declares_the_kubectl_plugin(tmp_path):
+    """The manifests come with the installed package (gpuvs deploy needs no checkout): built into a wheel from a
+    copy of the tree, as scripts/build-image does, they are deploy/'s files byte for byte."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(SRC, src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                        str(tmp_path / "out"), str(src)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    wheel = zipfile.ZipFile(next((tmp_path / "out").glob("gpuvs-*.whl")))
+    names = wheel.namelist()
+    for path in sorted((ROOT / "deploy").glob("*.yaml")):
+        assert wheel.read(f"gpuvs/manifests/{path.name}") == path.read_bytes()
+    eps = next(n for n in names if n.endswith("entry_points.txt"))
+    text = wheel.read(eps).decode()
+    assert "kubectl-gpuvs = gpuvs.cli:main" in text and "gpuvs = gpuvs.cli:main" in text
+
+
+def test_kubectl_finds_and_runs_kubectl_gpuvs(tmp_path):
+    from cluster import BIN
+
+    kubectl = BIN / "kubectl"
+    if not kubectl.exists():
+        missing_part(f"kubectl 1.20 is not in {BIN}: run scripts/test-cluster build (it unpacks Debian's)")
+    import tomllib
+
+    target = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["kubectl-gpuvs"]
+    module, func = target.split(":")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = bindir / "kubectl-gpuvs"  # what pip writes for a console script
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom {module} import {func}\nsys.exit({func}())\n")
+    script.chmod(0o755)
+    env = gpuvs_env(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    listed = subprocess.run([str(kubectl), "plugin", "list"], capture_output=True, text=True, env=env, timeout=60)
+    assert str(script) in listed.stdout, listed.stdout + listed.stderr
+    r = subprocess.run([str(kubectl), "gpuvs", "deploy", "--dry-run"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert list(yaml.safe_load_all(r.stdout)) == deploy_manifests()
+    bad = subprocess.run([str(kubectl), "gpuvs", "agent", "--every", "soon"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert bad.returncode == 2 and "a duration" in bad.stderr
