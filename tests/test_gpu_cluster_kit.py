@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, gpuvs_env, missing_part
+from gpuvs.fleet.adaptive import Plan
 from gpuvs.fleet.run import FleetResult, NodeRow
+from gpuvs.fleet.verdicts import ErrorControl
+from gpuvs.records import ExperimentMeta
 from gpuvs.store import Store
 
 KIT = ROOT / "benchmarks" / "gpu_cluster.sh"
@@ -100,9 +103,10 @@ def store_fleet(db: Path, exp_id: str, fps: dict[str, dict], slow: str | None = 
     rows = [NodeRow(n, "slower" if n == slow else "equivalent", n_ok=4, n_trials=4,
                     speed=0.5 if n == slow else 1.0, speed_low=0.45 if n == slow else 0.98,
                     speed_high=0.55 if n == slow else 1.02, fingerprint=f) for n, f in fps.items()]
-    res = FleetResult(exp_id, "cnn-train", "images/sec", True, 0.05, 0.95, {}, {}, 1, rows, seconds=97.0)
+    res = FleetResult(exp_id, "cnn-train", "images/sec", True, 0.05, 0.95, Plan(4, 4, 4), ErrorControl(0.95, 1, len(rows)), 1,
+                      rows, seconds=97.0)
     with Store(db) as st:
-        st.create_experiment(exp_id, f"kit: fleet {exp_id}", "fleet", {})
+        st.create_experiment(exp_id, f"kit: fleet {exp_id}", "fleet", ExperimentMeta())
         st.update_meta(exp_id, fleet=res.to_dict())
 
 
