@@ -53,33 +53,15 @@ PYEOF
   fi
 }
 
-# -- 2. one experiment file: gpuvs compare (or, where this checkout lacks it, the runner directly) ---
+# -- 2. one experiment file: gpuvs compare ---
 run_file() {  # TITLE FILE TRIALS TIME_LIMIT_S
   local title=$1 file; file=$(prepare_file "$2"); local trials=$3 limit=$4 rc
   md "" "## $title" "" "\`\`\`" "gpuvs compare --file $2 --trials $trials --store containers.db --quiet" \
      "gpuvs report EXPERIMENT_ID --format md --store containers.db" "\`\`\`"
   log "$title: $file, $trials trials per arm, at most ${limit}s"
   local before; before=$(experiment_ids)
-  if gpuvs compare --help >/dev/null 2>&1; then
-    timeout -s INT "$limit" "$PY" -m gpuvs compare --file "$file" --trials "$trials" --store "$DB" --quiet \
-      > "$WORK/run.log" 2>&1; rc=$?
-  else
-    md "" "(\`gpuvs compare\` is not in this checkout: the same file run through gpuvs's runner, interleaved)"
-    timeout -s INT "$limit" "$PY" - "$file" "$trials" "$DB" > "$WORK/run.log" 2>&1 <<'PYEOF'; rc=$?
-import sys, yaml
-from rich.console import Console
-from gpuvs.cli.run import execute
-from gpuvs.runner import Arm, Experiment
-from gpuvs.spec import ENV_KEYS, EnvSpec, RunSpec
-path, trials, store = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-f = yaml.safe_load(open(path))
-env = EnvSpec(kind=f.get("env", "host"), options={k: f[k] for k in ENV_KEYS if k in f})
-base = RunSpec(workload=f["workload"], params=f.get("params", {}), env=env,
-               **{k: f[k] for k in ("device", "num_gpus", "timeout_s") if k in f})
-arms = [Arm(a["name"], {k: v for k, v in a.items() if k != "name"}) for a in f["arms"]]
-execute(Experiment(f["name"], base, arms, trials=trials, kind="compare"), store, Console(width=160), quiet=True)
-PYEOF
-  fi
+  timeout -s INT "$limit" "$PY" -m gpuvs compare --file "$file" --trials "$trials" --store "$DB" --quiet \
+    > "$WORK/run.log" 2>&1; rc=$?
   tail -n 40 "$WORK/run.log" >&2
   [ $rc -eq 0 ] || md "" "exit status $rc (124/130: stopped at the part's ${limit}s limit; finished trials are kept)" \
      "" '```' "$(grep -E 'FAILED|error|Error' "$WORK/run.log" | head -5)" '```'
@@ -109,7 +91,7 @@ from gpuvs.stats import summarize_trials
 from gpuvs.store import Store
 db, exp_id = sys.argv[1:3]
 with Store(db) as s:
-    trials = s.trials(exp_id)
+    trials = [t.to_dict() for t in s.trials(exp_id)]
 arms = {}
 for t in trials:
     a = arms.setdefault(t["arm"], {"head": [], "exit": [], "n": 0, "unit": "", "series": ""})

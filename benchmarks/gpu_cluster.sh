@@ -9,6 +9,9 @@
 #   fleet     gpuvs fleet cnn-train and gemm across the nodes, without and then with a co-tenant outside
 #             Kubernetes (benchmarks/gpu_cotenant.py: large GEMMs) on the GPU of SLOW_NODE
 #   scaling   gpuvs compare --file experiments/1-vs-n-gpus.yaml on the host (2 GPUs or more)
+#   command   a user's own training script (benchmarks/user_train_loop.py) as a `command` with a --step-metric,
+#             host vs pod, then gpuvs cnn-train on the same model and settings, host vs pod; the two figures and
+#             their ratio in OUT/command_gpu.md (benchmarks/command_gpu.sh runs this part alone)
 # The GPU machine has no container engine and no network: everything comes from CARRY, which
 # benchmarks/gpu_cluster_prepare.py packs here (it prints the device tool's calls).
 #
@@ -17,7 +20,8 @@
 #   NODES=N        kubelets, one GPU each (default: the GPUs nvidia-smi lists; DEVICE=cpu: 3)
 #   PARTS=a,b      among validate, fleet, scaling (default: validate on 1 node, else fleet,scaling)
 #   TOTAL_S=540    the whole run's deadline, clean-up included: keep it 60 s under the device tool's timeout_s
-#   UP_S=180 VALIDATE_S=300 FLEET_S=150 (each fleet run) SCALING_S=300: each part's own limit, never past TOTAL_S
+#   UP_S=180 VALIDATE_S=300 FLEET_S=150 (each fleet run) SCALING_S=300 COMMAND_S=330: each part's own limit, never
+#                  past TOTAL_S;  CMD_TRIALS=3 CMD_STEPS=60: the command part's trials per arm and timed steps
 #   FLEET="cnn-train gemm"  TRIALS=4 MAX_TRIALS=4  SLOW_NODE=N (index; default the last)  SC_TRIALS=3 (cpu: 2)
 #   KIT_DIR=/tmp/gpukit KIT_NAME=gpukit PORT_OFFSET=0 (DEVICE=cpu: 1000)  PYTHON=python3 (with torch, grpcio)
 #   DEVICE=cpu     dry run on a machine without a GPU: fake device plugin (one fake GPU a node), tiny CPU workloads
@@ -45,17 +49,18 @@ K=${KIT_DIR:-/tmp/gpukit}; NAME=${KIT_NAME:-gpukit}
 case "$NAME" in ''|*[!abcdefghijklmnopqrstuvwxyz0123456789]*) bad "KIT_NAME=$NAME: lower-case letters and digits";; esac
 TOTAL_S=${TOTAL_S:-540}; UP_S=${UP_S:-180}; VALIDATE_S=${VALIDATE_S:-300}; FLEET_S=${FLEET_S:-150}
 SCALING_S=${SCALING_S:-300}; TRIALS=${TRIALS:-4}; MAX_TRIALS=${MAX_TRIALS:-4}
+COMMAND_S=${COMMAND_S:-330}; CMD_TRIALS=${CMD_TRIALS:-3}; CMD_STEPS=${CMD_STEPS:-60}
 if [ "$DEVICE" = cpu ]; then  # 2 trials per arm of the scaling check: a CPU trial there costs 20-40 s
   NODES=${NODES:-3}; PORT_OFFSET=${PORT_OFFSET:-1000}; FLEET=${FLEET:-spin gemm}; SC_TRIALS=${SC_TRIALS:-2}
 else
   NODES=${NODES:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}; PORT_OFFSET=${PORT_OFFSET:-0}
   FLEET=${FLEET:-cnn-train gemm}; SC_TRIALS=${SC_TRIALS:-3}
 fi
-for v in TOTAL_S UP_S VALIDATE_S FLEET_S SCALING_S TRIALS MAX_TRIALS SC_TRIALS NODES PORT_OFFSET; do number "$v" "${!v}"; done
+for v in TOTAL_S UP_S VALIDATE_S FLEET_S SCALING_S COMMAND_S CMD_TRIALS CMD_STEPS TRIALS MAX_TRIALS SC_TRIALS NODES PORT_OFFSET; do number "$v" "${!v}"; done
 [ "$NODES" -ge 1 ] || bad "NODES=0: one kubelet at least (DEVICE=cuda: none without a GPU nvidia-smi lists)"
 if [ "$NODES" -ge 2 ]; then PARTS=${PARTS:-fleet,scaling}; else PARTS=${PARTS:-validate}; fi
 for p in ${PARTS//,/ }; do
-  case "$p" in validate|fleet|scaling) ;; *) bad "PARTS: $p? allowed validate, fleet, scaling";; esac
+  case "$p" in validate|fleet|scaling|command) ;; *) bad "PARTS: $p? allowed validate, fleet, scaling, command";; esac
 done
 for w in $FLEET; do case "$w" in cnn-train|gemm|spin) ;; *) bad "FLEET: $w? allowed cnn-train, gemm, spin";; esac; done
 SLOW_NODE=${SLOW_NODE:-$NODES}; number SLOW_NODE "$SLOW_NODE"
@@ -182,7 +187,7 @@ md "# GPU cluster kit: $NODES node(s) on $(uname -n), $GPU_NAME (issues 24 and 2
    "kubelet in one multi-call binary), etcd, containerd 1.6 + runc, CNI $CNI; one kubelet per GPU, each with its own" \
    "containerd, cgroup root, mount namespace and the project's device plugin ($PLUGIN_MODE); images pulled" \
    "from a registry on 127.0.0.1. The kit's cluster commands: \`$K/kit\` (scripts/test-cluster)."
-case ",$PARTS," in *,validate,*|*,fleet,*) ;; *) NO_CLUSTER=1;; esac  # scaling alone runs on the host
+case ",$PARTS," in *,validate,*|*,fleet,*|*,command,*) ;; *) NO_CLUSTER=1;; esac  # scaling alone runs on the host
 t=$(date +%s)
 if [ -n "${NO_CLUSTER:-}" ]; then
   md "" "(No cluster started: PARTS=$PARTS runs on the host.)"
@@ -342,6 +347,57 @@ part_scaling() {
   local t; t=$(date +%s)
   gpuvs_run "$lim" "${ARGS[@]}"; local rc=$?
   md "" "Exit status $rc, $(( $(date +%s) - t )) s."; report
+}
+
+# -- 6. a user's own training script as a command, host vs pod, beside gpuvs's cnn-train (benchmarks/command_gpu.sh) --
+part_command() {
+  local lim; lim=$(within "$COMMAND_S")
+  [ "$lim" -ge 60 ] || { md "" "## A user's script as a command: not run (${lim} s for it: COMMAND_S or the time left)"; return; }
+  local end=$(( $(date +%s) + lim )) py; py=$("$PY" -c 'import sys; print(sys.executable)')
+  local mounts=("/usr:/usr:ro" "/etc:/etc:ro" "/opt:/opt:ro" "$K/home:$K/home" "$REPO:$REPO:ro") m
+  for m in $("$PY" -c 'import sys; print(sys.prefix, sys.base_prefix)'); do  # a venv or pyenv outside them
+    case "$m" in /usr|/usr/*|/opt|/opt/*|/etc|/etc/*) ;; *) mounts+=("$m:$m:ro");; esac
+  done
+  local script=(resnet50 256 amp "steps=$CMD_STEPS" warmup=15)
+  local cnn='{"model": "resnet50", "batch_size": 256, "precision": "bf16", "data_format": "NHWC", "optimizer": "momentum", "warmup_steps": 15, "steps": '$CMD_STEPS'}'
+  if [ "$DEVICE" = cpu ]; then
+    script=(resnet18 2 steps=3 warmup=1 size=64 device=cpu)
+    cnn='{"model": "resnet18", "batch_size": 2, "image_size": 64, "data_format": "NHWC", "optimizer": "momentum", "warmup_steps": 1, "steps": 3}'
+  fi
+  # the two studies as experiment files (JSON is YAML): the same arms, the pod's options on its arm
+  "$PY" - "$K" "$DEVICE" "$CMD_TRIALS" "$REG/gpuvs-node:gpu" "$KC" "$py" "$K/home" "${LD_LIBRARY_PATH:-}" "$PATH" \
+      "$cnn" "$REPO/benchmarks/user_train_loop.py" "${mounts[*]}" "${script[@]}" <<'PYEOF'
+import json, sys
+k, device, trials, image, kc, py, home, ld, path, cnn, script, mounts, *args = sys.argv[1:]
+pod = {"name": "pod", "env": "pod", "image": image, "image_pull_policy": "IfNotPresent", "kubeconfig": kc,
+       "host_network": True, "python": py, "mount": mounts.split(), "start_timeout": 120,
+       "env_var": [f"LD_LIBRARY_PATH={ld}", f"PATH={path}", f"HOME={home}"]}
+common = {"device": device, "trials": int(trials), "arms": [{"name": "host", "env": "host"}, pod]}
+json.dump({"name": "kit: a user's training script as a command, host vs pod", "command": [py, script, *args],
+           "params": {"step_metric": ["images_per_sec=step \\d+: ([0-9.]+) images/sec,rate,images/sec"],
+                      "headline": "images_per_sec"}, **common}, open(f"{k}/command.yaml", "w"), indent=1)
+json.dump({"name": "kit: gpuvs cnn-train, the same model and settings, host vs pod", "workload": "cnn-train",
+           "params": json.loads(cnn), **common}, open(f"{k}/cnn.yaml", "w"), indent=1)
+PYEOF
+  md "" "## A user's own training script as a command, host vs pod, beside gpuvs's cnn-train" "" \
+     "The script: benchmarks/user_train_loop.py (the plain loop of the recipes, printing its rate every step)." "" \
+     '```' "$(cat "$K/command.yaml")" '```'
+  local t; t=$(date +%s)
+  gpuvs_run $(( lim * 5 / 9 )) compare --file "$K/command.yaml" --store "$DB"; local rc=$?
+  local cmd_id=$NEW
+  md "" "Exit status $rc, $(( $(date +%s) - t )) s."; report
+  md "" '```' "gpuvs compare --file cnn.yaml   # $(tr -d '\n' < "$K/cnn.yaml" | cut -c1-400)" '```'
+  t=$(date +%s)
+  gpuvs_run $(( end - $(date +%s) )) compare --file "$K/cnn.yaml" --store "$DB"; rc=$?
+  local cnn_id=$NEW
+  md "" "Exit status $rc, $(( $(date +%s) - t )) s."; report
+  if [ -n "$cmd_id" ] && [ -n "$cnn_id" ]; then
+    { echo "# A user's training script as a command, host vs pod, beside gpuvs cnn-train ($GPU_NAME, DEVICE=$DEVICE)"; echo
+      "$PY" benchmarks/command_gpu_table.py "$DB" "$cmd_id" "$cnn_id" "$([ "$DEVICE" = cuda ] && echo yes || echo cpu)"; } > "$OUT/command_gpu.md" 2>> "$LOG"
+    md "" "### The two figures" ""; tail -n +3 "$OUT/command_gpu.md" >> "$MD"
+  else
+    md "" "**No table: a study did not store an experiment** (see gpu_cluster.log)."
+  fi
 }
 
 for p in ${PARTS//,/ }; do

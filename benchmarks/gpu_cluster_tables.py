@@ -28,7 +28,7 @@ IDENTITY = ("GPU UUID (NVML in the pod)", "CUDA_VISIBLE_DEVICES (device plugin)"
 def fleet_result(st: Store, exp_id: str) -> FleetResult | None:
     """The stored fleet result; None where the run stored none (stopped before its end, or never started)."""
     try:
-        data = st.experiment(exp_id)["meta"].get("fleet")
+        data = st.experiment(exp_id).meta.fleet
     except UsageError:
         return None
     return FleetResult.from_dict(data) if data else None
@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
         return 2 if argv[0] != "ids" else 0
     with Store(db) as st:
         if argv[0] == "ids":
-            sys.stdout.write("".join(e["id"] + "\n" for e in st.experiments()))
+            sys.stdout.write("".join(e.id + "\n" for e in st.experiments()))
         elif argv[0] == "nodes":
             sys.stdout.write(nodes(st, argv[2]))
         else:

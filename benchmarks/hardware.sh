@@ -78,8 +78,8 @@ def log(msg):
 
 
 def latest(st, name):
-    exps = [e for e in st.experiments() if e["name"] == name]
-    return st.trials(exps[-1]["id"], status="ok") if exps else []
+    exps = [e for e in st.experiments() if e.name == name]
+    return [t.to_dict() for t in st.trials(exps[-1].id, status="ok")] if exps else []
 
 
 def fmtn(v, d=1):

@@ -70,3 +70,19 @@ def import_image(root: Path, tag: str, tar_path: Path) -> str:
     assert r.returncode == 0, r.stderr
     tar_path.unlink()
     return tag
+
+
+def binaries_rootfs(root: Path, programs: tuple[str, ...]) -> Path:
+    """A root filesystem with these programs of this machine (at their own paths) and every shared library they
+    load, /etc/os-release, and nothing else: no Python, no shell (an image such as a compiled benchmark's)."""
+    for name in programs:
+        exe = shutil.which(name)
+        assert exe, f"{name} is not installed here"
+        _copy(exe, root)
+        out = subprocess.run(["ldd", exe], capture_output=True, text=True).stdout
+        for lib in re.findall(r"(/\S+) \(0x", out):
+            _copy(lib, root)
+    _copy("/etc/os-release", root) if os.path.exists("/etc/os-release") else None
+    for d in ("tmp", "proc", "dev", "sys", "etc", "root"):
+        (root / d).mkdir(exist_ok=True)
+    return root

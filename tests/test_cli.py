@@ -53,7 +53,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_started(cli, tmp_path, args, m
     (["serve", "--port", "many"], "--port: 'many' is not allowed; expected an integer"),  # bad option value
     (["results", "list", "--colour"], "unknown option --colour for gpuvs results list; options: --store"),
     (["report", "x", "y"], "unexpected argument 'y' for gpuvs report"),           # one argument too many
-    (["--nosuch"], "unknown option --nosuch for gpuvs; give a command first: advise-mps, compare, "),
+    (["--nosuch"], "unknown option --nosuch for gpuvs; give a command first: advise-mps, agent, compare, "),
 ])
 def test_cli_parser_errors_are_one_line_exit_2(cli, args, message):
     """The parser's own errors, the same for every command: one line on stderr, exit 2."""

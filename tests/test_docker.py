@@ -175,3 +175,24 @@ def test_doctor_with_docker_names_the_engine_and_what_it_detected(docker_host, i
     assert "engine │ ok │ docker" in flat and "all checks passed" in flat and "numpy │ ok" in flat
     if not engines.has_capability(engines.CAP_SYS_RESOURCE, "CapBnd"):
         assert "--ulimit nofile=" in flat  # the rlimit quirk, detected for a local docker daemon too
+
+
+def test_bare_mode_with_docker_reads_the_output_the_engines_times_and_the_images_files(docker_host, image, tmp_path):
+    """The command as the container's own process (--bare) through the docker client: its output relayed by the
+    client, its wall time from the engine's State.StartedAt/FinishedAt, the image's files copied out of a created,
+    never started container (the docker path of environments/image_files.py), the container removed after."""
+    script = "import time; time.sleep(0.5); print('speed: 42.5 items/s', flush=True)"
+    r = subprocess.run([sys.executable, "-m", "gpuvs", "run", "command", "--env", "container", "--engine", "docker",
+                        "--image", image, "--device", "cpu", "--trials", "1", "--bare",
+                        "--metric", r"speed=speed: ([0-9.]+),rate,items/s", "--headline", "speed", "--",
+                        "python3", "-c", script],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env=gpuvs_env(DOCKER_HOST=docker_host))
+    assert r.returncode == 0, r.stdout + r.stderr
+    row = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT summary, config, fingerprint FROM trials").fetchone()
+    summary, config, fp = (json.loads(x) for x in row)
+    assert list(summary)[0] == "speed" and summary["speed"]["value"] == 42.5
+    assert 0.5 <= summary["wall_time_s"]["value"] < 10  # the engine's record of the container's start and exit
+    assert config["wall_time_clock"].startswith("docker's record of the container")
+    assert fp["taken_by"].startswith("gpuvs, from outside the container") and fp["engine"] == "docker"
+    assert fp["image_id"] and "not listed" in fp["software"]["note"]  # files copied out one by one
+    assert gpuvs_containers(docker_host) == []

@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, gpuvs_env, missing_part
+from gpuvs.fleet.adaptive import Plan
 from gpuvs.fleet.run import FleetResult, NodeRow
+from gpuvs.fleet.verdicts import ErrorControl
+from gpuvs.records import ExperimentMeta
 from gpuvs.store import Store
 
 KIT = ROOT / "benchmarks" / "gpu_cluster.sh"
@@ -34,7 +37,7 @@ def kit(env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
     ({"DEVICE": "gpu"}, "DEVICE=gpu: allowed cuda, cpu"),
     ({"DEVICE": "cpu", "NODES": "0"}, "NODES=0: one kubelet at least (DEVICE=cuda: none without a GPU nvidia-smi lists)"),
     ({"DEVICE": "cpu", "NODES": "two"}, "NODES=two: a whole number"),
-    ({"DEVICE": "cpu", "PARTS": "validate,bogus"}, "PARTS: bogus? allowed validate, fleet, scaling"),
+    ({"DEVICE": "cpu", "PARTS": "validate,bogus"}, "PARTS: bogus? allowed validate, fleet, scaling, command"),
     ({"DEVICE": "cpu", "FLEET": "spin resnet"}, "FLEET: resnet? allowed cnn-train, gemm, spin"),
     ({"DEVICE": "cpu", "NODES": "3", "SLOW_NODE": "4"}, "SLOW_NODE=4: a node's index, 1 to 3"),
     ({"DEVICE": "cpu", "TOTAL_S": "9m"}, "TOTAL_S=9m: a whole number"),
@@ -100,9 +103,10 @@ def store_fleet(db: Path, exp_id: str, fps: dict[str, dict], slow: str | None = 
     rows = [NodeRow(n, "slower" if n == slow else "equivalent", n_ok=4, n_trials=4,
                     speed=0.5 if n == slow else 1.0, speed_low=0.45 if n == slow else 0.98,
                     speed_high=0.55 if n == slow else 1.02, fingerprint=f) for n, f in fps.items()]
-    res = FleetResult(exp_id, "cnn-train", "images/sec", True, 0.05, 0.95, {}, {}, 1, rows, seconds=97.0)
+    res = FleetResult(exp_id, "cnn-train", "images/sec", True, 0.05, 0.95, Plan(4, 4, 4), ErrorControl(0.95, 1, len(rows)), 1,
+                      rows, seconds=97.0)
     with Store(db) as st:
-        st.create_experiment(exp_id, f"kit: fleet {exp_id}", "fleet", {})
+        st.create_experiment(exp_id, f"kit: fleet {exp_id}", "fleet", ExperimentMeta())
         st.update_meta(exp_id, fleet=res.to_dict())
 
 
@@ -200,3 +204,34 @@ def test_dry_run_stopped_by_sigterm_leaves_nothing_behind(tmp_path):
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert f"{name}-br" not in links
     assert (out / "gpu_cluster.db").exists() and (out / "k8s-logs.txt").exists()
+
+
+# -- the command part's table (benchmarks/command_gpu.sh) -------------------------------------------------------------
+def test_the_command_parts_table_reads_two_real_stored_studies(tmp_path):
+    """command_gpu_table.py on a real store: a command study (a script printing its rate every step, read with
+    --step-metric) and a second study with the same arm names, their means, the verdict, the ratio per arm."""
+    env = gpuvs_env()
+    (tmp_path / "loop.py").write_text("import os\nfor i in range(1, 6):\n"
+                                      "    print(f'step {i}: {float(os.environ[\"RATE\"]) + i % 2:.1f} images/sec')\n")
+    r = subprocess.run([sys.executable, "-m", "gpuvs", "compare", "command", "--device", "cpu", "--trials", "2",
+                        "--step-metric", r"images_per_sec=step \d+: ([0-9.]+) images/sec,rate,images/sec",
+                        "--headline", "images_per_sec", "--arm", "host:env_var=RATE=100",
+                        "--arm", "pod:env_var=RATE=98", "--", sys.executable, "loop.py"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "gpuvs", "compare", "selftest", "--device", "cpu", "--trials", "2",
+                        "--arm", "host:steps=3", "--arm", "pod:steps=4"], capture_output=True, text=True,
+                       cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    st = Store(tmp_path / "gpuvs.db")
+    cmd, other = sorted((e.id for e in st.experiments()), key=lambda i: st.experiment(i).created)
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "command_gpu_table.py"), str(tmp_path / "gpuvs.db"),
+                        cmd, other, "yes"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| the user's script")]
+    # each trial's figure is the mean of its per-step rates: 100 + (1, 0, 1, 0, 1) / 5 = 100.6, and 98.6
+    assert len(rows) == 1 and "| 100.6 [100.6-100.6] (2/2 trials) | 98.6 [98.6-98.6] (2/2 trials) |" in rows[0]
+    assert "- Verdict, the user's script: pod vs host: 0.9801x" in r.stdout
+    host = [ln for ln in r.stdout.splitlines() if ln.startswith("- host: the user's script / gpuvs cnn-train = ")]
+    assert len(host) == 1 and "the 3% target" in host[0]
+    assert "waits for the GPU after every step" in r.stdout

@@ -18,7 +18,7 @@ from gpuvs.outputs import WALL_TIME, Metric, parse_metric_spec
 from job_output import run_and_read
 
 TF_LOG = ROOT / "tests" / "fixtures" / "tf_cnn_benchmarks" / "host-1gpu-resnet50-bs64-t4.log"
-SYNTAX = "(expected NAME=REGEX,higher|lower[,UNIT])"
+SYNTAX = "(expected NAME=REGEX,higher|lower|rate|time[,UNIT])"
 # a command line each ready parser accepts without an argument
 JOBS = {"hyperfine": ("hyperfine", "--export-json", "x.json", "true"), "sysbench": ("sysbench", "cpu", "run")}
 
@@ -60,6 +60,24 @@ def test_metric_specs(text, per_step, expected):
         return
     m = parse_metric_spec(text, per_step)
     assert (m.name, m.better, m.unit, m.pattern) == expected and m.per_step is per_step and m.required
+    assert m.kind == "score"  # higher or lower: a verdict says better or worse
+
+
+@pytest.mark.parametrize("word, better", [("rate", "higher"), ("time", "lower"), ("Time", "lower")])
+def test_a_rate_or_a_time_is_declared_by_its_word_and_implies_the_direction(word, better):
+    m = parse_metric_spec(f"x=took ([0-9.]+),{word},ms", True)
+    assert (m.better, m.kind, m.unit, m.pattern) == (better, word.lower(), "ms", "took ([0-9.]+)")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(better="lower", kind="rate"), "metric x: a rate is higher-is-better, not lower"),
+    (dict(better="higher", kind="time"), "metric x: a time is lower-is-better, not higher"),
+    (dict(better="higher", kind="speed"), "metric x: its kind must be one of rate, time, score, not 'speed'"),
+])
+def test_a_kind_that_contradicts_the_direction_is_refused(kwargs, message):
+    with pytest.raises(UsageError) as err:
+        Metric("x", **kwargs)
+    assert str(err.value) == message
 
 
 @pytest.mark.parametrize("text, per_step, why", [
@@ -72,10 +90,11 @@ def test_metric_specs(text, per_step, expected):
     ("loss=x \\d+,lower", False, "the regex 'x \\\\d+' has no group for the figure: put it in parentheses, e.g. "
                                  "'loss: ([0-9.]+)'"),
     ("s=(?P<step>\\d+) x,lower", True, "has no group for the figure"),
-    ("loss=x (\\d+)", False, "no direction: end it with ,higher or ,lower (which way is better is never guessed)"),
+    ("loss=x (\\d+)", False, "no direction: end it with ,higher or ,lower, or ,rate or ,time (which way is better "
+                             "is never guessed)"),
     ("loss=x (\\d{1,3})", False, "no direction"),
-    ("loss=x (\\d+),faster", False, "unknown direction 'faster': say higher or lower"),
-    ("loss=x (\\d+),better,ms", False, "unknown direction 'better': say higher or lower"),
+    ("loss=x (\\d+),faster", False, "unknown direction 'faster': say higher or lower, or rate or time"),
+    ("loss=x (\\d+),better,ms", False, "unknown direction 'better': say higher or lower, or rate or time"),
     ("loss=,lower", False, "the regex is empty"),
 ])
 def test_bad_metric_specs_are_one_line_each(text, per_step, why):
@@ -243,7 +262,7 @@ def test_docs_name_every_parser_and_metric():
         assert f"`{name}`" in doc, name
         for m in outputs.create(name, outputs.Job(JOBS.get(name, ()))).metrics:
             assert f"`{m.name}`" in doc, (name, m.name)
-    for word in ("NAME=REGEX,higher|lower[,UNIT]", "--step-metric", '"gpuvs"', WALL_TIME.name):
+    for word in ("NAME=REGEX,higher|lower|rate|time[,UNIT]", "--step-metric", '"gpuvs"', WALL_TIME.name):
         assert word in doc
 
 

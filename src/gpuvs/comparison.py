@@ -37,8 +37,14 @@ CORE_FIELDS = (
     ("cuda", "CUDA (torch)"), ("cudnn", "cuDNN"), ("torch", "torch"), ("torchvision", "torchvision"),
     ("cpu_model", "CPU"), ("cpu_usable", "CPUs usable"), ("memory_mib", "memory MiB"),
     ("limits.cpu_limit", "CPU limit"), ("limits.memory_limit_mib", "memory limit MiB"), ("limits.shm_mib", "/dev/shm MiB"),
+    ("software.cuda", "CUDA toolkit (files)"), ("software.cudnn", "cuDNN (files)"),
+    ("software.libraries", "CUDA libraries (files)"), ("software.driver_libs", "driver libraries (libcuda)"),
+    ("software.frameworks", "frameworks (installed)"), ("software.os", "OS (image)"),
+    ("software.env_versions", "image *_VERSION variables"), ("taken_by", "fingerprint taken by"),
 )
 TAIL_FIELDS = (("node_name", "node"), ("python", "python"), ("gpuvs", "gpuvs"))
+# Software fields beyond the key ones that an image-against-image comparison names when they differ.
+IMAGE_EXTRA = ("software.libraries", "software.driver_libs", "software.os", "software.env_versions")
 
 
 def fingerprint_fields() -> tuple[tuple[str, str], ...]:
@@ -284,13 +290,17 @@ def analyse(exp: ExperimentRecord, records: list[TrialRecord]) -> Analysis:
                     time=timeshare.from_records(attempts, timeshare.wall_of(exp, attempts), meta.timing))
 
 
-def _declarations(workload: str):
+def _declarations(workload: str, params: dict[str, Any] | None = None):
+    """The workload's declaration of each figure of a run with these parameters (the command workload's figures
+    are named by its parameters); a figure the job declared while it ran carries its declaration in its summary."""
     from gpuvs import workloads
+    from gpuvs.workloads.base import recorded
 
     try:
-        return workloads.get(workload).declared
+        w = workloads.get(workload)
     except UsageError:  # a store written by a workload this gpuvs does not know
-        return lambda name: None
+        return lambda name, summary=None: recorded(name, summary or {})
+    return lambda name, summary=None: w.declared(name, params) or recorded(name, summary or {})
 
 
 def _metric(name: str, unit: str | None, source: str, decl) -> Metric:
@@ -302,15 +312,17 @@ def _metric(name: str, unit: str | None, source: str, decl) -> Metric:
 def _metrics(records: list[TrialRecord], arm_order: list[str], workload: str) -> list[Metric]:
     """Sample series (in the baseline arm's order), then scalar metrics, each with its workload's
     declaration; the headline (the first series or metric declared as one) first."""
-    declared = _declarations(workload)
-    series: dict[str, Metric] = {}
-    scalars: dict[str, Metric] = {}
     ok = sorted((r for r in records if r.ok),
                 key=lambda r: arm_order.index(r.arm) if r.arm in arm_order else len(arm_order))
+    # arms share how figures are read (Workload.fixed_params): the first trial's parameters declare them
+    first = (ok or records or [None])[0]
+    declared = _declarations(workload, first.spec.params if first is not None and first.spec else None)
+    series: dict[str, Metric] = {}
+    scalars: dict[str, Metric] = {}
     for rec in ok:
         for name, s in rec.summary.items():
             if name not in series and s.value is not None:
-                series[name] = _metric(name, s.unit, "series", declared(name))
+                series[name] = _metric(name, s.unit, "series", declared(name, s))
         for name, m in rec.metrics.items():
             if name not in scalars and name not in series and m.value is not None:
                 scalars[name] = _metric(name, m.unit, "metric", declared(name))
@@ -433,7 +445,8 @@ def varied_keys(arms: list[ArmResult]) -> set[str]:
 
 
 def _flags(arms: list[ArmResult], records: list[TrialRecord]) -> list[str]:
-    """Key fingerprint fields that differ where the user did not ask them to."""
+    """Key fingerprint fields that differ where the user did not ask them to; what an arm run bare could not
+    measure; what an image against another changed."""
     flags = []
     kinds = {r.spec.env.kind if r.spec else environments.DEFAULT for r in records}
     varied = varied_keys(arms)
@@ -441,6 +454,10 @@ def _flags(arms: list[ArmResult], records: list[TrialRecord]) -> list[str]:
     if "device" in varied:  # the GPU a run sees follows from its device: a CPU arm in a pod sees none
         explained |= set(fingerprint.DEVICE_FIELDS)
     for arm in arms:
+        unmeasured = next((r.config["unmeasured"] for r in records if r.arm == arm.name and r.ok
+                           and isinstance(r.config.get("unmeasured"), str)), None)
+        if unmeasured:  # a command run bare: what gpuvs could not measure inside, said beside the verdict
+            flags.append(f"arm {arm.name} ran bare, so {unmeasured}")
         fps = [r.fingerprint for r in records if r.arm == arm.name and r.ok and r.fingerprint]
         for other in fps[1:]:
             diff = fingerprint.differences(fps[0], other)
@@ -452,7 +469,12 @@ def _flags(arms: list[ArmResult], records: list[TrialRecord]) -> list[str]:
     for arm in arms[1:]:
         if not base.fingerprint or not arm.fingerprint:
             continue
-        diff = {k: v for k, v in fingerprint.differences(base.fingerprint, arm.fingerprint).items() if k not in explained}
+        every = fingerprint.differences(base.fingerprint, arm.fingerprint, fingerprint.KEY_FIELDS + IMAGE_EXTRA)
+        diff = {k: v for k, v in every.items() if k not in explained and k not in IMAGE_EXTRA}
+        software = {k: v for k, v in every.items() if k in fingerprint.SOFTWARE_FIELDS + IMAGE_EXTRA}
+        if software and varied == {"image"}:  # image against image: what the new image changed, read in each
+            flags.append(f"arm {arm.name}'s image differs from arm {base.name}'s in " + ", ".join(
+                f"{k} ({b} vs {a})" for k, (b, a) in software.items()) + ": what changed with the image")
         if diff:
             flags.append(f"arm {arm.name} differs from arm {base.name} in " + ", ".join(
                 f"{k} ({b} vs {a})" for k, (b, a) in diff.items()) + ", which this comparison did not vary")

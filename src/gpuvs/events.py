@@ -9,6 +9,8 @@ telemetry    {"t", "gpu", ...}                     one NVML reading
 summary      {"data": {series: {...}}}             the worker's own summary of its samples
 error        {"kind", "message"}                   kind: oom | input | unavailable | crash
 log          {"message"}                           free text shown to the user
+output       {"stream", "text", "bytes", "lines", "cut"}   a command's own output on one stream, capped (its first
+                                                   and last bytes; `cut` bytes left out between them)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import math
 from typing import Any
 
-TYPES = ("config", "fingerprint", "startup", "sample", "metric", "telemetry", "summary", "error", "log")
+TYPES = ("config", "fingerprint", "startup", "sample", "metric", "telemetry", "summary", "error", "log", "output")
 
 
 def _clean(value: Any) -> Any:
@@ -50,6 +52,11 @@ def log(message: str) -> dict[str, Any]:
 
 def error(kind: str, message: str) -> dict[str, Any]:
     return {"type": "error", "kind": kind, "message": message}
+
+
+def output(stream: str, text: str, total_bytes: int, lines: int, cut: int) -> dict[str, Any]:
+    return {"type": "output", "stream": stream, "text": text, "bytes": int(total_bytes), "lines": int(lines),
+            "cut": int(cut)}
 
 
 def encode(event: dict[str, Any]) -> str:

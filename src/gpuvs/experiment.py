@@ -51,6 +51,7 @@ SPEC_PARAMS = {
     "fresh": FRESH,
 }
 ALIASES = {"timeout": "timeout_s", "telemetry_interval": "telemetry_interval_s"}  # the CLI's spellings
+COMMAND_KEY = "command"  # a file's (and an arm's) command line: the argv of a workload that takes one
 
 
 @dataclass
@@ -76,6 +77,11 @@ def normalise_key(key: Any) -> str:
 def coerce_override(workload: workloads.Workload, key: str, value: Any) -> tuple[str, Any]:
     """(key, typed value) of one arm override; UsageError (no location) if the key or value is bad."""
     key = normalise_key(key)
+    if key == COMMAND_KEY and workload.argv_param:
+        key = workload.argv_param
+    if key in workload.fixed_params:
+        raise UsageError(f"{key} cannot differ between arms: it says which figures a trial gives and how they are "
+                         f"read, and arms are compared figure by figure (set it for the whole comparison)")
     if key in SPEC_FIELDS:
         value = SPEC_PARAMS[key].coerce(value)
         if key == "device":
@@ -242,10 +248,17 @@ def read_file(path: str | Path) -> _Map:
     return doc
 
 
+def workload_name(doc: dict[str, Any]) -> str:
+    """The workload an experiment file names: its `workload`, else the command workload where it gives `command`."""
+    if doc.get("workload") is None and COMMAND_KEY in doc:
+        return COMMAND_KEY
+    return str(doc.get("workload"))
+
+
 def top_keys() -> set[str]:
     """The keys an experiment file's top level takes."""
     return ({p.name for p in STUDY_PARAMS} | set(SPEC_FIELDS) | set(environments.option_keys())
-            | {"workload", "params", "env", "arms"})
+            | {"workload", "params", "env", "arms", COMMAND_KEY})
 
 
 TOP_KEYS = frozenset(top_keys())
@@ -272,12 +285,24 @@ def load(path: str | Path, cli: dict[str, Any] | None = None, device_fallback: s
         top[norm] = (value, loc)
     for key, value in cli.items():
         top[normalise_key(key)] = (value, "command line")
+    if "workload" not in top and COMMAND_KEY in top:  # `command: [PROGRAM, ARGS...]`: the command workload
+        top["workload"] = (COMMAND_KEY, top[COMMAND_KEY][1])
     if "workload" not in top:
         raise UsageError(f"{path}:{doc.line}: missing key 'workload' (one of: {', '.join(workloads.names())})")
     try:
         workload = workloads.get(str(top["workload"][0]))
     except UsageError as exc:
         raise UsageError(f"{top['workload'][1]}: {exc}") from None
+    if COMMAND_KEY in top:
+        if not workload.argv_param:
+            raise UsageError(f"{top[COMMAND_KEY][1]}: '{COMMAND_KEY}' is the command workload's command line; "
+                             f"{workload.name} takes none")
+        command, loc = top.pop(COMMAND_KEY)
+        if not isinstance(command, list) and not isinstance(command, str):
+            raise UsageError(f"{loc}: {COMMAND_KEY} is a list of words, e.g. {COMMAND_KEY}: [sysbench, cpu, run]")
+        file_command = [(workload.argv_param, command, loc)]  # words after `--` on the command line replace it
+    else:
+        file_command = []
 
     opts: dict[str, Any] = {}
     for p in STUDY_PARAMS:
@@ -306,7 +331,7 @@ def load(path: str | Path, cli: dict[str, Any] | None = None, device_fallback: s
         raise UsageError(f"{params_loc}: params must be a mapping of {workload.name} parameters (batch_size: 64, ...)")
     given: dict[str, Any] = {}
     sources = [(k, v, f"{path}:{params_raw.lines[k]}" if isinstance(params_raw, _Map) else params_loc)
-               for k, v in params_raw.items()] + [(k, v, "command line") for k, v in cli_params.items()]
+               for k, v in params_raw.items()] + file_command + [(k, v, "command line") for k, v in cli_params.items()]
     for key, value, loc in sources:
         try:
             param = workload.param(normalise_key(key))

@@ -12,10 +12,16 @@ from typing import Any
 
 from gpuvs import __version__
 
+# Who took a fingerprint: gpuvs's worker where the job ran (every fingerprint take() makes), or gpuvs from outside
+# (the command workload's bare mode, where the image has no Python: environments say what they could read).
+TAKEN_INSIDE = "gpuvs's worker, inside"
+# The image's own software, read from its files (software.py): dotted keys into the fingerprint's "software".
+IMAGE_FIELDS = ("software.cuda", "software.cudnn", "software.frameworks")
 # Fields whose difference between arms matters when the user did not ask to vary them.
-KEY_FIELDS = ("gpu_name", "driver", "cuda", "torch", "cudnn", "cpu_model", "gpu_count")
+KEY_FIELDS = ("gpu_name", "driver", "cuda", "torch", "cudnn", "cpu_model", "gpu_count") + IMAGE_FIELDS + (
+    "software.driver_libs",)
 # The key fields that come with the software of an image (not with the machine).
-SOFTWARE_FIELDS = ("torch", "cuda", "cudnn")
+SOFTWARE_FIELDS = ("torch", "cuda", "cudnn") + IMAGE_FIELDS
 # The key fields that come with the device a run is given: a CPU run in a pod without a GPU sees none.
 DEVICE_FIELDS = ("gpu_name", "driver", "gpu_count")
 
@@ -233,7 +239,7 @@ def framework_info(import_torch: bool = True) -> dict[str, Any]:
 
 def take(import_torch: bool = True) -> dict[str, Any]:
     """The whole fingerprint as one flat-ish dict (see KEY_FIELDS for the flat comparison keys)."""
-    fp: dict[str, Any] = {"gpuvs": __version__, "python": platform.python_version(),
+    fp: dict[str, Any] = {"gpuvs": __version__, "taken_by": TAKEN_INSIDE, "python": platform.python_version(),
                           "os": f"{platform.system()} {platform.release()}", "hostname": socket.gethostname(),
                           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid()}
     fp.update(cpu_info())
@@ -242,15 +248,31 @@ def take(import_torch: bool = True) -> dict[str, Any]:
     fp.update(container_info())
     fp.update(nvml_info())
     fp.update(framework_info(import_torch))
+    try:
+        from gpuvs import software
+
+        fp["software"] = software.here()
+    except Exception as exc:  # a probe never fails a trial
+        fp["software"] = {"error": f"{type(exc).__name__}: {exc}"}
     gpus = fp.get("gpus") or []
     fp["gpu_count"] = len(gpus)
     fp["gpu_name"] = gpus[0]["name"] if gpus else None
     return fp
 
 
+def field(fp: dict[str, Any], key: str) -> Any:
+    """A fingerprint field by its key; a dotted key reads nested dicts ("software.cuda")."""
+    value: Any = fp
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
 def differences(a: dict[str, Any], b: dict[str, Any], fields: tuple[str, ...] = KEY_FIELDS) -> dict[str, tuple]:
     """Key fields that differ between two fingerprints: {field: (a, b)}."""
-    return {f: (a.get(f), b.get(f)) for f in fields if a.get(f) != b.get(f)}
+    return {f: (field(a, f), field(b, f)) for f in fields if field(a, f) != field(b, f)}
 
 
 def gpu_count() -> int:

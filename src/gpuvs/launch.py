@@ -400,7 +400,8 @@ class Launcher:
             worker = z.fork(spec)
             self.forks.append(worker.fork_info)
             return worker
-        return environments.get(spec.env).launch(spec)
+        # through the workload: the command workload's bare mode runs the job itself as the environment's process
+        return workloads.get(spec.workload).launch(spec, environments.get(spec.env))
 
     def close(self) -> None:
         for z in list(self.zygotes.values()):

@@ -1,5 +1,6 @@
 """What the store keeps, as typed records: an experiment (ExperimentRecord, its ExperimentMeta), its
-trials (TrialRecord), their samples (SampleRecord) and NVML readings (TelemetryRecord). The store reads
+trials (TrialRecord), their samples (SampleRecord), NVML readings (TelemetryRecord) and a command's own
+output (OutputRecord). The store reads
 its rows into these and writes them back; everything after the store works on them.
 
 JSON is made and read here and nowhere after the store: to_dict() is exactly the JSON the store's
@@ -104,6 +105,28 @@ class TelemetryRecord:
     def to_dict(self) -> dict[str, Any]:
         """The reading as one flat mapping (what telemetry.summarize and the charts read)."""
         return {"t": self.t, "gpu": self.gpu, **self.data}
+
+
+@dataclass
+class OutputRecord:
+    """One stream of a command trial's own output, as kept (job.Capture): its text (the first and last bytes of
+    it, with a marked cut), its size in bytes and lines, and how many bytes were cut."""
+
+    trial_id: int | None
+    stream: str
+    text: str
+    bytes: int | None = None
+    lines: int | None = None
+    cut: int | None = None
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any], trial_id: int | None = None) -> OutputRecord:
+        """A worker's output event (events.output)."""
+        return cls(trial_id, event["stream"], event.get("text") or "", event.get("bytes"), event.get("lines"),
+                   event.get("cut"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 def summaries_from_dict(data: Mapping[str, Any] | None) -> dict[str, SeriesSummary]:

@@ -50,6 +50,7 @@ class TrialResult:
     samples: list[SampleRecord] = field(default_factory=list)
     telemetry: list[TelemetryRecord] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # stream -> the job's output, capped
     wall_s: float = 0.0
     reported: bool = False  # the worker's last event of a finished run (its summary) arrived
 
@@ -83,6 +84,8 @@ class TrialResult:
             self.error_kind, self.error = event.get("kind"), event.get("message")
         elif kind == "log":
             self.logs.append(event["message"])
+        elif kind == "output":
+            self.outputs[event["stream"]] = {k: v for k, v in event.items() if k not in ("type", "stream")}
 
 
 @dataclass
@@ -163,7 +166,9 @@ def validate_spec(spec: RunSpec) -> dict[str, Any]:
     if spec.timeout_s is not None and spec.timeout_s <= 0:
         raise UsageError(f"--timeout must be positive, got {spec.timeout_s}")
     launch.check(spec)
-    environments.get(spec.env).check(spec)
+    environment = environments.get(spec.env)
+    environment.check(spec)
+    workload.check_in(spec, environment)
     return params
 
 
@@ -286,6 +291,7 @@ class LiveTrial:
         self.timeout = spec.timeout_s or runner.timeout_s
         self.launched = None
         self.done = False
+        self.ended = False  # the worker's output has been read to its end
         self._finished = False
         self.t0 = time.monotonic()
 
@@ -333,6 +339,7 @@ class LiveTrial:
                     self.checkpoint()  # a quiet worker's last samples reach the store too
                     continue
                 if line is None:
+                    self.ended = True
                     break
                 self.handle(line)
         else:
@@ -344,6 +351,7 @@ class LiveTrial:
                 except queue.Empty:
                     return False
                 if line is None:
+                    self.ended = True
                     break
                 self.handle(line)
         self.settle()
@@ -368,6 +376,24 @@ class LiveTrial:
         r.status, r.error_kind, r.error = status, kind, message
         self.done = True
 
+    def late_output(self, wait_s: float = 2.0) -> None:
+        """A stopped trial (timeout, Ctrl-C) still keeps what its job printed: the `output` events its worker
+        sent while being stopped are stored; nothing else it said then changes the trial's fate."""
+        if self.ended:  # the worker's output was read to its end: nothing is left
+            return
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                line = self.launched.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if line is None:
+                return
+            event = events.decode(line)
+            if event is not None and event["type"] == "output" and self.result.trial_id is not None:
+                self.result.apply(event)
+                self.runner.store.add_event(self.result.trial_id, event)
+
     def finish(self) -> None:
         """Stop whatever is left of the worker and commit the trial (once)."""
         if self._finished:
@@ -377,11 +403,11 @@ class LiveTrial:
         launched = self.launched
         if launched is not None:
             launched.stop()
+            self.late_output()
         r.wall_s = time.monotonic() - self.t0
         if not r.summary and r.samples:
-            from gpuvs import stats
-
-            r.summary = stats.summarize_samples(r.samples, workloads.get(r.spec.workload).declared)
+            summary = workloads.get(r.spec.workload).summarize([s.to_dict() for s in r.samples], r.spec.params)
+            r.summary = summaries_from_dict(summary)
         if r.trial_id is not None:
             self.runner.store.finish_trial(r.trial_id, r.status, error=r.error, error_kind=r.error_kind,
                                            exit_code=r.exit_code, fingerprint=r.fingerprint, config=r.config,

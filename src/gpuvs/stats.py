@@ -86,6 +86,8 @@ class SeriesSummary:
     p50: float | None = None
     p90: float | None = None
     p99: float | None = None
+    figure: str | None = None  # how the trial's figure was made, where a workload says (command: steps, last printed)
+    declared: dict[str, Any] | None = None  # a figure's declaration made while the job ran (the command workload)
 
     def to_dict(self) -> dict[str, Any]:
         """The summary's JSON: n, unit, better and higher_is_better always, each figure where there is one."""

@@ -27,6 +27,7 @@ from gpuvs.records import (
     ExperimentListing,
     ExperimentMeta,
     ExperimentRecord,
+    OutputRecord,
     SampleRecord,
     TelemetryRecord,
     TrialRecord,
@@ -52,7 +53,12 @@ CREATE TABLE IF NOT EXISTS samples (
 CREATE TABLE IF NOT EXISTS telemetry (
   trial_id INTEGER NOT NULL REFERENCES trials(id), t REAL NOT NULL, gpu INTEGER, data TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS outputs (
+  trial_id INTEGER NOT NULL REFERENCES trials(id), stream TEXT NOT NULL, text TEXT NOT NULL, bytes INTEGER,
+  lines INTEGER, cut INTEGER
+);
 CREATE INDEX IF NOT EXISTS samples_trial ON samples(trial_id);
+CREATE INDEX IF NOT EXISTS outputs_trial ON outputs(trial_id);
 CREATE INDEX IF NOT EXISTS telemetry_trial ON telemetry(trial_id);
 CREATE INDEX IF NOT EXISTS trials_experiment ON trials(experiment_id);
 """
@@ -248,11 +254,14 @@ class Store:
         return trial_id
 
     def add_event(self, trial_id: int, event: dict[str, Any]) -> None:
-        """One event of the worker protocol: a sample or a telemetry reading waits for the next write."""
+        """One event of the worker protocol: a sample, a telemetry reading or a command's output waits for the
+        next write."""
         if event["type"] == "sample":
             self._pending.setdefault(trial_id, []).append(SampleRecord.from_event(event, trial_id))
         elif event["type"] == "telemetry":
             self._pending.setdefault(trial_id, []).append(TelemetryRecord.from_event(event))
+        elif event["type"] == "output":
+            self._pending.setdefault(trial_id, []).append(OutputRecord.from_event(event, trial_id))
 
     def due(self, trial_id: int) -> bool:
         """Events of this trial have waited FLUSH_INTERVAL_S or more since its last write."""
@@ -273,6 +282,10 @@ class Store:
                 self.db.execute("INSERT INTO samples VALUES (?,?,?,?,?,?,?,?)",
                                 (trial_id, rec.series, rec.step, rec.value, rec.unit, rec.seconds, rec.items,
                                  json.dumps(rec.extra)))
+            elif isinstance(rec, OutputRecord):  # a command's output on one stream, capped: the last one sent stands
+                self.db.execute("DELETE FROM outputs WHERE trial_id=? AND stream=?", (trial_id, rec.stream))
+                self.db.execute("INSERT INTO outputs VALUES (?,?,?,?,?,?)",
+                                (trial_id, rec.stream, rec.text, rec.bytes, rec.lines, rec.cut))
             else:
                 self.db.execute("INSERT INTO telemetry VALUES (?,?,?,?)", (trial_id, rec.t, rec.gpu, json.dumps(rec.data)))
 
@@ -352,6 +365,13 @@ class Store:
         rows = self.db.execute("SELECT * FROM samples WHERE trial_id=? ORDER BY rowid", (trial_id,))
         return [SampleRecord(r["trial_id"], r["series"], r["step"], r["value"], r["unit"], r["seconds"], r["items"],
                              json.loads(r["extra"] or "{}")) for r in rows]
+
+    def outputs(self, trial_id: int) -> list[OutputRecord]:
+        """A command trial's own output, one record per stream (stdout first)."""
+        if self.db.execute("SELECT 1 FROM sqlite_master WHERE name='outputs'").fetchone() is None:
+            return []  # a read-only store written before outputs were kept
+        rows = self.db.execute("SELECT * FROM outputs WHERE trial_id=? ORDER BY stream DESC", (trial_id,))
+        return [OutputRecord(r["trial_id"], r["stream"], r["text"], r["bytes"], r["lines"], r["cut"]) for r in rows]
 
     def telemetry(self, trial_id: int) -> list[TelemetryRecord]:
         rows = self.db.execute("SELECT * FROM telemetry WHERE trial_id=? ORDER BY rowid", (trial_id,))

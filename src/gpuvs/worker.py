@@ -109,8 +109,7 @@ def start_device(spec: RunSpec, workload) -> None:
 
 def run_events(spec: RunSpec, emit: Emit) -> None:
     """Run one spec, emitting every event. Raises on failure (classified by the caller)."""
-    from gpuvs import fingerprint, stats, telemetry, workloads
-    from gpuvs.records import SampleRecord
+    from gpuvs import fingerprint, telemetry, workloads
 
     if spec.launched_at:
         emit(events.startup("launch_to_worker_s", T_START - spec.launched_at))
@@ -120,11 +119,12 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
     params = workload.validate(spec.params, spec.device)
     import_requirements(workload, emit, spec)
     emit({"type": "fingerprint", "data": fingerprint.take(import_torch="torch" in workload.requires)})
-    samples: list[SampleRecord] = []
+    samples: list[dict[str, Any]] = []  # the sample events, summarised by the workload (the command workload's
+    # summary is plain Python: its worker may run in an image whose Python has no numpy)
 
     def collect(event: dict[str, Any]) -> None:
         if event["type"] == "sample":
-            samples.append(SampleRecord.from_event(event))
+            samples.append(event)
         emit(event)
 
     sampler = telemetry.start_for(spec, emit)
@@ -143,8 +143,8 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
             sampler.stop()
     if spec.launched_at:  # the workload is done: what follows until exit is teardown (timeshare.py)
         emit(events.startup("launch_to_done_s", time.time() - spec.launched_at))
-    summary = headline_first(stats.summarize_samples(samples, workload.declared), workload.headline_series(params))
-    emit({"type": "summary", "data": {name: s.to_dict() for name, s in summary.items()}})
+    emit({"type": "summary", "data": headline_first(workload.summarize(samples, params),
+                                                    workload.headline_series(params))})
 
 
 def headline_first(summary: dict[str, T], headline: str | None) -> dict[str, T]:

@@ -109,6 +109,8 @@ def workload_position(args: list[str], params: Sequence[Param]) -> int | None:
     i = 0
     while i < len(args):
         tok = args[i]
+        if tok == "--":  # what follows is not gpuvs's (a command's own words)
+            return None
         if not tok.startswith("-"):
             return i
         p = find((params,), tok.partition("=")[0])
@@ -140,7 +142,7 @@ def parse(cmd: Command, argv: list[str], path: str) -> Args:
     Raises HelpWanted when the help is asked for, UsageError on bad input."""
     if not argv and cmd.help_when_bare:
         raise HelpWanted(cmd, path)
-    wants_help = any(a in HELP for a in argv)
+    wants_help = any(a in HELP for a in (argv[:argv.index("--")] if "--" in argv else argv))
     form = form_of(cmd, argv)
     static = cmd.params(form)
     specs = form.positionals if form is not None else cmd.positionals
@@ -166,8 +168,18 @@ def parse(cmd: Command, argv: list[str], path: str) -> Args:
     elif wants_help:
         raise HelpWanted(cmd, path)
     groups: list[Sequence[Param]] = [static] + ([workload.params] if workload is not None else [])
-    positionals, values = split(rest, groups, positional=len(specs), what=what,
-                                runs=form.runs if form is not None else None)
+    words = None  # a command line given after `--` to a workload that takes one (gpuvs run command -- ARGV...)
+    if workload is not None and workload.argv_param and "--" in rest:
+        at = rest.index("--")
+        rest, words = rest[:at], rest[at + 1:]
+    try:
+        positionals, values = split(rest, groups, positional=len(specs), what=what,
+                                    runs=form.runs if form is not None else None)
+    except UsageError as exc:
+        if workload is not None and workload.argv_param and str(exc).startswith("unexpected argument"):
+            raise UsageError(f"{exc}: the command's own words go after --, e.g. {path} {workload.name} [options] "
+                             "-- PROGRAM ARGS...") from None
+        raise
     required = [s for s in specs if s.required]
     if len(positionals) < len(required):
         raise UsageError(f"Missing argument '{required[len(positionals)].name}'.")
@@ -177,4 +189,6 @@ def parse(cmd: Command, argv: list[str], path: str) -> Args:
     options = {p.name: p.coerce(values[p]) if p in values else p.default for p in static}
     given = frozenset(p.name for p in static if p in values)
     params = {p.name: values[p] for p in workload.params if p in values} if workload is not None else {}
+    if words is not None:
+        params[workload.argv_param] = words
     return Args(cmd, list(argv), positionals, options, given, workload, params, form)

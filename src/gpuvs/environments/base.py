@@ -187,6 +187,8 @@ class Environment:
     explains: ClassVar[dict[str, tuple[str, ...]]] = {}
     # Where a trial's GPUs are looked for, in the note printed when none is found ("here").
     gpus_where: ClassVar[str] = "here"
+    # True where start_bare() runs a command as the environment's own process (the command workload's --bare).
+    runs_bare: ClassVar[bool] = False
     # How trials can start here (launch.py): "exec" (a fresh worker per trial) always; "fork" (a fresh child
     # of a zygote that paid the imports once) where the kind can hold a zygote (start_zygote), and whether
     # --fresh auto picks it. `fork_refusal` says why a kind cannot (one line, for --fresh fork).
@@ -213,6 +215,16 @@ class Environment:
 
     def launch(self, spec: RunSpec) -> WorkerStream:
         raise NotImplementedError
+
+    def start_bare(self, spec: RunSpec, argv: list[str], workdir: str | None) -> Any:
+        """Bare mode (the command workload on an image without Python): the command as this environment's own
+        process, without gpuvs's worker; a RawJob (environments/rawjob.py). Kinds that cannot, refuse."""
+        raise UsageError(f"--bare: {self.noun or self.kind} cannot run a command bare")
+
+    def missing_executable(self, spec: RunSpec, name: str, workdir: str | None) -> str | None:
+        """Why the command's executable cannot be found where the worker runs, in one line; None where it is
+        found, or where that cannot be told before the trial (inside an image)."""
+        return None
 
     def start_zygote(self, spec: RunSpec, args: list[str], folder: str) -> Launched:
         """Start `python -m gpuvs.zygote ARGS` here, for the trials of specs like this one (forks): with the

@@ -231,6 +231,7 @@ class ContainerEnvironment(Environment):
     params = PARAMS
     internal_keys = ("mps",)  # gpuvs share: its MPS daemon's pipe folder, mounted in
     fingerprint_fields = (("in_container", "in a container"), ("container_image", "image"))
+    runs_bare = True
     explains = {"env": SOFTWARE_FIELDS, "image": SOFTWARE_FIELDS, "rootfs": SOFTWARE_FIELDS,
                 "engine": SOFTWARE_FIELDS, "gpus": ("gpu_count", "gpu_name")}
     # --fresh fork: one container per arm, kept for the experiment, holds the zygote; each trial is a fresh
@@ -291,13 +292,16 @@ class ContainerEnvironment(Environment):
         return f"gpuvs-{spec.run_id}"
 
     def command(self, spec: RunSpec, entry: tuple[str, ...] = ("-m", "gpuvs.inside"),
-                folders: tuple[str, ...] = ()) -> tuple[list[str], dict]:
-        """(argv, environment of the engine process) for one run; start() adds the spec to that environment."""
+                folders: tuple[str, ...] = (), bare: list[str] | None = None,
+                workdir: str | None = None) -> tuple[list[str], dict]:
+        """(argv, environment of the engine process) for one run; start() adds the spec to that environment.
+        `bare`: the command itself as the container's process (bare mode): no gpuvs package, no run spec, no
+        --rm (the engine's record of its start and exit is read after it ends, then it is removed)."""
         s = self.settings
         eng = self.engine()
         gpu = self.gpu_plan(spec, eng)
         image_env = engines.image_env(eng, s.image) if s.image else {}
-        args = ["run", "--rm", "--name", self.container_name(spec), "--label", f"{LABEL}=1",
+        args = ["run", *(["--rm"] if bare is None else []), "--name", self.container_name(spec), "--label", f"{LABEL}=1",
                 "--label", f"{LABEL}.run_id={spec.run_id}", "--label", f"{LABEL}.arm={spec.arm}"]
         if spec.experiment_id:
             args += ["--label", f"{LABEL}.experiment={spec.experiment_id}"]
@@ -317,7 +321,10 @@ class ContainerEnvironment(Environment):
                 ulimits.setdefault(name, value)
         for name, value in ulimits.items():
             args += ["--ulimit", f"{name}={value}"]
-        args += ["-v", f"{Path(gpuvs.__file__).resolve().parent}:{PKG_INSIDE}/gpuvs:ro"]
+        if bare is None:
+            args += ["-v", f"{Path(gpuvs.__file__).resolve().parent}:{PKG_INSIDE}/gpuvs:ro"]
+        if workdir:
+            args += ["-w", workdir]
         for m in s.mounts:
             args += ["-v", m]
         if spec.barrier:  # gpuvs share: the start barrier is a folder every worker sees at the same path
@@ -332,7 +339,10 @@ class ContainerEnvironment(Environment):
         inside: dict[str, str] = {"PYTHONUNBUFFERED": "1", "GPUVS_CONTAINER_IMAGE": s.image or f"rootfs:{s.rootfs}",
                                   "GPUVS_NODE_NAME": socket.gethostname()}
         user_pp = s.env_vars.get("PYTHONPATH") or image_env.get("PYTHONPATH")
-        inside["PYTHONPATH"] = PKG_INSIDE + (f":{user_pp}" if user_pp else "")
+        if bare is None:
+            inside["PYTHONPATH"] = PKG_INSIDE + (f":{user_pp}" if user_pp else "")
+        else:
+            inside = {"PYTHONUNBUFFERED": "1"}
         if gpu.ld_library_path:
             base = s.env_vars.get("LD_LIBRARY_PATH") or image_env.get("LD_LIBRARY_PATH")
             inside["LD_LIBRARY_PATH"] = ":".join(gpu.ld_library_path + ([base] if base else []))
@@ -344,9 +354,10 @@ class ContainerEnvironment(Environment):
             inside.setdefault(key, value)
         for key, value in inside.items():
             args += ["-e", f"{key}={value}"]
-        args += ["-e", "GPUVS_SPEC"]  # the value comes from the engine's environment, not from argv
+        if bare is None:
+            args += ["-e", "GPUVS_SPEC"]  # the value comes from the engine's environment, not from argv
         args += ["--rootfs", s.rootfs] if s.rootfs else [s.image]
-        args += [self.python(), *entry]
+        args += [self.python(), *entry] if bare is None else list(bare)
         return eng.argv(*args), dict(os.environ)
 
     # -- running it --------------------------------------------------------------------------
@@ -365,6 +376,15 @@ class ContainerEnvironment(Environment):
         name = self.container_name(spec)
         return ContainerLaunched(argv, env, on_kill=lambda: self.remove(name),
                                  explain=lambda code, tail: self.explain(code, tail))
+
+    def start_bare(self, spec: RunSpec, argv: list[str], workdir: str | None):
+        """Bare mode: the command is the container's own process (no Python needed in the image); its output is
+        what the engine's client relays, its times the engine's record of the container's start and exit."""
+        from gpuvs.environments.container_job import ContainerJob
+
+        command, env = self.command(spec, bare=argv, workdir=workdir)
+        spec.launched_at = time.time()
+        return ContainerJob(self, spec, command, env)
 
     def remove(self, name: str) -> None:
         """Remove a container whatever its state; quiet when it is already gone."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -51,6 +52,7 @@ class HostEnvironment(Environment):
     rank = 0
     params = (ENV_VAR,)
     internal_keys = ("mps",)  # gpuvs share: its MPS daemon's pipe folder (the client env is in env_var)
+    runs_bare = True
     forks = True
     forks_by_default = True
 
@@ -62,6 +64,23 @@ class HostEnvironment(Environment):
         spec.launched_at = time.time()
         python = self.options.get("python") or sys.executable
         return Launched([python, "-m", "gpuvs.worker"], env=worker_env(spec, env_vars(self.options.get("env_var"))))
+
+    def start_bare(self, spec: RunSpec, argv: list[str], workdir: str | None):
+        """The command as gpuvs's own child, in its own process group (bare mode on the host: the same machine)."""
+        from gpuvs.environments.rawjob import HostJob
+
+        return HostJob(argv, workdir, env_vars(self.options.get("env_var")))
+
+    def missing_executable(self, spec: RunSpec, name: str, workdir: str | None) -> str | None:
+        path = env_vars(self.options.get("env_var")).get("PATH", os.environ.get("PATH", ""))
+        if os.sep in name:
+            full = os.path.join(workdir or os.getcwd(), name)
+            if not (os.path.isfile(full) and os.access(full, os.X_OK)):
+                return f"the command's executable {name} is not an executable file here (from {workdir or os.getcwd()})"
+            return None
+        if shutil.which(name, path=path) is None:
+            return f"the command's executable {name!r} is not on this host's PATH ({path})"
+        return None
 
     def start_zygote(self, spec: RunSpec, args: list[str], folder: str) -> Launched:
         python = self.options.get("python") or sys.executable

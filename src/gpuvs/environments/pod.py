@@ -329,6 +329,7 @@ class PodEnvironment(Environment):
     params = PARAMS
     local = False
     gpus_where = "on the cluster's nodes"
+    runs_bare = True
     fingerprint_fields = (("in_pod", "in a pod"), ("node_name", "node"), ("container_image", "image"))
     explains = {"env": ("*",), "image": SOFTWARE_FIELDS, "node": ("*",), "node_selector": ("*",),
                 "gpu_resource": ("gpu_count", "gpu_name")}
@@ -418,6 +419,20 @@ class PodEnvironment(Environment):
         waits = Waits(schedule=s.schedule_timeout, start=s.start_timeout, node_lost=s.node_lost_timeout)
         return PodLaunched(cluster, body, waits, memory_limit=self.options.get("memory"),
                            launched_at=spec.launched_at)
+
+    def start_bare(self, spec: RunSpec, argv: list[str], workdir: str | None):
+        """Bare mode: the command is the pod's own process (kube/podjob.py), its output the pod's log."""
+        import time
+
+        from gpuvs.kube.podjob import PodJob, bare_manifest
+        from gpuvs.kube.podrun import Waits
+
+        s = self.settings
+        cluster = self.cluster()
+        spec.launched_at = time.time()
+        body = bare_manifest(manifest(spec, s, package=False), argv, workdir)
+        waits = Waits(schedule=s.schedule_timeout, start=s.start_timeout, node_lost=s.node_lost_timeout)
+        return PodJob(cluster, body, waits, self.options.get("memory"), spec.launched_at)
 
     # -- gpuvs doctor ------------------------------------------------------------------------
 

@@ -14,6 +14,10 @@ from typing import Any, ClassVar
 from gpuvs.errors import UsageError, WorkloadError
 
 DIRECTIONS = ("higher", "lower")
+# What a figure is, for the verdict's words: a rate (work per time: higher is better, "faster"/"slower"), a time
+# (lower is better, "slower"/"faster"), or a score (anything else: "better"/"worse"). Declared, never guessed.
+KINDS = ("rate", "time", "score")
+KIND_DIRECTION = {"rate": "higher", "time": "lower"}
 STREAMS = ("stdout", "stderr")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*")
 NAME_RULE = "a letter or _, then letters, digits, _ . - /"
@@ -38,7 +42,9 @@ class Metric:
     cumulative: a per-step figure that already summarises every step so far (tf_cnn_benchmarks' `images/sec: X
     +/- Y (jitter = Z)` lines): the last one printed stands for the trial; never average them.
     required: the trial fails if it never appears (False for a figure that only some runs print).
-    pattern: the user's regex (--metric / --step-metric); read_from: how a ready parser finds it, in words."""
+    pattern: the user's regex (--metric / --step-metric); read_from: how a ready parser finds it, in words.
+    kind: rate, time or score (KINDS): the words of a verdict on it (faster/slower for a rate or a time,
+    better/worse for a score); a rate is always higher-is-better and a time lower-is-better."""
 
     name: str
     better: str
@@ -49,6 +55,7 @@ class Metric:
     pattern: str | None = None
     read_from: str = ""
     description: str = ""
+    kind: str = "score"
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -57,6 +64,11 @@ class Metric:
                              "(gpuvs never guesses which way is better)")
         if self.cumulative and not self.per_step:
             raise UsageError(f"metric {self.name}: only a per-step figure can be cumulative")
+        if self.kind not in KINDS:
+            raise UsageError(f"metric {self.name}: its kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
+        if KIND_DIRECTION.get(self.kind, self.better) != self.better:
+            raise UsageError(f"metric {self.name}: a {self.kind} is {KIND_DIRECTION[self.kind]}-is-better, "
+                             f"not {self.better}")
 
     @property
     def higher_is_better(self) -> bool:
@@ -70,7 +82,7 @@ class Metric:
 
 # The default headline of a command: measured by the wrapper from launch to exit, not parsed from the output.
 WALL_TIME = Metric("wall_time_s", "lower", "s", read_from="measured by gpuvs from launch to exit",
-                   description="wall time from the command's launch to its exit")
+                   description="wall time from the command's launch to its exit", kind="time")
 
 
 @dataclass(frozen=True)

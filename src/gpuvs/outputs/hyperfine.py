@@ -46,12 +46,13 @@ class Hyperfine(Parser):
                              "add --export-json FILE to it, or name the file: hyperfine:FILE")
         self.file = file
         where = f"hyperfine's {OPTION} file {file}"
-        self.metrics = tuple(Metric(n, "lower", "s", read_from=f"{key!r} in {where}", description=d) for n, key, d in (
+        self.metrics = tuple(Metric(n, "lower", "s", read_from=f"{key!r} in {where}", description=d,
+                                                kind="time") for n, key, d in (
             ("mean_s", "mean", "mean time of one run"), ("median_s", "median", "median time of one run"),
             ("min_s", "min", "fastest run"), ("user_s", "user", "mean user CPU time of one run"),
             ("system_s", "system", "mean system CPU time of one run"))) + (
             Metric("time_s", "lower", "s", per_step=True, read_from=f"'times' in {where}",
-                   description="each run's time"),)
+                   description="each run's time", kind="time"),)
         self.headline = "mean_s"
 
     def finish(self) -> list[Reading]:

@@ -6,6 +6,8 @@
 - "gpuvs": the metric's name; "value": a number.
 - "better": "higher" or "lower", required on the first line of each metric (may be repeated, never changed).
 - "unit": optional ("" if absent), fixed by the first line.
+- "kind": optional, "rate" (work per time), "time" or "score" (the default): a verdict on a rate or a time says
+  faster/slower, on a score better/worse; a rate must be "better": "higher", a time "lower". Fixed by the first line.
 - "step": optional; a metric printed with a step is a per-step figure (every one of its lines needs a step),
   one printed without is a figure printed once (if printed again, the last one stands).
 Every other line (plain text, other JSON) is ignored; a line with a "gpuvs" key that breaks these rules fails the
@@ -18,7 +20,7 @@ import json
 
 from gpuvs.errors import UsageError
 from gpuvs.outputs import register
-from gpuvs.outputs.base import DIRECTIONS, Line, Metric, OutputError, Parser, Reading, check_name
+from gpuvs.outputs.base import DIRECTIONS, KIND_DIRECTION, KINDS, Line, Metric, OutputError, Parser, Reading, check_name
 
 KEY = "gpuvs"
 
@@ -26,7 +28,8 @@ KEY = "gpuvs"
 @register
 class JsonLines(Parser):
     name = "jsonl"
-    summary = 'JSON lines the job prints: {"gpuvs": NAME, "value": N, "better": "higher"|"lower", "unit", "step"}'
+    summary = ('JSON lines the job prints: {"gpuvs": NAME, "value": N, "better": "higher"|"lower", "unit", "kind", '
+               '"step"}')
     arg = "NAMES: metrics that must appear, comma-separated"
     declares_at_run_time = True
 
@@ -72,7 +75,7 @@ class JsonLines(Parser):
         step = obj.get("step")
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             raise bad('"step" must be a whole number >= 0')
-        better, unit = obj.get("better"), obj.get("unit", "")
+        better, unit, kind = obj.get("better"), obj.get("unit", ""), obj.get("kind")
         if not isinstance(unit, str):
             raise bad('"unit" must be a string')
         known = self.metric(name)
@@ -81,13 +84,19 @@ class JsonLines(Parser):
                 raise bad(f'the first line of metric {name} must say "better": "higher" or "lower" (never guessed)')
             if better not in DIRECTIONS:
                 raise bad(f'"better" must be "higher" or "lower", not {better!r}')
+            if kind is not None and kind not in KINDS:
+                raise bad(f'"kind" must be one of {", ".join(map(repr, KINDS))}, not {kind!r}')
+            if kind in KIND_DIRECTION and KIND_DIRECTION[kind] != better:
+                raise bad(f'a "{kind}" is "better": "{KIND_DIRECTION[kind]}", not "{better}"')
             known = Metric(name, better, unit, per_step=step is not None, required=name in self.expected,
-                           read_from=f'JSON lines {{"{KEY}": "{name}", ...}}')
+                           read_from=f'JSON lines {{"{KEY}": "{name}", ...}}', kind=kind or "score")
             self.metrics += (known,)
         elif better is not None and better != known.better:
             raise bad(f'metric {name} was declared "better": "{known.better}" on its first line')
         elif "unit" in obj and unit != known.unit:
             raise bad(f'metric {name} was declared with unit {known.unit!r} on its first line')
+        elif kind is not None and kind != known.kind:
+            raise bad(f'metric {name} was declared "kind": "{known.kind}" on its first line')
         elif (step is not None) != known.per_step:
             raise bad(f"metric {name} was first printed {'with' if known.per_step else 'without'} a step")
         return [self.reading(name, float(value), line, step)]

@@ -1,6 +1,10 @@
-"""The user's own metrics: `--metric NAME=REGEX,higher|lower[,UNIT]` for a figure the job prints once and
+"""The user's own metrics: `--metric NAME=REGEX,higher|lower|rate|time[,UNIT]` for a figure the job prints once and
 `--step-metric` (same syntax) for a figure it prints every step, turned into declarations before anything starts,
 and the parser that reads them.
+
+- The direction is required: `higher` or `lower` is better (a verdict on it says better/worse), or the figure is a
+  `rate` (work per time: higher is better, and a verdict says faster/slower) or a `time` (lower is better;
+  faster/slower). Never guessed from the name or the unit.
 
 - The figure is the regex's first group (or its group named `value`); for a step metric, a group named `step`
   gives the step number, otherwise matches are numbered 1, 2, 3... in the order printed.
@@ -15,9 +19,10 @@ import re
 from typing import Iterable
 
 from gpuvs.errors import UsageError
-from gpuvs.outputs.base import DIRECTIONS, Line, Metric, Parser, Reading, check_name, number
+from gpuvs.outputs.base import DIRECTIONS, KIND_DIRECTION, Line, Metric, Parser, Reading, check_name, number
 
-SYNTAX = "NAME=REGEX,higher|lower[,UNIT]"
+SYNTAX = "NAME=REGEX,higher|lower|rate|time[,UNIT]"
+WORDS = DIRECTIONS + tuple(KIND_DIRECTION)  # what may follow the regex: a direction, or a kind that implies one
 _WORD = re.compile(r"[A-Za-z]+")
 
 
@@ -42,15 +47,18 @@ def parse_metric_spec(text: str, per_step: bool = False) -> Metric:
         raise bad(why) from None
     parts = rest.rsplit(",", 2)
     unit = ""
-    if len(parts) >= 2 and parts[-1].strip().lower() in DIRECTIONS:
-        regex, better = ",".join(parts[:-1]), parts[-1].strip().lower()
-    elif len(parts) == 3 and parts[-2].strip().lower() in DIRECTIONS:
-        regex, better, unit = parts[0], parts[-2].strip().lower(), parts[-1].strip()
+    if len(parts) >= 2 and parts[-1].strip().lower() in WORDS:
+        regex, word = ",".join(parts[:-1]), parts[-1].strip().lower()
+    elif len(parts) == 3 and parts[-2].strip().lower() in WORDS:
+        regex, word, unit = parts[0], parts[-2].strip().lower(), parts[-1].strip()
     else:
         words = [p.strip() for p in parts[1:] if _WORD.fullmatch(p.strip())]
         if words:
-            raise bad(f"unknown direction {words[0]!r}: say higher or lower (which way is better is never guessed)")
-        raise bad("no direction: end it with ,higher or ,lower (which way is better is never guessed)")
+            raise bad(f"unknown direction {words[0]!r}: say higher or lower, or rate or time (which way is better "
+                      "is never guessed)")
+        raise bad("no direction: end it with ,higher or ,lower, or ,rate or ,time (which way is better is never "
+                  "guessed)")
+    better, kind = (KIND_DIRECTION[word], word) if word in KIND_DIRECTION else (word, "score")
     if not regex:
         raise bad("the regex is empty")
     try:
@@ -59,7 +67,7 @@ def parse_metric_spec(text: str, per_step: bool = False) -> Metric:
         raise bad(f"the regex {regex!r} does not compile: {exc}") from None
     if value_group(compiled) is None:
         raise bad(f"the regex {regex!r} has no group for the figure: put it in parentheses, e.g. 'loss: ([0-9.]+)'")
-    return Metric(name, better, unit, per_step=per_step, pattern=regex)
+    return Metric(name, better, unit, per_step=per_step, pattern=regex, kind=kind)
 
 
 def value_group(regex: re.Pattern[str]) -> int | str | None:

@@ -37,9 +37,9 @@ class StressNg(Parser):
         row = f"the {arg!r} row" if arg else "the stressor's row"
         self.metrics = (
             Metric("bogo_ops_per_sec", "higher", "bogo ops/s", read_from=f"bogo ops/s (real time) in {row} "
-                   "of stress-ng's --metrics-brief table"),
+                   "of stress-ng's --metrics-brief table", kind="rate"),
             Metric("bogo_ops_per_sec_cpu", "higher", "bogo ops/s", read_from=f"bogo ops/s (usr+sys time) in {row} "
-                   "of stress-ng's --metrics-brief table"),
+                   "of stress-ng's --metrics-brief table", kind="rate"),
         )
         self.headline = "bogo_ops_per_sec"
         self.info["rows"] = {}

@@ -65,16 +65,20 @@ class Sysbench(Parser):
         self.info["test"] = test
         if test == "cpu":
             self.metrics = (
-                Metric("events_per_sec", "higher", "events/s", read_from="sysbench's 'events per second:' line"),
-                Metric("latency_avg_ms", "lower", "ms", read_from="sysbench's 'Latency (ms)' avg line"),
+                Metric("events_per_sec", "higher", "events/s", read_from="sysbench's 'events per second:' line",
+                       kind="rate"),
+                Metric("latency_avg_ms", "lower", "ms", read_from="sysbench's 'Latency (ms)' avg line",
+                       kind="time"),
                 Metric("latency_p95_ms", "lower", "ms", required=False,
-                       read_from="sysbench's 'Latency (ms)' 95th percentile line"),
+                       read_from="sysbench's 'Latency (ms)' 95th percentile line", kind="time"),
             )
             self.headline = "events_per_sec"
         else:
             self.metrics = (
-                Metric("mib_per_sec", "higher", "MiB/s", read_from="sysbench's 'MiB transferred (X MiB/sec)' line"),
-                Metric("ops_per_sec", "higher", "ops/s", read_from="sysbench's 'Total operations: N (X per second)'"),
+                Metric("mib_per_sec", "higher", "MiB/s", read_from="sysbench's 'MiB transferred (X MiB/sec)' line",
+                       kind="rate"),
+                Metric("ops_per_sec", "higher", "ops/s", read_from="sysbench's 'Total operations: N (X per second)'",
+                       kind="rate"),
             )
             self.headline = "mib_per_sec"
         self._in_latency = False

@@ -45,10 +45,11 @@ class TfCnnBenchmarks(Parser):
         super().__init__(arg, job)
         self.metrics = (
             Metric("total_images_per_sec", "higher", "images/sec", read_from="the closing 'total images/sec: N' line",
-                   description="total images over the timed loop's time"),
+                   description="total images over the timed loop's time", kind="rate"),
             Metric("images_per_sec", "higher", "images/sec", per_step=True, cumulative=True, required=False,
                    read_from="the step lines' 'images/sec: X +/- Y (jitter = Z)'",
-                   description="batch size / mean step time over every step so far, with +/- and jitter"),
+                   description="batch size / mean step time over every step so far, with +/- and jitter",
+                   kind="rate"),
             Metric("total_loss", "lower", "", per_step=True, required=False,
                    read_from="the step lines' total_loss column", description="the loss of that step"),
         )

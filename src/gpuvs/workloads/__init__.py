@@ -23,7 +23,26 @@ def all_workloads() -> list[Workload]:
 
 
 def get(name: str) -> Workload:
+    """The workload by name. One whose module has its name (`command`) is imported alone, without discovering the
+    others: the command workload's worker runs in the user's image, where the other modules' imports (numpy for
+    the kernel suite) may not be."""
+    cls = _workloads.classes.get(name) or _alone(name)
+    if cls is not None:
+        return cls()
     try:
         return _workloads.discover()[name]()
     except KeyError:
         raise UsageError(f"unknown workload {name!r}; known workloads: {', '.join(names())}") from None
+
+
+def _alone(name: str) -> type[Workload] | None:
+    import importlib
+    import importlib.util
+
+    module = name.replace("-", "_")
+    if not module.isidentifier() or module == "base" or module.startswith("_"):
+        return None
+    if importlib.util.find_spec(f"{__name__}.{module}") is None:
+        return None
+    importlib.import_module(f"{__name__}.{module}")
+    return _workloads.classes.get(name)

@@ -43,6 +43,18 @@ class MetricDecl:
         return {"higher": True, "lower": False}.get(self.better)
 
 
+def recorded(name: str, summary: Any) -> MetricDecl | None:
+    """The declaration a trial's summary of a figure carries with it (`"declared": {"better", "up", "down",
+    "headline"}`: a stats.SeriesSummary's `declared`, or the summary event's key), for a figure the job itself
+    declared while it ran (the command workload's JSON lines): known only from what was stored, never guessed. None
+    where the summary carries none."""
+    d = summary.get("declared") if isinstance(summary, dict) else getattr(summary, "declared", None)
+    if not isinstance(d, dict) or d.get("better") not in BETTER or not d.get("up") or not d.get("down"):
+        return None
+    return MetricDecl(name, d["better"], str(d["up"]), str(d["down"]), bool(d.get("headline")),
+                      bool(d.get("tested", True)))
+
+
 def rate(pattern: str, headline: bool = False) -> MetricDecl:
     """Work per unit of time: higher is faster."""
     return MetricDecl(pattern, "higher", "faster", "slower", headline)
@@ -145,10 +157,39 @@ class Workload:
     # Defaults that replace the GPU-sized ones when the device is the CPU (so a default run ends
     # in minutes there); a value the user gives always wins.
     cpu_defaults: ClassVar[dict[str, Any]] = {}
+    # The parameter that holds a command line given after `--` (`gpuvs run command -- ARGV...`), or None.
+    argv_param: ClassVar[str | None] = None
+    # Parameters an arm may not change: they say which figures a trial gives and how they are declared, and
+    # arms are compared figure by figure.
+    fixed_params: ClassVar[tuple[str, ...]] = ()
 
-    def declared(self, name: str) -> MetricDecl | None:
-        """The declaration of a figure, or None when the workload does not declare it."""
-        return next((d for d in self.metrics if d.matches(name)), None)
+    def declarations(self, params: dict[str, Any] | None = None) -> tuple[MetricDecl, ...]:
+        """Every figure a run with these parameters yields, declared: `metrics`, unless the parameters name the
+        figures (the command workload's --metric and --parser)."""
+        return self.metrics
+
+    def declared(self, name: str, params: dict[str, Any] | None = None) -> MetricDecl | None:
+        """The declaration of a figure (of a run with these parameters), or None when it is not declared."""
+        return next((d for d in self.declarations(params) if d.matches(name)), None)
+
+    def summarize(self, samples: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """One trial's sample events summarised per series, each with its declared direction
+        (stats.summarize_samples), as the summary event carries them (SeriesSummary.to_dict)."""
+        from gpuvs import stats
+        from gpuvs.records import SampleRecord
+
+        records = [SampleRecord.from_event(e) for e in samples]
+        summary = stats.summarize_samples(records, lambda name: self.declared(name, params))
+        return {name: s.to_dict() for name, s in summary.items()}
+
+    def check_in(self, spec: RunSpec, environment: Any) -> None:
+        """Checks that need to know where a trial runs (an executable on the host's PATH), before anything
+        starts; raise UsageError."""
+
+    def launch(self, spec: RunSpec, environment: Any) -> Any:
+        """Start one trial: gpuvs's worker in the environment (a WorkerStream). A workload may start otherwise:
+        the command workload's bare mode runs the job itself as the environment's process."""
+        return environment.launch(spec)
 
     def param(self, name: str) -> Param:
         for p in self.params:

@@ -95,7 +95,7 @@ def file_workload(argv: list[str]) -> workloads.Workload:
     path = _file_arg(argv)
     doc = experiment.read_file(path)
     try:
-        return workloads.get(str(doc.get("workload")))
+        return workloads.get(experiment.workload_name(doc))
     except UsageError:
         experiment.load(path)  # raises the located message
         raise

@@ -43,6 +43,9 @@ def show(args: Args) -> None:
     ident, as_json = args.positionals[0], args["json"]
     with open_store(args["store"]) as st:
         trials = _trials_of(st, ident)
+        if args["log"]:
+            _show_logs(st, trials)
+            return
         if as_json:
             for t in trials:
                 t.samples = st.samples(t.id)
@@ -60,6 +63,27 @@ def show(args: Args) -> None:
                           main.unit, fmt(t.startup.get("first_step_s"), 3), t.fingerprint.get("gpu_name") or "cpu",
                           (t.error or "")[:120])
         console.print(table)
+
+
+def _show_logs(st: Store, trials: list[TrialRecord]) -> None:
+    """Each trial's stored stdout and stderr (a command's), with what was cut and the cap."""
+    from gpuvs.job import HEAD, TAIL
+
+    out = sys.stdout
+    out.write(f"gpuvs keeps the first {HEAD // 1024} KiB and the last {TAIL // 1024} KiB of each stream of a command's "
+              f"output; what lies between is cut, and said where it was cut.\n")
+    for t in trials:
+        head = f"trial {t.id} [{t.arm}] #{t.trial + 1}: {t.status}"
+        if t.error:
+            head += f" ({t.error})"
+        out.write(f"\n=== {head}\n")
+        rows = st.outputs(t.id)
+        if not rows:
+            out.write("(no output stored: only the command workload keeps its job's output)\n")
+        for row in rows:
+            cut = f", {row.cut} bytes cut" if row.cut else ""
+            out.write(f"--- {row.stream} ({row.bytes} bytes, {row.lines} lines{cut})\n")
+            out.write(row.text if row.text.endswith("\n") or not row.text else row.text + "\n")
 
 
 def _trials_of(st: Store, ident: str) -> list[TrialRecord]:
@@ -91,7 +115,10 @@ COMMAND = Command(
                 groups=(Group("options", (STORE,), "results"),)),
         Command("show", "Every trial of an experiment (or one trial): status, figures, start-up, error, where it ran.",
                 show, groups=(Group("options", (STORE, Param("json", bool, False, "every trial as JSON, samples "
-                                                             "included")), "results"),),
+                                                             "included"),
+                                                Param("log", bool, False, "each trial's stored stdout and stderr (a "
+                                                      "command's: its first 16 KiB and last 48 KiB of each)")),
+                                    "results"),),
                 positionals=(Positional("ident", "an experiment id (a unique prefix will do) or a trial number"),)),
         Command("export", "Everything stored (spec, fingerprint, samples, summary, status, error) as JSON, or a CSV "
                 "per trial.", export,

@@ -1,0 +1,197 @@
+"""Bare mode's side of the environments: a command run as an environment's own process, without gpuvs's worker
+(an image with no Python: a C++ benchmark's, a distroless one). Each kind that can run a command bare returns a
+RawJob from `Environment.start_bare()`; gpuvs.bare turns it into the trial's protocol events.
+
+What a RawJob gives, all seen from outside the job:
+    output       (stream, line bytes, arrival time) as the job prints, None once its output has ended
+    wait()       its exit status (-N: killed by signal N; None: unknown)
+    timings()    the job's own wall time from the environment's lifecycle events, the clock it came from and its
+                 resolution, and start-up stages (seconds from the trial's launch)
+    facts()      what could be read about where it ran without running anything in it (a fingerprint)
+    failure()    the environment's own reason when the job could not run or was stopped from outside
+    events()     protocol events the environment reports itself (a pod's start-up breakdown)
+    kill() / close()   stop it / clean up after it: nothing it started is left"""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from typing import Any
+
+AFTER_EXIT_S = 2.0  # output read after the process's own exit (a child it left may still hold its pipes open)
+
+
+class RawJob:
+    streams: tuple[str, ...] = ("stdout", "stderr")
+    # what could not be measured, since gpuvs is not inside (said in the trial's configuration and fingerprint)
+    unmeasured = ("no fingerprint taken inside (the image has no Python for gpuvs's worker), no NVML telemetry "
+                  "during the run, no start-up breakdown inside the job")
+
+    def __init__(self) -> None:
+        self.output: queue.Queue[tuple[str, bytes, float] | None] = queue.Queue()
+        self.launched_at = time.time()
+
+    def running(self) -> bool:
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        raise NotImplementedError
+
+    def timings(self) -> dict[str, Any]:
+        """{"wall_s": seconds or None, "clock": where it came from, "resolution_s": its resolution,
+        "startup": {stage: seconds from launch}}."""
+        return {"wall_s": None, "clock": "not measured", "resolution_s": None, "startup": {}}
+
+    def facts(self) -> dict[str, Any]:
+        return {}
+
+    def failure(self, code: int | None) -> tuple[str, str] | None:
+        return None
+
+    def events(self) -> list[dict[str, Any]]:
+        return []
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class RawProcess(RawJob):
+    """A process of this machine (the job itself on the host, or an engine's client whose output is the
+    container's), in its own process group: its exit time is taken by a thread that waits for it, and a kill
+    takes its whole group."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None):
+        super().__init__()
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=env, cwd=cwd, start_new_session=True)
+        self.started = time.perf_counter()
+        self.exited: float | None = None  # perf_counter at its exit
+        self._killed = False
+        self._open = 2
+        self._lock = threading.Lock()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=8)  # an engine's own message is here
+        self._waiter = threading.Thread(target=self._wait_exit, daemon=True)
+        self._pumps = [threading.Thread(target=self._pump, args=(s, getattr(self.proc, s)), daemon=True)
+                       for s in ("stdout", "stderr")]
+        for t in [self._waiter, *self._pumps]:
+            t.start()
+
+    def _wait_exit(self) -> None:
+        self.proc.wait()
+        self.exited = time.perf_counter()
+        self.after_exit(self.proc.returncode)
+        deadline = time.monotonic() + AFTER_EXIT_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._open == 0:
+                    return
+            time.sleep(0.02)
+        self._end()  # a child left behind holds the pipes: the output ends here (it is stopped by close())
+
+    def after_exit(self, code: int) -> None:
+        """Called once the process has exited, before its output is declared ended (read its state)."""
+
+    def _pump(self, stream: str, pipe) -> None:
+        for raw in iter(pipe.readline, b""):
+            self.output.put((stream, raw, time.time()))
+            if stream == "stderr":
+                self.stderr_tail.append(raw.decode("utf-8", "replace").strip())
+        with self._lock:
+            self._open -= 1
+            last = self._open == 0
+        if last:
+            self._waiter.join()  # the exit status first (a container's state is read then)
+            self._end()
+
+    def _end(self) -> None:
+        with self._lock:
+            if self._open < 0:
+                return
+            self._open = -1
+        self.output.put(None)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self._waiter.join(timeout=10)
+        return self.proc.returncode
+
+    def wall_s(self) -> float | None:
+        return None if self.exited is None else self.exited - self.started
+
+    def kill(self, grace_s: float = 3.0) -> None:
+        """SIGTERM to the whole group, SIGKILL after a grace period. Safe to call more than once."""
+        if self._killed:
+            return
+        self._killed = True
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        """After its exit: nothing of its group is left (a child it started in the background)."""
+        _signal_group(self.proc.pid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a job it starts itself, without gpuvs's own variables, with the user's
+    (--env-var) and unbuffered Python output (so that a Python job's figures arrive as printed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUVS_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+class HostJob(RawProcess):
+    """Bare mode on the host: the command as gpuvs's own child (no worker between them)."""
+
+    unmeasured = ("the job ran as gpuvs's own child on this host: no worker beside it, so no NVML telemetry during "
+                  "the run and no start-up breakdown; the fingerprint is this host's, taken by gpuvs")
+
+    def __init__(self, argv: list[str], workdir: str | None, extra_env: dict[str, str]):
+        from gpuvs.errors import EnvironmentUnavailable
+
+        try:
+            super().__init__(argv, env=job_env(extra_env), cwd=workdir)
+        except FileNotFoundError:
+            raise EnvironmentUnavailable(f"the command's executable {argv[0]!r} is not here (or its working "
+                                         f"directory {workdir} is missing)") from None
+        except PermissionError as exc:
+            raise EnvironmentUnavailable(f"the command's executable {argv[0]!r} cannot be run: {exc.strerror}") from None
+
+    def timings(self) -> dict[str, Any]:
+        return {"wall_s": self.wall_s(), "clock": "gpuvs's clock, from the process's start to its exit",
+                "resolution_s": 0.001, "startup": {}}
+
+    def facts(self) -> dict[str, Any]:
+        from gpuvs import fingerprint
+
+        fp = fingerprint.take(import_torch=False)
+        fp["taken_by"] = "gpuvs, on this host (bare: beside the job, not inside it)"
+        return fp

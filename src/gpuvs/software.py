@@ -1,0 +1,160 @@
+"""The software an image holds, read from its files without running anything in it: the CUDA toolkit, cuDNN, the
+driver's user-space libraries, the OS, and (inside, where Python runs) the installed frameworks. Two images that
+differ in these are flagged when a comparison's arms differ only in `image` (did the upgrade change anything?).
+
+The same rules read the files wherever they are: `here()` inside the worker (this process's filesystem), and
+`from_files()` for an image read from outside through its engine (bare mode: the files an engine copies out of a
+created, never started, container; environments/image_files.py). Standard library only: it runs inside the
+user's image.
+
+Fields (any may be missing; an absent file leaves its field out, never a guess):
+    cuda          the CUDA toolkit's version (/usr/local/cuda/version.json, else version.txt, else the image's
+                  CUDA_VERSION variable as NVIDIA's images set it)
+    cudnn         MAJOR.MINOR.PATCH from cudnn_version.h (else cudnn.h; else NV_CUDNN_VERSION / CUDNN_VERSION)
+    os            /etc/os-release's PRETTY_NAME
+    libraries     {library: version} of the versioned CUDA libraries found (libcudart, libcublas, libcudnn, libnccl)
+    driver_libs   the version of the driver's libcuda.so.VERSION seen (mounted in from the host in a container)
+    frameworks    "torch 2.5.1, numpy 2.1.3": the installed versions of the packages in FRAMEWORKS (inside only)
+    env_versions  the image's own *_VERSION variables (from outside: the image's configuration)"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Callable, Iterable
+
+CUDA_FILES = ("/usr/local/cuda/version.json", "/usr/local/cuda/version.txt")
+CUDNN_FILES = ("/usr/include/cudnn_version.h", "/usr/local/cuda/include/cudnn_version.h",
+               "/usr/include/x86_64-linux-gnu/cudnn_version_v9.h", "/usr/include/x86_64-linux-gnu/cudnn_version_v8.h",
+               "/usr/include/aarch64-linux-gnu/cudnn_version_v9.h", "/usr/include/cudnn.h",
+               "/usr/local/cuda/include/cudnn.h")
+OS_FILES = ("/etc/os-release", "/usr/lib/os-release")
+FILES = CUDA_FILES + CUDNN_FILES + OS_FILES  # every file read (what bare mode copies out of an image)
+LIB_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib64", "/usr/lib", "/usr/local/nvidia/lib64", "/usr/lib/aarch64-linux-gnu")
+LIBRARIES = ("libcudart", "libcublas", "libcudnn", "libnccl")
+FRAMEWORKS = ("torch", "torchvision", "tensorflow", "jax", "jaxlib", "onnxruntime-gpu", "tensorrt", "numpy")
+_VERSIONED = re.compile(r"^(lib[\w+-]+)\.so\.(\d+(?:\.\d+)+)$")  # libcudart.so.12.4.127 (not the .so.12 link)
+
+Reader = Callable[[str], "str | None"]
+
+
+def _first(read: Reader, paths: Iterable[str]) -> tuple[str, str] | None:
+    for path in paths:
+        text = read(path)
+        if text:
+            return path, text
+    return None
+
+
+def cuda_version(read: Reader, env: dict[str, str]) -> str | None:
+    found = _first(read, CUDA_FILES)
+    if found is not None:
+        path, text = found
+        if path.endswith(".json"):
+            try:
+                return str(json.loads(text)["cuda"]["version"])
+            except (ValueError, KeyError, TypeError):
+                pass
+        m = re.search(r"CUDA Version\s+([\d.]+)", text)
+        if m:
+            return m.group(1)
+    return env.get("CUDA_VERSION") or None
+
+
+def cudnn_version(read: Reader, env: dict[str, str]) -> str | None:
+    for path in CUDNN_FILES:
+        text = read(path)
+        if not text:
+            continue
+        parts = [re.search(rf"#define\s+CUDNN_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCHLEVEL")]
+        if all(parts):
+            return ".".join(m.group(1) for m in parts)  # type: ignore[union-attr]
+    raw = env.get("NV_CUDNN_VERSION") or env.get("CUDNN_VERSION")
+    return raw.split("-")[0] if raw else None
+
+
+def os_name(read: Reader) -> str | None:
+    found = _first(read, OS_FILES)
+    if found is None:
+        return None
+    m = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', found[1], re.M)
+    return m.group(1) if m else None
+
+
+def libraries(names: Iterable[str]) -> tuple[dict[str, str], str | None]:
+    """({library: version} of the CUDA libraries, the driver's libcuda version) from file names."""
+    libs: dict[str, str] = {}
+    driver = None
+    for name in names:
+        m = _VERSIONED.match(name)
+        if m is None:
+            continue
+        lib, version = m.groups()
+        if lib == "libcuda":
+            driver = version if driver is None or _key(version) > _key(driver) else driver
+        elif lib in LIBRARIES and (lib not in libs or _key(version) > _key(libs[lib])):
+            libs[lib] = version
+    return libs, driver
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit())
+
+
+def env_versions(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(env.items()) if k.endswith("_VERSION") and v}
+
+
+def from_files(read: Reader, env: dict[str, str] | None = None, names: Iterable[str] = (),
+               frameworks: dict[str, str] | None = None) -> dict[str, object]:
+    """The fields above from a file reader (path -> text, or None), the image's environment variables, the names of
+    the files in LIB_DIRS and the installed framework versions (each where known)."""
+    env = env or {}
+    out: dict[str, object] = {"cuda": cuda_version(read, env), "cudnn": cudnn_version(read, env), "os": os_name(read)}
+    libs, driver = libraries(names)
+    if libs:
+        out["libraries"] = libs
+    if driver:
+        out["driver_libs"] = driver
+    if frameworks:
+        out["frameworks"] = ", ".join(f"{k} {v}" for k, v in frameworks.items())
+    versions = env_versions(env)
+    if versions:
+        out["env_versions"] = versions
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _read_here(path: str) -> str | None:
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read(65536)
+    except OSError:
+        return None
+
+
+def _installed(names: Iterable[str]) -> dict[str, str]:
+    """Versions of installed distributions, read from their metadata (nothing is imported)."""
+    from importlib import metadata
+
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except Exception:  # not installed (PackageNotFoundError), or broken metadata
+            continue
+    return out
+
+
+def here() -> dict[str, object]:
+    """This filesystem's software (the worker inside an image or on the host)."""
+    names: list[str] = []
+    for folder in LIB_DIRS:
+        try:
+            names += os.listdir(folder)
+        except OSError:
+            continue
+    return from_files(_read_here, {k: v for k, v in os.environ.items() if k in ("CUDA_VERSION", "NV_CUDNN_VERSION",
+                                                                                  "CUDNN_VERSION")},
+                      names, _installed(FRAMEWORKS))
