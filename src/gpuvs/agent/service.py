@@ -3,7 +3,8 @@ the HTTP server; SIGTERM and SIGINT (a run in flight is stopped: its child clean
 the nodes, the run is kept as interrupted, then the agent exits 0).
 
 At start: the runs a killed agent left `running` are marked interrupted (ledger.py), the figures of earlier runs
-are read back from the store (state.py), and, on first reaching the cluster, what a killed agent left there is
+are read back from the store (state.py) with each node's drift against its own past (read again when a
+run with fleets ends), and, on first reaching the cluster, what a killed agent left there is
 removed (idle.sweep: gpuvs.io/testing on nodes, gpuvs pods in its namespace)."""
 
 from __future__ import annotations
