@@ -375,3 +375,95 @@ def test_kubectl_finds_and_runs_kubectl_gpuvs(tmp_path):
     bad = subprocess.run([str(kubectl), "gpuvs", "agent", "--every", "soon"], capture_output=True, text=True, env=env,
                          timeout=120)
     assert bad.returncode == 2 and "a duration" in bad.stderr
+
+
+# -- each node against its own past: the drift in /metrics, the status page at / ----------------------------
+
+def test_the_agent_serves_the_status_page_and_the_drift_of_its_store(tmp_path):
+    """A real agent over a store of stored fleet runs (tests/fleet_store.py: node-2 slides 3% further at each of
+    the last runs), the last of them an agent run's: GET / is the status page with the drifting node first, and
+    /metrics has each node's drift as stored.read computes it, fresh; an empty store gives a page, not an error."""
+    from fleet_store import sliding_fleet
+    from gpuvs.fleet import stored
+
+    store = tmp_path / "gpuvs.db"
+    ids = sliding_fleet(store, runs=10, slide_from=5, slide=0.03, failed_last="node-5")
+    at = time.time() - 30
+    ledger = Ledger(store)  # the latest fleet run is one of the agent's (the others made by hand: all the same)
+    ledger.save(RunRecord("20261127-000000-aaaa", "schedule", "ok", queued_at=at, started_at=at, finished_at=at,
+                          reached=True, tested=["node-1", "node-2", "node-3", "node-4", "node-5"],
+                          fleets=[FleetOutcome("spin", ids[-1])]))
+    ledger.close()
+    with Store(store) as st:
+        want = stored.read(st).workload("spin")
+    assert want.nodes[0].node == "node-2" and want.nodes[0].drift.verdict == "slower"
+    dead = tmp_path / "kubeconfig"
+    dead.write_text(DEAD_KUBECONFIG.replace("PORT", str(free_port())))
+    agent = AgentProcess(tmp_path, "--kubeconfig", str(dead), "--image", "x", "--store", str(store),
+                         "--every", "1h", "--first-after", "1h")
+    try:
+        for path in ("/", "/status", "/status/"):
+            req = urllib.request.urlopen(f"http://127.0.0.1:{agent.port}{path}", timeout=30)
+            assert req.status == 200 and req.headers["Content-Type"] == "text/html; charset=utf-8"
+            page = req.read().decode()
+            assert page.startswith("<!DOCTYPE html>") and "Needs a look: 2 node(s)" in page
+            cards = [page.index(f'data-node="{n}"') for n in ("node-2", "node-1", "node-3", "node-4")]
+            assert cards[0] == min(cards), path  # the drifting node first
+        assert get(agent.port, "/nothing")[0] == 404 and get(agent.port, "/", "POST")[0] == 405
+        code, body = get(agent.port, "/metrics")
+        m = metrics_of(body)
+        for n in want.nodes:
+            key = (("node", n.node), ("workload", "spin"))
+            if n.node == "node-5":  # failed in the latest run: no drift of it
+                assert ("gpuvs_node_drift_ratio", key) not in m
+                continue
+            v = n.drift
+            assert m[("gpuvs_node_drift_ratio", key)] == pytest.approx(v.ratio, rel=1e-12)
+            assert m[("gpuvs_node_drift_ratio_low", key)] == pytest.approx(v.ci_low, rel=1e-12)
+            assert m[("gpuvs_node_drift_ratio_high", key)] == pytest.approx(v.ci_high, rel=1e-12)
+            said = ("gpuvs_node_drift_verdict", (("node", n.node), ("verdict", v.verdict), ("workload", "spin")))
+            assert m[said] == 1
+            assert sum(m[("gpuvs_node_drift_verdict", (("node", n.node), ("verdict", x), ("workload", "spin")))]
+                       for x in ("slower", "faster", "equivalent", "inconclusive")) == 1
+            assert m[("gpuvs_node_drift_stale", key)] == 0  # from the agent's own latest run
+            assert m[("gpuvs_node_drift_run_timestamp_seconds", key)] == pytest.approx(want.latest.time)
+        assert m[("gpuvs_node_drift_ratio", (("node", "node-2"), ("workload", "spin")))] < 0.95
+        assert all(m[("gpuvs_node_drift_verdict", (("node", n), ("verdict", "slower"), ("workload", "spin")))] == 0
+                   for n in ("node-1", "node-3", "node-4"))
+        assert ("gpuvs_node_drift_ratio", (("node", "node-1"), ("workload", "membw"))) not in m
+    finally:
+        assert agent.stop() == 0
+    # the page and the drift only read the store: a run's rows, experiments and trials are as they were
+    with Store(store) as st:
+        assert [e.id for e in st.experiments() if e.kind == "fleet"] == ids
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    agent = AgentProcess(empty, "--kubeconfig", str(dead), "--image", "x", "--store", str(empty / "gpuvs.db"),
+                         "--every", "1h", "--first-after", "1h")
+    try:
+        code, page = get(agent.port, "/")
+        assert code == 200 and "No stored gpuvs fleet run." in page and "<svg" not in page
+        assert not any(k[0].startswith("gpuvs_node_drift") for k in agent.metrics())
+    finally:
+        assert agent.stop() == 0
+
+
+def test_a_drift_not_renewed_by_the_latest_run_is_kept_and_stale():
+    """The drift follows the node's figure: a node missing from the workload's latest run keeps its last drift,
+    marked stale, as its figure is; a run that reached nothing marks every drift stale."""
+    from gpuvs.agent.state import DriftFigure
+
+    state = State(stale_after_s=1000)
+    now = time.time()
+    state.fleet(fleet_result("e1", {"a": 0.9, "b": 1.0}), "spin", now)
+    state.drift = {("a", "spin"): DriftFigure("a", "spin", "slower", 0.9, 0.85, 0.95, "e1", now),
+                   ("b", "spin"): DriftFigure("b", "spin", "equivalent", 1.0, 0.97, 1.03, "e0", now - 10)}
+    m = metrics_of(exposition(registry(state)).decode())
+    assert m[("gpuvs_node_drift_stale", (("node", "a"), ("workload", "spin")))] == 0
+    assert m[("gpuvs_node_drift_stale", (("node", "b"), ("workload", "spin")))] == 1  # not of its figure's run
+    assert m[("gpuvs_node_drift_verdict", (("node", "a"), ("verdict", "slower"), ("workload", "spin")))] == 1
+    state.not_renewed()
+    m = metrics_of(exposition(registry(state)).decode())
+    assert m[("gpuvs_node_drift_stale", (("node", "a"), ("workload", "spin")))] == 1
+    assert m[("gpuvs_node_drift_ratio", (("node", "a"), ("workload", "spin")))] == 0.9  # kept

@@ -153,6 +153,20 @@ def _store_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
                       f"with `sqlite3 {path} .recover | sqlite3 recovered.db`, or run with --store NEW.db")
 
 
+def _read_only(path: Path) -> sqlite3.Connection:
+    """A connection that never writes: a live reader (mode=ro: it sees what a writer such as the agent's run
+    adds meanwhile) where SQLite can use the WAL index beside the file; on a read-only mount, where no WAL
+    index can be made and nobody writes the file meanwhile, the file as it stands (immutable)."""
+    uri = f"file:{path.resolve()}?mode=ro"
+    raw = sqlite3.connect(uri, uri=True, isolation_level=None)
+    try:
+        raw.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        return raw
+    except sqlite3.OperationalError:
+        raw.close()
+        return sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None)
+
+
 class Store:
     def __init__(self, path: str | os.PathLike = "gpuvs.db", flush_interval_s: float = FLUSH_INTERVAL_S,
                  readonly: bool | None = None):
@@ -165,9 +179,7 @@ class Store:
                                                                        os.access(self.path.parent or ".", os.W_OK)))
         try:
             if self.readonly:
-                # a read-only mount: no WAL index can be made beside it, and nobody writes it meanwhile
-                raw = sqlite3.connect(f"file:{self.path.resolve()}?mode=ro&immutable=1", uri=True,
-                                      isolation_level=None)
+                raw = _read_only(self.path)
             else:
                 raw = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
             raw.row_factory = sqlite3.Row

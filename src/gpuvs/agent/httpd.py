@@ -8,6 +8,8 @@
     GET  /runs          the latest runs, newest first (JSON; ?limit=N, at most 500)
     GET  /runs/ID       one run (JSON)
     POST /runs          a run now: 202 with the queued run, or 409 with the one already queued or running
+    GET  /, /status     the status page (gpuvs.report.status.render_status_page over the agent's store, read-only):
+                        the nodes that need a look first, each node's speed over time, the latest validate runs
 
 A route is one function of (the agent, the request's path and query) returning a Response; ROUTES maps
 (method, path or path prefix ending in /) to it, so a new page is one function and one entry."""
@@ -37,6 +39,7 @@ class Agent(Protocol):
     def runs(self, limit: int = 50) -> list[RunRecord]: ...
     def run(self, run_id: str) -> RunRecord | None: ...
     def request_run(self, trigger: str) -> tuple[RunRecord, bool]: ...
+    def status_page(self) -> str: ...
 
 
 @dataclass
@@ -87,6 +90,10 @@ def run_now(agent: Agent, path: str, query: dict[str, list[str]]) -> Response:
                  {"error": "a run is already queued or running", "run": run.to_dict()})
 
 
+def status_page(agent: Agent, path: str, query: dict[str, list[str]]) -> Response:
+    return Response(200, agent.status_page().encode(), "text/html; charset=utf-8")
+
+
 ROUTES: dict[tuple[str, str], Callable[[Agent, str, dict[str, list[str]]], Response]] = {
     ("GET", "/healthz"): healthz,
     ("GET", "/readyz"): readyz,
@@ -94,6 +101,8 @@ ROUTES: dict[tuple[str, str], Callable[[Agent, str, dict[str, list[str]]], Respo
     ("GET", "/runs"): runs_list,
     ("GET", "/runs/"): run_one,
     ("POST", "/runs"): run_now,
+    ("GET", "/"): status_page,
+    ("GET", "/status"): status_page,
 }
 
 
@@ -101,7 +110,8 @@ def route(method: str, path: str) -> Callable | None:
     if (method, path) in ROUTES:
         return ROUTES[(method, path)]
     for (m, prefix), fn in ROUTES.items():
-        if m == method and prefix.endswith("/") and path.startswith(prefix) and len(path) > len(prefix):
+        if (m == method and prefix != "/" and prefix.endswith("/") and path.startswith(prefix)
+                and len(path) > len(prefix)):  # "/" is the status page, not every path's prefix
             return fn
     return None
 

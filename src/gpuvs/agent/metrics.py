@@ -14,6 +14,7 @@ from prometheus_client.exposition import generate_latest
 from gpuvs.agent.state import State
 
 VERDICTS = ("slower", "faster", "equivalent", "inconclusive", "reference")
+DRIFT_VERDICTS = ("slower", "faster", "equivalent", "inconclusive")  # against the node's own past
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -50,6 +51,32 @@ class AgentCollector(Collector):
                 stale.add_metric(key, 1.0 if s.stale(fig, now) else 0.0)
                 success.add_metric(key, fig.measured_at)
             yield from (ratio, low, high, verdict, stale, success)
+
+            labels = ["node", "workload"]
+            d_ratio = GaugeMetricFamily("gpuvs_node_drift_ratio", "The node's latest run against its own earlier "
+                                        "runs, each against its peers (below 1: slower than its past); not "
+                                        "interleaved", labels=labels)
+            d_low = GaugeMetricFamily("gpuvs_node_drift_ratio_low", "Lower end of the drift ratio's interval "
+                                      "(simultaneous over the fleet's nodes)", labels=labels)
+            d_high = GaugeMetricFamily("gpuvs_node_drift_ratio_high", "Upper end of the drift ratio's interval",
+                                       labels=labels)
+            d_verdict = GaugeMetricFamily("gpuvs_node_drift_verdict", "1 for the node's verdict against its own "
+                                          "past, 0 for the others", labels=labels + ["verdict"])
+            d_stale = GaugeMetricFamily("gpuvs_node_drift_stale", "1 when the drift is not from the run of the "
+                                        "node's current, fresh figure (gpuvs_node_perf_stale, or the node missing "
+                                        "from the workload's latest run)", labels=labels)
+            d_at = GaugeMetricFamily("gpuvs_node_drift_run_timestamp_seconds", "When the run the drift judges was "
+                                     "made (Unix time)", labels=labels)
+            for fig in sorted(s.drift.values(), key=lambda f: (f.node, f.workload)):
+                key = [fig.node, fig.workload]
+                for family, value in ((d_ratio, fig.ratio), (d_low, fig.low), (d_high, fig.high)):
+                    if value is not None:
+                        family.add_metric(key, value)
+                for v in DRIFT_VERDICTS:
+                    d_verdict.add_metric(key + [v], 1.0 if fig.verdict == v else 0.0)
+                d_stale.add_metric(key, 1.0 if s.stale(fig, now) else 0.0)
+                d_at.add_metric(key, fig.measured_at)
+            yield from (d_ratio, d_low, d_high, d_verdict, d_stale, d_at)
 
             gone = GaugeMetricFamily("gpuvs_node_gone", "1 for a node with results that is no longer in the "
                                      "cluster (its figures are kept, stale)", labels=["node"])

@@ -3,7 +3,8 @@ the HTTP server; SIGTERM and SIGINT (a run in flight is stopped: its child clean
 the nodes, the run is kept as interrupted, then the agent exits 0).
 
 At start: the runs a killed agent left `running` are marked interrupted (ledger.py), the figures of earlier runs
-are read back from the store (state.py), and, on first reaching the cluster, what a killed agent left there is
+are read back from the store (state.py) with each node's drift against its own past (read again when a
+run with fleets ends), and, on first reaching the cluster, what a killed agent left there is
 removed (idle.sweep: gpuvs.io/testing on nodes, gpuvs pods in its namespace)."""
 
 from __future__ import annotations
@@ -118,6 +119,28 @@ class Agent:
         except (GpuvsError, OSError) as exc:
             log(f"ERROR the results of earlier runs could not be read back from {self.config.store}: {exc}")
 
+    def _read_drift(self) -> None:
+        """Each node's drift against its own past, from the store's fleet runs (at start and when a run ended with
+        fleets), read as `gpuvs fleet history` reads it (its defaults: the last 10 runs, ±5%, 0.95)."""
+        from gpuvs.fleet import stored
+        from gpuvs.store import Store
+
+        try:
+            with Store(self.config.store, readonly=True) as st:
+                self.state.drift_from(stored.read(st))
+        except Exception as exc:  # never the agent's end: the metrics keep the last drift read
+            log(f"ERROR the drift could not be read from {self.config.store} (the last one is kept): {exc}")
+
+    def status_page(self) -> str:
+        """The status page (docs/history.md) of the agent's store, read without writing it."""
+        from gpuvs.report.status import render_status_page
+        from gpuvs.store import Store
+
+        if not os.path.exists(self.config.store):
+            raise GpuvsError(f"no store at {self.config.store} yet")
+        with Store(self.config.store, readonly=True) as st:
+            return render_status_page(st)
+
     # -- the trial image -------------------------------------------------------------------------
 
     def trial_image(self) -> str:
@@ -180,6 +203,8 @@ class Agent:
         if self.stopping.is_set() and run.status == "running":
             run.status, run.reason = "interrupted", "the agent is stopping"
         self.save(run)
+        if run.fleets:
+            self._read_drift()
         self.state.ended(run, run.finished_at or time.time())
         with self.lock:
             self.current = None
@@ -218,6 +243,7 @@ class Agent:
         except OSError as exc:
             raise UsageError(f"--listen {c.host}:{c.port}: {exc.strerror or exc}") from None
         self._restore()
+        self._read_drift()
         self.schedule.start(time.time())
         self.server.start()
         log(f"listening on {c.host}:{self.server.port}; store {c.store}; every {c.every_s:g} s, first run in "

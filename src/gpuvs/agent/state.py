@@ -5,7 +5,12 @@ cluster, the runs and their failed trials, and whether the API server and the st
 A figure is stale when the last run did not renew it (the node was skipped, failed, gone; the run could not reach
 the cluster) or when it is older than --stale-after (default twice --every); stale figures are still shown, with
 gpuvs_node_perf_stale 1 and their own gpuvs_node_perf_last_success_timestamp_seconds. Nothing is dropped: a node
-deleted from the cluster keeps its last figures, marked gone (gpuvs_node_gone 1) and stale."""
+deleted from the cluster keeps its last figures, marked gone (gpuvs_node_gone 1) and stale.
+
+Each node's drift (its latest run against its own past, docs/history.md) is read from the store by
+gpuvs.fleet.stored.read when a run ends and at start (drift_from), not at each scrape. A drift figure is stale
+when the node's figure against the fleet is, or when it is not from the run that measured that figure (the node
+was not measured in the workload's latest stored run: its last drift is kept)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from dataclasses import dataclass, field
 
 from gpuvs.agent.ledger import RunRecord
 from gpuvs.fleet.result import FleetResult
+from gpuvs.fleet.stored import FleetHistory
 
 PASS_STATUSES = ("pass", "shared")  # validate's row statuses that count as ok (shared: a finding, not a failure)
 
@@ -34,6 +40,20 @@ class NodeFigure:
 
 
 @dataclass
+class DriftFigure:
+    """A node's latest run against its own earlier runs of a workload (stored.read's DriftVerdict)."""
+
+    node: str
+    workload: str
+    verdict: str  # slower | faster | equivalent | inconclusive (than its own past)
+    ratio: float | None  # below 1: slower than its past; None: too few earlier runs, ...
+    low: float | None
+    high: float | None
+    run_id: str  # the fleet run judged (the workload's latest stored run)
+    measured_at: float  # when that run was made
+
+
+@dataclass
 class CheckState:
     check: str
     ok: bool
@@ -47,6 +67,7 @@ class State:
     stale_after_s: float
     figures: dict[tuple[str, str], NodeFigure] = field(default_factory=dict)
     checks: dict[str, CheckState] = field(default_factory=dict)
+    drift: dict[tuple[str, str], DriftFigure] = field(default_factory=dict)
     gone: set[str] = field(default_factory=set)
     skipped: dict[str, str] = field(default_factory=dict)  # the last run's skipped nodes and why
     testing: set[str] = field(default_factory=set)
@@ -88,6 +109,21 @@ class State:
                 if w == workload and node not in measured:
                     fig.renewed = False
 
+    def drift_from(self, history: FleetHistory) -> None:
+        """Each node's drift verdict at its workload's latest stored run. A node not measured in that run keeps
+        the drift it had (stale: not from the run of its latest figure)."""
+        with self.lock:
+            for w in history.workloads:
+                latest = w.latest.run_id if w.latest else None
+                for n in w.nodes:
+                    v = n.drift
+                    measured = any(p.run_id == latest for p in n.history.points)
+                    if v is None or v.run_id is None or not measured:
+                        continue
+                    self.drift[(n.node, w.workload)] = DriftFigure(
+                        n.node, w.workload, v.verdict, v.ratio, v.ci_low, v.ci_high, v.run_id,
+                        v.time if v.time is not None else w.latest.time)
+
     def not_renewed(self, workload: str | None = None) -> None:
         """A run that measured nothing (of this workload, or of any): every figure it would have renewed."""
         with self.lock:
@@ -123,8 +159,11 @@ class State:
                     self.failed_trials[(f.workload, reason)] += n
             self.running = None
 
-    def stale(self, fig: NodeFigure | CheckState, now: float | None = None) -> bool:
+    def stale(self, fig: NodeFigure | CheckState | DriftFigure, now: float | None = None) -> bool:
         now = time.time() if now is None else now
+        if isinstance(fig, DriftFigure):
+            perf = self.figures.get((fig.node, fig.workload))
+            return perf is None or perf.experiment != fig.run_id or self.stale(perf, now)
         at = fig.measured_at if isinstance(fig, NodeFigure) else fig.at
         gone = isinstance(fig, NodeFigure) and fig.node in self.gone
         return gone or not fig.renewed or now - at > self.stale_after_s
