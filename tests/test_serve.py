@@ -298,7 +298,7 @@ def test_the_server_as_a_workload(tmp_path):
     assert 0 < m["models_mib"] < 1 and m["rss_mib"] > 50 and 0 < m["predict_p50_ms"] <= m["predict_p99_ms"]
     served = [s for s in res.samples if s.series == "served"]
     assert sum(s.items for s in served) == 4 and sum(s.extra["texts"] for s in served) == 6
-    assert all(s["extra"]["in_flight"] == 0 and s["extra"]["queued"] == 0 for s in served[-2:])
+    assert all(s.extra["in_flight"] == 0 and s.extra["queued"] == 0 for s in served[-2:])
     assert (tmp_path / "models" / "w.pt").is_file() and not pid_alive(res.fingerprint["pid"])
 
 

@@ -177,9 +177,9 @@ def test_replicas_are_reported_as_shared_with_their_factor_and_fail_under_exclus
         assert [k for k, v in got.items() if v["status"] not in ("pass", "shared")] == []
         assert verdict(exp).startswith("passed: ") and ", 2 shared (" in verdict(exp)
         # reported as shared in every format (the HTML page marks the status)
-        md = run_cli("report", exp["id"], "--store", tmp_path / "a.db", "--format", "md").stdout
+        md = run_cli("report", exp.id, "--store", tmp_path / "a.db", "--format", "md").stdout
         assert "| functional | GPU sharing | shared |" in md
-        html = run_cli("report", exp["id"], "--store", tmp_path / "a.db", "--format", "html").stdout
+        html = run_cli("report", exp.id, "--store", tmp_path / "a.db", "--format", "html").stdout
         assert 's-shared">shared</td>' in html
         assert got["nothing left behind"]["status"] == "pass" and leftovers(cluster) == []
         # the same node under --exclusive: a failure, exit 1, nothing left
@@ -284,8 +284,8 @@ def test_stopped_in_the_middle_leaves_nothing_behind(cluster, tmp_path, sig, dur
     assert "Traceback" not in err
     assert leftovers(cluster) == [] and packages(cluster) == []
     exp = stored(store)
-    assert exp["meta"]["finished"] is False
-    assert exp["meta"]["stopped"] == ("stopped by SIGTERM" if sig == signal.SIGTERM else "interrupted")
+    assert exp.meta.finished is False
+    assert exp.meta.stopped == ("stopped by SIGTERM" if sig == signal.SIGTERM else "interrupted")
     assert rows(exp)["nothing left behind"]["status"] == "pass"
 
 
@@ -301,7 +301,7 @@ def test_a_stop_during_an_exec_goes_through(cluster):
 
     pods = Pods(connect(str(cluster.kubeconfig)), uuid.uuid4().hex[:8], IMAGE, "Never", "nvidia.com/gpu", 120)
     name = pods.create("exec", 0)
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))  # after the exec has connected, even on a loaded machine
     try:
         until("the pod to run", lambda: pods.running(name), 60)
         assert pods.exec(name, ["sh", "-c", f"echo {EXEC_WORD}"]).strip() == EXEC_WORD
@@ -309,7 +309,7 @@ def test_a_stop_during_an_exec_goes_through(cluster):
         timer.start()
         with pytest.raises(KeyboardInterrupt):
             pods.exec(name, ["sleep", "20"])
-        assert 0.9 < time.monotonic() - t0 < 8
+        assert 2.9 < time.monotonic() - t0 < 12
     finally:
         timer.cancel()
         assert pods.delete_all(60) == []

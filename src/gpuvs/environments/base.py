@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 import gpuvs
+from gpuvs import spawn
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
 from gpuvs.spec import RunSpec
@@ -81,12 +82,16 @@ class Launched(WorkerStream):
         super().__init__()
         self.argv = argv
         self.on_kill = on_kill
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=env, cwd=cwd, text=True, bufsize=1, start_new_session=True)
-        self._threads = [threading.Thread(target=self._pump_out, daemon=True),
-                         threading.Thread(target=self._pump_err, daemon=True)]
-        for t in self._threads:
-            t.start()
+        self.proc = spawn.group_popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=env, cwd=cwd, text=True, bufsize=1)
+        try:  # interrupted before the caller holds this object: nobody else could stop the group
+            self._threads = [threading.Thread(target=self._pump_out, daemon=True),
+                             threading.Thread(target=self._pump_err, daemon=True)]
+            for t in self._threads:
+                t.start()
+        except BaseException:
+            spawn.kill_group(self.proc.pid)
+            raise
 
     def running(self) -> bool:
         return self.proc.poll() is None

@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Any
 
+from gpuvs import spawn
+
 AFTER_EXIT_S = 2.0  # output read after the process's own exit (a child it left may still hold its pipes open)
 
 
@@ -71,19 +73,23 @@ class RawProcess(RawJob):
     def __init__(self, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None):
         super().__init__()
         self.argv = argv
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=env, cwd=cwd, start_new_session=True)
-        self.started = time.perf_counter()
-        self.exited: float | None = None  # perf_counter at its exit
-        self._killed = False
-        self._open = 2
-        self._lock = threading.Lock()
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=8)  # an engine's own message is here
-        self._waiter = threading.Thread(target=self._wait_exit, daemon=True)
-        self._pumps = [threading.Thread(target=self._pump, args=(s, getattr(self.proc, s)), daemon=True)
-                       for s in ("stdout", "stderr")]
-        for t in [self._waiter, *self._pumps]:
-            t.start()
+        self.proc = spawn.group_popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=env, cwd=cwd)
+        try:  # interrupted before the caller holds this object: nobody else could stop the group
+            self.started = time.perf_counter()
+            self.exited: float | None = None  # perf_counter at its exit
+            self._killed = False
+            self._open = 2
+            self._lock = threading.Lock()
+            self.stderr_tail: collections.deque[str] = collections.deque(maxlen=8)  # an engine's own message
+            self._waiter = threading.Thread(target=self._wait_exit, daemon=True)
+            self._pumps = [threading.Thread(target=self._pump, args=(s, getattr(self.proc, s)), daemon=True)
+                           for s in ("stdout", "stderr")]
+            for t in [self._waiter, *self._pumps]:
+                t.start()
+        except BaseException:
+            spawn.kill_group(self.proc.pid)
+            raise
 
     def _wait_exit(self) -> None:
         self.proc.wait()
