@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any, Iterable
 
-from gpuvs import environments, events, workloads, zygote
+from gpuvs import environments, events, spawn, workloads, zygote
 from gpuvs.environments.base import WorkerStream
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
@@ -327,10 +327,7 @@ class ForkedWorker(WorkerStream):
     def _signal(self, sig: int) -> None:
         """The child's whole process group: directly where its pids are ours, and through the zygote."""
         if self.zygote.direct:
-            try:
-                os.killpg(self.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+            spawn.signal_group(self.pid, sig)
         self.zygote.signal(self.id, sig)
 
     def kill(self, grace_s: float = 3.0) -> None:

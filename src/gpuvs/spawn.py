@@ -23,11 +23,28 @@ class _GroupPopen(subprocess.Popen):
             raise
 
 
-def kill_group(pgid: int) -> None:
+def signal_group(pgid: int, sig: int) -> None:
+    """sig to every process of the group; a group already gone (or no longer ours) is not an error."""
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
         pass
+
+
+def kill_group(pgid: int) -> None:
+    signal_group(pgid, signal.SIGKILL)
+
+
+def end_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM to the group that proc leads, SIGKILL to what is left after grace_s, then proc reaped."""
+    if proc.poll() is None:
+        signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    kill_group(proc.pid)
+    proc.wait(timeout=10)
 
 
 def group_popen(argv: list[str], **kwargs: Any) -> subprocess.Popen:

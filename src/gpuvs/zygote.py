@@ -50,6 +50,8 @@ import time
 import traceback
 from typing import Any
 
+from gpuvs import spawn
+
 MAX_PACKET = 1 << 20
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -185,10 +187,7 @@ class Zygote:
         if op == "signal":
             group = self.groups.get(str(message.get("id")))
             if group:
-                try:
-                    os.killpg(group, int(message["sig"]))
-                except (ProcessLookupError, PermissionError):
-                    pass
+                spawn.signal_group(group, int(message["sig"]))
         elif op == "exit":
             self.stop = True
 
@@ -293,10 +292,7 @@ class Zygote:
     def shutdown(self) -> None:
         """Every child's process group ends with the zygote (stragglers of finished trials too)."""
         for group in set(self.groups.values()):
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            spawn.kill_group(group)
         deadline = time.monotonic() + 5
         while self.children and time.monotonic() < deadline:
             self.reap()
@@ -360,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from gpuvs.worker import exit_now  # without the interpreter's teardown, as a worker ends
+    # without the interpreter's teardown, as a worker ends
+    from gpuvs.worker import exit_now
 
     exit_now(main())

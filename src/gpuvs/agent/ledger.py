@@ -5,6 +5,7 @@ raises LedgerError with one line; the agent keeps running and says so in its log
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -12,7 +13,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 SCHEMA = """CREATE TABLE IF NOT EXISTS agent_runs (
   id TEXT PRIMARY KEY, trigger TEXT NOT NULL, status TEXT NOT NULL, queued_at REAL, started_at REAL,
@@ -98,19 +99,10 @@ class Ledger:
     def open(self) -> list[RunRecord]:
         """Open (or create) the table; the runs left `running` or `queued` by an agent that did not end them are
         marked interrupted. Those runs."""
-        with self._lock:  # a real write, so that a read-only or full volume says so now, not at the first run
-            try:
-                db = self._conn()
-                db.execute("CREATE TABLE IF NOT EXISTS agent_probe (at REAL)")
-                db.execute("INSERT INTO agent_probe VALUES (?)", (time.time(),))
-                db.execute("DELETE FROM agent_probe")
-                db.commit()
-            except sqlite3.Error as exc:
-                try:
-                    self._db and self._db.rollback()
-                except sqlite3.Error:
-                    pass
-                raise LedgerError(f"the store {self.path} cannot be written: {exc}{volume(self.path)}") from None
+        with self._writing(why_volume=True) as db:  # a real write: a read-only or full volume says so now
+            db.execute("CREATE TABLE IF NOT EXISTS agent_probe (at REAL)")
+            db.execute("INSERT INTO agent_probe VALUES (?)", (time.time(),))
+            db.execute("DELETE FROM agent_probe")
         cut = []
         for r in self.runs(limit=1000):
             if r.status in ("running", "queued"):
@@ -120,19 +112,27 @@ class Ledger:
         return cut
 
     def save(self, run: RunRecord) -> None:
+        with self._writing() as db:
+            db.execute("INSERT OR REPLACE INTO agent_runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (run.id, run.trigger, run.status, run.queued_at, run.started_at, run.finished_at,
+                        json.dumps(run.to_dict(), sort_keys=True)))
+
+    @contextlib.contextmanager
+    def _writing(self, why_volume: bool = False) -> Iterator[sqlite3.Connection]:
+        """One write, committed, under the lock; a failed one rolled back and raised as LedgerError (with what
+        the volume says of itself where why_volume)."""
         with self._lock:
             try:
                 db = self._conn()
-                db.execute("INSERT OR REPLACE INTO agent_runs VALUES (?, ?, ?, ?, ?, ?, ?)",
-                           (run.id, run.trigger, run.status, run.queued_at, run.started_at, run.finished_at,
-                            json.dumps(run.to_dict(), sort_keys=True)))
+                yield db
                 db.commit()
             except sqlite3.Error as exc:
                 try:
                     self._db and self._db.rollback()
                 except sqlite3.Error:
                     pass
-                raise LedgerError(f"the store {self.path} cannot be written: {exc}") from None
+                hint = volume(self.path) if why_volume else ""
+                raise LedgerError(f"the store {self.path} cannot be written: {exc}{hint}") from None
 
     def _reader(self) -> sqlite3.Connection:
         """The connection to read with: the usual one, else (a store on a read-only or full volume) a read-only

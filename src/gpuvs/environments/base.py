@@ -4,9 +4,7 @@ nothing it started outlives the run, on success, failure, timeout or Ctrl-C."""
 from __future__ import annotations
 
 import collections
-import os
 import queue
-import signal
 import subprocess
 import threading
 import time
@@ -142,30 +140,16 @@ class Launched(WorkerStream):
             return
         self._killed = True
         try:
-            if self.proc.poll() is None:
-                _signal_group(self.proc.pid, signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=grace_s)
-                except subprocess.TimeoutExpired:
-                    pass
-            _signal_group(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+            spawn.end_group(self.proc, grace_s)
         finally:
             if self.on_kill:
                 self.on_kill()
 
     def close(self) -> None:
         """After a normal exit: make sure no process of the group is left."""
-        _signal_group(self.proc.pid, signal.SIGKILL)
+        spawn.kill_group(self.proc.pid)
         if self.on_kill:
             self.on_kill()
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class Environment:

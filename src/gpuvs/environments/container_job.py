@@ -93,7 +93,7 @@ class ContainerJob(RawProcess):
         err = (self.state.get("Error") or "").strip()
         if self.state.get("OOMKilled"):
             limit = self.environment.settings.memory
-            return "oom", f"the container was killed by the kernel's out-of-memory killer" + (
+            return "oom", "the container was killed by the kernel's out-of-memory killer" + (
                 f" (its --memory {limit})" if limit else "")
         if code in (125, 126, 127) and engine_time(self.state.get("StartedAt")) is None or (
                 code in (126, 127) and any(w in err.lower() for w in _NOT_FOUND)):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import os
 import queue
-import signal
 import subprocess
 import threading
 import time
@@ -144,25 +143,11 @@ class RawProcess(RawJob):
         if self._killed:
             return
         self._killed = True
-        if self.proc.poll() is None:
-            _signal_group(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        _signal_group(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
+        spawn.end_group(self.proc, grace_s)
 
     def close(self) -> None:
         """After its exit: nothing of its group is left (a child it started in the background)."""
-        _signal_group(self.proc.pid, signal.SIGKILL)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        spawn.kill_group(self.proc.pid)
 
 
 def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
