@@ -4,10 +4,11 @@ H100. Old and new side by side, every figure from gpuvs's own store:
   e  nothing else slows: the plain PyTorch loop (benchmarks/plain_loop.py), twice, against gpuvs's figure of
      the same job in parts b and c (run first: it also warms the machine's caches for what follows)
   b  an A/A --until-confident within ±1% on ResNet-50 bf16 NHWC batch 256 (30 timed steps), new mechanism:
-     wall time to the verdict (target 45 s; 110 s before)
-  a  `gpuvs compare cnn-train` at its defaults, new (fork, events read once completed) and old (--fresh exec,
-     GPUVS_TIMED_READ=blocking): share of the wall time in timed steps (target at least half) and the per-trial
-     breakdown
+     wall time to the verdict (target 45 s; 110 s before). Named twice in PARTS it runs twice: the first gpuvs
+     command on a fresh machine fills gpuvs's bytecode cache (gpuvs.bytecode), the later ones read it
+  a  `gpuvs compare cnn-train` at its defaults, new (fork, events read once completed, bytecode cached) and old
+     (--fresh exec, GPUVS_TIMED_READ=blocking, GPUVS_PYCACHE=off): share of the wall time in timed steps (target
+     at least half) and the per-trial breakdown
   d  the dip: per-step rates of steps 1, 11, 21 against the others at --display-every 10, old reading against new
   c  independence: fresh exec against fork in one interleaved comparison, 8 rounds: the trial-to-trial spread of
      each (Brown-Forsythe's test on log figures, and an F-test on their variances) and the verdict of fork
@@ -18,7 +19,7 @@ of TOTAL_S); progress is printed as it goes and the markdown is rewritten after 
 what was done.
 
 usage: OUT=DIR [DEVICE=cuda|cpu] [TOTAL_S=530] [ROUNDS=8] [PARTS=e,b,a,d,c] PYTHONPATH=src python benchmarks/time_to_verdict.py
-PARTS: some parts only, in that order (each fits one device call when the whole does not).
+PARTS: some parts only, in that order (each fits one device call when the whole does not); b may come twice.
 DEVICE=cpu runs every part at toy sizes: a check of the script, not a measurement.
 Writes $OUT/time_to_verdict.md, $OUT/time_to_verdict.db (every experiment) and $OUT/time_to_verdict.log."""
 
@@ -58,7 +59,7 @@ if GPU:
     DEFAULTS: list[str] = []  # cnn-train exactly at its defaults (ResNet-50, batch 64, fp32, 100 steps)
     DISPLAY = 10
     UNTIL = []  # --max-trials at its default (20)
-    LIMITS = {"e": 45, "b": 110, "a_new": 110, "a_old": 150, "d": 50}  # old trials take about 20 s each
+    LIMITS = {"e": 45, "b": 110, "a_new": 110, "a_old": 175, "d": 50}  # old trials take about 24 s each
 else:
     JOB = ["--model", "resnet18", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "2", "--steps", "6"]
     PLAIN = ["resnet18", "2", "fp32", "NCHW", "6", "2", "cpu", "size=32"]
@@ -171,8 +172,9 @@ def facts(a) -> list[str]:
     figure looks wrong."""
     out = []
     for z in (a.meta.timing or {}).get("zygotes") or [] if a else []:
-        out.append(f"- zygote: imports {z.get('import_s') or 0:.1f} s, threads after them {z.get('threads')}, CUDA "
-                   f"{z.get('cuda')}" + (f", PROBLEM: {z['problem']}" if z.get("problem") else ""))
+        out.append(f"- zygote: imports {z.get('import_s') or 0:.1f} s, bytecode kept {z.get('bytecode') or '-'}, "
+                   f"threads after them {z.get('threads')}, CUDA {z.get('cuda')}"
+                   + (f", PROBLEM: {z['problem']}" if z.get("problem") else ""))
     for f in (a.failures if a else [])[:4]:
         out.append(f"- FAILED trial {f.trial + 1} [{f.arm}] {f.status}: {f.error[:300]}")
     return out + [""] if out else out
@@ -201,10 +203,22 @@ def part_e() -> None:
 
 
 def part_b() -> None:
-    name = "b: A/A until-confident"
+    """The A/A; run again (PARTS=...,b,...,b) to see it with gpuvs's bytecode cache empty and then filled."""
+    runs = results.setdefault("b", [])
+    name = "b: A/A until-confident" + (f" #{len(runs) + 1}" if runs else "")
+    cached = bytecode_cached()
     run = gpuvs(name, ["compare", "cnn-train", *JOB, "--margin", "0.01", "--arm", "a:seed=1", "--arm", "b:seed=2",
                        "--until-confident", *UNTIL, "--order-seed", "7"], LIMITS["b"])
-    results["b"] = {"run": run, "name": name}
+    runs.append({"run": run, "name": name, "cache_before": cached})
+
+
+def bytecode_cached() -> str:
+    """Whether gpuvs's bytecode cache (gpuvs.bytecode) holds anything before a run, in words."""
+    from gpuvs import bytecode
+
+    where = Path(bytecode.folder())
+    n = sum(1 for _ in where.rglob("*.pyc")) if where.is_dir() else 0
+    return f"{n} modules' bytecode in {where} before the run" if n else f"{where} empty before the run"
 
 
 def part_a() -> None:
@@ -213,7 +227,7 @@ def part_a() -> None:
     write()
     old = gpuvs("a: defaults, old", ["compare", "cnn-train", *DEFAULTS, "--arm", "a:seed=1", "--arm", "b:seed=2",
                                      "--order-seed", "7", "--fresh", "exec"], LIMITS["a_old"],
-                env={"GPUVS_TIMED_READ": "blocking"})
+                env={"GPUVS_TIMED_READ": "blocking", "GPUVS_PYCACHE": "off"})
     results["a"] = {"new": new, "old": old}
 
 
@@ -277,12 +291,13 @@ def write() -> None:
           f"{elapsed():.0f} s of its {TOTAL_S:.0f} s", ""]
     L += [f"Job of b, c, d, e: cnn-train {' '.join(JOB)}; `--margin 0.01` for b and c.", ""]
 
-    if "b" in results:
-        a = analysis(results["b"]["name"])
-        run = results["b"]["run"]
+    for n, b in enumerate(results.get("b") or [], 1):
+        a = analysis(b["name"])
+        run = b["run"]
         v = headline(a)
         per = max((sum(1 for t in a.trials if t.arm == arm) for arm in ("a", "b")), default=0) if a else 0
-        L += ["## b. A/A until-confident within ±1%, new mechanism", "", f"`{run['cmd']}`", "",
+        L += [f"## b. A/A until-confident within ±1%, new mechanism (run {n}: {b['cache_before']})", "",
+              f"`{run['cmd']}`", "",
               f"- verdict: **{verdict_text(v)}** after {per} trials per arm",
               f"- wall time to the verdict: **{run['wall']:.1f} s** from the command's start to its exit "
               f"(target 45 s; 110 s before){' — stopped at its limit' if run['stopped'] else ''}"]
@@ -296,7 +311,7 @@ def write() -> None:
         L += ["## a. `gpuvs compare cnn-train` at its defaults: where the time went, old and new", ""]
         rows = []
         for key, label in (("new", "new: fork, events read once completed"),
-                           ("old", "old: --fresh exec, GPUVS_TIMED_READ=blocking")):
+                           ("old", "old: --fresh exec, GPUVS_TIMED_READ=blocking, GPUVS_PYCACHE=off")):
             a = analysis(f"a: defaults, {key}")
             run = results["a"][key]
             L += [f"### {label}", "", f"`{run['cmd']}`" + (" (stopped at its limit: the trials it finished)"
@@ -364,7 +379,7 @@ def write() -> None:
               + (", ".join(f"{x:.1f}" for x in plains) + " images/sec" if plains else "no figure"), ""]
         if plains:
             ref = statistics.fmean(plains)
-            names = {"b": "b: A/A until-confident", "c": "c: exec vs fork"}
+            names = {"b": "b: A/A until-confident", "c": "c: exec vs fork"}  # the first A/A
             for part, arm, label in (("b", None, "b (fork)"), ("c", "fork", "c, fork arm"), ("c", "exec", "c, exec arm")):
                 a = analysis(names[part]) if part in results else None
                 vals = trial_values(a, arm) if a else []

@@ -386,7 +386,8 @@ class Launcher:
         try:
             z.wait_ready(timeout)
             self.starts.append(z.ready_s or 0.0)
-            self.zygote_info.append({k: z.info.get(k) for k in ("import_s", "threads", "cuda", "problem", "python")})
+            self.zygote_info.append({k: z.info.get(k) for k in ("import_s", "bytecode", "threads", "cuda", "problem",
+                                                               "python")})
         finally:
             self.waited_s += time.monotonic() - t0
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, TypeVar
 T_START = time.time()
 FORKED = False  # True in a child of the zygote (zygote.py), which sets T_START to the moment it was forked
 
-from gpuvs import events  # noqa: E402
+from gpuvs import bytecode, events  # noqa: E402
 from gpuvs.errors import EXIT_CODES, WorkloadError  # noqa: E402
 from gpuvs.failures import classify  # noqa: E402
 from gpuvs.spec import RunSpec  # noqa: E402
@@ -117,6 +117,8 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
             emit(events.startup("fork_s", T_START - spec.launched_at))
     workload = workloads.get(spec.workload)
     params = workload.validate(spec.params, spec.device)
+    if not FORKED:  # a zygote's child has its imports already
+        bytecode.keep(workload.imports(params))
     import_requirements(workload, emit, spec)
     emit({"type": "fingerprint", "data": fingerprint.take(import_torch="torch" in workload.requires)})
     samples: list[dict[str, Any]] = []  # the sample events, summarised by the workload (the command workload's

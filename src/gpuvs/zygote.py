@@ -30,7 +30,7 @@ The control channel is a Unix SOCK_SEQPACKET socket that gpuvs listens on, one J
   gpuvs -> zygote  {"op": "fork", "id", "spec"} with 2 descriptors (SCM_RIGHTS)
                    {"op": "signal", "id", "sig"}   signal the child's process group (even once it is reaped)
                    {"op": "exit"}
-  zygote -> gpuvs  {"op": "ready", "pid", "import_s", "python", "imports", "threads", "cuda"}
+  zygote -> gpuvs  {"op": "ready", "pid", "import_s", "python", "imports", "bytecode", "threads", "cuda"}
                    {"op": "forked", "id", "pid", "threads", "cuda"} | {"op": "refused", "id", "error"}
                    {"op": "exit", "id", "pid", "code"}   (exit status, or minus the signal that ended it)
 At the end of the channel (gpuvs ended, even killed outright), at "exit" and at SIGTERM or SIGHUP the
@@ -50,7 +50,7 @@ import time
 import traceback
 from typing import Any
 
-from gpuvs import spawn
+from gpuvs import bytecode, spawn
 
 MAX_PACKET = 1 << 20
 PR_SET_PDEATHSIG = 1
@@ -326,6 +326,7 @@ def _options(argv: list[str]) -> tuple[str, list[str], str]:
 def main(argv: list[str] | None = None) -> int:
     connect, imports, entry = _options(list(sys.argv[1:] if argv is None else argv))
     t0 = time.perf_counter()
+    kept = bytecode.keep(imports)
     errors: dict[str, str | None] = {}
     # the framework first, as the worker does; an import that fails here fails again in the child,
     # which reports it as the worker would
@@ -350,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.connect(connect)
     send(sock, {"op": "ready", "pid": os.getpid(), "import_s": import_s, "python": sys.version.split()[0],
-                "imports": errors, "threads": threads(), "cuda": cuda_state(), "problem": fork_problem()})
+                "imports": errors, "bytecode": kept, "threads": threads(), "cuda": cuda_state(), "problem": fork_problem()})
     Zygote(sock, entry).serve()
     return 0
 
