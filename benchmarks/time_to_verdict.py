@@ -8,7 +8,7 @@ H100. Old and new side by side, every figure from gpuvs's own store:
      command on a fresh machine fills gpuvs's bytecode cache (gpuvs.bytecode), the later ones read it
   a  `gpuvs compare cnn-train` at its defaults, new (fork, events read once completed, bytecode cached) and old
      (--fresh exec, GPUVS_TIMED_READ=blocking, GPUVS_PYCACHE=off): share of the wall time in timed steps (target
-     at least half) and the per-trial breakdown
+     at least half) and the per-trial breakdown; named again, the new mechanism alone once more
   d  the dip: per-step rates of steps 1, 11, 21 against the others at --display-every 10, old reading against new
   c  independence: fresh exec against fork in one interleaved comparison, 8 rounds: the trial-to-trial spread of
      each (Brown-Forsythe's test on log figures, and an F-test on their variances) and the verdict of fork
@@ -18,8 +18,9 @@ Each part has a time limit (gpuvs is stopped with SIGTERM at it and keeps what i
 of TOTAL_S); progress is printed as it goes and the markdown is rewritten after every part, so a stop returns
 what was done.
 
-usage: OUT=DIR [DEVICE=cuda|cpu] [TOTAL_S=530] [ROUNDS=8] [PARTS=e,b,a,d,c] PYTHONPATH=src python benchmarks/time_to_verdict.py
-PARTS: some parts only, in that order (each fits one device call when the whole does not); b may come twice.
+usage: OUT=DIR [DEVICE=cuda|cpu] [TOTAL_S=530] [ROUNDS=8] [PARTS=e,b,a,d,c] [A_OLD=0] PYTHONPATH=src python benchmarks/time_to_verdict.py
+PARTS: some parts only, in that order (each fits one device call when the whole does not); b and a may come
+again (a again: the new mechanism alone). A_OLD=0: a without its old run.
 DEVICE=cpu runs every part at toy sizes: a check of the script, not a measurement.
 Writes $OUT/time_to_verdict.md, $OUT/time_to_verdict.db (every experiment) and $OUT/time_to_verdict.log."""
 
@@ -222,13 +223,18 @@ def bytecode_cached() -> str:
 
 
 def part_a() -> None:
-    new = gpuvs("a: defaults, new", ["compare", "cnn-train", *DEFAULTS, "--arm", "a:seed=1", "--arm", "b:seed=2",
-                                     "--order-seed", "7"], LIMITS["a_new"])
+    """New, then old; named again in PARTS, the new mechanism alone once more (its spread from run to run)."""
+    runs = results.setdefault("a", [])
+    done = sum(1 for k, _ in runs if k != "old")
+    key = "new" if not done else f"new #{done + 1}"
+    runs.append((key, gpuvs(f"a: defaults, {key}", ["compare", "cnn-train", *DEFAULTS, "--arm", "a:seed=1", "--arm",
+                                                   "b:seed=2", "--order-seed", "7"], LIMITS["a_new"])))
+    if done or os.environ.get("A_OLD") == "0":  # A_OLD=0: the new mechanism alone
+        return
     write()
-    old = gpuvs("a: defaults, old", ["compare", "cnn-train", *DEFAULTS, "--arm", "a:seed=1", "--arm", "b:seed=2",
-                                     "--order-seed", "7", "--fresh", "exec"], LIMITS["a_old"],
-                env={"GPUVS_TIMED_READ": "blocking", "GPUVS_PYCACHE": "off"})
-    results["a"] = {"new": new, "old": old}
+    runs.append(("old", gpuvs("a: defaults, old", ["compare", "cnn-train", *DEFAULTS, "--arm", "a:seed=1", "--arm",
+                                                  "b:seed=2", "--order-seed", "7", "--fresh", "exec"], LIMITS["a_old"],
+                              env={"GPUVS_TIMED_READ": "blocking", "GPUVS_PYCACHE": "off"})))
 
 
 def part_d() -> None:
@@ -310,10 +316,10 @@ def write() -> None:
     if "a" in results:
         L += ["## a. `gpuvs compare cnn-train` at its defaults: where the time went, old and new", ""]
         rows = []
-        for key, label in (("new", "new: fork, events read once completed"),
-                           ("old", "old: --fresh exec, GPUVS_TIMED_READ=blocking, GPUVS_PYCACHE=off")):
+        for key, run in results["a"]:
+            label = ("old: --fresh exec, GPUVS_TIMED_READ=blocking, GPUVS_PYCACHE=off" if key == "old" else
+                     key + ": fork, events read once completed")
             a = analysis(f"a: defaults, {key}")
-            run = results["a"][key]
             L += [f"### {label}", "", f"`{run['cmd']}`" + (" (stopped at its limit: the trials it finished)"
                                                           if run["stopped"] else ""), ""]
             L += facts(a)
