@@ -1,7 +1,9 @@
 import os
 import resource
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -57,6 +59,31 @@ def cli(tmp_path):
 @pytest.fixture
 def store_path(tmp_path):
     return tmp_path / "gpuvs.db"
+
+
+def wait_for(fn, timeout: float, what: str, step: float = 0.2):
+    """fn() until it returns something true (returned), every `step` s; fails the test after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(step)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float) -> int | None:
+    """SIGTERM, then up to `timeout` s for the process to end: its exit status; None where it did not end and was
+    killed (and reaped) instead."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def pid_alive(pid: int) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, SRC, gpuvs_env, missing_part, run_cli
+from conftest import ROOT, SRC, gpuvs_env, missing_part, run_cli, stop_process, wait_for
 from gpuvs.agent.config import WorkloadSpec
 from gpuvs.agent.ledger import FleetOutcome, Ledger, RunRecord
 from gpuvs.agent.metrics import exposition, registry
@@ -96,16 +95,6 @@ def get(port: int, path: str, method: str = "GET") -> tuple[int, str]:
         return 0, ""
 
 
-def wait_for(fn, timeout: float, what: str, step: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
-        time.sleep(step)
-
-
 class AgentProcess:
     """`gpuvs agent` for real, as a process of its own (optionally wrapped, e.g. in a mount namespace)."""
 
@@ -123,14 +112,8 @@ class AgentProcess:
         assert code == 200
         return metrics_of(body)
 
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(30)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
+    def stop(self) -> int | None:
+        return stop_process(self.proc, 30)
 
 
 # -- pieces --------------------------------------------------------------------------------------------------

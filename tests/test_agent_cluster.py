@@ -14,10 +14,10 @@ network and the API server's address. Everything else is deploy/ as shipped. Eve
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -30,7 +30,8 @@ import pytest
 from cluster import cluster  # noqa: F401  (the session fixture)
 
 import gpuvs
-from conftest import ROOT, missing_part, run_cli
+import conftest
+from conftest import ROOT, missing_part, run_cli, stop_process
 
 pytestmark = pytest.mark.cluster
 NS = "gpuvs-system"
@@ -48,14 +49,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(fn, timeout: float, what: str, step: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
-        time.sleep(step)
+wait_for = functools.partial(conftest.wait_for, step=0.5)  # the cluster's API is asked at most twice a second
 
 
 def http(port: int, path: str, method: str = "GET") -> tuple[int, bytes]:
@@ -457,12 +451,9 @@ def test_the_api_server_away_for_a_while_then_back_the_agent_backs_off_and_recov
         assert waits[0] <= 5 < waits[1] <= 10 and waits[-1] > 3000, waits  # backed off, then back to --every
         assert labelled_testing(core) == []
     finally:
-        agent.send_signal(signal.SIGTERM)
         try:
-            assert agent.wait(60) == 0, log.read_text()[-2000:]
+            assert stop_process(agent, 60) == 0, log.read_text()[-2000:]
         finally:
-            if agent.poll() is None:
-                agent.kill()
             fwd.stop()
             clear_perf_labels(core, cluster.nodes)
             try:
@@ -591,13 +582,7 @@ def test_a_node_slowed_more_at_each_agent_run_is_reported_drifting_and_a_stable_
     finally:
         cluster.script("slow", slow, "0")
         if agent is not None:
-            agent.send_signal(signal.SIGTERM)
-            try:
-                assert agent.wait(60) == 0, log.read_text()[-2000:]
-            finally:
-                if agent.poll() is None:
-                    agent.kill()
-                    agent.wait()
+            assert stop_process(agent, 60) == 0, log.read_text()[-2000:]
         clear_perf_labels(core, cluster.nodes)
         if made_class:
             sched.delete_priority_class("gpuvs-trial")

@@ -10,6 +10,7 @@ create, cluster-scoped objects included, is removed on success and failure."""
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from cluster import BIN, cluster  # noqa: F401  (the session fixture)
 from pss import violations
 
 import gpuvs
+import conftest
 from conftest import ROOT, missing_part
 
 DEPLOY = ROOT / "deploy"
@@ -295,14 +297,7 @@ def deployed(clean):
     return clean
 
 
-def wait_for(fn, timeout: float, what: str, step: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
-        time.sleep(step)
+wait_for = functools.partial(conftest.wait_for, step=0.3)
 
 
 @pytest.mark.cluster
