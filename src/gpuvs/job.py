@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import queue
+import select
 import shlex
 import signal
 import statistics
@@ -382,6 +383,14 @@ class _Pipes:
             self.open.discard(item[0])
         return item
 
+    def pending(self) -> bool:
+        """Whether a pipe still open has something to read now (data, or its end)."""
+        pipes = [getattr(self.proc, s) for s in self.open]
+        try:
+            return bool(pipes) and bool(select.select(pipes, [], [], 0)[0])
+        except (ValueError, OSError):
+            return False
+
     def close(self) -> None:
         """Once both pipes reached their end (a pipe another process still holds is left to the process's exit:
         its reader is blocked on it)."""
@@ -431,16 +440,21 @@ def run(session: Session) -> Iterator[dict[str, Any]]:
         raise
     wall_s = (pipes.exited_at or time.perf_counter()) - t0
     pipes.close()
-    unread = None
-    if held:
-        unread = (f"gpuvs could not read the command's output to its end: the command exited after {wall_s:.3g} s, "
-                  f"but its {' and '.join(held)} stayed open {AFTER_EXIT_S:g} s later with nothing more arriving (a "
-                  "process it started still holds it: one left in the background?); its figures may be missing "
-                  "lines, so the trial is not kept as a result")
-    done, failure = session.ended(code, wall_s, signal_name(code) if code < 0 else None, unread=unread)
+    done, failure = session.ended(code, wall_s, signal_name(code) if code < 0 else None,
+                                  unread=unread_text(held, wall_s) if held else None)
     yield from done
     if failure is not None:
         raise WorkloadError(*failure)
+
+
+def unread_text(held: list[str], wall_s: float | None) -> str:
+    """The trial's failure when its output could not be read to its end: `held`, the streams still open."""
+    after = f" after {wall_s:.3g} s" if wall_s is not None else ""
+    held = sorted(held, key=lambda s: (s != "stdout", s))
+    return (f"gpuvs could not read the command's output to its end: the command exited{after}, but its "
+            f"{' and '.join(held)} stayed open and silent {AFTER_EXIT_S:g} s later (a process it started still "
+            "holds it: one left in the background?); its figures may miss lines, so the trial is not kept as a "
+            "result")
 
 
 def _read(session: Session, pipes: _Pipes):
@@ -450,6 +464,9 @@ def _read(session: Session, pipes: _Pipes):
     while pipes.open:
         item = pipes.read(0.2 if pipes.exited_at is not None else None)
         if item is None:
+            if pipes.pending():  # data (or its end) waits in a pipe: its reader is behind, not blocked
+                quiet_since = None
+                continue
             quiet_since = quiet_since or time.monotonic()
             if time.monotonic() - quiet_since >= AFTER_EXIT_S:
                 return sorted(pipes.open)

@@ -12,7 +12,7 @@ and the parser that reads them.
 - A figure printed once that is printed again: every printing is a reading, and the last one printed stands for
   the trial (a final figure follows the intermediate ones a job prints on its way).
 - The regex may hold commas: the direction and unit are read from the right.
-- Its time is bounded: a nested quantifier that backtracks (`(a+)+`, `(\w+\s?)*`) is refused before anything starts
+- Its time is bounded: a nested quantifier that backtracks (`(a+)+`, `(\\w+\\s?)*`) is refused before anything starts
   (backtracking()), and each match gets budget.MATCH_CPU_S of CPU on a line; a regex past it fails the trial,
   named, and is not searched again."""
 
