@@ -14,6 +14,10 @@ sample too. summarize() gives the trial's figure of each: the mean, +/- and jitt
 definitions of stats.summarize_series for figures that are not items over time, in plain Python: the worker may run
 in an image whose Python has no numpy), the last printing otherwise.
 
+Wrapped, the job's pipes are read to their end, every line through the parsers, in bounded memory (_Pipes: a queue of
+chunks, then back-pressure on the job's pipe); a pipe that something the job left behind holds open fails the trial
+(unread_text), never a partial read kept as a result. A --metric regex's time on a line is bounded (outputs/budget.py).
+
 Each stream's text is kept for the store, capped at OUTPUT_CAP bytes (its first HEAD and last TAIL bytes, and how
 much was cut between them) and shown by `gpuvs results show ID --log`.
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import queue
+import select
 import shlex
 import signal
 import statistics
@@ -35,12 +40,16 @@ from typing import Any, Iterator
 
 from gpuvs import events, outputs
 from gpuvs.errors import WorkloadError
-from gpuvs.outputs import WALL_TIME, Metric, Reading
+from gpuvs.outputs import WALL_TIME, Metric, Reading, budget
 
 HEAD = 16 * 1024  # bytes of a stream kept from its start
 TAIL = 48 * 1024  # and from its end
 OUTPUT_CAP = HEAD + TAIL  # at most this much of each stream is stored
-AFTER_EXIT_S = 2.0  # output read after the job's own exit (a child it left may still hold the pipe open)
+AFTER_EXIT_S = 2.0  # after the job's exit, a pipe still open with nothing arriving this long is held by another
+# process (one it left in the background): reading stops there and the trial fails
+READ_CHUNK = 64 * 1024  # bytes read from a pipe at once
+BUFFER_CHUNKS = 256  # chunks read and not yet parsed, at most (16 MiB): then the job waits on its pipe
+MAX_LINE = 1024 * 1024  # bytes of one line its parsers read (the rest of a longer line is stored, not parsed)
 STOP_GRACE_S = 1.0  # a job being stopped gets this long after SIGTERM before SIGKILL
 MAD_SCALE = 1.4826
 
@@ -148,9 +157,13 @@ class Session:
         self.marks[name] = at - self.launched
         return [events.startup(name, self.marks[name])]
 
+    def keep(self, stream: str, data: bytes) -> None:
+        """Output stored (within the cap) but not parsed: the rest of an over-long line, a stopped job's last words."""
+        self.captures.setdefault(stream, Capture(stream)).add(data)
+
     def line(self, stream: str, data: bytes, at: float) -> list[dict[str, Any]]:
         """One line of output (its newline may be on it), arrived at `at`."""
-        self.captures.setdefault(stream, Capture(stream)).add(data)
+        self.keep(stream, data)
         out = self.mark("first_output_s", at)
         readings = self.reader.feed(data, stream)
         if readings:
@@ -169,18 +182,18 @@ class Session:
 
     # -- once it has ended ------------------------------------------------------------------------------------------
 
-    def ended(self, code: int | None, wall_s: float | None, signalled: str | None = None
+    def ended(self, code: int | None, wall_s: float | None, signalled: str | None = None, unread: str | None = None
               ) -> tuple[list[dict[str, Any]], tuple[str, str] | None]:
-        """The job has exited with status `code` (None: unknown) after `wall_s` seconds (None: not measured):
-        (what its parsers read at the end, its wall time and its output as events; the trial's failure as (kind,
-        message), or None)."""
+        """The job has exited with status `code` (None: unknown) after `wall_s` seconds (None: not measured);
+        `unread`: why its output could not be read to its end (None: it was). (What its parsers read at the end,
+        its wall time and its output as events; the trial's failure as (kind, message), or None.)"""
         out = [self.sample(r) for r in self.reader.finish()]
         if wall_s is not None:
             out.append(self.sample(self.reader.wall_time(wall_s)))
         if self.reader.info:
             out.append(events.config(parser_info=self.reader.info))
         out += self.output_events()
-        return out, self.failure(code, signalled)
+        return out, self.failure(code, signalled, unread)
 
     def output_events(self) -> list[dict[str, Any]]:
         return [c.event() for c in self.captures.values() if c.total or c.stream == "stdout"]
@@ -189,13 +202,16 @@ class Session:
         shown = " | ".join(f"{ln.stream}: {' '.join(ln.text.split())[:200]}" for ln in self.reader.tail(n))
         return shown or "(the command printed nothing)"
 
-    def failure(self, code: int | None, signalled: str | None = None) -> tuple[str, str] | None:
+    def failure(self, code: int | None, signalled: str | None = None, unread: str | None = None
+                ) -> tuple[str, str] | None:
         if signalled:
             return "crash", f"the command was killed by {signalled}; last lines: {self.last_lines()}"
         if code is not None and code != 0:
             return "crash", f"the command exited with status {code}; last lines: {self.last_lines()}"
+        if unread:
+            return "crash", unread
         why = self.reader.failure()
-        return ("crash", why) if why else None
+        return (self.reader.problem_kind, why) if why else None
 
     def metrics(self) -> list[Metric]:
         return self.reader.metrics
@@ -283,17 +299,118 @@ def job_environment() -> dict[str, str]:
     return env
 
 
-def _pump(stream: str, pipe, lines: queue.Queue) -> None:
-    for raw in iter(pipe.readline, b""):
-        lines.put((stream, raw, time.time()))
-    lines.put((stream, None, time.time()))
+class _Splitter:
+    """One pipe's bytes into lines as they arrive, holding at most MAX_LINE bytes of a line not yet ended: a longer
+    line reaches the parsers as its first MAX_LINE bytes (with its \\r-rewritten versions up to there), and the store
+    keeps it all (within the cap)."""
+
+    def __init__(self) -> None:
+        self.pending = bytearray()
+        self.skipping = False  # past MAX_LINE of the current line: its rest is stored, not parsed
+
+    def feed(self, data: bytes) -> Iterator[tuple[bytes, bool]]:
+        """(bytes, parse it) in order; every byte given comes out once."""
+        start = 0
+        while start < len(data):
+            end = data.find(b"\n", start)
+            piece = data[start:] if end < 0 else data[start:end + 1]
+            start += len(piece)
+            if self.skipping:
+                yield piece, False
+                if end >= 0:
+                    self.skipping = False
+                continue
+            room = MAX_LINE - len(self.pending)
+            if len(piece) > room:
+                self.pending += piece[:room]
+                yield bytes(self.pending), True
+                yield piece[room:], False
+                self.pending.clear()
+                self.skipping = end < 0
+                continue
+            if end < 0:
+                self.pending += piece
+                continue
+            if self.pending:
+                piece, self.pending = bytes(self.pending) + piece, bytearray()
+            yield piece, True
+
+    def end(self) -> Iterator[tuple[bytes, bool]]:
+        """The last line, which had no line end."""
+        if self.pending:
+            yield bytes(self.pending), True
+            self.pending.clear()
+
+
+class _Pipes:
+    """The job's stdout and stderr, each read by a thread as it comes, in chunks of READ_CHUNK bytes at most, into
+    a queue of BUFFER_CHUNKS chunks that this thread takes to the parsers. A job that prints faster than its lines
+    are parsed and sent on runs at full speed until the queue holds BUFFER_CHUNKS chunks; then it waits on its
+    full pipe (back-pressure) until gpuvs catches up: memory stays bounded whatever it prints, and nothing is
+    dropped."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.queue: queue.Queue = queue.Queue(maxsize=BUFFER_CHUNKS)
+        self.open = {"stdout", "stderr"}
+        self.splitters = {s: _Splitter() for s in self.open}
+        self.exited_at: float | None = None  # perf_counter at the job's exit, taken by a thread that waits for it
+        self._threads = [threading.Thread(target=self._pump, args=(s, getattr(proc, s).fileno()),
+                                          name=f"gpuvs-job-{s}", daemon=True) for s in ("stdout", "stderr")]
+        self._threads.append(threading.Thread(target=self._wait, name="gpuvs-job-wait", daemon=True))
+        for t in self._threads:
+            t.start()
+
+    def _pump(self, stream: str, fd: int) -> None:
+        while True:
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except OSError:  # closed under it: the job was stopped and its pipes closed
+                data = b""
+            self.queue.put((stream, data or None, time.time()))
+            if not data:
+                return
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.exited_at = time.perf_counter()
+        self.queue.put(("exit", None, time.time()))
+
+    def read(self, timeout: float | None) -> tuple[str, bytes | None, float] | None:
+        """What arrived next within `timeout`: (stream, bytes, arrival time), with None for a stream that reached
+        its end (the job's exit is ("exit", None, ...)); None: nothing arrived."""
+        try:
+            item = self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item[1] is None:
+            self.open.discard(item[0])
+        return item
+
+    def pending(self) -> bool:
+        """Whether a pipe still open has something to read now (data, or its end)."""
+        pipes = [getattr(self.proc, s) for s in self.open]
+        try:
+            return bool(pipes) and bool(select.select(pipes, [], [], 0)[0])
+        except (ValueError, OSError):
+            return False
+
+    def close(self) -> None:
+        """Once both pipes reached their end (a pipe another process still holds is left to the process's exit:
+        its reader is blocked on it)."""
+        if not self.open:
+            for stream in ("stdout", "stderr"):
+                getattr(self.proc, stream).close()
 
 
 def run(session: Session) -> Iterator[dict[str, Any]]:
     """Run the job as this process's child and yield events as its output arrives; raise WorkloadError with its
-    fate when it fails. The job stays in this process's group (a worker on the host leads its own), so that every
-    stop of the worker's group (a timeout, Ctrl-C, SIGTERM, gpuvs gone) takes the job's whole tree with it; a
-    worker interrupted on its own (a container's PID 1 given SIGTERM) stops the job first."""
+    fate when it fails. Its output is read to the end of both pipes (EOF), every line through the parsers; if a
+    process the job left behind still holds a pipe open AFTER_EXIT_S after the job's exit with nothing more
+    arriving, the trial fails saying so (a partial read is never a result). The job stays in this process's group
+    (a worker on the host leads its own), so that every stop of the worker's group (a timeout, Ctrl-C, SIGTERM,
+    gpuvs gone) takes the job's whole tree with it; a worker interrupted on its own (a container's PID 1 given
+    SIGTERM) stops the job first."""
     settings = session.settings
     yield session.config("wrapped: gpuvs's worker runs the command as its child")
     try:
@@ -309,43 +426,66 @@ def run(session: Session) -> Iterator[dict[str, Any]]:
                                            f"{exc.strerror}") from None
     t0 = time.perf_counter()
     yield from session.mark("job_start_s", time.time())
-    lines: queue.Queue = queue.Queue()
-    pumps = [threading.Thread(target=_pump, args=(s, getattr(proc, s), lines), daemon=True)
-             for s in ("stdout", "stderr")]
-    for t in pumps:
-        t.start()
-    wall_s = None
+    pipes = _Pipes(proc)
+    held: list[str] = []
     try:
-        open_streams, exited_at = 2, None
-        while open_streams:
-            if exited_at is None and proc.poll() is not None:
-                wall_s, exited_at = time.perf_counter() - t0, time.monotonic()
-            if exited_at is not None and time.monotonic() - exited_at > AFTER_EXIT_S:
-                break  # a child the job left holds its output open: what it printed so far is read
-            try:
-                stream, raw, at = lines.get(timeout=0.05 if exited_at is None else 0.2)
-            except queue.Empty:
-                continue
-            if raw is None:
-                open_streams -= 1
-                continue
-            yield from session.line(stream, raw, at)
-        if wall_s is None:
-            code = proc.wait()
-            wall_s = time.perf_counter() - t0
+        with budget.watching():  # a --metric regex past its time on a line is stopped (outputs/budget.py)
+            held = yield from _read(session, pipes)
+        code = proc.wait()
     except GeneratorExit:  # the worker stopped reading (it was interrupted between two events): stop the job
         _stop(proc)
+        pipes.close()
         raise
     except BaseException:  # interrupted (the worker's SIGTERM, Ctrl-C): stop the job, keep what it printed
         _stop(proc)
-        _drain(session, lines)
+        _drain(session, pipes)
+        pipes.close()
         yield from session.output_events()
         raise
-    code = proc.returncode
-    done, failure = session.ended(code, wall_s, signal_name(code) if code < 0 else None)
+    wall_s = (pipes.exited_at or time.perf_counter()) - t0
+    pipes.close()
+    done, failure = session.ended(code, wall_s, signal_name(code) if code < 0 else None,
+                                  unread=unread_text(held, wall_s) if held else None)
     yield from done
     if failure is not None:
         raise WorkloadError(*failure)
+
+
+def unread_text(held: list[str], wall_s: float | None) -> str:
+    """The trial's failure when its output could not be read to its end: `held`, the streams still open."""
+    after = f" after {wall_s:.3g} s" if wall_s is not None else ""
+    held = sorted(held, key=lambda s: (s != "stdout", s))
+    return (f"gpuvs could not read the command's output to its end: the command exited{after}, but its "
+            f"{' and '.join(held)} stayed open and silent {AFTER_EXIT_S:g} s later (a process it started still "
+            "holds it: one left in the background?); its figures may miss lines, so the trial is not kept as a "
+            "result")
+
+
+def _read(session: Session, pipes: _Pipes):
+    """Every line of both pipes through the session, as events, until both reach their end; the streams still
+    open if the job exited and they stayed open and silent for AFTER_EXIT_S (something else holds them)."""
+    quiet_since = None  # monotonic time since when nothing arrived, after the job's exit
+    while pipes.open:
+        item = pipes.read(0.2 if pipes.exited_at is not None else None)
+        if item is None:
+            if pipes.pending():  # data (or its end) waits in a pipe: its reader is behind, not blocked
+                quiet_since = None
+                continue
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= AFTER_EXIT_S:
+                return sorted(pipes.open)
+            continue
+        quiet_since = None
+        stream, data, at = item
+        if stream == "exit":
+            continue
+        splitter = pipes.splitters[stream]
+        for piece, parse in (splitter.feed(data) if data is not None else splitter.end()):
+            if parse:
+                yield from session.line(stream, piece, at)
+            else:
+                session.keep(stream, piece)
+    return []
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -358,13 +498,10 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def _drain(session: Session, lines: queue.Queue, wait_s: float = 0.5) -> None:
-    """What the pipes still hold after the job was stopped (its lines, not its readings: the trial failed)."""
+def _drain(session: Session, pipes: _Pipes, wait_s: float = 0.5) -> None:
+    """What the pipes still hold after the job was stopped (its output kept, not parsed: the trial failed)."""
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            stream, raw, at = lines.get(timeout=0.05)
-        except queue.Empty:
-            continue
-        if raw is not None:
-            session.captures.setdefault(stream, Capture(stream)).add(raw)
+    while pipes.open and time.monotonic() < deadline:
+        item = pipes.read(0.05)
+        if item is not None and item[1] is not None:
+            session.keep(item[0], item[1])

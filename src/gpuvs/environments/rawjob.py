@@ -3,7 +3,10 @@
 RawJob from `Environment.start_bare()`; gpuvs.bare turns it into the trial's protocol events.
 
 What a RawJob gives, all seen from outside the job:
-    output       (stream, line bytes, arrival time) as the job prints, None once its output has ended
+    output       (stream, line bytes, arrival time) as the job prints, None once its output has ended (a bounded
+                 queue: a job that prints faster than it is read waits on its pipe)
+    held         the streams a process the job left still held open when its output was ended (empty: read to
+                 their end)
     wait()       its exit status (-N: killed by signal N; None: unknown)
     timings()    the job's own wall time from the environment's lifecycle events, the clock it came from and its
                  resolution, and start-up stages (seconds from the trial's launch)
@@ -17,6 +20,7 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import select
 import subprocess
 import threading
 import time
@@ -24,7 +28,9 @@ from typing import Any
 
 from gpuvs import spawn
 
-AFTER_EXIT_S = 2.0  # output read after the process's own exit (a child it left may still hold its pipes open)
+AFTER_EXIT_S = 2.0  # after the process's exit, a pipe found empty and still open this long is held by another
+# process (a child it left): the output ends there, and the trial fails saying so
+OUTPUT_LINES = 10000  # lines read and not yet parsed, at most: then the job waits on its pipe (back-pressure)
 
 
 class RawJob:
@@ -34,8 +40,9 @@ class RawJob:
                   "during the run, no start-up breakdown inside the job")
 
     def __init__(self) -> None:
-        self.output: queue.Queue[tuple[str, bytes, float] | None] = queue.Queue()
+        self.output: queue.Queue[tuple[str, bytes, float] | None] = queue.Queue(maxsize=OUTPUT_LINES)
         self.launched_at = time.time()
+        self.held: list[str] = []
 
     def running(self) -> bool:
         raise NotImplementedError
@@ -80,6 +87,7 @@ class RawProcess(RawJob):
             self._killed = False
             self._open = 2
             self._lock = threading.Lock()
+            self._reading: dict[str, bool] = {"stdout": True, "stderr": True}  # False once a pipe ended
             self.stderr_tail: collections.deque[str] = collections.deque(maxlen=8)  # an engine's own message
             self._waiter = threading.Thread(target=self._wait_exit, daemon=True)
             self._pumps = [threading.Thread(target=self._pump, args=(s, getattr(self.proc, s)), daemon=True)
@@ -94,13 +102,19 @@ class RawProcess(RawJob):
         self.proc.wait()
         self.exited = time.perf_counter()
         self.after_exit(self.proc.returncode)
-        deadline = time.monotonic() + AFTER_EXIT_S
-        while time.monotonic() < deadline:
+        quiet_since = time.monotonic()
+        while True:  # read to the end of both pipes, however long the reading takes
             with self._lock:
-                if self._open == 0:
+                if self._open <= 0:
                     return
-            time.sleep(0.02)
-        self._end()  # a child left behind holds the pipes: the output ends here (it is stopped by close())
+            open_pipes = {s: getattr(self.proc, s) for s in ("stdout", "stderr") if self._reading[s]}
+            if any(readable(p) for p in open_pipes.values()):  # data (or its end) waits: it is being read
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= AFTER_EXIT_S:  # empty and open this long: a child left behind
+                self.held = sorted(open_pipes)  # holds it; the output ends here (the child is stopped by close())
+                self._end()
+                return
+            time.sleep(0.05)
 
     def after_exit(self, code: int) -> None:
         """Called once the process has exited, before its output is declared ended (read its state)."""
@@ -110,6 +124,7 @@ class RawProcess(RawJob):
             self.output.put((stream, raw, time.time()))
             if stream == "stderr":
                 self.stderr_tail.append(raw.decode("utf-8", "replace").strip())
+        self._reading[stream] = False
         with self._lock:
             self._open -= 1
             last = self._open == 0
@@ -148,6 +163,14 @@ class RawProcess(RawJob):
     def close(self) -> None:
         """After its exit: nothing of its group is left (a child it started in the background)."""
         spawn.kill_group(self.proc.pid)
+
+
+def readable(pipe) -> bool:
+    """Whether a read of the pipe would return now (data, or its end); a closed file counts as ended."""
+    try:
+        return bool(select.select([pipe], [], [], 0)[0])
+    except (ValueError, OSError):
+        return True
 
 
 def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -22,7 +22,7 @@ __all__ = ["Job", "Line", "Metric", "Missing", "OutputError", "Parser", "Pattern
            "WALL_TIME", "create", "get", "names", "make_reader", "parse_metric_spec", "register", "wall_time"]
 
 _parsers: Registry[type[Parser]] = Registry(__name__, __path__, "parser", lambda cls: cls.name,
-                                            skip=("base", "patterns", "reader"))
+                                            skip=("base", "budget", "patterns", "reader"))
 register = _parsers.register
 
 

@@ -124,8 +124,8 @@ class OutputError(WorkloadError):
     """The job's output is not what its parsers read: a figure that is not a number, a malformed JSON metric line,
     a file the job should have written and did not. The trial fails with this message."""
 
-    def __init__(self, message: str):
-        super().__init__("crash", message)
+    def __init__(self, message: str, kind: str = "crash"):
+        super().__init__(kind, message)
 
 
 def number(text: str, what: str) -> float:

@@ -11,7 +11,10 @@ and the parser that reads them.
 - Each line is searched once per metric (the first match on a line counts); both streams are read.
 - A figure printed once that is printed again: every printing is a reading, and the last one printed stands for
   the trial (a final figure follows the intermediate ones a job prints on its way).
-- The regex may hold commas: the direction and unit are read from the right."""
+- The regex may hold commas: the direction and unit are read from the right.
+- Its time is bounded: a nested quantifier that backtracks (`(a+)+`, `(\\w+\\s?)*`) is refused before anything starts
+  (backtracking()), and each match gets budget.MATCH_CPU_S of CPU on a line; a regex past it fails the trial,
+  named, and is not searched again."""
 
 from __future__ import annotations
 
@@ -19,7 +22,14 @@ import re
 from typing import Iterable
 
 from gpuvs.errors import UsageError
-from gpuvs.outputs.base import DIRECTIONS, KIND_DIRECTION, Line, Metric, Parser, Reading, check_name, number
+from gpuvs.outputs import budget
+from gpuvs.outputs.base import (DIRECTIONS, KIND_DIRECTION, Line, Metric, OutputError, Parser, Reading, check_name,
+                                number)
+
+try:  # Python 3.11+
+    from re import _parser as _sre
+except ImportError:  # Python 3.10
+    import sre_parse as _sre  # type: ignore[no-redef]
 
 SYNTAX = "NAME=REGEX,higher|lower|rate|time[,UNIT]"
 WORDS = DIRECTIONS + tuple(KIND_DIRECTION)  # what may follow the regex: a direction, or a kind that implies one
@@ -65,9 +75,73 @@ def parse_metric_spec(text: str, per_step: bool = False) -> Metric:
         compiled = re.compile(regex)
     except re.error as exc:
         raise bad(f"the regex {regex!r} does not compile: {exc}") from None
+    if backtracking(regex):
+        raise bad(f"the regex {regex!r} repeats a repeat (a nested quantifier such as (a+)+), which can match the "
+                  "same text in many ways: on a line that almost matches, Python's re tries every way, for hours; "
+                  "repeat one thing, e.g. '([0-9]+)' rather than '([0-9]+)+'")
     if value_group(compiled) is None:
         raise bad(f"the regex {regex!r} has no group for the figure: put it in parentheses, e.g. 'loss: ([0-9.]+)'")
     return Metric(name, better, unit, per_step=per_step, pattern=regex, kind=kind)
+
+
+def backtracking(regex: str) -> bool:
+    """Whether `regex` backtracks catastrophically: it holds a repeat (`+`, `*`, `{n,}`, `{n,m}`) whose body
+    is a variable repeat with nothing else required beside it (`(a+)+`, `(a*)*`, `(\\w+\\s?)+`), so that a run of
+    text splits between the iterations in exponentially many ways. `(?: \\w+)*` is fine (each iteration starts
+    with a space); possessive repeats and atomic groups never backtrack."""
+    try:
+        parsed = _sre.parse(regex)
+    except Exception:  # re.compile said why already
+        return False
+    return _nested(parsed.data, parsed.state)
+
+
+_REPEATS = (_sre.MAX_REPEAT, _sre.MIN_REPEAT)
+
+
+def _nested(items, state) -> bool:
+    for op, av in items:
+        subs = []
+        if op in _REPEATS:
+            lo, hi, body = av
+            if hi > 1 and _ambiguous(body, state):
+                return True
+            subs = [body]
+        elif op is _sre.SUBPATTERN:
+            subs = [av[-1]]
+        elif op is _sre.BRANCH:
+            subs = list(av[1])
+        elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
+            subs = [av[1]]
+        elif op is _sre.GROUPREF_EXISTS:
+            subs = [s for s in av[1:] if s is not None]
+        elif op in (getattr(_sre, "POSSESSIVE_REPEAT", None), getattr(_sre, "ATOMIC_GROUP", None)):
+            subs = [av[-1]]
+        for sub in subs:
+            if _nested(sub, state):
+                return True
+    return False
+
+
+def _flat(items) -> list:
+    """A sequence with its plain groups opened: ((a)(b+)) is a, b+."""
+    out = []
+    for op, av in items:
+        if op is _sre.SUBPATTERN:
+            out += _flat(av[-1])
+        else:
+            out.append((op, av))
+    return out
+
+
+def _ambiguous(body, state) -> bool:
+    seq = _flat(body)
+    for i, (op, av) in enumerate(seq):
+        if op in _REPEATS and av[1] > 1 and av[1] != av[0]:
+            rest = seq[:i] + seq[i + 1:]
+            if all(_sre.SubPattern(state, [item]).getwidth()[0] == 0 for item in rest):
+                return True
+    return False
 
 
 def value_group(regex: re.Pattern[str]) -> int | str | None:
@@ -95,6 +169,7 @@ class PatternParser(Parser):
             regex = re.compile(m.pattern)
             self._regex[m.name] = (regex, value_group(regex), regex.groupindex.get("step"))
         self._count: dict[str, int] = {}
+        self._overtime: set[str] = set()  # metrics whose regex ran past its budget: not searched again
 
     @classmethod
     def from_specs(cls, metrics: Iterable[str] = (), step_metrics: Iterable[str] = ()) -> "PatternParser":
@@ -104,8 +179,17 @@ class PatternParser(Parser):
     def feed(self, line: Line) -> list[Reading]:
         out = []
         for m in self.metrics:
+            if m.name in self._overtime:
+                continue
             regex, group, step_group = self._regex[m.name]
-            match = regex.search(line.text)
+            try:
+                match = budget.search(regex, line.text)
+            except budget.Overtime:
+                self._overtime.add(m.name)
+                raise OutputError(f"metric {m.name}: its regex {m.pattern!r} took over {budget.MATCH_CPU_S:g} s of CPU "
+                                  f"on {line.source} ({len(line.text)} characters) and was stopped: it backtracks "
+                                  "(alternatives or repeats that match the same text, e.g. (a|a)*); simplify the "
+                                  "regex. The command's output was read to its end without it", kind="input") from None
             if match is None or match.group(group) is None:  # no match, or an optional group that took no part
                 continue
             value = number(match.group(group), f"metric {m.name} ({m.where}) on {line.source}")

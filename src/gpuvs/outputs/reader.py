@@ -55,6 +55,7 @@ class Reader:
         self.counts: dict[str, int] = {}
         self.last: dict[str, Reading] = {}
         self.problems: list[str] = []
+        self.problem_kind = "crash"  # input: the user's own declaration failed (a regex past its time budget)
         self._tail: deque[Line] = deque(maxlen=keep_lines)
         self._lines = dict.fromkeys(STREAMS, 0)
 
@@ -104,7 +105,7 @@ class Reader:
         try:
             readings = read()
         except OutputError as exc:
-            self._problem(exc.message)
+            self._problem(exc.message, exc.kind)
             return []
         kept = []
         for r in readings:
@@ -120,7 +121,9 @@ class Reader:
         self.counts[reading.name] = self.counts.get(reading.name, 0) + 1
         self.last[reading.name] = reading
 
-    def _problem(self, message: str) -> None:
+    def _problem(self, message: str, kind: str = "crash") -> None:
+        if not self.problems:
+            self.problem_kind = kind  # the first problem's, which names the trial's failure
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append(message)
 

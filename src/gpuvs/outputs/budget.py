@@ -1,0 +1,64 @@
+"""The time one regex may spend on one line of a job's output: `--metric` regexes are the user's, and Python's `re`
+backtracks, so `(a|a)*b` on a 40-character line would take hours (and a nested quantifier, `(a+)+b`, is refused
+before anything starts: patterns.backtracking()).
+
+Each match is given MATCH_CPU_S seconds of this thread's CPU time (CPU, not wall, so that a loaded machine does not
+turn a fast regex into a slow one). In the main thread, inside watching() (the wrapped worker reads its job there),
+a match that runs past its budget is interrupted: a SIGALRM ticks every TICK_S while the job's output is read, and
+`re`'s matching loop runs signal handlers as it goes. Elsewhere (bare mode reads in a thread of gpuvs, where no
+signal can reach) the time is measured around the match and a match over its budget is reported once it returns.
+
+Standard library only: it runs inside the user's image."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+MATCH_CPU_S = 1.0  # CPU seconds one regex may spend on one line
+TICK_S = 0.1  # how often a running match is checked, while watching()
+
+_deadline: float | None = None  # the current match's end of budget, on time.thread_time()'s clock
+
+
+class Overtime(Exception):
+    """A match ran past its budget."""
+
+
+def _tick(signum, frame) -> None:
+    if _deadline is not None and time.thread_time() > _deadline:
+        raise Overtime
+
+
+@contextmanager
+def watching() -> Iterator[None]:
+    """While the body runs, a match past its budget is interrupted (main thread only; elsewhere nothing changes).
+    The previous SIGALRM handler and timer come back afterwards; children started inside do not inherit the timer
+    (fork(2) clears interval timers)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+    old = signal.signal(signal.SIGALRM, _tick)
+    signal.setitimer(signal.ITIMER_REAL, TICK_S, TICK_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def search(regex, text: str, budget_s: float = MATCH_CPU_S):
+    """regex.search(text) within its budget: the match (or None), or Overtime."""
+    global _deadline
+    start = time.thread_time()
+    _deadline = start + budget_s
+    try:
+        match = regex.search(text)
+    finally:
+        _deadline = None
+    if time.thread_time() - start > budget_s:
+        raise Overtime
+    return match

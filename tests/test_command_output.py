@@ -1,0 +1,104 @@
+"""A command's output read to its end, and the time a --metric regex may take (docs/command.md, "Output"): real
+gpuvs runs of real programs on the host, wrapped and bare, beside real processes that keep the CPU busy."""
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import gpuvs_processes
+
+LINES = 300_000
+# a job that prints as fast as Python can: LINES progress lines, then its final figure
+LOSSY = ("import sys\nw = sys.stdout.write\nn = int(sys.argv[1])\nfor i in range(1, n + 1):\n"
+         "    w(f'progress rate {i}\\n')\nw(f'final rate {n}\\n')\n")
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    yield
+    assert gpuvs_processes() == []
+
+
+@pytest.fixture
+def burners():
+    """Two processes that keep two cores busy while the test runs (this machine's two, and more)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    yield
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def stored(tmp_path):
+    db = sqlite3.connect(tmp_path / "gpuvs.db")
+    trials = db.execute("SELECT id, status, error, error_kind, summary FROM trials ORDER BY id").fetchall()
+    out = []
+    for tid, status, error, kind, summary in trials:
+        samples = dict(db.execute("SELECT series, COUNT(*) FROM samples WHERE trial_id = ? GROUP BY series", (tid,)))
+        outputs = {s: (b, n) for s, b, n in db.execute("SELECT stream, bytes, lines FROM outputs WHERE trial_id = ?",
+                                                        (tid,))}
+        out.append({"status": status, "error": error, "kind": kind, "samples": samples, "outputs": outputs,
+                    "summary": json.loads(summary) if summary else {}})
+    return out
+
+
+@pytest.mark.parametrize("bare, lines", [(False, LINES), (True, 50_000)])
+def test_every_line_of_a_fast_writer_reaches_the_parsers_on_a_loaded_machine(cli, tmp_path, burners, bare, lines):
+    (tmp_path / "lossy.py").write_text(LOSSY)
+    r = cli("run", "command", "--device", "cpu", "--trials", "1", "--metric", "rate=rate ([0-9]+),higher",
+            *(["--bare"] if bare else []), "--", sys.executable, "lossy.py", str(lines), timeout=600)
+    assert r.returncode == 0, r.stderr
+    [t] = stored(tmp_path)
+    assert t["status"] == "ok", t["error"]
+    assert t["summary"]["rate"]["value"] == lines  # the final figure, not a progress line's
+    assert t["samples"]["rate"] == lines + 1  # every line's reading reached the store
+    size = sum(len(f"progress rate {i}\n") for i in range(1, lines + 1)) + len(f"final rate {lines}\n")
+    assert t["outputs"]["stdout"] == (size, lines + 1)  # every byte and line counted
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_an_output_held_open_by_a_process_left_behind_fails_the_trial_saying_so(cli, tmp_path, bare):
+    t0 = time.monotonic()
+    r = cli("run", "command", "--device", "cpu", "--trials", "1", "--metric", "rate=rate ([0-9]+),higher",
+            *(["--bare"] if bare else []), "--", "sh", "-c", "echo rate 5; sleep 60 &")
+    assert r.returncode != 0
+    assert time.monotonic() - t0 < 30  # the bounded wait, not the left child's minute
+    [t] = stored(tmp_path)
+    assert t["status"] == "failed"
+    assert t["error"].startswith("gpuvs could not read the command's output to its end: the command exited after ")
+    assert "its stdout and stderr stayed open and silent 2 s later (a process it started still holds it" in t["error"]
+
+
+def test_a_nested_quantifier_is_refused_before_anything_starts(cli, tmp_path):
+    t0 = time.monotonic()
+    r = cli("run", "command", "--device", "cpu", "--metric", "x=(a+)+b,higher", "--", "echo", "a" * 40)
+    assert r.returncode == 2
+    assert time.monotonic() - t0 < 15
+    assert r.stderr.strip().splitlines() == [
+        "gpuvs: error: --metric 'x=(a+)+b,higher': the regex '(a+)+b' repeats a repeat (a nested quantifier such as "
+        "(a+)+), which can match the same text in many ways: on a line that almost matches, Python's re tries every "
+        "way, for hours; repeat one thing, e.g. '([0-9]+)' rather than '([0-9]+)+' (expected "
+        "NAME=REGEX,higher|lower|rate|time[,UNIT])"]
+    assert not (tmp_path / "gpuvs.db").exists() or stored(tmp_path) == []
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_a_regex_that_backtracks_is_stopped_within_its_budget_and_named(cli, tmp_path, bare):
+    """(a|a)*b has no nested quantifier, but on a line of 40 a's Python's re would try 2**40 ways: the match is
+    stopped after 1 s of CPU (wrapped: interrupted; bare, in a thread, a 23-character line lets it end: 2**23 ways
+    take some seconds) and the trial fails naming the regex, as bad input (no retry), not the command."""
+    line = "a" * (23 if bare else 40)
+    t0 = time.monotonic()
+    r = cli("run", "command", "--device", "cpu", "--trials", "1", "--timeout", "60", "--retries", "2",
+            "--metric", "x=(a|a)*b(1),higher", *(["--bare"] if bare else []), "--", "echo", line)
+    assert r.returncode != 0
+    if not bare:
+        assert time.monotonic() - t0 < 20
+    [t] = stored(tmp_path)
+    assert (t["status"], t["kind"]) == ("failed", "input")
+    assert t["error"].startswith("metric x: its regex '(a|a)*b(1)' took over 1 s of CPU on stdout line 1 "
+                                 f"({len(line)} characters) and was stopped: it backtracks")
