@@ -29,6 +29,21 @@ from conftest import gpuvs_env, gpuvs_processes
     (["compare", "selftest", "--device", "cpu", "--arm", "a steps=2", "--arm", "b:steps=3"],
      "--arm 'a steps=2': an arm's name cannot hold spaces or '='; write NAME:key=value[,key=value...] "
      "(did you mean 'a:steps=2'?)"),
+    # NaN passes every comparison (--timeout nan was no timeout, --margin nan printed "within ±nan%"); no
+    # setting is infinite; an integer has a range even where its option declares none
+    (["run", "selftest", "--device", "cpu", "--timeout", "nan"],
+     "--timeout: 'nan' is not allowed; expected a number >= 0.001 (NaN and infinities are not allowed)"),
+    (["run", "selftest", "--device", "cpu", "--timeout", "inf"], "--timeout: 'inf' is not allowed"),
+    (["run", "selftest", "--device", "cpu", "--step-seconds", "-inf"], "--step-seconds: '-inf' is not allowed"),
+    (["compare", "selftest", "--device", "cpu", "--arm", "a:steps=2", "--arm", "b:steps=3", "--margin", "NaN"],
+     "--margin: 'NaN' is not allowed; expected a number from 0 to 0.5"),
+    (["compare", "selftest", "--device", "cpu", "--arm", "a:steps=2", "--arm", "b:step_seconds=nan"],
+     "--arm #2: arm 'b': --step-seconds: 'nan' is not allowed"),
+    (["run", "selftest", "--device", "cpu", "--trials", "9" * 5000],
+     "--trials: '999999999999999999999999999999999999999... (5000 characters) is not allowed; expected an integer "
+     "from 1 to 10000"),
+    (["run", "selftest", "--device", "cpu", "--order-seed", "9" * 30],
+     "--order-seed: '999999999999999999999999999999' is not allowed; expected an integer >= 0 (within ±"),
     # --seed is a workload's own seed (weights, data); selftest has none, and the trial order's is --order-seed
     (["compare", "selftest", "--device", "cpu", "--arm", "a:steps=2", "--arm", "b:steps=3", "--seed", "1"],
      "unknown option --seed for gpuvs compare selftest"),

@@ -1,6 +1,7 @@
 """Experiment files and --arm specs: refused with the file, the line and what is wrong; the shipped
 files load; command-line values replace the file's."""
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -83,6 +84,29 @@ BAD = [
     ("max_trials alone", GOOD.replace("margin: 0.05", "max_trials: 9"), 6, "max_trials applies with until_confident"),
     ("bad device", GOOD.replace("device: cpu", "device: tpu"), 4, "unknown device 'tpu'"),
     ("unknown environment", GOOD.replace("device: cpu", "device: cpu\nenv: moon"), 5, "unknown environment 'moon'"),
+    # NaN passes every range check; no setting is infinite
+    ("NaN margin", GOOD.replace("margin: 0.05", "margin: .nan"), 6,
+     "margin: nan is not allowed; expected a number from 0 to 0.5 (NaN and infinities are not allowed)"),
+    ("NaN as a word", GOOD.replace("margin: 0.05", "margin: nan"), 6, "margin: 'nan' is not allowed"),
+    ("infinite timeout", GOOD.replace("device: cpu", "device: cpu\ntimeout: .inf"), 5,
+     "timeout_s: inf is not allowed; expected a number >= 0.001 (NaN and infinities are not allowed)"),
+    ("NaN arm value", GOOD.replace("step_seconds: 0.001", "step_seconds: .NaN"), 8,
+     "arm 'fast': --step-seconds: nan is not allowed"),
+    ("NaN parameter", GOOD.replace("{steps: 3}", "{steps: 3, step_seconds: -.inf}"), 3,
+     "step_seconds: -inf is not allowed"),
+    # an integer of 5,000 digits is beyond Python's int(); the setting says its range, in one short line
+    ("5,000-digit trials", GOOD.replace("trials: 2", "trials: " + "9" * 5000), 5,
+     "trials: '999999999999999999999999999999999999999... (5000 characters) is not allowed; expected an integer "
+     "from 1 to 10000"),
+    ("5,000-digit parameter", GOOD.replace("{steps: 3}", "{steps: -" + "1" * 5000 + "}"), 3,
+     "steps: '-11111111111111111111111111111111111111... (5001 characters) is not allowed; expected an integer from"),
+    ("a boolean count", GOOD.replace("trials: 2", "trials: yes"), 5, "trials: True is not allowed"),
+    ("a list for a word", GOOD.replace("name: tiny", "name: [a, b]"), 1,
+     "name: a list of 2 item(s) is not allowed; expected a string"),
+    ("an alias inside itself", GOOD.split("arms:")[0] + "arms: &a [*a, *a]\n", 7,
+     "an alias (*NAME) inside the value it names"),
+    ("a list among a command's words", "command: [echo, [a, b]]\ndevice: cpu\narms: [{name: a}, {name: b, trials: 1}]\n",
+     1, "a command's words are plain words, not a list or mapping"),
 ]
 
 
@@ -94,6 +118,76 @@ def test_bad_files_are_refused_with_file_line_and_what(tmp_path, what, text, lin
     text = str(info.value)
     assert text.startswith(f"{path}:{line}:"), text
     assert message in text and "\n" not in text
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """The "billion laughs": each level a list of nine aliases of the one above, 9**levels values in ~600 bytes."""
+    lines = ["workload: selftest", "device: cpu", "arms:", "  - &l0 [lol,lol,lol,lol,lol,lol,lol,lol,lol]"]
+    lines += [f"  - &l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join(lines + [f"name: *l{levels - 1}", ""])
+
+
+def test_an_alias_bomb_is_refused_at_once_in_little_memory(tmp_path, cli):
+    """600 bytes of nested aliases took 1.6 GB and 35 s before a MemoryError traceback (the refusal of every
+    value rendered it whole). Measured in a process of its own, capped at 1 GiB so that a regression fails fast."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import gpuvs_env
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb())
+    assert path.stat().st_size < 700
+    script = ("import json, resource, sys, time\n"
+              "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+              "from gpuvs import experiment\n"
+              "from gpuvs.errors import UsageError\n"
+              "t0 = time.perf_counter()\n"
+              "try:\n"
+              "    experiment.load(sys.argv[1], device_fallback='cpu')\n"
+              "    message = None\n"
+              "except UsageError as exc:\n"
+              "    message = str(exc)\n"
+              "print(json.dumps({'s': time.perf_counter() - t0, 'message': message,\n"
+              "                  'maxrss_kib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))\n")
+    r = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120,
+                       env=gpuvs_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    assert got["message"] == (f"{path}:8: the file holds more than {experiment.MAX_VALUES} values, aliases (*NAME) "
+                              f"counted at every use; an experiment file takes at most {experiment.MAX_VALUES}"), got
+    assert got["s"] < 1.0 and got["maxrss_kib"] < 100 * 1024, got
+    r = cli("compare", "--file", path.name)  # the command line: one line, exit 2, nothing stored
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("gpuvs: error: bomb.yaml:8: the file holds "
+                                                                         "more than"), r.stderr
+    assert not (tmp_path / "gpuvs.db").exists()
+
+
+def test_a_commands_words_are_strings_as_written_and_run_as_such(tmp_path, cli):
+    """YAML 1.1 read `command: [echo, no, on, 010, 1:30, 0x1F, ~, 1_000]` as False True 8 90 31 None 1000, and
+    `command: [true]` looked for a program named True. The words are run for real and their output read back."""
+    import shutil
+    import sqlite3
+
+    path = tmp_path / "words.yaml"
+    path.write_text("command: [echo, no, on, 010, 1:30, 0x1F, ~, 1_000, 'yes', \"1.50\", null, .nan]\n"
+                    "device: cpu\ntrials: 1\n"
+                    "arms:\n  - {name: echo}\n  - name: true\n    command: [true]\n")
+    study = experiment.load(path)
+    words = ["echo", "no", "on", "010", "1:30", "0x1F", "~", "1_000", "yes", "1.50", "null", ".nan"]
+    assert study.experiment.base.params["argv"] == words
+    assert study.experiment.arms[1].overrides == {"argv": ["true"]}
+    r = cli("compare", "--file", path.name, "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    db = sqlite3.connect(tmp_path / "gpuvs.db")
+    rows = db.execute("SELECT t.arm, t.status, t.spec, o.text FROM trials t LEFT JOIN outputs o ON o.trial_id=t.id "
+                      "AND o.stream='stdout' ORDER BY t.arm").fetchall()
+    db.close()
+    by_arm = {arm: (status, json.loads(spec)["params"]["argv"], text) for arm, status, spec, text in rows}
+    assert by_arm["echo"] == ("ok", words, " ".join(words[1:]) + "\n"), by_arm
+    assert by_arm["true"][:2] == ("ok", ["true"]) and not by_arm["true"][2] and shutil.which("true")
 
 
 def test_a_missing_file_is_named(tmp_path):

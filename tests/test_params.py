@@ -15,6 +15,45 @@ def test_param_coerces_and_refuses_with_the_option_name():
             p.coerce(bad)
 
 
+@pytest.mark.parametrize("raw", ["nan", "NaN", float("nan"), "inf", "-Infinity", float("inf"), "1" + "0" * 400])
+def test_nan_and_infinities_are_refused_by_every_number(raw):
+    """float('nan') passes every min/max comparison: --timeout nan was no timeout at all."""
+    for p in (Param("timeout", float, 1.0, min=0.001), Param("margin", float, 0.02, min=0.0, max=0.5),
+              Param("free", float, None)):
+        with pytest.raises(UsageError, match=rf"^{p.option}: .* is not allowed; expected a number.* \(NaN and "
+                                             r"infinities are not allowed\)$"):
+            p.coerce(raw)
+    assert Param("free", float, None).coerce("-1e300") == -1e300
+
+
+def test_integers_are_bounded_and_a_huge_one_is_one_short_line():
+    trials = Param("trials", int, 1, min=1, max=10000)
+    for raw in ("9" * 5000, int("9" * 4000), 10 ** 5000):  # Python 3.11 cannot even repr the last
+        with pytest.raises(UsageError) as info:
+            trials.coerce(raw)
+        text = str(info.value)
+        assert text.startswith("--trials: ") and text.endswith("expected an integer from 1 to 10000"), text
+        assert len(text) < 160 and "\n" not in text
+    seed = Param("order_seed", int, None, min=0)
+    assert seed.coerce(str(2 ** 63 - 1)) == 2 ** 63 - 1
+    with pytest.raises(UsageError, match=r"expected an integer >= 0 \(within ±9223372036854775807\)$"):
+        seed.coerce(2 ** 63)
+    for raw in (True, [3], {"a": 1}, 2.5):  # not an integer: a YAML `trials: yes` was 1
+        with pytest.raises(UsageError, match="expected an integer"):
+            trials.coerce(raw)
+    assert trials.coerce(3.0) == 3
+
+
+def test_a_huge_value_is_never_rendered_whole():
+    nested: list = ["x"] * 9
+    for _ in range(9):  # 9**10 leaves: its repr would take gigabytes
+        nested = [nested] * 9
+    with pytest.raises(UsageError, match=r"^--name: a list of 9 item\(s\) is not allowed; expected a string$"):
+        Param("name", str, None).coerce(nested)
+    with pytest.raises(UsageError, match=r"^--ratio: a list of 9 item\(s\) is not allowed"):
+        Param("ratio", float, None).coerce(nested)
+
+
 def test_choices_are_case_insensitive_and_listed_when_wrong():
     p = Param("precision", str, "fp32", choices=("fp32", "bf16"))
     assert p.coerce("BF16") == "bf16"

@@ -342,6 +342,9 @@ def test_share_matrix_runs_pairs_over_a_sweep(cli, tmp_path):
     ('pairs: [["selftest", "selftest"]]\nsweep: {a: [1], b: [2]}\n', "'sweep' must be one parameter"),
     ('pairs: [["selftest", "nosuch"]]\n', "unknown workload 'nosuch'"),
     ("pairs: [\n", "not valid YAML"),
+    ('pairs: [["selftest", "selftest"]]\ntimeout_s: .nan\n', "bad.yaml: timeout_s: nan is not allowed; expected a number "
+     ">= 0.001 (NaN and infinities are not allowed)"),
+    ('pairs: [["selftest", "selftest"]]\nduration: .inf\n', "bad.yaml: duration: inf is not allowed"),
 ])
 def test_share_matrix_bad_files(cli, tmp_path, text, message):
     f = tmp_path / "bad.yaml"

@@ -207,3 +207,99 @@ def test_a_summary_stored_before_better_was_declared_keeps_its_direction():
     s = SeriesSummary.from_dict(old)
     assert s.better is None and s.higher_is_better is False and s.value == 1.5
     assert SeriesSummary.from_dict({"n": 1, "unit": "x", "better": "lower"}).higher_is_better is False
+
+
+def _in_mount_namespace(script: str, timeout: float = 300):
+    """Run `sh -c script` in a mount namespace of its own: a tmpfs mounted there is gone with it, whatever
+    happens to the test (nothing to unmount, nothing seen outside)."""
+    import shutil
+    import subprocess
+
+    from conftest import gpuvs_env, missing_part
+
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True) if shutil.which("unshare") else None
+    if probe is None or probe.returncode != 0 or shutil.which("mount") is None:
+        missing_part("a mount namespace of its own (unshare -m, as root) is needed to make a full or read-only volume")
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                          text=True, timeout=timeout, env=gpuvs_env())
+
+
+def test_a_full_disk_says_so_stops_the_run_and_keeps_the_trials_before(tmp_path):
+    """A full disk was 'damaged ... .recover', and a trial whose writes failed was only marked failed: the next
+    one started. Now: one line that says the disk is full, no trial after it, exit 1, the trials before kept whole."""
+    import json
+    import sys
+
+    from conftest import gpuvs_processes
+
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    # a 1 MiB volume: a trial of 2,000 samples (written once a second while it runs) is a few hundred KiB of WAL
+    r = _in_mount_namespace(
+        f"mount -t tmpfs -o size=1m tmpfs {vol} && cd {vol} && "
+        f"{sys.executable} -m gpuvs run selftest --device cpu --steps 2000 --step-seconds 0.0005 --trials 8 --quiet; "
+        f"echo rc=$?; df -k . | tail -1; echo ===; {sys.executable} -m gpuvs results export --format json")
+    out, _, export = r.stdout.partition("===\n")
+    assert "rc=1" in out, (out[-3000:], r.stderr[-3000:])
+    errors = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]  # the export said nothing on stderr
+    assert errors[0].startswith("gpuvs: error: store gpuvs.db cannot be written: the disk is full (database or disk "
+                                "is full); what it holds is kept"), errors
+    assert "damaged" not in errors[0] and ".recover" not in errors[0]
+    stopped = int(errors[0].split("The run stopped at trial ")[1].split()[0])
+    assert f"The run stopped at trial {stopped} of 8; the {stopped - 1} trial(s) before it are kept in gpuvs.db" \
+        in errors[0] and stopped >= 2, errors
+    assert f"trial {stopped + 1}/8" not in out  # the next trial never started
+    # read back from the full disk itself, as a user would
+    trials = json.loads(export)["trials"]
+    kept = trials[:stopped - 1]
+    assert [(t["trial"], t["status"]) for t in kept] == [(i, "ok") for i in range(stopped - 1)], trials
+    assert all(len(t["samples"]) == 2000 for t in kept)  # every sample of every kept trial
+    assert len(trials) <= stopped, trials  # at most the row of the trial that stopped, never one after it
+    assert gpuvs_processes() == []
+
+
+def test_a_read_only_folder_and_a_folder_as_store_each_say_what_is_wrong(tmp_path, cli):
+    import sys
+
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    # as root, chmod stops nothing: a tmpfs mounted read-only does
+    r = _in_mount_namespace(f"mount -t tmpfs -o size=1m,ro tmpfs {vol} && cd {vol} && "
+                            f"{sys.executable} -m gpuvs run selftest --device cpu --steps 2 --quiet; echo rc=$?; ls -A")
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert "rc=2" in r.stdout and r.stdout.strip().endswith("rc=2"), r.stdout  # nothing written there either
+    assert lines == ["gpuvs: error: cannot create store gpuvs.db: its folder is on a read-only file system (unable to "
+                     "open database file); run where you can write, or name a writable place with --store"], r.stderr
+    (tmp_path / "results.db").mkdir()
+    for args in (["run", "selftest", "--device", "cpu", "--steps", "2", "--quiet", "--store", "results.db"],
+                 ["results", "list", "--store", "results.db"]):
+        r = cli(*args)
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 2 and lines == ["gpuvs: error: store results.db is a folder, not a file: name a file "
+                                               "with --store, e.g. --store results.db/gpuvs.db"], (args, r.stderr)
+    assert list((tmp_path / "results.db").iterdir()) == []
+
+
+def test_a_store_on_a_full_disk_is_still_read_and_a_run_there_says_the_disk_is_full(tmp_path):
+    """Opening a store to write (a trial left running by a dead gpuvs is marked interrupted on open) fails on a
+    full disk ('disk I/O error' from SQLite, 'damaged ... .recover' before): results are read as they stand."""
+    import socket
+    import sys
+
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    orphan = ("import sqlite3; db = sqlite3.connect('gpuvs.db'); db.execute('UPDATE trials SET status=?, owner=?', "
+              f"('running', '{socket.gethostname()}:999999999')); db.commit(); db.close()")
+    r = _in_mount_namespace(
+        f"mount -t tmpfs -o size=1m tmpfs {vol} && cd {vol} && "
+        f"{sys.executable} -m gpuvs run selftest --device cpu --steps 5 --quiet >/dev/null && "
+        f"{sys.executable} -c \"{orphan}\" && (dd if=/dev/zero of=filler bs=4k 2>/dev/null; true) && "
+        f"df -k . | tail -1 && echo === && {sys.executable} -m gpuvs results list && echo list=$? && "
+        f"{sys.executable} -m gpuvs run selftest --device cpu --steps 5 --quiet; echo run=$?")
+    assert " 100% " in r.stdout.partition("===")[0], r.stdout  # full to the last block
+    assert "list=0" in r.stdout and "│ selftest │ run  │ selftest │ 0/1" in r.stdout, (r.stdout, r.stderr)
+    assert "run=2" in r.stdout, r.stdout
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert lines == ["gpuvs: error: store gpuvs.db cannot be written: the disk is full (disk I/O error); what it "
+                     "holds is kept: free some space, or run with --store on another disk"], r.stderr

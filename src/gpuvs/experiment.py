@@ -187,8 +187,69 @@ class _List(list):
     lines: list[int]
 
 
+MAX_VALUES = 10_000  # values a file may hold, an alias (*NAME) counted at every use: no "billion laughs"
+WORD_KEYS = frozenset({COMMAND_KEY, "argv"})  # a command line: its words are strings as written
+TEXT_KEYS = frozenset({"name", "description"})  # names and text as written: an arm named `true` is not True
+LONGEST_INT = 100  # digits: a longer integer is kept as its text, which its setting refuses with its range
+
+
 class _Loader(yaml.SafeLoader):
-    pass
+    """SafeLoader that counts values as it composes, aliases at every use, and refuses past MAX_VALUES (a few
+    hundred bytes of nested aliases expand to billions of values); that keeps a command's words as written
+    (`command: [true, no, 010, ~]` is not True, False, 8, None); and that keeps an integer too long for Python's
+    int() as its text (the setting then refuses it with its range)."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._sizes: dict[int, int] = {}  # id(node) -> values it holds, aliases expanded
+        self._values = 0
+
+    def compose_node(self, parent, index):
+        alias = self.check_event(yaml.AliasEvent)
+        line = self.peek_event().start_mark.line + 1
+        node = super().compose_node(parent, index)
+        if alias:
+            size = self._sizes.get(id(node))
+            if size is None:
+                raise _FileError(line, "an alias (*NAME) inside the value it names: a value cannot hold itself")
+        else:
+            if isinstance(node, yaml.SequenceNode):
+                children = node.value
+            elif isinstance(node, yaml.MappingNode):
+                children = [child for pair in node.value for child in pair]
+            else:
+                children = []
+            size = 1 + sum(self._sizes[id(child)] for child in children)
+            self._sizes[id(node)] = size
+            size = 1  # its children were counted as they came
+        self._values += size
+        if self._values > MAX_VALUES:
+            raise _FileError(line, f"the file holds more than {MAX_VALUES} values" + (
+                ", aliases (*NAME) counted at every use" if alias or self._values > len(self._sizes) else "")
+                + f"; an experiment file takes at most {MAX_VALUES}")
+        return node
+
+    def construct_yaml_int(self, node):
+        digits = node.value.replace("_", "").lstrip("+-")
+        if len(digits) > LONGEST_INT:
+            return node.value
+        return super().construct_yaml_int(node)
+
+
+def _words(loader: _Loader, node: yaml.Node) -> Any:
+    """A command line's value: each word the scalar's text as written (quotes removed), never resolved."""
+    if isinstance(node, yaml.ScalarNode):
+        return node.value
+    if not isinstance(node, yaml.SequenceNode):
+        return loader.construct_object(node, deep=True)  # a mapping: its setting refuses it
+    out = _List()
+    out.line, out.lines = node.start_mark.line + 1, []
+    for child in node.value:
+        if not isinstance(child, yaml.ScalarNode):
+            raise _FileError(child.start_mark.line + 1, "a command's words are plain words, not a list or mapping")
+        out.append(child.value)
+        out.lines.append(child.start_mark.line + 1)
+    return out
 
 
 def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _Map:
@@ -203,7 +264,12 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _Map:
         if key in out:
             raise _FileError(key_node.start_mark.line + 1, f"key {key!r} appears twice in this mapping "
                              f"(first at line {out.lines[key]})")
-        out[key] = loader.construct_object(value_node, deep=True)
+        if normalise_key(key) in WORD_KEYS:
+            out[key] = _words(loader, value_node)
+        elif key in TEXT_KEYS and isinstance(value_node, yaml.ScalarNode) and value_node.tag != "tag:yaml.org,2002:null":
+            out[key] = value_node.value
+        else:
+            out[key] = loader.construct_object(value_node, deep=True)
         out.lines[key] = key_node.start_mark.line + 1
     return out
 
@@ -216,6 +282,7 @@ def _construct_list(loader: _Loader, node: yaml.SequenceNode) -> _List:
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_list)
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 
 
 class _FileError(Exception):
@@ -358,6 +425,8 @@ def load(path: str | Path, cli: dict[str, Any] | None = None, device_fallback: s
             raise UsageError(f"{path}:{line}: an arm is a mapping with a name, e.g. {{name: cpu, device: cpu}}")
         if item.get("name") in (None, ""):
             raise UsageError(f"{path}:{line}: this arm has no name")
+        if not isinstance(item["name"], str):
+            raise UsageError(f"{path}:{item.lines['name']}: an arm's name is a word, e.g. name: gpu")
         overrides = {k: v for k, v in item.items() if k != "name"}
         raw_arms.append((str(item["name"]), overrides, f"{path}:{line}",
                          {k: f"{path}:{item.lines[k]}" for k in overrides}))

@@ -4,12 +4,16 @@ line before anything starts. Neutral: it imports nothing of gpuvs but its errors
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from gpuvs.errors import UsageError
 
 _TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+# An integer without a declared limit still fits a signed 64-bit column (SQLite's INTEGER, JSON readers)
+INT_LIMIT = 2 ** 63 - 1
+SHOWN_CHARS = 40  # a refused value is shown this long at most: the message stays one line
 
 
 @dataclass(frozen=True)
@@ -37,12 +41,15 @@ class Param:
             return "one of " + ", ".join(str(c) for c in self.choices)
         word = _TYPE_WORDS[self.type]
         if self.min is not None and self.max is not None:
-            return f"{word} from {self.min:g} to {self.max:g}"
+            return f"{word} from {self._bound(self.min)} to {self._bound(self.max)}"
         if self.min is not None:
-            return f"{word} >= {self.min:g}"
+            return f"{word} >= {self._bound(self.min)}"
         if self.max is not None:
-            return f"{word} <= {self.max:g}"
+            return f"{word} <= {self._bound(self.max)}"
         return word
+
+    def _bound(self, value: float) -> str:
+        return str(int(value)) if self.type is int else f"{value:g}"
 
     def coerce(self, raw: Any) -> Any:
         """Typed, checked value; UsageError naming the option and what is allowed."""
@@ -54,34 +61,71 @@ class Param:
         return self._coerce_one(raw)
 
     def _coerce_one(self, raw: Any) -> Any:
-        bad = UsageError(f"{self.option}: {raw!r} is not allowed; expected {self.describe_allowed()}")
-        try:
-            if self.type is bool:
-                if isinstance(raw, bool):
-                    value = raw
-                elif str(raw).lower() in ("1", "true", "yes", "on"):
-                    value = True
-                elif str(raw).lower() in ("0", "false", "no", "off"):
-                    value = False
-                else:
-                    raise bad
-            elif self.type is int:
-                if isinstance(raw, float) and not raw.is_integer():
-                    raise bad
-                value = int(str(raw), 10) if isinstance(raw, str) else int(raw)
-            elif self.type is float:
-                value = float(raw)
-            else:
-                value = str(raw)
-        except (TypeError, ValueError):
-            raise bad from None
+        value = self._typed(raw)
+        if value is None:
+            raise self._bad(raw)
         if self.choices:
             matches = [c for c in self.choices if str(c).lower() == str(value).lower()]
             if not matches:
-                raise bad
+                raise self._bad(raw)
             value = matches[0]
-        if self.min is not None and value < self.min:
-            raise bad
-        if self.max is not None and value > self.max:
-            raise bad
+        if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
+            raise self._bad(raw)
+        if self.type is int and abs(value) > INT_LIMIT:  # an integer without a limit of its own still has one
+            raise self._bad(raw, f" (within ±{INT_LIMIT})")
         return value
+
+    def _typed(self, raw: Any) -> Any:
+        """raw as this Param's type, or None where it is not one (a list or mapping for one value, a bool for a
+        number, a number that is not an integer, NaN or an infinity, a word that is none of true/false)."""
+        if isinstance(raw, (list, tuple, dict, set)):
+            return None
+        if self.type is bool:
+            if isinstance(raw, bool):
+                return raw
+            word = str(raw).lower()
+            return True if word in ("1", "true", "yes", "on") else False if word in ("0", "false", "no", "off") \
+                else None
+        if self.type is str:
+            return str(raw)
+        if isinstance(raw, bool):
+            return None
+        try:
+            if self.type is int:
+                if isinstance(raw, float):
+                    return int(raw) if raw.is_integer() else None
+                # int() of a string longer than Python's limit (4,300 digits) is a ValueError, caught here
+                return int(raw.strip(), 10) if isinstance(raw, str) else int(raw)
+            value = float(raw)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        return value if math.isfinite(value) else None  # NaN passes every comparison; infinity is no setting
+
+    def _bad(self, raw: Any, note: str = "") -> UsageError:
+        """The one line that refuses raw, built only when refusing: raw shown short, whatever its size."""
+        digits = raw.strip().lstrip("+-") if isinstance(raw, str) else ""
+        if self.type is int and len(digits) > 18 and digits.isdigit() and (self.min is None or self.max is None):
+            note = f" (within ±{INT_LIMIT})"
+        if self.type is float and _non_finite(raw):
+            note = " (NaN and infinities are not allowed)"
+        return UsageError(f"{self.option}: {shown(raw)} is not allowed; expected {self.describe_allowed()}{note}")
+
+
+def _non_finite(raw: Any) -> bool:
+    try:
+        return not math.isfinite(float(raw))
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def shown(raw: Any) -> str:
+    """A value as an error message shows it: its repr, cut to SHOWN_CHARS with its full length said. Never builds
+    the whole repr of a huge value (an int of 5,000 digits has none in Python 3.11; a nested list may take GBs)."""
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw.bit_length() > 128:
+        return f"an integer of about {int(raw.bit_length() * 0.30103)} digits"
+    if isinstance(raw, (list, tuple, dict, set)):
+        return f"a {'mapping' if isinstance(raw, dict) else 'list'} of {len(raw)} item(s)"
+    text = repr(raw)
+    if len(text) > SHOWN_CHARS:
+        return f"{text[:SHOWN_CHARS]}... ({len(str(raw))} characters)"
+    return text

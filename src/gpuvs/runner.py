@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuvs import environments, events, launch, workloads
-from gpuvs.errors import UsageError, interruption
+from gpuvs.errors import RunFailed, UsageError, interruption
 from gpuvs.launch import exit_text  # noqa: F401  (a worker's end in words; the runner's since the start)
 from gpuvs.records import (
     ArmMeta,
@@ -25,7 +25,7 @@ from gpuvs.records import (
 )
 from gpuvs.spec import EnvSpec, RunSpec, check_device_syntax
 from gpuvs.stats import SeriesSummary
-from gpuvs.store import Store
+from gpuvs.store import Store, StoreError
 
 # RunSpec fields an arm may set directly; any other key is a workload parameter.
 SPEC_FIELDS = ("device", "num_gpus", "telemetry_interval_s", "timeout_s", "fresh")
@@ -206,7 +206,15 @@ class Runner:
         self.on_trial_start = on_trial_start
         self.on_trial_end = on_trial_end
         self.launcher = launch.Launcher()  # fresh exec, or forks of zygotes it owns
+        # the first write the store refused: no trial starts after it (a run that goes on stores nothing)
+        self.store_failed: StoreError | None = None
         self.timing: dict[str, Any] = {}  # the last experiment's wall time and zygote starts (timeshare.py)
+
+    def store_refused(self, exc: StoreError) -> StoreError:
+        """Note a write the store refused; the first one is what stops the run."""
+        if self.store_failed is None:
+            self.store_failed = exc
+        return self.store_failed
 
     def close(self) -> None:
         """End every zygote (run_experiment does it itself; run_trial leaves them for the next trial)."""
@@ -237,7 +245,12 @@ class Runner:
                 for spec in specs:
                     if self.on_trial_start:
                         self.on_trial_start(spec, done, total)
-                    results.append(self.run_with_retries(spec))
+                    try:
+                        results.append(self.run_with_retries(spec))
+                    except StoreError as exc:  # stop here: what was stored before is kept
+                        kept = sum(1 for r in results if r.trial_id is not None)
+                        raise RunFailed(f"{exc}. The run stopped at trial {done + 1} of {total}; the {kept} "
+                                        f"trial(s) before it are kept in {self.store.path}") from None
                     done += 1
                 extra = more(results) if more else 0
                 specs = []
@@ -273,10 +286,14 @@ class Runner:
             raise
         except TimeoutError:
             live.fail("timeout", f"timed out after {live.timeout:g} s; the worker was stopped")
+        except StoreError as exc:  # a write refused (disk full, read-only): the trial stops, and the run after it
+            live.fail("store", str(self.store_refused(exc)))
         except Exception as exc:  # a launcher that failed to start (engine missing, ...)
             live.fail(getattr(exc, "kind", "unavailable"), str(exc) or type(exc).__name__)
         finally:
             live.finish()
+        if self.store_failed is not None:
+            raise self.store_failed
         return live.result
 
 
@@ -300,9 +317,16 @@ class LiveTrial:
         return None if self.timeout is None else self.t0 + self.timeout
 
     def start(self) -> None:
+        """Its row in the store, then its worker. Raises StoreError, starting nothing, where the store refused a
+        write before (this run stores nothing more) or refuses this trial's row."""
         spec = self.result.spec
         launcher = self.runner.launcher
-        self.result.trial_id = self.runner.store.begin_trial(spec, self.attempt)
+        if self.runner.store_failed is not None:
+            raise self.runner.store_failed
+        try:
+            self.result.trial_id = self.runner.store.begin_trial(spec, self.attempt)
+        except StoreError as exc:
+            raise self.runner.store_refused(exc) from None
         launcher.ready(spec, self.timeout)  # a zygote's start (once per arm) is the experiment's, not the trial's
         self.t0 = time.monotonic()
         self.launched = launcher.launch(spec)
@@ -322,7 +346,11 @@ class LiveTrial:
         even a gpuvs killed outright keeps it."""
         store, r = self.runner.store, self.result
         if r.trial_id is not None and store.due(r.trial_id):
-            store.flush(r.trial_id, fingerprint=r.fingerprint, config=r.config, startup=r.startup, metrics=r.metrics)
+            try:
+                store.flush(r.trial_id, fingerprint=r.fingerprint, config=r.config, startup=r.startup,
+                            metrics=r.metrics)
+            except StoreError as exc:
+                raise self.runner.store_refused(exc) from None
 
     def pump(self, block: bool) -> bool:
         """Handle the worker's lines: all of them (block) or those waiting now. True once the
@@ -409,8 +437,13 @@ class LiveTrial:
             summary = workloads.get(r.spec.workload).summarize([s.to_dict() for s in r.samples], r.spec.params)
             r.summary = summaries_from_dict(summary)
         if r.trial_id is not None:
-            self.runner.store.finish_trial(r.trial_id, r.status, error=r.error, error_kind=r.error_kind,
-                                           exit_code=r.exit_code, fingerprint=r.fingerprint, config=r.config,
-                                           startup=r.startup, metrics=r.metrics, summary=r.summary)
+            try:
+                self.runner.store.finish_trial(r.trial_id, r.status, error=r.error, error_kind=r.error_kind,
+                                               exit_code=r.exit_code, fingerprint=r.fingerprint, config=r.config,
+                                               startup=r.startup, metrics=r.metrics, summary=r.summary)
+            except StoreError as exc:  # never raised here: every worker of a group is still to be stopped;
+                first = self.runner.store_refused(exc)  # whoever starts the next trial raises it
+                if r.error_kind != "store":
+                    r.status, r.error_kind, r.error = "failed", "store", f"not kept: {first}"
         if self.runner.on_trial_end:
             self.runner.on_trial_end(r)

@@ -3,8 +3,9 @@ and telemetry are written in batches while it runs (at most FLUSH_INTERVAL_S apa
 by the worker, so the cost stays out of the measured loop), and the rest with its final status in
 one transaction. A gpuvs killed outright (SIGKILL) loses at most the last second of its trial in
 flight: the next open marks that trial interrupted and keeps what it had measured. Several trials may
-be in flight at once (workers sharing a GPU). A damaged file is one line that says what to do; a
-store on a read-only mount is opened read-only and can still be listed, shown and reported.
+be in flight at once (workers sharing a GPU). Every SQLite error is one line that says what is wrong (a
+folder, a full disk, read-only, busy, not a database, damaged: only the last gets the way to recover) and what
+to do; a store on a read-only mount is opened read-only and can still be listed, shown and reported.
 
 Rows are read into typed records (gpuvs.records: ExperimentRecord, TrialRecord, SampleRecord,
 TelemetryRecord) and written from them: the JSON of the store's columns is made and read there."""
@@ -88,7 +89,12 @@ def _pid_alive(owner: str | None) -> bool:
 
 
 class StoreError(UsageError):
-    """The store's file cannot be used as it is (damaged, not a database, locked for too long)."""
+    """The store's file cannot be used as it is. reason: folder, busy, full, read-only, cannot-open, not-a-store,
+    damaged or other: what a caller may act on (a store on a full disk can still be read)."""
+
+    def __init__(self, message: str, reason: str = "other"):
+        super().__init__(message)
+        self.reason = reason
 
 
 class _Checked:
@@ -140,17 +146,52 @@ class _CheckedCursor:
 
 
 def _store_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
+    """One line for a SQLite error: what is wrong, by SQLite's own code (the file is a folder, the disk is full,
+    the file or its folder is read-only, another writer holds it, not a database), and what to do. Only a file
+    SQLite finds corrupt is "damaged", with the way to recover what it holds."""
     cause = str(exc)
-    if "locked" in cause or "busy" in cause:
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF  # the primary code of an extended one
+    if path.is_dir():
+        return StoreError(f"store {path} is a folder, not a file: name a file with --store, e.g. --store "
+                          f"{path / 'gpuvs.db'}", "folder")
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in cause or "busy" in cause:
         return StoreError(f"store {path} is busy ({cause}): another gpuvs is writing it; wait for it, or use "
-                          "--store with another file")
-    if "readonly" in cause or "read-only" in cause:
-        return StoreError(f"store {path} cannot be written ({cause}): results can be listed, shown and reported "
-                          "from it, but a run needs --store on a writable folder")
-    if "not a database" in cause:
-        return StoreError(f"{path} is not a gpuvs store ({cause}): name another file with --store")
-    return StoreError(f"store {path} is damaged ({cause}): keep a copy of it, then recover what can be read "
-                      f"with `sqlite3 {path} .recover | sqlite3 recovered.db`, or run with --store NEW.db")
+                          "--store with another file", "busy")
+    space = _volume(path)
+    if code == sqlite3.SQLITE_FULL or (code == sqlite3.SQLITE_IOERR and space == "full"):
+        return StoreError(f"store {path} cannot be written: the disk is full ({cause}); what it holds is kept: "
+                          "free some space, or run with --store on another disk", "full")
+    if code == sqlite3.SQLITE_READONLY or "readonly" in cause or "read-only" in cause or (
+            code in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_PERM) and space == "read-only"):
+        where = "its folder is on a read-only file system" if space == "read-only" else "it is read-only"
+        if not path.exists():
+            return StoreError(f"cannot create store {path}: {where} ({cause}); run where you can write, or name "
+                              "a writable place with --store", "read-only")
+        return StoreError(f"store {path} cannot be written: {where} ({cause}); results can be listed, shown and "
+                          "reported from it, but a run needs --store on a writable folder", "read-only")
+    if code == sqlite3.SQLITE_CANTOPEN:
+        verb = "open" if path.exists() else "create"
+        return StoreError(f"cannot {verb} store {path} ({cause}): check that its folder can be written and the file "
+                          "read, or name another with --store", "cannot-open")
+    if code == sqlite3.SQLITE_NOTADB or "not a database" in cause:
+        return StoreError(f"{path} is not a gpuvs store ({cause}): name another file with --store", "not-a-store")
+    if code == sqlite3.SQLITE_CORRUPT or "malformed" in cause:
+        return StoreError(f"store {path} is damaged ({cause}): keep a copy of it, then recover what can be read "
+                          f"with `sqlite3 {path} .recover | sqlite3 recovered.db`, or run with --store NEW.db", "damaged")
+    return StoreError(f"store {path} cannot be used ({cause}); what it holds is kept: run with --store NEW.db")
+
+
+def _volume(path: Path) -> str:
+    """What the file system of the store's folder says of itself: "read-only", "full" or ""."""
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return ""
+    if st.f_flag & os.ST_RDONLY:
+        return "read-only"
+    if st.f_bavail == 0:
+        return "full"
+    return ""
 
 
 def _read_only(path: Path) -> sqlite3.Connection:

@@ -23,7 +23,7 @@ from gpuvs.errors import RunFailed, UsageError
 from gpuvs.report import tables, terminal
 from gpuvs.runner import Experiment, Runner, TrialResult, validate_experiment
 from gpuvs.spec import EnvSpec, RunSpec
-from gpuvs.store import Store
+from gpuvs.store import Store, StoreError
 
 
 @dataclass
@@ -148,7 +148,13 @@ def experiment_id() -> str:
 
 
 def open_store(path: str) -> Store:
-    """An existing store (reading results); one line when there is none."""
+    """An existing store (reading results); one line when there is none. On a full disk, where opening it to
+    write fails, it is read as it stands: what it holds is shown."""
     if not Path(path).exists():
         raise UsageError(f"no store at {path} (run something first, or pass --store PATH)")
-    return Store(path)
+    try:
+        return Store(path)
+    except StoreError as exc:
+        if exc.reason != "full":
+            raise
+        return Store(path, readonly=True)

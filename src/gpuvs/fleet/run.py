@@ -20,6 +20,7 @@ from gpuvs.fleet.result import FleetResult, NodeLabels, NodeRow  # noqa: F401  (
 from gpuvs.fleet.schedule import Item, Slots
 from gpuvs.records import ExperimentMeta
 from gpuvs.runner import Arm, Experiment, LiveTrial, Runner, TrialResult
+from gpuvs.store import StoreError
 
 POLL_S = 0.05
 
@@ -58,6 +59,11 @@ class Executor:
                 lv.fail("interrupted", interruption(exc), status="interrupted")
                 lv.finish()
             raise
+        except StoreError as exc:  # a write refused (disk full, read-only): every trial in flight stops, none starts
+            for lv in live.values():
+                lv.fail("store", str(exc))
+                lv.finish()
+            raise
         return got
 
     def _start(self, item: Item) -> LiveTrial:
@@ -68,6 +74,8 @@ class Executor:
         except KeyboardInterrupt as exc:  # stopped while the pod was being created: the trial is kept, the
             lv.fail("interrupted", interruption(exc), status="interrupted")  # pod killed (and swept at the end)
             lv.finish()
+            raise
+        except StoreError:  # the store refused a write: the run stops (its trials so far are kept)
             raise
         except Exception as exc:  # the launcher refused (API error, ...)
             lv.fail(getattr(exc, "kind", "unavailable"), str(exc) or type(exc).__name__)
@@ -82,11 +90,13 @@ class Executor:
                 return False
         except TimeoutError:
             lv.fail("timeout", f"timed out after {lv.timeout:g} s; the worker was stopped")
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, StoreError):
             raise
         except Exception as exc:
             lv.fail(getattr(exc, "kind", "crash"), str(exc) or type(exc).__name__)
         lv.finish()
+        if self.runner.store_failed is not None:  # its final write was refused
+            raise self.runner.store_failed
         return True
 
     def _ended(self, item: Item, result: TrialResult, slots: Slots, got: dict[str, list[float]]) -> None:

@@ -11,10 +11,14 @@ from typing import Any, Callable
 import yaml
 
 from gpuvs.errors import UsageError
+from gpuvs.params import Param
 from gpuvs.sharing.group import Coordinator, Group
 from gpuvs.spec import RunSpec
 
 KEYS = {"name", "device", "duration", "mps", "pairs", "sweep", "timeout_s"}
+# the file's numbers, checked as options are (NaN passes every comparison: `timeout_s: .nan` was no timeout)
+NUMBERS = (Param("duration", float, 8.0, "seconds of each shared window", min=0.1, max=86400.0),
+           Param("timeout_s", float, 1800.0, "seconds a run may take", min=0.001))
 
 
 def load(path: str) -> dict:
@@ -39,6 +43,12 @@ def load(path: str) -> dict:
         raise UsageError(f"{path}: 'sweep' must be one parameter with a list of values, e.g. sweep: {{scale: [small, full]}}")
     if data.get("mps", "both") not in ("off", "on", "both"):
         raise UsageError(f"{path}: 'mps' must be off, on or both")
+    for p in NUMBERS:
+        if data.get(p.name) is not None:
+            try:
+                data[p.name] = p.coerce(data[p.name])
+            except UsageError as exc:  # '--timeout-s: nan is not ...' -> 'timeout_s: nan is not ...'
+                raise UsageError(f"{path}: {p.name}:{str(exc).partition(':')[2]}") from None
     return data
 
 
