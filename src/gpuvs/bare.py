@@ -36,7 +36,7 @@ class BareStream(WorkerStream):
     def _emit(self, event: dict[str, Any]) -> None:
         if event["type"] == "sample":
             self.samples.append(event)
-        self.lines.put(events.encode(event) + "\n")
+        self.put(events.encode(event) + "\n")
 
     def _follow(self) -> None:
         raw, session = self.raw, self.session
@@ -78,7 +78,7 @@ class BareStream(WorkerStream):
             if failure is not None:
                 self._emit(events.error(*failure))
             self._failed = failure is not None
-            self.lines.put(None)
+            self.put(None)
             self._done.set()
 
     def running(self) -> bool:

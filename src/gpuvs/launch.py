@@ -289,16 +289,16 @@ class ForkedWorker(WorkerStream):
 
     def _pump_out(self) -> None:
         for line in self._out:
-            self.lines.put(line)
+            self.put(line)
         self._out.close()
         self._exit.wait(30)
         if self._code is not None:
-            self.lines.put(events.encode(events.startup("launch_to_exit_s", time.time() - self.started_at)) + "\n")
+            self.put(events.encode(events.startup("launch_to_exit_s", time.time() - self.started_at)) + "\n")
         elif self._gone:
-            self.lines.put(events.encode(events.error("crash", "the zygote ended while this trial ran ("
+            self.put(events.encode(events.error("crash", "the zygote ended while this trial ran ("
                                                       + self.zygote.end_text() + "); the trial's process ended "
                                                       "with it")) + "\n")
-        self.lines.put(None)
+        self.put(None)
 
     def _pump_err(self) -> None:
         for line in self._err:

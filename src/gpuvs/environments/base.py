@@ -26,16 +26,31 @@ def package_root() -> str:
     return str(Path(gpuvs.__file__).resolve().parent.parent)
 
 
+LINES_QUEUED = 10_000  # protocol lines a worker may be ahead of the runner before its pipe waits (back-pressure)
+
+
 class WorkerStream:
-    """A started worker as the runner sees it, wherever it runs: its protocol lines (through a queue, so
-    reads can time out), the tail of its other output, whether it still runs, its exit status, and a
-    kill that leaves nothing it started behind."""
+    """A started worker as the runner sees it, wherever it runs: its protocol lines (through a bounded queue, so
+    reads can time out and a fast worker waits for the runner instead of growing gpuvs's memory), the tail of its
+    other output, whether it still runs, its exit status, and a kill that leaves nothing it started behind."""
 
     def __init__(self) -> None:
         self.started_at = time.time()
-        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.lines: queue.Queue[str | None] = queue.Queue(maxsize=LINES_QUEUED)
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=60)
         self._killed = False
+        self._abandoned = False  # the runner is done with this stream: nothing waits to be read any more
+
+    def put(self, line: str | None) -> None:
+        """Queue a protocol line (None: the end) for the runner, waiting while the queue is full: the reader of the
+        worker's pipe then stops reading, and the worker waits to write. A stream the runner has left drops it."""
+        while True:
+            try:
+                self.lines.put(line, timeout=0.5)
+                return
+            except queue.Full:
+                if self._abandoned or self._killed:
+                    return
 
     def read(self, deadline: float | None) -> Iterator[str]:
         """Protocol lines until EOF; raises TimeoutError once the deadline (time.monotonic) passes."""
@@ -65,6 +80,7 @@ class WorkerStream:
 
     def stop(self) -> None:
         """kill() while the worker runs, else close(): what the runner does after every trial."""
+        self._abandoned = True
         if self.running():
             self.kill()
         else:
@@ -101,7 +117,7 @@ class Launched(WorkerStream):
     def _pump_out(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.lines.put(line)
+            self.put(line)
             self.observe(line)
         try:
             code = self.proc.wait(timeout=30)
@@ -109,8 +125,8 @@ class Launched(WorkerStream):
             code = None
         if code is not None:
             for line in self.after_exit(code):
-                self.lines.put(line)
-        self.lines.put(None)
+                self.put(line)
+        self.put(None)
 
     def observe(self, line: str) -> None:
         """Called with every line of the worker's standard output (launchers may watch for events)."""

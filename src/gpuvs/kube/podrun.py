@@ -256,11 +256,11 @@ class PodLaunched(WorkerStream):
                 self._emit(events.startup("launch_to_exit_s", self.marks.get("exit", time.time() - self.started_at)))
             if fault is not None and self._code is None:
                 self._code = -1
-            self.lines.put(None)
+            self.put(None)
             self._done.set()
 
     def _emit(self, event: dict[str, Any]) -> None:
-        self.lines.put(events.encode(event) + "\n")
+        self.put(events.encode(event) + "\n")
 
     def _outside_faults(self, pod: Any) -> None:
         """Faults at any moment: deleted by someone else, evicted or failed by the kubelet."""
@@ -394,7 +394,7 @@ class PodLaunched(WorkerStream):
         self._count += 1
         self._mark("pod_first_line_s")
         event = events.decode(text)
-        self.lines.put(text + "\n")  # the runner reads events only; a probe's JSON line passes too
+        self.put(text + "\n")  # the runner reads events only; a probe's JSON line passes too
         if event is None:
             self.stderr_tail.append(text)
             return
