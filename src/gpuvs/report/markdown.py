@@ -1,14 +1,17 @@
-"""The markdown report: GitHub tables, the ones people paste into wikis, posts and tickets."""
+"""The markdown report: GitHub tables, the ones people paste into wikis, posts and tickets. Text from users, jobs
+and their environments is shown with control characters escaped (safetext.py)."""
 
 from __future__ import annotations
 
 from gpuvs.comparison import Analysis
 from gpuvs.report import tables
+from gpuvs.safetext import safe_text
 
 
 def cell(text: str) -> str:
     """A table cell: one line, pipes escaped, angle brackets as entities (names come from users)."""
-    return " ".join(str(text).split()).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    return safe_text(" ".join(str(text).split())).replace("\\", "\\\\").replace("|", "\\|").replace(
+        "<", "&lt;").replace(">", "&gt;")
 
 
 def table(t: tables.Table) -> str:
@@ -29,7 +32,7 @@ def render(a: Analysis) -> str:
     answer = tables.headline_sentence(a)
     if answer:
         out += [f"**{cell(answer)}**", ""]
-    out += [f"- {label}: `{value}`" if label in ("command", "file") else f"- {cell(label)}: {cell(value)}"
+    out += [f"- {label}: `{safe_text(value)}`" if label in ("command", "file") else f"- {cell(label)}: {cell(value)}"
             for label, value in tables.header_lines(a)]
     if a.flags:
         out += ["", "**Differences nobody asked for:**", ""] + [f"- ⚠ {cell(f)}" for f in a.flags]
