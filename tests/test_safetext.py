@@ -2,10 +2,13 @@
 screen, writes the clipboard (OSC 52), prints a NUL byte and rich markup, then fails, is run for real through
 `gpuvs run command`; its trial line, the failing exit's one line, `results show` (with and without --log) and
 `gpuvs report` in every format show those characters escaped, while the store keeps the bytes as the job wrote
-them."""
+them. The markdown report's `- command:` line is a code span that a CommonMark parser (markdown-it-py) reads back
+as the command, whatever backticks its argv holds."""
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import sqlite3
 import subprocess
@@ -14,6 +17,7 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from markdown_it import MarkdownIt
 
 from conftest import gpuvs_env
 from gpuvs.safetext import safe_text
@@ -128,3 +132,32 @@ def test_the_report_shows_a_jobs_controls_escaped_even_from_a_store_that_kept_th
         assert_no_raw_controls(r.stdout, "results show")
         r = gpuvs("results", "show", ident, "--log", "--store", path, cwd=folder)
         assert_no_raw_controls(r.stdout, "results show --log")
+
+
+def code_of(markdown: str) -> list[str]:
+    """The text of every inline code span, as a CommonMark parser reads it."""
+    rendered = MarkdownIt("commonmark").render(markdown)
+    return [html.unescape(c) for c in re.findall(r"<code>(.*?)</code>", rendered, re.S)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="`ab \\*_|<>\x1b\n", max_size=30).filter(lambda t: t.strip(" ")))
+def test_a_code_span_reads_back_as_its_text(text):
+    from gpuvs.report.markdown import code_span
+
+    assert code_of(f"- command: {code_span(text)}\n") == [safe_text(text)]
+
+
+def test_the_markdown_reports_command_line_keeps_backticks_in_its_code_span(tmp_path):
+    script = "print('`date` and ``two`` ` ')"
+    r = gpuvs("compare", "command", "--device", "cpu", "--trials", "1", "--arm", "a:env_var=ARM=a", "--arm",
+              "b:env_var=ARM=b", "--", sys.executable, "-c", script, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    ident = re.search(rb"experiment (\S+) \(gpuvs report", r.stdout).group(1).decode()
+    md = gpuvs("report", ident, "--format", "md", cwd=tmp_path)
+    assert md.returncode == 0, md.stderr
+    (line,) = [ln for ln in md.stdout.decode().splitlines() if ln.startswith("- command: ")]
+    as_json = json.loads(gpuvs("report", ident, "--format", "json", cwd=tmp_path).stdout)
+    command = as_json["meta"]["command"]  # as stored: `gpuvs compare` and its argv, shell-quoted
+    assert "`date`" in command and "``two``" in command
+    assert code_of(line) == [command]

@@ -102,7 +102,7 @@ def summary_line(res: FleetResult) -> str:
 def render_markdown(res: FleetResult) -> str:
     out = [f"## gpuvs fleet {markdown.cell(res.workload)} ({res.id})", "", f"**{markdown.cell(summary_line(res))}**"]
     if res.command:
-        out += ["", f"- command: `{safe_text(res.command)}`"]
+        out += ["", f"- command: {markdown.code_span(res.command)}"]
     for t in tables(res):
         out += ["", markdown.table(t)]
     if res.labels:
