@@ -41,6 +41,7 @@ from typing import Any, Iterator
 from gpuvs import events, outputs
 from gpuvs.errors import WorkloadError
 from gpuvs.outputs import WALL_TIME, Metric, Reading, budget
+from gpuvs.safetext import safe_text
 
 HEAD = 16 * 1024  # bytes of a stream kept from its start
 TAIL = 48 * 1024  # and from its end
@@ -199,7 +200,8 @@ class Session:
         return [c.event() for c in self.captures.values() if c.total or c.stream == "stdout"]
 
     def last_lines(self, n: int = 5) -> str:
-        shown = " | ".join(f"{ln.stream}: {' '.join(ln.text.split())[:200]}" for ln in self.reader.tail(n))
+        """The job's last lines on one line, each cut at 200 characters, control characters escaped (safetext.py)."""
+        shown = " | ".join(f"{ln.stream}: {safe_text(' '.join(ln.text.split())[:200])}" for ln in self.reader.tail(n))
         return shown or "(the command printed nothing)"
 
     def failure(self, code: int | None, signalled: str | None = None, unread: str | None = None

@@ -28,6 +28,7 @@ from gpuvs.agent.ledger import FleetOutcome, RunRecord
 from gpuvs.agent.state import State
 from gpuvs.errors import GpuvsError
 from gpuvs.fleet.result import FleetResult
+from gpuvs.safetext import safe_text
 
 STOP_GRACE_S = 45.0  # a child's own clean-up after SIGTERM (the pod deletions), before SIGKILL
 
@@ -37,7 +38,8 @@ class Interrupted(Exception):
 
 
 def log(message: str) -> None:
-    print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} gpuvs agent: {message}", file=sys.stderr,
+    """One line of the agent's log; a child's words in it are shown with control characters escaped."""
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} gpuvs agent: {safe_text(message)}", file=sys.stderr,
           flush=True)
 
 

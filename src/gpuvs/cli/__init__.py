@@ -13,6 +13,7 @@ import sys
 from gpuvs.cli import commands, help, parser
 from gpuvs.cli.command import Command
 from gpuvs.errors import GpuvsError, Stopped, UsageError
+from gpuvs.safetext import safe_text
 
 GPUVS = Command("gpuvs", "gpuvs: how your GPU jobs really perform, compared with numbers you can trust.")
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(code, int) and code:
             sys.exit(code)
     except GpuvsError as exc:
-        print(f"gpuvs: error: {exc}", file=sys.stderr)
+        print(f"gpuvs: error: {safe_text(exc, lines=True)}", file=sys.stderr)  # may quote a job's output
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         _interrupted(130)

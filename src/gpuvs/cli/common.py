@@ -22,6 +22,7 @@ from gpuvs.cli.command import Args
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.report import tables, terminal
 from gpuvs.runner import Experiment, Runner, TrialResult, validate_experiment
+from gpuvs.safetext import safe_text
 from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store import Store, StoreError
 
@@ -80,8 +81,8 @@ def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,
         log.start_trial()
         if bar:
             bar.start(spec, i, n)
-        console.rule(f"trial {i + 1}/{n}: arm {spec.arm}, {spec.workload} on {spec.device} ({environments.label(spec.env)})",
-                     style="dim")
+        console.rule(safe_text(f"trial {i + 1}/{n}: arm {spec.arm}, {spec.workload} on {spec.device} "
+                               f"({environments.label(spec.env)})"), style="dim")
 
     def on_end(result: TrialResult) -> None:
         if not quiet:

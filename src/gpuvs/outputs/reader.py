@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from gpuvs.errors import UsageError
 from gpuvs.outputs.base import STREAMS, WALL_TIME, Line, Metric, OutputError, Parser, Reading, wall_time
+from gpuvs.safetext import safe_text
 
 _GPUVS = object()  # the owner of wall time: gpuvs itself, not a parser
 MAX_PROBLEMS = 10
@@ -145,16 +146,16 @@ class Reader:
     def failure(self, lines: int = 5) -> str | None:
         """Why the trial fails on its output, in one line, or None: the first problem met (a figure that is not a
         number, a malformed JSON metric line, a file not written), else the metrics that never appeared with
-        the job's last lines."""
+        the job's last lines. Its text from the job is shown with control characters escaped (safetext.py)."""
         if self.problems:
             more = len(self.problems) - 1
-            return self.problems[0] + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
+            return safe_text(self.problems[0]) + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
         missing = self.missing()
         if not missing:
             return None
-        shown = (" | ".join(f"{ln.stream}: {' '.join(ln.text.split())[:200]}" for ln in self.tail(lines))
+        shown = (" | ".join(f"{ln.stream}: {safe_text(' '.join(ln.text.split())[:200])}" for ln in self.tail(lines))
                  or "(the job printed nothing)")
-        return "; ".join(map(str, missing)) + f"; last lines: {shown}"
+        return safe_text("; ".join(map(str, missing))) + f"; last lines: {shown}"
 
 
 def _label(owner: Any) -> str:

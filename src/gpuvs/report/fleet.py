@@ -1,7 +1,8 @@
 """A fleet run's report in every format: one row per node, slowest first (relative speed against the
 fleet with its interval, verdict, trials, the reference it was compared with, the fingerprint fields
 where it differs from the majority, or why it did not run), the fingerprints side by side, and how
-the error rate was held. The rows are built once (rows()); each format only lays them out."""
+the error rate was held. The rows are built once (rows()); each format only lays them out, every text with its
+control characters escaped (safetext.py: a reason may carry a pod's or a job's words)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from gpuvs.fleet import fingerprints
 from gpuvs.fleet.result import FleetResult, NodeRow
 from gpuvs.report import markdown
 from gpuvs.report.tables import Table, interval
+from gpuvs.safetext import safe_text
 
 COLUMNS = ["node", "verdict", "speed vs fleet", "interval", "trials ok", "mean", "compared with", "notes"]
 FORMATS = ("term", "md", "html", "json", "csv")
@@ -100,7 +102,7 @@ def summary_line(res: FleetResult) -> str:
 def render_markdown(res: FleetResult) -> str:
     out = [f"## gpuvs fleet {markdown.cell(res.workload)} ({res.id})", "", f"**{markdown.cell(summary_line(res))}**"]
     if res.command:
-        out += ["", f"- command: `{res.command}`"]
+        out += ["", f"- command: {markdown.code_span(res.command)}"]
     for t in tables(res):
         out += ["", markdown.table(t)]
     if res.labels:
@@ -145,7 +147,7 @@ def band_svg(res: FleetResult, width: int = 360, height: int = 18) -> dict[str, 
     for r in measured:
         colour = _COLOURS.get(r.verdict, "#555555")
         parts = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-                 f'aria-label="{html_lib.escape(r.node)}: {r.speed:.3f}">',
+                 f'aria-label="{html_lib.escape(safe_text(r.node))}: {r.speed:.3f}">',
                  f'<rect x="{x(1 - res.margin)}" y="0" width="{x(1 + res.margin) - x(1 - res.margin)}" '
                  f'height="{height}" fill="#d5f5e3"/>',
                  f'<line x1="{x(1.0)}" x2="{x(1.0)}" y1="0" y2="{height}" stroke="#7f8c8d" stroke-dasharray="2,2"/>']
@@ -158,7 +160,9 @@ def band_svg(res: FleetResult, width: int = 360, height: int = 18) -> dict[str, 
 
 
 def render_html(res: FleetResult) -> str:
-    esc = html_lib.escape
+    def esc(text: object) -> str:
+        return html_lib.escape(safe_text(text))
+
     bands = band_svg(res)
     t = node_table(res)
     head = "".join(f"<th>{esc(c)}</th>" for c in t.columns[:4]) + "<th>against the fleet band</th>" + "".join(
@@ -208,8 +212,8 @@ def render(fmt: str, res: FleetResult, width: int = 160) -> str:
 def terminal(console: Any, res: FleetResult) -> None:
     from gpuvs.report.terminal import rich_table
 
-    console.print(summary_line(res), style="bold")
+    console.print(safe_text(summary_line(res)), style="bold")
     for t in tables(res):
         console.print(rich_table(t))
     for lab in res.labels:
-        console.print(f"label {lab.node}: {lab.labels} ({lab.status})")
+        console.print(safe_text(f"label {lab.node}: {lab.labels} ({lab.status})"))

@@ -186,14 +186,15 @@ def render_markdown(h: FleetHistory, node: str | None = None) -> str:
 
 def terminal(console: Any, h: FleetHistory, node: str | None = None) -> None:
     from gpuvs.report.terminal import rich_table
+    from gpuvs.safetext import safe_text
 
     for w, ns in filtered(h, node):
-        console.print(summary(w), style="bold")
+        console.print(safe_text(summary(w)), style="bold")
         console.print(rich_table(nodes_table(w, node), no_wrap={0}, fold=True))
         for n in ns:
             console.print(rich_table(runs_table(w, n), no_wrap={0}, fold=True))
     for run_id, why in h.skipped:
-        console.print(f"run {run_id} left out: {why}", style="yellow")
+        console.print(safe_text(f"run {run_id} left out: {why}"), style="yellow")
 
 
 def render(fmt_name: str, h: FleetHistory, node: str | None = None, width: int = 160) -> str:

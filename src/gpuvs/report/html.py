@@ -1,7 +1,8 @@
 """The HTML report: one self-contained file (inline CSS and SVG, no script, nothing fetched), with
 the verdict table, a bar chart per arm with confidence-interval whiskers, per-step figures of every
 trial, NVML telemetry over time where it was recorded, and fingerprints side by side. Every name a
-user supplied goes through the template's autoescaping."""
+user supplied goes through the template's autoescaping, and every text shown has its control characters escaped
+(safetext.py: a job's output in an error, a name a job declared), the page's own markup excepted."""
 
 from __future__ import annotations
 
@@ -12,14 +13,24 @@ import jinja2
 from gpuvs import __version__
 from gpuvs.comparison import Analysis
 from gpuvs.report import charts, tables
+from gpuvs.safetext import safe_text
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
+def shown(value: object) -> object:
+    """Every {{ expression }}'s value before autoescaping: text with its control characters escaped; the
+    templates' own markup (a macro's output: Markup, which has __html__) and numbers as they are."""
+    if isinstance(value, str) and not hasattr(value, "__html__"):
+        return safe_text(value)
+    return value
+
+
 def environment() -> jinja2.Environment:
-    """The templates, with every user-supplied name autoescaped."""
+    """The templates, with every user-supplied name autoescaped and every text's control characters escaped."""
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                              finalize=shown)
 
 
 def render(a: Analysis) -> str:

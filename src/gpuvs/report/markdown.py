@@ -1,14 +1,32 @@
-"""The markdown report: GitHub tables, the ones people paste into wikis, posts and tickets."""
+"""The markdown report: GitHub tables, the ones people paste into wikis, posts and tickets. Text from users, jobs
+and their environments is shown with control characters escaped (safetext.py)."""
 
 from __future__ import annotations
 
+import re
+
 from gpuvs.comparison import Analysis
 from gpuvs.report import tables
+from gpuvs.safetext import safe_text
 
 
 def cell(text: str) -> str:
     """A table cell: one line, pipes escaped, angle brackets as entities (names come from users)."""
-    return " ".join(str(text).split()).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    return safe_text(" ".join(str(text).split())).replace("\\", "\\\\").replace("|", "\\|").replace(
+        "<", "&lt;").replace(">", "&gt;")
+
+
+def code_span(text: str) -> str:
+    """`text` as one CommonMark code span that reads back as exactly `text` (control characters escaped, so one
+    line): fenced by a run of backticks longer than any run inside, padded with a space where the text starts or
+    ends with a backtick, or with a space at both ends (a parser strips one space from each side of such text).
+    CommonMark has no empty code span: an empty text is a span of one space."""
+    text = safe_text(text)
+    if not text:
+        return "` `"
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text[0] == "`" or text[-1] == "`" or (text[0] == " " and text[-1] == " " and text.strip(" ")) else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def table(t: tables.Table) -> str:
@@ -29,7 +47,7 @@ def render(a: Analysis) -> str:
     answer = tables.headline_sentence(a)
     if answer:
         out += [f"**{cell(answer)}**", ""]
-    out += [f"- {label}: `{value}`" if label in ("command", "file") else f"- {cell(label)}: {cell(value)}"
+    out += [f"- {label}: {code_span(value)}" if label in ("command", "file") else f"- {cell(label)}: {cell(value)}"
             for label, value in tables.header_lines(a)]
     if a.flags:
         out += ["", "**Differences nobody asked for:**", ""] + [f"- ⚠ {cell(f)}" for f in a.flags]

@@ -1,5 +1,7 @@
 """The terminal: a tf_cnn_benchmarks-style step log while a trial runs, a line per trial, and a
-hyperfine-style summary per arm."""
+hyperfine-style summary per arm. Every text a job or its environment wrote (its log lines, errors, figure names
+and units, config items) is shown through safetext.safe_text, control characters escaped, and printed with rich
+markup off."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from rich.table import Table
 from gpuvs import environments, stats
 from gpuvs.report import tables
 from gpuvs.report.numbers import fmt
+from gpuvs.safetext import safe_text
 from gpuvs.stats import SeriesSummary
 
 CONFIG_LABELS = [
@@ -39,7 +42,7 @@ class StepLog:
     def __call__(self, result, event: dict[str, Any]) -> None:
         kind = event["type"]
         if kind == "log":
-            self.console.print(event["message"], style="dim", markup=False, highlight=False)
+            self.console.print(safe_text(event["message"], lines=True), style="dim", markup=False, highlight=False)
         if self.quiet:
             return
         if kind == "config" and self.show_config:
@@ -53,11 +56,13 @@ class StepLog:
         for key, label in CONFIG_LABELS:
             if key in items:
                 suffix = " global" if key == "batch_size_global" else (" per device" if key == "batch_size_per_device" else "")
-                self.console.print(f"{(label + ':') if label else '':<14}{items[key]}{suffix}", highlight=False)
+                self.console.print(safe_text(f"{(label + ':') if label else '':<14}{items[key]}{suffix}"),
+                                   markup=False, highlight=False)
                 shown.add(key)
         for key, value in items.items():
             if key not in shown:
-                self.console.print(f"{key.replace('_', ' ').capitalize() + ':':<14}{value}", highlight=False)
+                self.console.print(safe_text(f"{key.replace('_', ' ').capitalize() + ':':<14}{value}"), markup=False,
+                                   highlight=False)
         self.console.print("=" * 10, highlight=False)
 
     def sample(self, event: dict[str, Any]) -> None:
@@ -73,21 +78,27 @@ class StepLog:
             return
         if series not in self._header_done:
             label = "" if series == "main" else f" [{series}]"
-            self.console.print(f"Step\t{event['unit']}{label}\ttotal_loss" if loss is not None
-                               else f"Step\t{event['unit']}{label}", highlight=False)
+            unit = safe_text(event["unit"])
+            self.console.print(f"Step\t{unit}{safe_text(label)}\ttotal_loss" if loss is not None
+                               else f"Step\t{unit}{safe_text(label)}", markup=False, highlight=False)
             self._header_done.add(series)
         if seconds and len(seconds) == len(values):  # timed steps: tf_cnn_benchmarks' get_perf_timing
             rate, pm, jit = stats.perf_timing(items, seconds)
         else:  # a figure per step that is not items over time (a latency): its mean
             rate, pm, jit = sum(values) / len(values), stats.std_error(values), stats.jitter(values)
-        line = (f"{event['step']}\t{event['unit']}: {stats.fmt_rate(rate)} +/- {stats.fmt_rate(pm)} "
+        line = (f"{event['step']}\t{safe_text(event['unit'])}: {stats.fmt_rate(rate)} +/- {stats.fmt_rate(pm)} "
                 f"(jitter = {stats.fmt_rate(jit)})")
         if loss is not None:
             line += f"\t{loss:.3f}"
-        self.console.print(line, highlight=False)
+        self.console.print(line, markup=False, highlight=False)
 
 
 def trial_line(result) -> str:
+    """One line per trial (more where its error has more), control characters escaped."""
+    return safe_text(_trial_line(result), lines=True)
+
+
+def _trial_line(result) -> str:
     spec = result.spec
     where = f"{environments.label(spec.env)}, {spec.device}" + (f" x{spec.num_gpus}" if spec.num_gpus > 1 else "")
     head = f"trial {spec.trial + 1} [{spec.arm}] ({where})"
@@ -113,8 +124,13 @@ def total_block(console: Console, result) -> None:
         value = main.value or 0.0
         text = f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
         console.print(RULE, highlight=False)
-        console.print(f"total {main.unit}{named}: {text}", highlight=False)
+        console.print(safe_text(f"total {main.unit}{named}: {text}"), markup=False, highlight=False)
         console.print(RULE, highlight=False)
+
+
+def safe_cells(*cells: object) -> list[str]:
+    """Table cells with control characters escaped: names, units and errors may come from a job."""
+    return [safe_text(c) for c in cells]
 
 
 def arm_table(results: Iterable, title: str = "Summary across trials") -> Table:
@@ -132,8 +148,9 @@ def arm_table(results: Iterable, title: str = "Summary across trials") -> Table:
         s = stats.summarize_trials(values)
         unit = ok[0].summary[series].unit if ok else ""
         ci = f"{fmt(s.ci_low)} … {fmt(s.ci_high)}" if s.n > 1 else "-"
-        table.add_row(arm, series, f"{len(ok)}/{len(rs)}", fmt(s.mean), ci, f"{fmt(s.min)} … {fmt(s.max)}" if ok else "-",
-                      f"{100 * (s.cv or 0):.2f}%" if s.n > 1 else "-", unit)
+        table.add_row(*safe_cells(arm, series), f"{len(ok)}/{len(rs)}", fmt(s.mean), ci,
+                      f"{fmt(s.min)} … {fmt(s.max)}" if ok else "-", f"{100 * (s.cv or 0):.2f}%" if s.n > 1 else "-",
+                      safe_text(unit))
     return table
 
 
@@ -150,9 +167,9 @@ def startup_table(results: Iterable) -> Table | None:
     table = Table(title="Start-up (seconds, mean over trials)", title_justify="left")
     table.add_column("arm")
     for k in keys:
-        table.add_column(k.removesuffix("_s"), justify="right")
+        table.add_column(safe_text(k.removesuffix("_s")), justify="right")
     for arm, d in groups.items():
-        table.add_row(arm, *[fmt(sum(d[k]) / len(d[k]), 3) if k in d else "-" for k in keys])
+        table.add_row(safe_text(arm), *[fmt(sum(d[k]) / len(d[k]), 3) if k in d else "-" for k in keys])
     return table
 
 
@@ -165,7 +182,7 @@ def metrics_table(results: Iterable) -> Table | None:
     for col in ("arm", "trial", "metric", "value", "unit"):
         table.add_column(col, justify="right" if col in ("trial", "value") else "left")
     for arm, trial, name, value, unit in rows:
-        table.add_row(arm, str(trial), name, fmt(value, 3), unit)
+        table.add_row(*safe_cells(arm, str(trial), name, fmt(value, 3), unit))
     return table
 
 
@@ -194,11 +211,12 @@ def series_table(results: Iterable) -> Table | None:
     for col in ("arm", "series", "value", "unit"):
         table.add_column(col, justify="right" if col == "value" else "left")
     for key in columns:
-        table.add_column(key.replace("pct_", "% ").replace("_", " "), justify="right")
+        table.add_column(safe_text(key.replace("pct_", "% ").replace("_", " ")), justify="right")
     for (arm, series), row in rows.items():
         head = [v for v in row.get("", []) if v is not None]
         cells = [fmt(sum(row[k]) / len(row[k]), 1) if row.get(k) else "-" for k in columns]
-        table.add_row(arm, series, fmt(sum(head) / len(head), 2) if head else "-", units[(arm, series)], *cells)
+        table.add_row(*safe_cells(arm, series, fmt(sum(head) / len(head), 2) if head else "-", units[(arm, series)]),
+                      *cells)
     return table
 
 
@@ -223,7 +241,7 @@ def telemetry_table(results: Iterable) -> Table | None:
     for arm, readings in groups.items():
         for gpu, s in telemetry.summarize_by_gpu(readings).items():
             throttled = ", ".join(f"{name} {100 * frac:.0f}%" for name, frac in s["throttle_fraction"].items())
-            table.add_row(arm, str(gpu), str(s["n"]), f"{num(s, 'util_gpu_mean', 1)} / {num(s, 'util_gpu_max')}",
+            table.add_row(safe_text(arm), str(gpu), str(s["n"]), f"{num(s, 'util_gpu_mean', 1)} / {num(s, 'util_gpu_max')}",
                           num(s, "mem_used_mib_max"), f"{num(s, 'power_w_mean', 1)} / {num(s, 'power_w_max', 1)}",
                           f"{num(s, 'sm_clock_mhz_mean')} ({num(s, 'sm_clock_mhz_min')})", num(s, "temp_c_max"),
                           throttled or "none")
@@ -233,13 +251,14 @@ def telemetry_table(results: Iterable) -> Table | None:
 def rich_table(t, no_wrap: Iterable[int] = (), fold: bool = False) -> Table:
     """A report table (report/tables.py) as a rich table; highlighted rows in yellow. `no_wrap`: columns never
     cut (ids people copy); `fold`: a long word in the others wraps instead of ending in an ellipsis."""
-    table = Table(title=t.title, title_justify="left", caption=t.note or None, caption_justify="left")
+    table = Table(title=safe_text(t.title), title_justify="left", caption=safe_text(t.note) if t.note else None,
+                  caption_justify="left")
     keep = set(no_wrap)
     for i, col in enumerate(t.columns):
-        table.add_column(col, justify="right" if i in t.right else "left", no_wrap=i in keep,
+        table.add_column(safe_text(col), justify="right" if i in t.right else "left", no_wrap=i in keep,
                          overflow="fold" if fold else "ellipsis")
     for i, row in enumerate(t.rows):
-        table.add_row(*row, style="yellow" if i in t.marked else None)
+        table.add_row(*safe_cells(*row), style="yellow" if i in t.marked else None)
     return table
 
 
@@ -247,15 +266,15 @@ def comparison(console: Console, analysis, keys: tuple[str, ...] | None = None) 
     """A comparison's report on the terminal: the answer, flags, then its tables (all, or `keys`)."""
     if keys is None:
         for label, value in tables.header_lines(analysis):
-            console.print(f"{label + ':':<18}{value}", highlight=False, markup=False)
+            console.print(safe_text(f"{label + ':':<18}{value}"), highlight=False, markup=False)
     for t in tables.all_tables(analysis):
         if keys is None or t.key in keys:
             console.print(rich_table(t))
     for flag in analysis.flags:
-        console.print(f"warning: {flag}", style="yellow", highlight=False, markup=False)
+        console.print(f"warning: {safe_text(flag)}", style="yellow", highlight=False, markup=False)
     answer = tables.headline_sentence(analysis)
     if answer:
-        console.print(answer, style="bold", highlight=False, markup=False)
+        console.print(safe_text(answer), style="bold", highlight=False, markup=False)
 
 
 class TrialProgress:
@@ -265,7 +284,8 @@ class TrialProgress:
     def __init__(self, console: Console):
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                                 TextColumn("{task.completed}/{task.total}"),
                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
                                  transient=False)
         self.task = self.progress.add_task("trials", total=None)
@@ -279,7 +299,7 @@ class TrialProgress:
 
     def start(self, spec, i: int, n: int) -> None:
         self.progress.update(self.task, total=n, completed=i,
-                             description=f"trial {i + 1} of {n}: arm {spec.arm}")
+                             description=safe_text(f"trial {i + 1} of {n}: arm {spec.arm}"))
 
     def done(self) -> None:
         self.progress.advance(self.task)

@@ -89,14 +89,18 @@ def terminal(exp: ExperimentRecord, width: int = 160) -> str:
     from rich.console import Console
     from rich.table import Table
 
+    from gpuvs.report.terminal import safe_cells
+    from gpuvs.safetext import safe_text
+
     console = Console(record=True, width=width, markup=False, highlight=False, file=io.StringIO())
     t = table(exp)
-    rt = Table(title=f"{exp.name}: {verdict(exp)}", title_justify="left", caption=t.note, caption_justify="left")
+    rt = Table(title=safe_text(f"{exp.name}: {verdict(exp)}"), title_justify="left", caption=safe_text(t.note),
+               caption_justify="left")
     for i, c in enumerate(t.columns):
         rt.add_column(c, justify="right" if i in t.right else "left", overflow="fold")
-    for i, row in enumerate(t.rows):
-        rt.add_row(*row, style="red" if i in t.marked else None)
+    for i, row in enumerate(t.rows):  # a check's detail may carry a probe pod's own words
+        rt.add_row(*safe_cells(*row), style="red" if i in t.marked else None)
     console.print(rt)
     for k, v in header(exp):
-        console.print(f"  {k}: {v}")
+        console.print(safe_text(f"  {k}: {v}"))
     return console.export_text()

@@ -19,6 +19,7 @@ from gpuvs.records import ExperimentMeta
 from gpuvs.report.sharing import figure_text, ratio_text
 from gpuvs.report.numbers import fmt
 from gpuvs.runner import Runner, validate_spec
+from gpuvs.safetext import safe_text
 from gpuvs.sharing import matrix
 from gpuvs.sharing import stats as sharestats
 from gpuvs.sharing.advisor import PairRuns, mean, measure, verdicts
@@ -73,7 +74,7 @@ def advise_mps(args: Args) -> None:
         store.create_experiment(exp_id, run["name"] or f"advise-mps {len(pairs)} pair(s)", "advise-mps",
                                 ExperimentMeta(pairs=texts, options=ao))
         runner = Runner(store, timeout_s=run["timeout"] + ao["duration"])
-        coord = Coordinator(runner, ao["duration"], say=lambda s: console.print("  " + s))
+        coord = Coordinator(runner, ao["duration"], say=lambda s: console.print("  " + safe_text(s)))
         save = (lambda: _write_json(ao["json"], pairs, total, ao["margin"])) if ao["json"] else (lambda: None)
         measure(coord, specs, pairs, ao["repeats"], device.startswith("cuda"), save, ao["predict_only"],
                 heading=lambda text: console.rule(text, style="dim"))

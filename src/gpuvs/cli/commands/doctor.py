@@ -13,6 +13,7 @@ from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Group
 from gpuvs.errors import EnvironmentUnavailable
 from gpuvs.params import Param
+from gpuvs.safetext import safe_text
 from gpuvs.spec import RunSpec, check_device_syntax
 
 DOCTOR_OPTIONS = (
@@ -26,7 +27,7 @@ def table(report: checkup.Report, title: str) -> Table:
     for col in ("check", "status", "detail"):
         t.add_column(col, overflow="fold")
     for row in report.rows:
-        t.add_row(row.check, row.status, row.detail,
+        t.add_row(row.check, row.status, safe_text(row.detail),  # an engine's or a pod's words
                   style={checkup.FAIL: "red", checkup.WARN: "yellow"}.get(row.status))
     return t
 

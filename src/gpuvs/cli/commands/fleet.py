@@ -32,6 +32,7 @@ from gpuvs.records import ExperimentMeta
 from gpuvs.report import fleet as report
 from gpuvs.report import terminal
 from gpuvs.runner import Runner, TrialResult, validate_spec
+from gpuvs.safetext import safe_text
 from gpuvs.store import Store
 
 DEFAULT_TRIALS = 4
@@ -118,7 +119,7 @@ def fleet(args: Args) -> None:
     if len(usable) < len(chosen):
         exp = fleet_run.fleet_experiment(exp.name, base, [n.name for n in usable], exp.meta, run["order_seed"])
     for e in excluded:
-        console.print(f"node {e.node}: left out, {e.reason}", style="yellow")
+        console.print(safe_text(f"node {e.node}: left out, {e.reason}"), style="yellow")
     console.print(f"fleet of {len(usable)} node(s): {prep.workload.name} x {plan.trials} trial(s) each "
                   f"(up to {plan.max_trials} where unsettled), {o['parallel']} at once", style="dim")
 
@@ -236,7 +237,7 @@ def history(args: Args) -> None:
             outcome = [(n, err or "written") for n, err in labels.apply(core, changes)]
         status = dict(outcome)
         for c in changes:
-            console.print(f"label {c.node}: {c.labels} ({status[c.node]})")
+            console.print(safe_text(f"label {c.node}: {c.labels} ({status[c.node]})"))
 
 
 HISTORY = Command(

@@ -16,6 +16,8 @@ from gpuvs.errors import UsageError
 from gpuvs.records import TrialRecord
 from gpuvs.params import Param
 from gpuvs.report.numbers import fmt
+from gpuvs.report.terminal import safe_cells
+from gpuvs.safetext import safe_text
 from gpuvs.stats import SeriesSummary
 from gpuvs.store import Store
 
@@ -34,7 +36,7 @@ def list_results(args: Args) -> None:
         for col in ("name", "kind", "workload", "trials ok", "created"):
             t.add_column(col, overflow="fold")
         for e in found:
-            t.add_row(e.id, e.name, e.kind, e.workload or "-", f"{e.n_ok or 0}/{e.n_trials}",
+            t.add_row(*safe_cells(e.id, e.name, e.kind, e.workload or "-"), f"{e.n_ok or 0}/{e.n_trials}",
                       time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.created)))
         Console(markup=False, highlight=False).print(t)
 
@@ -52,21 +54,23 @@ def show(args: Args) -> None:
             print(json.dumps([t.to_dict() for t in trials], indent=2, default=str))
             return
         console = Console(markup=False, highlight=False)
-        table = Table(title=f"trials of {ident}", title_justify="left")
+        table = Table(title=safe_text(f"trials of {ident}"), title_justify="left")
         for col in ("trial id", "arm", "#", "status", "device", "env", "value", "+/-", "jitter", "unit",
                     "first step s", "GPU", "error"):
             table.add_column(col)
         for t in trials:
             main = t.primary() or SeriesSummary()
-            table.add_row(str(t.id), t.arm, str(t.trial + 1), t.status, t.spec.device if t.spec else "-",
-                          t.spec.env.kind if t.spec else "-", fmt(main.value), fmt(main.pm), fmt(main.jitter),
-                          main.unit, fmt(t.startup.get("first_step_s"), 3), t.fingerprint.get("gpu_name") or "cpu",
-                          (t.error or "")[:120])
+            table.add_row(*safe_cells(t.id, t.arm, t.trial + 1, t.status, t.spec.device if t.spec else "-",
+                                      t.spec.env.kind if t.spec else "-", fmt(main.value), fmt(main.pm),
+                                      fmt(main.jitter), main.unit, fmt(t.startup.get("first_step_s"), 3),
+                                      t.fingerprint.get("gpu_name") or "cpu", (t.error or "")[:120]))
         console.print(table)
 
 
 def _show_logs(st: Store, trials: list[TrialRecord]) -> None:
-    """Each trial's stored stdout and stderr (a command's), with what was cut and the cap."""
+    """Each trial's stored stdout and stderr (a command's), with what was cut and the cap. The store keeps what the
+    job wrote; it is shown with its control characters escaped (newlines and tabs kept: safetext.py), so that no
+    escape sequence a job printed reaches the terminal."""
     from gpuvs.job import HEAD, TAIL
 
     out = sys.stdout
@@ -76,14 +80,15 @@ def _show_logs(st: Store, trials: list[TrialRecord]) -> None:
         head = f"trial {t.id} [{t.arm}] #{t.trial + 1}: {t.status}"
         if t.error:
             head += f" ({t.error})"
-        out.write(f"\n=== {head}\n")
+        out.write(f"\n=== {safe_text(head, lines=True)}\n")
         rows = st.outputs(t.id)
         if not rows:
             out.write("(no output stored: only the command workload keeps its job's output)\n")
         for row in rows:
             cut = f", {row.cut} bytes cut" if row.cut else ""
-            out.write(f"--- {row.stream} ({row.bytes} bytes, {row.lines} lines{cut})\n")
-            out.write(row.text if row.text.endswith("\n") or not row.text else row.text + "\n")
+            out.write(f"--- {safe_text(row.stream)} ({row.bytes} bytes, {row.lines} lines{cut})\n")
+            text = safe_text(row.text, lines=True)
+            out.write(text if text.endswith("\n") or not text else text + "\n")
 
 
 def _trials_of(st: Store, ident: str) -> list[TrialRecord]:

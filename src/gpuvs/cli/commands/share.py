@@ -15,6 +15,7 @@ from gpuvs.records import ExperimentMeta
 from gpuvs.report.sharing import figure_text, ratio_text
 from gpuvs.report.numbers import fmt
 from gpuvs.runner import Runner, validate_spec
+from gpuvs.safetext import safe_text
 from gpuvs.sharing import knobs, studies
 from gpuvs.sharing import stats as sharestats
 from gpuvs.sharing.group import Coordinator, Group, check_shareable, gpu_memory_total_mib
@@ -79,7 +80,7 @@ def share(args: Args) -> None:
                                 ExperimentMeta(base=base, share=so))
         runner = Runner(store, timeout_s=run["timeout"] + so["duration"] + so["ready_timeout"],
                         on_trial_end=lambda r: console.print("  " + _trial_line(r), style=None if r.ok else "red"))
-        coord = Coordinator(runner, so["duration"], so["ready_timeout"], say=lambda s: console.print("  " + s))
+        coord = Coordinator(runner, so["duration"], so["ready_timeout"], say=lambda s: console.print("  " + safe_text(s)))
         total = gpu_memory_total_mib(base.device)
 
         def heading(text: str) -> None:
@@ -102,7 +103,7 @@ def share(args: Args) -> None:
 def _trial_line(r) -> str:
     m = r.primary() or SeriesSummary(n=None)
     if not r.ok:
-        return f"{r.spec.arm}: worker {r.spec.trial}: {r.status}: {r.error}"
+        return safe_text(f"{r.spec.arm}: worker {r.spec.trial}: {r.status}: {r.error}", lines=True)
     return f"{r.spec.arm}: worker {r.spec.trial}: {fmt(m.value)} {m.unit} over {m.n} steps"
 
 

@@ -15,6 +15,7 @@ from gpuvs.params import Param
 from gpuvs.records import ExperimentMeta
 from gpuvs.report.numbers import fmt
 from gpuvs.runner import Runner, validate_spec
+from gpuvs.safetext import safe_text
 from gpuvs.sharing import matrix
 from gpuvs.sharing.group import Coordinator, check_shareable, normalized_sum
 from gpuvs.spec import EnvSpec, RunSpec
@@ -51,7 +52,7 @@ def share_matrix(args: Args) -> None:
         case.a.experiment_id = case.b.experiment_id = exp_id
     with Store(store) as st:
         st.create_experiment(exp_id, data.get("name") or Path(file).stem, "share-matrix", ExperimentMeta(file=data))
-        coord = Coordinator(Runner(st), window, say=lambda s: console.print("  " + s))
+        coord = Coordinator(Runner(st), window, say=lambda s: console.print("  " + safe_text(s)))
         rows = matrix.measure(coord, cases, modes, key, heading=lambda text: console.rule(text, style="dim"))
     t = Table(title=f"{data.get('name', Path(file).stem)}: time per run, alone and together ({window:g} s windows)",
               title_justify="left")

@@ -13,6 +13,7 @@ from gpuvs.errors import RunFailed, UsageError
 from gpuvs.records import ExperimentMeta
 from gpuvs.params import Param
 from gpuvs.report import validation
+from gpuvs.safetext import safe_text
 from gpuvs.store import Store
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -123,7 +124,7 @@ def validate(args: Args) -> None:
         meta.checks.append(row.to_dict())
         st.set_meta(exp_id, meta)
         mark = {"pass": "ok  ", "FAIL": "FAIL", "not run": "--  ", "shared": "SHRD"}.get(row.status, row.status)
-        print(f"  {mark} {row.suite}: {row.check}: {row.detail}", file=sys.stderr, flush=True)
+        print(f"  {mark} {row.suite}: {row.check}: {safe_text(row.detail)}", file=sys.stderr, flush=True)
 
     pods = Pods(cluster, run, image, pull, resource, deadline_s=int(max(600, timeout * 20)),
                 priority_class=args["priority_class"])
