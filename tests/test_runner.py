@@ -174,3 +174,24 @@ def test_samples_reach_the_store_while_the_trial_runs_at_a_small_cost(store_path
     assert len(stored) == 3000
     assert max(seen_while_running) >= 1000  # batches were committed before the trial ended
     assert share < 0.02
+
+
+def test_a_worker_whose_samples_were_cut_on_the_way_is_a_failed_trial(store_path, monkeypatch):
+    """A partial read is a failed trial, never ok: the worker's summary says how many samples it sent, and a runner
+    that received fewer (a pod's log rotated or broken off) fails the trial saying so. Here a real worker's output
+    passes through a real filter that drops every seventh sample line on its way to the runner."""
+    from gpuvs.environments import base, host
+
+    def lossy(self, spec):
+        spec.launched_at = time.time()
+        argv = ["sh", "-c", 'exec "$0" "$@" | awk \'/"type": *"sample"/ && ++n % 7 == 0 {next} {print; fflush()}\'',
+                sys.executable, "-m", "gpuvs.worker"]
+        return base.Launched(argv, env=host.worker_env(spec))
+
+    monkeypatch.setattr(host.HostEnvironment, "launch", lossy)
+    with Store(store_path) as st:
+        r = Runner(st).run_trial(RunSpec(workload="selftest", device="cpu", params={"steps": 20}, fresh="exec"))
+        row = st.trials()[0]
+    assert r.samples_sent and len(r.samples) < r.samples_sent
+    assert r.status == "failed" and row.status == "failed"
+    assert r.error.startswith(f"gpuvs received {len(r.samples)} of the {r.samples_sent} samples the worker sent")

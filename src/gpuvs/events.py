@@ -6,7 +6,8 @@ startup      {"name", "seconds"}                   a first-call cost, never mixe
 sample       {"series", "step", "value", "unit", "seconds", "items", "extra"}
 metric       {"name", "value", "unit"}             a scalar result (final loss, p99 latency...)
 telemetry    {"t", "gpu", ...}                     one NVML reading
-summary      {"data": {series: {...}}}             the worker's own summary of its samples
+summary      {"data": {series: {...}},             the worker's own summary of its samples, and how many sample events
+              "samples": N}                         it sent (a runner that got fewer fails the trial)
 error        {"kind", "message"}                   kind: oom | input | unavailable | crash
 log          {"message"}                           free text shown to the user
 output       {"stream", "text", "bytes", "lines", "cut"}   a command's own output on one stream, capped (its first

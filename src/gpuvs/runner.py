@@ -53,6 +53,7 @@ class TrialResult:
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # stream -> the job's output, capped
     wall_s: float = 0.0
     reported: bool = False  # the worker's last event of a finished run (its summary) arrived
+    samples_sent: int | None = None  # how many sample events the worker says it sent (its summary), where it says
 
     @property
     def ok(self) -> bool:
@@ -80,6 +81,7 @@ class TrialResult:
         elif kind == "summary":
             self.summary = summaries_from_dict(event["data"])
             self.reported = True
+            self.samples_sent = event.get("samples")
         elif kind == "error":
             self.error_kind, self.error = event.get("kind"), event.get("message")
         elif kind == "log":
@@ -389,7 +391,12 @@ class LiveTrial:
         r = self.result
         r.exit_code = self.launched.wait(timeout=30)
         self.done = True
-        if r.exit_code == 0 and not r.error and r.reported:
+        if r.exit_code == 0 and not r.error and r.reported and r.samples_sent is not None \
+                and len(r.samples) < r.samples_sent:  # a partial read is a failed trial, never ok
+            r.status, r.error_kind = "failed", "crash"
+            r.error = (f"gpuvs received {len(r.samples)} of the {r.samples_sent} samples the worker sent: its output "
+                       "was cut on the way (a pod's log rotated or broken off, say), so the trial's figures are not its own")
+        elif r.exit_code == 0 and not r.error and r.reported:
             r.status = "ok"
         else:
             r.status = "failed"

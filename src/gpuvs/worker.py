@@ -145,8 +145,9 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
             sampler.stop()
     if spec.launched_at:  # the workload is done: what follows until exit is teardown (timeshare.py)
         emit(events.startup("launch_to_done_s", time.time() - spec.launched_at))
+    # `samples`: how many sample events this worker sent, so that the runner can tell a whole read from a cut one
     emit({"type": "summary", "data": headline_first(workload.summarize(samples, params),
-                                                    workload.headline_series(params))})
+                                                    workload.headline_series(params)), "samples": len(samples)})
 
 
 def headline_first(summary: dict[str, T], headline: str | None) -> dict[str, T]:

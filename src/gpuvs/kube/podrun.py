@@ -349,18 +349,37 @@ class PodLaunched(WorkerStream):
         self._fault: Fault | None = None
         monitor.start()
         while True:
+            broke = False
             try:
                 self._stream_once()
             except Exception:  # the stream broke: the pod says whether to read on
-                pass
+                broke = True
             if self._fault is not None:
                 raise self._fault
             pod = self._fresh()
             self._outside_faults(pod)
             cs = _container_status(pod) if pod is not None else None
             if cs is not None and cs.state and cs.state.terminated:
+                if broke:  # the container ended while the stream was broken: what it wrote last is read whole
+                    self._read_rest()
                 return
             self._stop.wait(0.5)
+
+    def _read_rest(self) -> None:
+        """The finished container's log read once more, whole, for the lines after those already taken; a log that
+        cannot be read fails the trial (a partial read is never a result)."""
+        try:
+            text = self.cluster.core.read_namespaced_pod_log(self.name, self.namespace, container=CONTAINER,
+                                                             _request_timeout=120)
+        except Exception as exc:
+            raise Fault("crash", f"pod {self.name}: gpuvs could not read its log to the end ({type(exc).__name__}: "
+                                 f"{exc}); the trial's figures would not be its own") from None
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        for seen, raw in enumerate(lines, 1):
+            if seen > self._count:
+                self._line(raw)
 
     def _stream_once(self) -> None:
         resp = self.cluster.core.read_namespaced_pod_log(self.name, self.namespace, container=CONTAINER, follow=True,
