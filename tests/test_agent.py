@@ -633,7 +633,8 @@ def test_idle_half_sent_connections_are_closed_at_the_timeout_and_threads_stay_b
 def test_bad_content_length_is_400_with_one_log_line_and_a_client_closing_early_writes_nothing(tmp_path):
     """Content-Length `abc`, `-1`, ` 1e3` and one over 64 KiB: 400 (413) at once, one log line each, no run even
     with the right token. Then 60 clients that ask for the status page (a store of 10 fleet runs: a large answer)
-    or send half a request and reset the connection at once (the agent's read or write of it fails): no traceback, no line, the agent serves on."""
+    or send half a request and reset the connection at once (the agent's read or write of it fails): no
+    traceback, no line, the agent serves on."""
     from fleet_store import sliding_fleet
 
     store = tmp_path / "gpuvs.db"
@@ -727,3 +728,22 @@ def test_the_status_page_is_rendered_once_between_runs(tmp_path):
         assert agent.metrics()[("gpuvs_status_page_renders_total", ())] == 2
     finally:
         assert agent.stop() == 0
+
+
+def test_gpuvs_deploy_adds_a_random_token_secret_before_the_deployment_and_the_deployment_mounts_it():
+    from gpuvs.kube import deploy
+
+    objs = deploy.manifests()
+    a, b = deploy.with_token(objs), deploy.with_token(objs)
+    kinds = [m["kind"] for m in a]
+    assert kinds.index("Secret") == kinds.index("Deployment") - 1 and len(a) == len(objs) + 1
+    secret = a[kinds.index("Secret")]
+    assert secret["metadata"]["name"] == deploy.TOKEN_SECRET and secret["metadata"]["namespace"] == "gpuvs-system"
+    assert len(secret["stringData"]["token"]) >= 40  # 32 random bytes
+    assert secret["stringData"]["token"] != b[kinds.index("Secret")]["stringData"]["token"]
+    spec = next(m for m in objs if m["kind"] == "Deployment")["spec"]["template"]["spec"]
+    volume = next(v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == deploy.TOKEN_SECRET)
+    assert volume["secret"]["optional"] is True and volume["secret"]["defaultMode"] == 0o440
+    mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
+    args = spec["containers"][0]["args"]
+    assert mount["readOnly"] and args[args.index("--token-file") + 1] == f"{mount['mountPath']}/token"
