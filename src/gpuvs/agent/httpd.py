@@ -244,11 +244,13 @@ def handler(agent: Agent, timeout_s: float) -> type[BaseHTTPRequestHandler]:
             self._serve("POST")
 
         def log_error(self, format: str, *args: Any) -> None:  # bad request lines and headers, timeouts: one line
-            if self.server.was_cut(self.request):
-                return
             message = format % args if args else format
-            if message.startswith("Request timed out"):
+            if message.startswith("Request timed out"):  # its own read timed out: unless the server's cut did
+                if not self.server.claim(self.request):
+                    return
                 message = f"no whole request within {timeout_s:g} s: closed"
+            elif self.server.was_cut(self.request):
+                return
             self._line(_printable(message, 300))
 
         def log_message(self, format: str, *args: Any) -> None:  # scrapes every few seconds: not logged
@@ -266,8 +268,9 @@ class Server(HTTPServer):
                  max_connections: int = MAX_CONNECTIONS):
         self.timeout_s = timeout_s
         self.slots = threading.BoundedSemaphore(max_connections)
-        self.deadlines: dict[socket.socket, float] = {}  # the open connections, each closed at its deadline
-        self.cut: set[socket.socket] = set()  # those closed at their deadline (not to be acted on)
+        # the open connections: each closed at its deadline (monotonic), and its client's address
+        self.deadlines: dict[socket.socket, tuple[float, str]] = {}
+        self.cut: set[socket.socket] = set()  # those ended by their time (one line said so; not to be acted on)
         self.lock = threading.Lock()
         self.refused = 0  # connections refused since the last line about it
         self.refused_logged = 0.0
@@ -283,7 +286,7 @@ class Server(HTTPServer):
             self._refuse(request)
             return
         with self.lock:
-            self.deadlines[request] = time.monotonic() + self.timeout_s
+            self.deadlines[request] = (time.monotonic() + self.timeout_s, str(client_address[0]))
         try:
             threading.Thread(target=self._work, args=(request, client_address), name="gpuvs-agent-http-conn",
                              daemon=True).start()
@@ -297,6 +300,8 @@ class Server(HTTPServer):
         except Exception:
             self.handle_error(request, client_address)
         finally:
+            with self.lock:
+                self.deadlines.pop(request, None)  # first: the reaper leaves it alone from here on
             self.shutdown_request(request)
             self._done(request)
 
@@ -305,6 +310,14 @@ class Server(HTTPServer):
             self.deadlines.pop(request, None)
             self.cut.discard(request)
         self.slots.release()
+
+    def claim(self, request: Any) -> bool:
+        """Mark the connection as ended by its time; False when that was done already (one line each)."""
+        with self.lock:
+            if request in self.cut:
+                return False
+            self.cut.add(request)
+            return True
 
     def _refuse(self, request: Any) -> None:
         body = b'{"error": "the agent serves ' + str(MAX_CONNECTIONS).encode() + b' connections at once: try again"}\n'
@@ -334,13 +347,9 @@ class Server(HTTPServer):
         ends its thread's read or write; one line for each."""
         now = time.monotonic()
         with self.lock:
-            late = [r for r, d in self.deadlines.items() if d <= now and r not in self.cut]
-            self.cut.update(late)
-        for r in late:
-            try:
-                peer = r.getpeername()[0]
-            except OSError:
-                peer = "?"
+            late = [(r, peer) for r, (d, peer) in self.deadlines.items() if d <= now and r not in self.cut]
+            self.cut.update(r for r, _ in late)
+        for r, peer in late:
             log(f"HTTP {peer}: no whole request within {self.timeout_s:g} s: closed")
             try:
                 r.shutdown(socket.SHUT_RDWR)

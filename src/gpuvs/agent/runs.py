@@ -36,9 +36,16 @@ class Interrupted(Exception):
     """The agent is stopping (SIGTERM): the run ends here, cleaned up, marked interrupted."""
 
 
+_LOG_LOCK = threading.Lock()
+
+
 def log(message: str) -> None:
-    print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} gpuvs agent: {message}", file=sys.stderr,
-          flush=True)
+    """One line on stderr. Whole lines only: the HTTP server's threads log at once (print writes the text and the
+    newline apart, so two threads' lines could run together)."""
+    line = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} gpuvs agent: {message}\n"
+    with _LOG_LOCK:
+        sys.stderr.write(line)
+        sys.stderr.flush()
 
 
 @dataclass
