@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -84,15 +85,32 @@ def metrics_of(text: str) -> dict[tuple[str, tuple], float]:
     return out
 
 
-def get(port: int, path: str, method: str = "GET") -> tuple[int, str]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+def get(port: int, path: str, method: str = "GET", token: str | None = None) -> tuple[int, str]:
+    return request(port, path, method, token)[:2]
+
+
+def request(port: int, path: str, method: str = "GET", token: str | None = None,
+            headers: dict[str, str] | None = None) -> tuple[int, str, dict[str, str]]:
+    """(status, body, headers); token: sent as `Authorization: Bearer TOKEN`."""
+    headers = dict(headers or {})
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, r.read().decode()
+            return r.status, r.read().decode(), dict(r.headers)
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+        return exc.code, exc.read().decode(), dict(exc.headers)
     except OSError:
-        return 0, ""
+        return 0, "", {}
+
+
+def token_file(tmp: Path) -> tuple[Path, str]:
+    import secrets
+
+    path, token = tmp / "token", secrets.token_hex(16)
+    path.write_text(token + "\n")  # as `kubectl create secret --from-file` would keep a trailing newline
+    return path, token
 
 
 class AgentProcess:
@@ -106,6 +124,9 @@ class AgentProcess:
                                      stderr=open(self.log, "w"), env=gpuvs_env(), cwd=tmp)
         wait_for(lambda: get(self.port, "/healthz")[0] == 200 or self.proc.poll() is not None, 60, "the agent up")
         assert self.proc.poll() is None, self.log.read_text()
+
+    def threads(self) -> int:
+        return len(os.listdir(f"/proc/{self.proc.pid}/task"))
 
     def metrics(self) -> dict:
         code, body = get(self.port, "/metrics")
@@ -192,8 +213,9 @@ def test_api_server_unreachable_backs_off_metrics_say_stale_and_nothing_is_lost(
     kept_run(store, {"node-a": 0.5, "node-b": 1.0}, time.time() - 30)
     dead = tmp_path / "kubeconfig"
     dead.write_text(DEAD_KUBECONFIG.replace("PORT", str(free_port())))
+    tokens, token = token_file(tmp_path)
     agent = AgentProcess(tmp_path, "--kubeconfig", str(dead), "--image", "x", "--store", str(store),
-                         "--every", "1h", "--first-after", "0")
+                         "--every", "1h", "--first-after", "0", "--token-file", str(tokens))
     try:
         # the figures of the earlier run are back at once, fresh
         m = agent.metrics()
@@ -214,8 +236,8 @@ def test_api_server_unreachable_backs_off_metrics_say_stale_and_nothing_is_lost(
         code, body = get(agent.port, "/readyz")
         assert code == 200 and json.loads(body)["api_reachable"] is False
         # the HTTP API: one run at a time, runs listed and read, unknown routes refused
-        code, body = get(agent.port, "/runs", "POST")
-        assert code in (202, 409), body
+        code, body = get(agent.port, "/runs", "POST", token)
+        assert code in (202, 409, 429), body
         listed = json.loads(get(agent.port, "/runs")[1])
         assert listed[-1]["id"] == "20260101-000000-aaaa" and listed[-1]["status"] == "ok"
         assert any(r["status"] == "failed" and "could not be reached" in r["reason"] for r in listed)
@@ -450,3 +472,278 @@ def test_a_drift_not_renewed_by_the_latest_run_is_kept_and_stale():
     m = metrics_of(exposition(registry(state)).decode())
     assert m[("gpuvs_node_drift_stale", (("node", "a"), ("workload", "spin")))] == 1
     assert m[("gpuvs_node_drift_ratio", (("node", "a"), ("workload", "spin")))] == 0.9  # kept
+
+
+# -- the HTTP API: who may start runs, how often, what the reads say, the server's limits --------------------
+
+def dead_agent(tmp: Path, *args: str, store: Path | None = None) -> AgentProcess:
+    """An agent whose cluster is a port where nothing answers (its runs fail at once), no run scheduled."""
+    dead = tmp / "kubeconfig-of-the-dead-cluster"
+    dead.write_text(DEAD_KUBECONFIG.replace("PORT", str(free_port())))
+    return AgentProcess(tmp, "--kubeconfig", str(dead), "--image", "x", "--store", str(store or tmp / "gpuvs.db"),
+                        "--every", "1h", "--first-after", "1h", *args)
+
+
+def api_runs(agent: AgentProcess) -> list[dict]:
+    return [r for r in json.loads(get(agent.port, "/runs")[1]) if r["trigger"] == "api"]
+
+
+def new_log(agent: AgentProcess, since: int) -> list[str]:
+    return agent.log.read_text().splitlines()[since:]
+
+
+def test_post_runs_needs_the_agents_bearer_token(tmp_path):
+    tokens, token = token_file(tmp_path)
+    agent = dead_agent(tmp_path, "--token-file", str(tokens))
+    try:
+        mark = len(agent.log.read_text().splitlines())
+        code, body, headers = request(agent.port, "/runs", "POST")
+        assert code == 401 and headers["WWW-Authenticate"] == 'Bearer realm="gpuvs-agent"', body
+        code, body, headers = request(agent.port, "/runs", "POST", token + "x")
+        assert code == 401 and 'error="invalid_token"' in headers["WWW-Authenticate"], body
+        assert request(agent.port, "/runs", "POST", token[:-1])[0] == 401
+        assert request(agent.port, "/runs", "POST", headers={"Authorization": f"Basic {token}"})[0] == 401
+        assert request(agent.port, "/runs", "POST", headers={"Authorization": "Bearer"})[0] == 401
+        assert api_runs(agent) == []  # none of them started anything
+        refused = new_log(agent, mark)
+        assert len(refused) == 5 and all("POST /runs: 401" in x for x in refused), refused
+        assert not any(token in x for x in agent.log.read_text().splitlines())  # the token is never logged
+        code, body = get(agent.port, "/runs", "POST", token)
+        assert code == 202 and json.loads(body)["trigger"] == "api", body
+        # the Secret rotated (the kubelet rewrites the mounted file): the old token is refused at once
+        tokens.write_text("another-token")
+        assert get(agent.port, "/runs", "POST", token)[0] == 401
+        tokens.unlink()  # no token at all: POST is off for everyone
+        code, body = get(agent.port, "/runs", "POST", token)
+        assert code == 403 and "no token" in body
+        assert len(api_runs(agent)) == 1
+    finally:
+        assert agent.stop() == 0
+    # an agent started without --token-file says so at start and refuses every POST
+    (tmp_path / "bare").mkdir()
+    bare = dead_agent(tmp_path / "bare")
+    try:
+        assert get(bare.port, "/runs", "POST", token)[0] == 403
+        assert "POST /runs is refused: no --token-file" in bare.log.read_text()
+    finally:
+        assert bare.stop() == 0
+
+
+def test_a_flood_of_authenticated_posts_starts_one_run_within_the_minimum_interval(tmp_path):
+    """60 POSTs with the right token from 6 clients at once, for longer than the run they start takes: one run
+    (202), the others 409 (one in flight) or 429 (--min-interval since it ended, with Retry-After); once the
+    interval has passed, a POST starts a run again."""
+    import concurrent.futures
+
+    tokens, token = token_file(tmp_path)
+    agent = dead_agent(tmp_path, "--token-file", str(tokens), "--min-interval", "10s")
+    try:
+        t0 = time.monotonic()
+
+        def client(_):
+            out = []
+            for _ in range(10):
+                out.append(request(agent.port, "/runs", "POST", token))
+                time.sleep(0.3)
+            return out
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            answers = [a for batch in pool.map(client, range(6)) for a in batch]
+        codes = sorted(a[0] for a in answers)
+        assert codes.count(202) == 1 and set(codes) <= {202, 409, 429}, codes
+        wait_for(lambda: api_runs(agent) and api_runs(agent)[0]["status"] == "failed", 30, "the run ended")
+        code, body, headers = request(agent.port, "/runs", "POST", token)
+        assert code == 429 and 1 <= int(headers["Retry-After"]) <= 10, (code, body)
+        assert json.loads(body)["retry_after_s"] == int(headers["Retry-After"])
+        assert len(api_runs(agent)) == 1, api_runs(agent)
+        # the scheduled runs of the back-off (5, 10, 20 s after each failed one) are runs too: a POST waits
+        # --min-interval after whichever ended last, as its Retry-After says
+        deadline = time.monotonic() + 60
+        while code == 429:
+            assert time.monotonic() < deadline, "no run accepted within 60 s"
+            time.sleep(int(headers["Retry-After"]))
+            code, body, headers = request(agent.port, "/runs", "POST", token)
+        assert code == 202, body
+        accepted = json.loads(body)["queued_at"]
+        every = json.loads(get(agent.port, "/runs?limit=500")[1])
+        last_end = max(r["finished_at"] for r in every if r["finished_at"] and r["finished_at"] < accepted)
+        assert accepted - last_end >= 10, (accepted, last_end)
+        assert len(api_runs(agent)) == 2
+        print(f"\n{len(answers)} POSTs in {time.monotonic() - t0:.1f} s: {codes.count(409)} x 409, "
+              f"{codes.count(429)} x 429")
+    finally:
+        assert agent.stop() == 0
+
+
+def test_idle_half_sent_connections_are_closed_at_the_timeout_and_threads_stay_bounded(tmp_path):
+    """80 connections that send part of a request and wait (slowloris): at most 32 are served at once (the rest
+    get 503 at once), every one is closed within --http-timeout (default 10 s), the threads go back to what they
+    were, none of them starts a run (one sent the right token and a short body), the agent answers throughout."""
+    tokens, token = token_file(tmp_path)
+    agent = dead_agent(tmp_path, "--token-file", str(tokens))
+    socks = []
+    try:
+        for path in ("/runs", "/metrics", "/readyz"):
+            get(agent.port, path)
+        idle_threads = 0
+        for _ in range(10):  # what the agent runs when nobody is connected (a thread or two start at the first use)
+            idle_threads = max(idle_threads, agent.threads())
+            time.sleep(0.1)
+        mark = len(agent.log.read_text().splitlines())
+        t0 = time.monotonic()
+        parts = (b"GET /runs HTTP/1.0\r\nHost: x", b"GET /ru",
+                 b"POST /runs HTTP/1.0\r\nAuthorization: Bearer " + token.encode() + b"\r\nContent-Length: 100\r\n"
+                 b"\r\nonly part of it", b"POST /runs HTTP/1.0\r\nContent-Length: -1\r\n")
+        for i in range(80):
+            s = socket.create_connection(("127.0.0.1", agent.port), timeout=20)
+            s.sendall(parts[i % len(parts)])
+            socks.append(s)
+        peak = 0
+        while time.monotonic() - t0 < 3:
+            peak = max(peak, agent.threads())
+            time.sleep(0.05)
+        assert peak <= idle_threads + 32, (idle_threads, peak)
+        assert get(agent.port, "/healthz")[0] in (200, 503)  # answered at once, even full
+        closed_at, refused = [], 0
+        for s in socks:
+            answer = b""
+            while chunk := s.recv(4096):  # until the agent closes it (a socket timeout here fails the test)
+                answer += chunk
+            closed_at.append(time.monotonic() - t0)
+            assert answer == b"" or answer.startswith(b"HTTP/1.0 503"), answer[:200]
+            refused += answer.startswith(b"HTTP/1.0 503")
+        print(f"\nthreads {idle_threads} idle, {peak} at most; {refused} refused with 503; the last connection "
+              f"closed after {max(closed_at):.1f} s")
+        assert refused >= 80 - 32
+        assert max(closed_at) < 10 + 3, closed_at
+        wait_for(lambda: agent.threads() <= idle_threads, 5, "the threads back to idle")
+        assert get(agent.port, "/healthz")[0] == 200
+        assert api_runs(agent) == []  # the half-sent POST with the token started nothing
+        lines = new_log(agent, mark)
+        assert not any("Traceback" in x for x in lines)
+        cut = [x for x in lines if "no whole request within 10 s: closed" in x]
+        assert len(cut) == 80 - refused, lines  # one line for each connection cut, none for the rest
+        assert 1 <= sum("refused with 503" in x for x in lines) <= 2, lines  # at most one line per 10 s
+    finally:
+        for s in socks:
+            s.close()
+        assert agent.stop() == 0
+
+
+def test_bad_content_length_is_400_with_one_log_line_and_a_client_closing_early_writes_nothing(tmp_path):
+    """Content-Length `abc`, `-1`, ` 1e3` and one over 64 KiB: 400 (413) at once, one log line each, no run even
+    with the right token. Then 60 clients that ask for the status page (a store of 10 fleet runs: a large answer)
+    or send half a request and reset the connection at once (the agent's read or write of it fails): no
+    traceback, no line, the agent serves on."""
+    from fleet_store import sliding_fleet
+
+    store = tmp_path / "gpuvs.db"
+    sliding_fleet(store, runs=10, slide_from=5, slide=0.03)
+    tokens, token = token_file(tmp_path)
+    agent = dead_agent(tmp_path, "--token-file", str(tokens), store=store)
+    try:
+        mark = len(agent.log.read_text().splitlines())
+        for value, status in (("abc", 400), ("-1", 400), (" 1e3", 400), ("99999999999", 400), ("70000", 413)):
+            s = socket.create_connection(("127.0.0.1", agent.port), timeout=5)
+            s.sendall(f"POST /runs HTTP/1.0\r\nAuthorization: Bearer {token}\r\nContent-Length: {value}\r\n\r\n"
+                      .encode())
+            answer = b""
+            while chunk := s.recv(4096):  # answered and closed at once, not held until the timeout
+                answer += chunk
+            s.close()
+            assert answer.startswith(f"HTTP/1.0 {status} ".encode()), (value, answer[:300])
+            assert b"Content-Length" in answer.split(b"\r\n\r\n", 1)[1], answer
+        lines = new_log(agent, mark)
+        assert len(lines) == 5 and all("POST /runs: 40" in x or "POST /runs: 413" in x for x in lines), lines
+        assert "Content-Length 'abc': expected a whole number of bytes" in lines[0]
+        assert api_runs(agent) == []
+        mark = len(agent.log.read_text().splitlines())
+        linger = struct.pack("ii", 1, 0)  # close() sends a reset, not a FIN
+        for i in range(60):
+            s = socket.create_connection(("127.0.0.1", agent.port), timeout=5)
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n" if i % 2 == 0 else b"GET /metr")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            s.close()
+        code, page = get(agent.port, "/")
+        assert code == 200 and "<!DOCTYPE html>" in page
+        time.sleep(1)
+        assert get(agent.port, "/healthz")[0] == 200
+        lines = new_log(agent, mark)
+        assert not any("Traceback" in x or "Error" in x for x in lines), lines[:20]
+        assert lines == [], lines[:20]
+    finally:
+        assert agent.stop() == 0
+
+
+def test_the_reads_say_nothing_of_the_clusters_address_or_the_kubeconfigs_path(tmp_path):
+    """After a run that could not reach the cluster (its reason names both, in the log), GET /runs, /runs/ID,
+    /readyz, /metrics, / and an unknown route name neither."""
+    tokens, token = token_file(tmp_path)
+    agent = dead_agent(tmp_path, "--token-file", str(tokens))
+    kubeconfig = str(tmp_path / "kubeconfig-of-the-dead-cluster")
+    api_port = yaml.safe_load(Path(kubeconfig).read_text())["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1]
+    try:
+        code, body = get(agent.port, "/runs", "POST", token)
+        assert code == 202, body
+        run_id = json.loads(body)["id"]
+        wait_for(lambda: api_runs(agent)[0]["status"] == "failed", 30, "the run failed")
+        log = agent.log.read_text()
+        assert kubeconfig in log and f"127.0.0.1:{api_port}" in log  # the operator's log keeps them
+        reads = {path: get(agent.port, path) for path in ("/runs", f"/runs/{run_id}", "/readyz", "/metrics", "/",
+                                                          "/nothing")}
+        assert json.loads(reads["/runs"][1])[0]["reason"].startswith("the cluster could not be reached: no "
+                                                                      "cluster reachable at <address>")
+        assert "no cluster reachable at <address>" in json.loads(reads["/readyz"][1])["api_error"]
+        for path, (code, body) in reads.items():
+            assert code in (200, 404), (path, code)
+            for secret in (kubeconfig, "kubeconfig-of-the-dead-cluster", "127.0.0.1", api_port, token):
+                assert secret not in body, (path, secret, body[:2000])
+    finally:
+        assert agent.stop() == 0
+
+
+def test_the_status_page_is_rendered_once_between_runs(tmp_path):
+    """8 clients reloading / 10 times each: one render (gpuvs_status_page_renders_total), the same page each
+    time; a run's records (queued, running, ended) make the next request render it again, once."""
+    import concurrent.futures
+
+    from fleet_store import sliding_fleet
+
+    store = tmp_path / "gpuvs.db"
+    sliding_fleet(store, runs=10, slide_from=5, slide=0.03)
+    tokens, token = token_file(tmp_path)
+    agent = dead_agent(tmp_path, "--token-file", str(tokens), store=store)
+    try:
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            pages = list(pool.map(lambda _: get(agent.port, "/"), range(80)))
+        took = time.monotonic() - t0
+        assert all(code == 200 for code, _ in pages) and len({p for _, p in pages}) == 1
+        assert agent.metrics()[("gpuvs_status_page_renders_total", ())] == 1
+        print(f"\n80 pages of {len(pages[0][1]) // 1000} kB in {took:.2f} s")
+        assert get(agent.port, "/runs", "POST", token)[0] == 202
+        wait_for(lambda: api_runs(agent)[0]["status"] == "failed", 30, "the run ended")
+        for _ in range(5):
+            assert get(agent.port, "/status")[0] == 200
+        assert agent.metrics()[("gpuvs_status_page_renders_total", ())] == 2
+    finally:
+        assert agent.stop() == 0
+
+
+def test_gpuvs_deploy_adds_a_random_token_secret_before_the_deployment_and_the_deployment_mounts_it():
+    from gpuvs.kube import deploy
+
+    objs = deploy.manifests()
+    a, b = deploy.with_token(objs), deploy.with_token(objs)
+    kinds = [m["kind"] for m in a]
+    assert kinds.index("Secret") == kinds.index("Deployment") - 1 and len(a) == len(objs) + 1
+    secret = a[kinds.index("Secret")]
+    assert secret["metadata"]["name"] == deploy.TOKEN_SECRET and secret["metadata"]["namespace"] == "gpuvs-system"
+    assert len(secret["stringData"]["token"]) >= 40  # 32 random bytes
+    assert secret["stringData"]["token"] != b[kinds.index("Secret")]["stringData"]["token"]
+    spec = next(m for m in objs if m["kind"] == "Deployment")["spec"]["template"]["spec"]
+    volume = next(v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == deploy.TOKEN_SECRET)
+    assert volume["secret"]["optional"] is True and volume["secret"]["defaultMode"] == 0o440
+    mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
+    args = spec["containers"][0]["args"]
+    assert mount["readOnly"] and args[args.index("--token-file") + 1] == f"{mount['mountPath']}/token"

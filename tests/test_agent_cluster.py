@@ -52,15 +52,31 @@ def free_port() -> int:
 wait_for = functools.partial(conftest.wait_for, step=0.5)  # the cluster's API is asked at most twice a second
 
 
-def http(port: int, path: str, method: str = "GET") -> tuple[int, bytes]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+def http(port: int, path: str, method: str = "GET", token: str | None = None) -> tuple[int, bytes]:
+    return http_headers(port, path, method, token)[:2]
+
+
+def http_headers(port: int, path: str, method: str = "GET", token: str | None = None
+                 ) -> tuple[int, bytes, dict[str, str]]:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, r.read()
+            return r.status, r.read(), dict(r.headers)
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+        return exc.code, exc.read(), dict(exc.headers)
     except OSError:
-        return 0, b""
+        return 0, b"", {}
+
+
+def post_run(port: int, token: str) -> tuple[int, bytes]:
+    """POST /runs with the token, again after Retry-After while --min-interval has not passed since the last run."""
+    for _ in range(10):
+        code, body, headers = http_headers(port, "/runs", "POST", token)
+        if code != 429:
+            return code, body
+        time.sleep(int(headers["Retry-After"]))
+    return code, body
 
 
 def runs(port: int) -> list[dict]:
@@ -158,15 +174,22 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
     t0 = time.monotonic()
     try:
         args = ["--every", "1h", "--first-after", "10s", "--workload", SPIN, "--margin", "0.3", "--trials", "4",
-                "--max-trials", "8", "--parallel", "2", "--hold-timeout", "15", "--listen", f":{port}"]
+                "--max-trials", "8", "--parallel", "2", "--hold-timeout", "15", "--listen", f":{port}",
+                "--min-interval", "10s"]
         r = run_cli("deploy", "--image", image, "--kubeconfig", cluster.kubeconfig,
                     *[f"--agent-arg={a}" for a in args], timeout=120)
         assert r.returncode == 0, r.stderr
         assert "Deployment/gpuvs-agent created" in r.stdout and "PriorityClass/gpuvs-trial created" in r.stdout
         again = run_cli("deploy", "--image", image, "--kubeconfig", cluster.kubeconfig,
                         *[f"--agent-arg={a}" for a in args], timeout=120)  # applied again: each one patched
-        assert again.returncode == 0 and again.stdout.count(" configured") == r.stdout.count(" created") == 10, \
+        assert again.returncode == 0 and again.stdout.count(" configured") == r.stdout.count(" created") - 1 == 10, \
             again.stdout + again.stderr
+        # the API token: a Secret made once by the first deploy, kept by the second
+        assert "Secret/gpuvs-agent-token created" in r.stdout and "Secret/gpuvs-agent-token kept" in again.stdout
+        import base64
+
+        token = base64.b64decode(core.read_namespaced_secret("gpuvs-agent-token", NS).data["token"]).decode()
+        assert len(token) >= 32
         # the test cluster's overlay: the host's network, and the API server where it listens
         from kubernetes import client
 
@@ -223,11 +246,12 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
         assert float(promql(prom_port, 'gpuvs_validate_check_ok{check="functional: GPU pod: exec works"}')
                      [0]["value"][1]) == 1
         assert float(promql(prom_port, 'gpuvs_runs_total{trigger="schedule",status="ok"}')[0]["value"][1]) == 1
-        # a run on demand, cut short by deleting the agent's pod
-        code, body = http(port, "/runs", "POST")
+        # a run on demand (with the token of the Secret the pod mounts), cut short by deleting the agent's pod
+        assert http(port, "/runs", "POST")[0] == 401 and http(port, "/runs", "POST", token + "x")[0] == 401
+        code, body = post_run(port, token)
         assert code == 202, body
         second = json.loads(body)["id"]
-        assert http(port, "/runs", "POST")[0] == 409  # one run at a time
+        assert http(port, "/runs", "POST", token)[0] == 409  # one run at a time
         wait_for(lambda: labelled_testing(core) and gpuvs_pods(core), 120, "the second run testing nodes with pods")
         pod = core.list_namespaced_pod(NS, label_selector=AGENT).items[0].metadata.name
         core.delete_namespaced_pod(pod, NS)
@@ -520,11 +544,14 @@ def test_a_node_slowed_more_at_each_agent_run_is_reported_drifting_and_a_stable_
                         timeout=300, cwd=tmp_path)
             assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         seeded = time.monotonic() - t0
+        tokens = tmp_path / "token"
+        tokens.write_text("drift-test-token")
         agent = subprocess.Popen([sys.executable, "-m", "gpuvs", "agent", "--kubeconfig", str(cluster.kubeconfig),
                                   "--namespace", "default", "--image", BUSY_IMAGE, "--image-pull-policy", "Never",
                                   "--validate", "false", "--workload", DRIFT_SPIN, "--trials", "4", "--max-trials",
                                   "4", "--parallel", "3", "--margin", "0.3", "--every", "1h", "--first-after", "1h",
-                                  "--store", str(store), "--listen", f"127.0.0.1:{port}"],
+                                  "--store", str(store), "--listen", f"127.0.0.1:{port}", "--token-file",
+                                  str(tokens), "--min-interval", "10s"],
                                  stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=gpuvs_env(), cwd=tmp_path)
         wait_for(lambda: http(port, "/readyz")[0] == 200, 60, "the agent ready")
 
@@ -536,7 +563,7 @@ def test_a_node_slowed_more_at_each_agent_run_is_reported_drifting_and_a_stable_
         slid = []  # (quota, the run's fleet experiment, the slowed node's verdict against its peers)
         for pct in SLIDE:
             cluster.script("slow", slow, str(pct))
-            code, body = http(port, "/runs", "POST")
+            code, body = post_run(port, "drift-test-token")
             assert code == 202, body
             run_id = json.loads(body)["id"]
             done = wait_for(lambda: next((x for x in runs(port) if x["id"] == run_id

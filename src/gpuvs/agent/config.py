@@ -81,6 +81,9 @@ class AgentConfig:
     run_timeout_s: float = 3600.0
     stale_after_s: float | None = None  # None: twice --every
     backoff_max_s: float = 300.0
+    token_file: str | None = None  # the bearer token POST /runs needs (auth.py); None: POST /runs is refused
+    min_interval_s: float = 120.0  # a run asked for through the API starts at least this long after the last ended
+    http_timeout_s: float = 10.0  # the most one HTTP connection may take, from accept to close
 
     def stale_after(self) -> float:
         return self.stale_after_s if self.stale_after_s is not None else 2 * self.every_s
@@ -92,6 +95,10 @@ class AgentConfig:
             raise UsageError(f"--listen port {self.port}: expected 1-65535")
         if self.max_trials is not None and self.max_trials < self.trials:
             raise UsageError(f"--max-trials {self.max_trials} is below --trials {self.trials}")
+        if self.min_interval_s < 10:
+            raise UsageError(f"--min-interval {self.min_interval_s:g} s: at least 10 s")
+        if not 1 <= self.http_timeout_s <= 300:
+            raise UsageError(f"--http-timeout {self.http_timeout_s:g}: expected 1 to 300 seconds")
         if not self.workloads:
             raise UsageError("--workload: at least one")
 

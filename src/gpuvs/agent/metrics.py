@@ -129,6 +129,8 @@ class AgentCollector(Collector):
             yield CounterMetricFamily("gpuvs_store_errors", "Writes to the store that failed", value=s.store_errors)
             yield GaugeMetricFamily("gpuvs_agent_start_timestamp_seconds", "When the agent started (Unix time)",
                                     value=s.started_at)
+            yield CounterMetricFamily("gpuvs_status_page_renders", "Times the status page was rendered (it is "
+                                      "kept until a run's record changes)", value=s.page_renders)
 
 
 def registry(state: State) -> CollectorRegistry:

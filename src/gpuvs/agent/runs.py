@@ -37,10 +37,17 @@ class Interrupted(Exception):
     """The agent is stopping (SIGTERM): the run ends here, cleaned up, marked interrupted."""
 
 
+_LOG_LOCK = threading.Lock()
+
+
 def log(message: str) -> None:
-    """One line of the agent's log; a child's words in it are shown with control characters escaped."""
-    print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} gpuvs agent: {safe_text(message)}", file=sys.stderr,
-          flush=True)
+    """One line on stderr, a child's words in it shown with control characters escaped. Whole lines only: the HTTP
+    server's threads log at once (print writes the text and the newline apart, so two threads' lines could run
+    together)."""
+    line = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} gpuvs agent: {safe_text(message)}\n"
+    with _LOG_LOCK:
+        sys.stderr.write(line)
+        sys.stderr.flush()
 
 
 @dataclass

@@ -16,16 +16,18 @@ import time
 import uuid
 
 from gpuvs.agent import idle, metrics
+from gpuvs.agent.auth import TokenFile
 from gpuvs.agent.config import AgentConfig
-from gpuvs.agent.httpd import Server
+from gpuvs.agent.httpd import Asked, Server
 from gpuvs.agent.ledger import Ledger, LedgerError, RunRecord
+from gpuvs.agent.public import Scrubber
 from gpuvs.agent.runs import Context, execute, log
 from gpuvs.agent.schedule import Schedule
 from gpuvs.agent.state import State
 from gpuvs.errors import GpuvsError, UsageError
 
-OWN_POD = "GPUVS_AGENT_POD"
-MEMORY_RUNS = 500  # the runs of this process kept in memory too (GET /runs while the store cannot be read)  # the agent's own pod's name (the Deployment sets it from the downward API)
+OWN_POD = "GPUVS_AGENT_POD"  # the agent's own pod's name (the Deployment sets it from the downward API)
+MEMORY_RUNS = 500  # the runs of this process kept in memory too (GET /runs while the store cannot be read)
 
 
 class Agent:
@@ -47,10 +49,16 @@ class Agent:
         self._image: str | None = config.image
         self.loop_thread = threading.Thread(target=self._loop, name="gpuvs-agent-loop", daemon=True)
         self.server: Server | None = None
+        self.token = TokenFile(config.token_file)
+        self.public = Scrubber(config.kubeconfig)
+        self.generation = 0  # bumped by every save of a run: the cached status page is rendered again
+        self._page: tuple[int, str] | None = None
+        self._page_lock = threading.Lock()
 
     # -- the store -------------------------------------------------------------------------------
 
     def save(self, run: RunRecord) -> None:
+        self.generation += 1
         self.memory[run.id] = run
         while len(self.memory) > MEMORY_RUNS:  # the oldest first (a dict keeps insertion order)
             del self.memory[next(iter(self.memory))]
@@ -132,14 +140,23 @@ class Agent:
             log(f"ERROR the drift could not be read from {self.config.store} (the last one is kept): {exc}")
 
     def status_page(self) -> str:
-        """The status page (docs/history.md) of the agent's store, read without writing it."""
+        """The status page (docs/history.md) of the agent's store, read without writing it; rendered once and kept
+        until a run's record changes (queued, started, its validate or a fleet done, ended). Concurrent requests
+        wait for the one render."""
         from gpuvs.report.status import render_status_page
         from gpuvs.store import Store
 
-        if not os.path.exists(self.config.store):
-            raise GpuvsError(f"no store at {self.config.store} yet")
-        with Store(self.config.store, readonly=True) as st:
-            return render_status_page(st)
+        with self._page_lock:
+            generation = self.generation  # read first: a save during the render makes the next request render
+            if self._page is not None and self._page[0] == generation:
+                return self._page[1]
+            if not os.path.exists(self.config.store):
+                raise GpuvsError(f"no store at {self.config.store} yet")
+            with Store(self.config.store, readonly=True) as st:
+                page = render_status_page(st)
+            self.state.page_rendered()
+            self._page = (generation, page)
+            return page
 
     # -- the trial image -------------------------------------------------------------------------
 
@@ -160,18 +177,27 @@ class Agent:
 
     # -- runs ------------------------------------------------------------------------------------
 
-    def request_run(self, trigger: str) -> tuple[RunRecord, bool]:
-        """(the run queued, True), or (the run already queued or running, False)."""
+    def request_run(self, trigger: str) -> Asked:
+        """The run queued; or the run already queued or running; or, for a run asked for through the API
+        (trigger "api"), how long until --min-interval has passed since the last run ended (whoever asks: the
+        token says who may, not how often)."""
         with self.lock:
             busy = self.pending or self.current
             if busy is not None:
-                return busy, False
+                return Asked(busy, False)
+            if trigger == "api":
+                with self.state.lock:
+                    last = self.state.last_run_at
+                gap = self.config.min_interval_s
+                wait = 0.0 if last is None else min(gap, last + gap - time.time())
+                if wait > 0:
+                    return Asked(None, False, wait)
             run = RunRecord(id=time.strftime("%Y%m%d-%H%M%S-", time.gmtime()) + uuid.uuid4().hex[:4],
                             trigger=trigger, queued_at=time.time())
             self.pending = run
         self.save(run)
         self.wake.set()
-        return run, True
+        return Asked(run, True)
 
     def _sweep(self) -> None:
         from gpuvs.kube import client
@@ -239,7 +265,7 @@ class Agent:
     def serve(self) -> int:
         c = self.config
         try:
-            self.server = Server(self, c.host, c.port)
+            self.server = Server(self, c.host, c.port, c.http_timeout_s)
         except OSError as exc:
             raise UsageError(f"--listen {c.host}:{c.port}: {exc.strerror or exc}") from None
         self._restore()
@@ -248,6 +274,9 @@ class Agent:
         self.server.start()
         log(f"listening on {c.host}:{self.server.port}; store {c.store}; every {c.every_s:g} s, first run in "
             f"{c.first_after_s:g} s; workloads {', '.join(map(str, c.workloads))}")
+        if self.token.read() is None:
+            log("POST /runs is refused: " + (f"{c.token_file} holds no token (yet)" if c.token_file else
+                                             "no --token-file") + "; scheduled runs go on")
         handlers = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             handlers[sig] = signal.signal(sig, lambda s, f: self.stop(f"got {signal.Signals(s).name}"))

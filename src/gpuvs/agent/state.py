@@ -82,6 +82,7 @@ class State:
     store_error: str = ""
     store_errors: int = 0
     started_at: float = field(default_factory=time.time)
+    page_renders: int = 0  # the status page rendered (it is kept between runs)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def store_failed(self, message: str) -> None:
@@ -92,6 +93,10 @@ class State:
     def store_worked(self) -> None:
         with self.lock:
             self.store_ok, self.store_error = True, ""
+
+    def page_rendered(self) -> None:
+        with self.lock:
+            self.page_renders += 1
 
     def api(self, ok: bool, error: str = "") -> None:
         with self.lock:

@@ -2,11 +2,16 @@
 their application to a cluster through the official client: each object created, or merge-patched to the
 manifest where it exists (what `kubectl apply -k deploy/` does for these plain objects), in the kustomization's
 order (the namespace first); removed in the reverse order by --delete. Another image or other agent arguments
-change the Deployment's container only."""
+change the Deployment's container only.
+
+The agent's API token is no manifest (a file of deploy/ cannot hold a random value, and one applied again would
+replace it): `gpuvs deploy` adds the Secret gpuvs-agent-token with a random token before the Deployment, created
+once and never patched (a token already there, made by an earlier deploy or by hand, is kept)."""
 
 from __future__ import annotations
 
 import copy
+import secrets
 from importlib import resources
 from typing import Any
 
@@ -16,6 +21,7 @@ from gpuvs.errors import UsageError
 from gpuvs.kube.client import Cluster, api_message, client_module
 
 AGENT = ("Deployment", "gpuvs-agent")
+TOKEN_SECRET = "gpuvs-agent-token"  # key `token`; the Deployment mounts it (deploy/deployment.yaml)
 
 
 def manifests(image: str | None = None, agent_args: list[str] | None = None) -> list[dict[str, Any]]:
@@ -36,6 +42,17 @@ def manifests(image: str | None = None, agent_args: list[str] | None = None) -> 
     return copy.deepcopy(out)
 
 
+def with_token(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The objects with the Secret of the agent's API token (a new random one) just before the Deployment."""
+    agent = next(m for m in objs if (m["kind"], m["metadata"]["name"]) == AGENT)
+    meta = agent["metadata"]
+    secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+              "metadata": {"name": TOKEN_SECRET, "namespace": meta["namespace"], "labels": dict(meta["labels"])},
+              "stringData": {"token": secrets.token_urlsafe(32)}}
+    i = objs.index(agent)
+    return [*objs[:i], secret, *objs[i:]]
+
+
 def render(objs: list[dict[str, Any]]) -> str:
     """The objects as one YAML stream (`kubectl apply -f -` takes it)."""
     return yaml.safe_dump_all(objs, sort_keys=False, default_flow_style=False)
@@ -46,8 +63,9 @@ def _resource(dyn: Any, m: dict[str, Any]) -> Any:
 
 
 def apply(cluster: Cluster, objs: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """Create each object, or merge-patch it where it exists; [(kind/name, created | configured)]. The first
-    refusal stops with one line (what, the API's words)."""
+    """Create each object, or merge-patch it where it exists (a Secret is kept as it is: its token is not
+    replaced); [(kind/name, created | configured | kept)]. The first refusal stops with one line (what, the
+    API's words)."""
     k8s = client_module()
     dyn = k8s.dynamic.DynamicClient(cluster.api)
     done = []
@@ -62,6 +80,9 @@ def apply(cluster: Cluster, objs: list[dict[str, Any]]) -> list[tuple[str, str]]
             except k8s.client.exceptions.ApiException as exc:
                 if exc.status != 409:
                     raise
+                if m["kind"] == "Secret":
+                    done.append((what, "kept"))
+                    continue
                 r.patch(body=m, name=m["metadata"]["name"], namespace=ns, content_type="application/merge-patch+json")
                 done.append((what, "configured"))
         except k8s.client.exceptions.ApiException as exc:

@@ -20,6 +20,12 @@ AGENT_OPTIONS = (
           "(--validate false: fleets only)"),
     Param("listen", str, ":8080", "HOST:PORT of the HTTP server (/metrics, /healthz, /readyz, /runs)"),
     Param("store", str, "gpuvs.db", "SQLite file that keeps every result (on a PersistentVolume in the cluster)"),
+    Param("token_file", str, None, "file holding the bearer token POST /runs needs, read at each POST (in the "
+          "cluster: the Secret gpuvs-agent-token; none or empty: POST /runs is refused)"),
+    Param("min_interval", str, "2m", "a run asked for with POST /runs starts at least this long after the last run "
+          "ended, whoever asks (at least 10s)"),
+    Param("http_timeout", float, 10.0, "seconds one HTTP connection may take from accept to close (a request not "
+          "sent whole by then is dropped)", min=1.0, max=300.0),
 )
 CLUSTER_OPTIONS = (
     Param("image", str, None, "image of the trial and probe pods (default: the agent's own image, read from its pod)"),
@@ -63,7 +69,8 @@ def agent(args: Args) -> int:
         priority_class=args["priority_class"], pod_security=args["pod_security"], package=args["package"],
         python=args["python"], trials=args["trials"], max_trials=args["max_trials"], margin=args["margin"],
         parallel=args["parallel"], validate=args["validate"], hold_timeout_s=args["hold_timeout"],
-        run_timeout_s=args["run_timeout"],
+        run_timeout_s=args["run_timeout"], token_file=args["token_file"],
+        min_interval_s=duration("min-interval", args["min_interval"]), http_timeout_s=args["http_timeout"],
         stale_after_s=duration("stale-after", args["stale_after"]) if args["stale_after"] else None)
     config.check()
     from pathlib import Path
@@ -83,5 +90,5 @@ COMMAND = Command(
                                                                   "cluster"),
             Group("fleet options", FLEET_OPTIONS, "fleet")),
     notes="One replica, deployed by `gpuvs deploy` (deploy/). HTTP: GET /healthz /readyz /metrics /runs /runs/ID, "
-          "POST /runs. See docs/deploy.md.",
+          "POST /runs (Authorization: Bearer TOKEN of --token-file). See docs/deploy.md.",
 )

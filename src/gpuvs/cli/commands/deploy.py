@@ -1,5 +1,6 @@
 """gpuvs deploy [--dry-run] [--delete] [--image IMAGE] [--agent-arg ARG ...] [--kubeconfig F] [--context C]: the
-agent's manifests (deploy/, carried by the installed package) applied to a cluster, printed, or removed."""
+agent's manifests (deploy/, carried by the installed package) applied to a cluster, printed, or removed. Applied,
+they come with the Secret gpuvs-agent-token (a random token for the agent's POST /runs, created once, kept after)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ def deploy(args: Args) -> None:
     from gpuvs.kube.client import connect
 
     cluster = connect(args["kubeconfig"], args["context"])
-    done = manifests.delete(cluster, objs) if args["delete"] else manifests.apply(cluster, objs)
+    if args["delete"]:
+        done = manifests.delete(cluster, objs)
+    else:
+        done = manifests.apply(cluster, manifests.with_token(objs))
     for what, how in done:
         print(f"{what} {how}")
 
