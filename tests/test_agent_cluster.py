@@ -317,12 +317,12 @@ def test_deploy_delete_mid_run_stops_the_agent_first_and_leaves_no_node_marked(i
         r = run_cli("deploy", "--delete", "--kubeconfig", cluster.kubeconfig, timeout=180)
         took = time.monotonic() - t0
         assert r.returncode == 0, r.stderr
+        assert labelled_testing(core) == [], (marked, f"{took:.1f} s", r.stdout)
         lines = r.stdout.splitlines()
         assert lines[0] == "Deployment/gpuvs-agent deleted", r.stdout
         assert any(x.startswith("Pod/gpuvs-agent-") and "gone after" in x for x in lines[1:3]), r.stdout
         assert lines[-1] == "Namespace/gpuvs-system deleted" and "ClusterRoleBinding/gpuvs-agent deleted" in lines
         assert "left by the agent" not in r.stdout, r.stdout  # the agent took its own marks off
-        assert labelled_testing(core) == [], (marked, r.stdout)
         print(f"\ndeploy --delete mid-run on {marked}: {took:.1f} s; {r.stdout}")
         time.sleep(15)
         assert labelled_testing(core) == []
