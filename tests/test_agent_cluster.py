@@ -122,6 +122,36 @@ def remove_all(cluster, core) -> None:  # noqa: F811
     shutil.rmtree(STORE_DIR, ignore_errors=True)
 
 
+def overlay(cluster, core, port: int) -> None:  # noqa: F811
+    """The test cluster's overlay of the deployed agent: the host's network, and the API server where it listens."""
+    from urllib.parse import urlsplit
+
+    import yaml
+    from kubernetes import client
+
+    apps = client.AppsV1Api(core.api_client)
+    api = urlsplit(yaml.safe_load(Path(cluster.kubeconfig).read_text())["clusters"][0]["cluster"]["server"])
+    c = "/spec/template/spec/containers/0"
+    apps.patch_namespaced_deployment("gpuvs-agent", NS, [
+        {"op": "add", "path": "/spec/template/spec/hostNetwork", "value": True},
+        {"op": "add", "path": "/spec/template/spec/dnsPolicy", "value": "ClusterFirstWithHostNet"},
+        {"op": "replace", "path": f"{c}/ports/0/containerPort", "value": port},
+        {"op": "add", "path": f"{c}/env/-", "value": {"name": "KUBERNETES_SERVICE_HOST", "value": api.hostname}},
+        {"op": "add", "path": f"{c}/env/-", "value": {"name": "KUBERNETES_SERVICE_PORT", "value": str(api.port)}}])
+
+
+def store_volume(core, node: str) -> None:
+    """A local volume on `node` for the agent's store (the test cluster has no provisioner)."""
+    STORE_DIR.mkdir(mode=0o755, exist_ok=True)
+    core.create_persistent_volume({
+        "metadata": {"name": PV}, "spec": {
+            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain", "local": {"path": str(STORE_DIR)},
+            "claimRef": {"namespace": NS, "name": "gpuvs-store"},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}}})
+
+
 @pytest.fixture(scope="module")
 def image():
     for tool, what in (("podman", "podman builds gpuvs's image"), ("debootstrap", "debootstrap makes its base")):
@@ -182,7 +212,7 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
         assert "Deployment/gpuvs-agent created" in r.stdout and "PriorityClass/gpuvs-trial created" in r.stdout
         again = run_cli("deploy", "--image", image, "--kubeconfig", cluster.kubeconfig,
                         *[f"--agent-arg={a}" for a in args], timeout=120)  # applied again: each one patched
-        assert again.returncode == 0 and again.stdout.count(" configured") == r.stdout.count(" created") - 1 == 10, \
+        assert again.returncode == 0 and again.stdout.count(" configured") == r.stdout.count(" created") - 1 == 11, \
             again.stdout + again.stderr
         # the API token: a Secret made once by the first deploy, kept by the second
         assert "Secret/gpuvs-agent-token created" in r.stdout and "Secret/gpuvs-agent-token kept" in again.stdout
@@ -190,21 +220,7 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
 
         token = base64.b64decode(core.read_namespaced_secret("gpuvs-agent-token", NS).data["token"]).decode()
         assert len(token) >= 32
-        # the test cluster's overlay: the host's network, and the API server where it listens
-        from kubernetes import client
-
-        apps = client.AppsV1Api(core.api_client)
-        import yaml
-        from urllib.parse import urlsplit
-
-        api = urlsplit(yaml.safe_load(Path(cluster.kubeconfig).read_text())["clusters"][0]["cluster"]["server"])
-        c = "/spec/template/spec/containers/0"
-        apps.patch_namespaced_deployment("gpuvs-agent", NS, [
-            {"op": "add", "path": "/spec/template/spec/hostNetwork", "value": True},
-            {"op": "add", "path": "/spec/template/spec/dnsPolicy", "value": "ClusterFirstWithHostNet"},
-            {"op": "replace", "path": f"{c}/ports/0/containerPort", "value": port},
-            {"op": "add", "path": f"{c}/env/-", "value": {"name": "KUBERNETES_SERVICE_HOST", "value": api.hostname}},
-            {"op": "add", "path": f"{c}/env/-", "value": {"name": "KUBERNETES_SERVICE_PORT", "value": str(api.port)}}])
+        overlay(cluster, core, port)
         # someone else's pod holding every GPU of `busy`
         core.create_namespaced_pod("default", {
             "metadata": {"name": "busy"}, "spec": {
@@ -215,14 +231,7 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
                                 "resources": {"limits": {"nvidia.com/gpu": str(cluster.gpus)}}}]}})
         wait_for(lambda: core.read_namespaced_pod("busy", "default").status.phase == "Running", 60, "busy running")
         cluster.script("slow", slow, "25")
-        STORE_DIR.mkdir(mode=0o755, exist_ok=True)
-        core.create_persistent_volume({
-            "metadata": {"name": PV}, "spec": {
-                "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain", "local": {"path": str(STORE_DIR)},
-                "claimRef": {"namespace": NS, "name": "gpuvs-store"},
-                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [home]}]}]}}}})
+        store_volume(core, home)
         wait_for(lambda: http(port, "/readyz")[0] == 200, 120, "the agent ready")
         first = wait_for(lambda: next((x for x in runs(port) if x["status"] not in ("queued", "running")), None),
                          300, "the first scheduled run to end", step=2)
@@ -291,6 +300,67 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
             raise AssertionError("pod busy left behind")
         except ApiException as exc:
             assert exc.status == 404
+
+
+@pytest.mark.timeout(900)
+def test_deploy_delete_mid_run_stops_the_agent_first_and_leaves_no_node_marked(image, cluster):  # noqa: F811
+    """`gpuvs deploy --delete` while the agent's run tests nodes: it deletes the Deployment first and waits for the
+    agent's pod to go (the agent, stopping, ends its validate child and takes gpuvs.io/testing off with its
+    ServiceAccount's rights still in place), then the rest. No node carries gpuvs.io/testing when it returns,
+    nor a while later (before: it returned in 2.5 s and every tested node kept the label for good). The probe
+    pods the agent's validate started run under the restricted Pod Security Standard (the agent passes its
+    --pod-security on). Then a mark an agent could not remove (put on by hand) is taken off by --delete itself."""
+    from pss import violations
+
+    if len(cluster.nodes) < 2:
+        missing_part(f"this test needs the test cluster with 2 nodes or more; it has {len(cluster.nodes)}")
+    cluster.wait_ready()
+    core = cluster.core()
+    port = free_port()
+    remove_all(cluster, core)
+    clear_perf_labels(core, cluster.nodes)
+    try:
+        args = ["--every", "1h", "--first-after", "1s", "--workload", SPIN, "--trials", "4", "--hold-timeout", "15",
+                "--listen", f":{port}"]
+        r = run_cli("deploy", "--image", image, "--kubeconfig", cluster.kubeconfig,
+                    *[f"--agent-arg={a}" for a in args], timeout=120)
+        assert r.returncode == 0, r.stderr
+        overlay(cluster, core, port)
+        store_volume(core, cluster.nodes[0])
+
+        def probe_running():
+            pods = core.list_namespaced_pod(NS, label_selector="gpuvs-validate").items
+            return next((p for p in pods if p.status.phase == "Running"), None)
+
+        probe = wait_for(probe_running, 240, "a probe pod of the agent's validate running", step=0.5)
+        spec = core.api_client.sanitize_for_serialization(probe.spec)
+        assert violations(spec, "restricted") == [], spec
+        marked = labelled_testing(core)
+        assert marked, "the run in flight has marked its nodes"
+        t0 = time.monotonic()
+        r = run_cli("deploy", "--delete", "--kubeconfig", cluster.kubeconfig, timeout=180)
+        took = time.monotonic() - t0
+        assert r.returncode == 0, r.stderr
+        assert labelled_testing(core) == [], (marked, f"{took:.1f} s", r.stdout)
+        lines = r.stdout.splitlines()
+        assert lines[0] == "Deployment/gpuvs-agent deleted", r.stdout
+        assert any(x.startswith("Pod/gpuvs-agent-") and "gone after" in x for x in lines[1:3]), r.stdout
+        assert lines[-1] == "Namespace/gpuvs-system deleted" and "ClusterRoleBinding/gpuvs-agent deleted" in lines
+        assert "left by the agent" not in r.stdout, r.stdout  # the agent took its own marks off
+        print(f"\ndeploy --delete mid-run on {marked}: {took:.1f} s; {r.stdout}")
+        time.sleep(15)
+        assert labelled_testing(core) == []
+        # a mark the agent could not remove (killed at the end of its grace period): --delete takes it off
+        core.patch_node(cluster.nodes[1], {"metadata": {"labels": {"gpuvs.io/testing": "true"}}})
+        r = run_cli("deploy", "--delete", "--kubeconfig", cluster.kubeconfig, timeout=180)
+        assert r.returncode == 0, r.stderr
+        assert f"Node/{cluster.nodes[1]} gpuvs.io/testing removed (left by the agent)" in r.stdout, r.stdout
+        assert labelled_testing(core) == []
+    finally:
+        try:
+            remove_all(cluster, core)
+        finally:
+            clear_perf_labels(core, cluster.nodes)
 
 
 def test_a_trial_preempted_by_a_real_job_is_a_failed_trial_with_that_reason(cluster, tmp_path):  # noqa: F811

@@ -43,7 +43,8 @@ CONVENTION = ("app.kubernetes.io/name", "app.kubernetes.io/part-of", "app.kubern
 STABLE = {("v1", "Namespace"), ("v1", "ServiceAccount"), ("v1", "Service"), ("v1", "PersistentVolumeClaim"),
           ("apps/v1", "Deployment"), ("rbac.authorization.k8s.io/v1", "ClusterRole"),
           ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ("rbac.authorization.k8s.io/v1", "Role"),
-          ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("scheduling.k8s.io/v1", "PriorityClass")}
+          ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("scheduling.k8s.io/v1", "PriorityClass"),
+          ("networking.k8s.io/v1", "NetworkPolicy")}
 
 
 def kustomization() -> dict:
@@ -74,7 +75,7 @@ def test_the_kustomization_lists_every_manifest_and_each_parses():
     kinds = [m["kind"] for m in manifests()]
     assert sorted(kinds) == sorted(["Namespace", "PriorityClass", "ServiceAccount", "ClusterRole",
                                     "ClusterRoleBinding", "Role", "RoleBinding", "PersistentVolumeClaim",
-                                    "Deployment", "Service"])
+                                    "Deployment", "Service", "NetworkPolicy"])
     assert kinds[0] == "Namespace"  # created one by one in this order, the namespace comes first
     assert set(k) == {"apiVersion", "kind", "resources"}  # nothing kubectl 1.20's kustomize (v2.0.3) may not know
 
@@ -142,12 +143,115 @@ def test_rbac_is_least_privilege_as_written():
     rules = {r["resources"][0]: set(r["verbs"]) for r in by_kind("Role")["rules"]}
     assert all(r["apiGroups"] == [""] and len(r["resources"]) == 1 for r in by_kind("Role")["rules"])
     assert rules == {"pods": {"create", "delete", "get", "list", "watch"}, "pods/log": {"get"},
-                     "pods/exec": {"create", "get"}, "configmaps": {"create", "patch", "delete", "list"},
+                     "pods/exec": {"create", "get"}, "configmaps": {"create", "patch", "delete"},
                      "events": {"list", "watch"}}
     for binding in (by_kind("ClusterRoleBinding"), by_kind("RoleBinding")):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SA, "namespace": NS}]
     pc = by_kind("PriorityClass")
     assert pc["value"] < 0 and not pc.get("globalDefault") and pc["preemptionPolicy"] == "Never"
+
+
+def test_the_network_policy_admits_only_the_agents_http_port_from_labelled_namespaces():
+    np, d = by_kind("NetworkPolicy"), by_kind("Deployment")
+    spec = np["spec"]
+    assert spec["podSelector"] == {"matchLabels": d["spec"]["selector"]["matchLabels"]}  # the agent's pod, no other
+    assert spec["policyTypes"] == ["Ingress"]  # its way out (the API server) is not restricted
+    assert spec["ingress"] == [{"from": [{"namespaceSelector": {"matchLabels": {"gpuvs.io/agent-access": "true"}}}],
+                                "ports": [{"protocol": "TCP", "port": "http"}]}]
+    port = d["spec"]["template"]["spec"]["containers"][0]["ports"][0]
+    assert port["name"] == "http" and port["containerPort"] == 8080 and port["protocol"] == "TCP"
+    assert by_kind("Service")["spec"]["ports"][0]["targetPort"] == "http"
+
+
+NODE_GUARD = DEPLOY / "node-guard"
+AGENT_USER = f"system:serviceaccount:{NS}:{SA}"
+
+
+def node_guard() -> dict[str, dict]:
+    k = yaml.safe_load((NODE_GUARD / "kustomization.yaml").read_text())
+    assert set(k) == {"apiVersion", "kind", "resources"}
+    return {m["kind"]: m for name in k["resources"] for m in yaml.safe_load_all((NODE_GUARD / name).read_text())}
+
+
+def guard_allows(policy: dict, user: str, old: dict, new: dict) -> bool | list[str]:
+    """The policy's CEL, evaluated by cel-python as the API server (1.30+) would for an UPDATE of node `old` to
+    `new` by `user`: True when admitted, else the messages of the validations that fail."""
+    import celpy
+
+    env = celpy.Environment()
+    act = {"request": celpy.json_to_cel({"userInfo": {"username": user}, "operation": "UPDATE"}),
+           "object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old)}
+
+    def true(expr: str) -> bool:
+        got = env.program(env.compile(expr)).evaluate(act)
+        assert isinstance(got, celpy.celtypes.BoolType), f"{expr}: {got!r}"
+        return bool(got)
+
+    if not all(true(c["expression"]) for c in policy["spec"]["matchConditions"]):
+        return True  # not the agent: not judged
+    failed = [v["message"] for v in policy["spec"]["validations"] if not true(v["expression"])]
+    return failed or True
+
+
+def test_the_node_guard_lets_the_agent_change_only_gpuvs_labels_and_annotations():
+    """deploy/node-guard (opt-in; Kubernetes 1.30+, which the 1.20 test cluster is not): its structure, and each
+    CEL expression evaluated (cel-python) on the node changes the agent makes, which pass, and on the ones RBAC's
+    `patch` would let through, which are refused. Other users are not judged."""
+    guard = node_guard()
+    assert set(guard) == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    policy, binding = guard["ValidatingAdmissionPolicy"], guard["ValidatingAdmissionPolicyBinding"]
+    assert {m["apiVersion"] for m in guard.values()} == {"admissionregistration.k8s.io/v1"}
+    for m in guard.values():
+        assert m["metadata"]["labels"]["app.kubernetes.io/version"] == gpuvs.__version__
+        assert "namespace" not in m["metadata"]
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"] == {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                           "operations": ["UPDATE"], "resources": ["nodes"]}]}
+    assert [c["expression"] for c in spec["matchConditions"]] == [f"request.userInfo.username == '{AGENT_USER}'"]
+    assert by_kind("ClusterRoleBinding")["subjects"] == [{"kind": "ServiceAccount", "name": SA, "namespace": NS}]
+    assert all(v["expression"] and v["message"] and v["reason"] == "Forbidden" for v in spec["validations"])
+
+    node = {"metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1", "gpuvs.io/perf": "ok"},
+                         "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+            "spec": {"podCIDR": "10.244.1.0/24"}}
+
+    def changed(fn) -> dict:
+        n = yaml.safe_load(yaml.safe_dump(node))
+        fn(n)
+        return n
+
+    allowed = {
+        "gpuvs.io/testing added": lambda n: n["metadata"]["labels"].update({"gpuvs.io/testing": "true"}),
+        "gpuvs.io/perf changed": lambda n: n["metadata"]["labels"].update({"gpuvs.io/perf": "slow"}),
+        "gpuvs.io/perf removed": lambda n: n["metadata"]["labels"].pop("gpuvs.io/perf"),
+        "gpuvs.io/perf-details annotated": lambda n: n["metadata"]["annotations"].update({"gpuvs.io/perf-details": "{}"}),
+        "no change": lambda n: None,
+    }
+    for what, fn in allowed.items():
+        assert guard_allows(policy, AGENT_USER, node, changed(fn)) is True, what
+    no_labels = {"metadata": {"name": "n1"}, "spec": {}}
+    marked = {"metadata": {"name": "n1", "labels": {"gpuvs.io/testing": "true"}}, "spec": {}}
+    assert guard_allows(policy, AGENT_USER, no_labels, marked) is True  # a node without labels before
+    assert guard_allows(policy, AGENT_USER, marked, no_labels) is True
+    refused = {
+        "another label added": (lambda n: n["metadata"]["labels"].update({"node-role.kubernetes.io/gpu": ""}), "labels"),
+        "another label changed": (lambda n: n["metadata"]["labels"].update({"kubernetes.io/hostname": "x"}), "labels"),
+        "another label removed": (lambda n: n["metadata"]["labels"].pop("kubernetes.io/hostname"), "labels"),
+        "a look-alike prefix": (lambda n: n["metadata"]["labels"].update({"gpuvs.io.evil/x": "1"}), "labels"),
+        "another annotation": (lambda n: n["metadata"]["annotations"].update({"x": "1"}), "annotations"),
+        "annotation removed": (lambda n: n["metadata"]["annotations"].clear(), "annotations"),
+        "cordoned": (lambda n: n["spec"].update({"unschedulable": True}), "spec"),
+        "tainted": (lambda n: n["spec"].update({"taints": [{"key": "k", "effect": "NoSchedule"}]}), "spec"),
+        "a finalizer": (lambda n: n["metadata"].update({"finalizers": ["x/y"]}), "finalizers"),
+        "an owner": (lambda n: n["metadata"].update({"ownerReferences": [{"kind": "X", "name": "y"}]}), "owner"),
+    }
+    for what, (fn, says) in refused.items():
+        got = guard_allows(policy, AGENT_USER, node, changed(fn))
+        assert got is not True and len(got) == 1 and says in got[0], (what, got)
+    # anyone else is not judged: an admin cordons a node
+    assert guard_allows(policy, "kubernetes-admin", node, changed(lambda n: n["spec"].update(unschedulable=True)))
 
 
 def kubectls() -> list[tuple[str, str]]:
@@ -379,16 +483,17 @@ def test_the_service_account_may_do_what_the_agent_needs_and_nothing_else(deploy
     cm = {"metadata": {"name": "gpuvs-rbac-probe", "labels": {"gpuvs-deploy-test": "1"}}, "data": {"a": "1"}}
     core.create_namespaced_config_map(NS, cm)
     core.patch_namespaced_config_map("gpuvs-rbac-probe", NS, {"metadata": {"annotations": {"x": "y"}}})
-    assert [m.metadata.name for m in core.list_namespaced_config_map(NS, label_selector="gpuvs-deploy-test=1").items] \
-        == ["gpuvs-rbac-probe"]
     core.delete_namespaced_config_map("gpuvs-rbac-probe", NS)
-    # refused: secrets (its own namespace's and kube-system's), a ConfigMap read whole, nodes deleted or replaced,
+    # refused: secrets (its own namespace's and kube-system's), a ConfigMap read whole or listed (a list answers
+    # with every ConfigMap's contents), nodes deleted or replaced,
     # pods elsewhere or cluster-wide, namespaces, its own role
     rbac = client.RbacAuthorizationV1Api(sa)
     refused = {
         "list secrets in gpuvs-system": lambda: core.list_namespaced_secret(NS),
         "read a secret in kube-system": lambda: core.read_namespaced_secret("any", "kube-system"),
         "read a ConfigMap whole": lambda: core.read_namespaced_config_map("any", NS),
+        "list ConfigMaps (their contents)": lambda: core.list_namespaced_config_map(NS),
+        "list ConfigMaps by label": lambda: core.list_namespaced_config_map(NS, label_selector="gpuvs=1"),
         "delete a node": lambda: core.delete_node(node, dry_run="All"),
         "replace a node": lambda: core.replace_node(node, admin.read_node(node), dry_run="All"),
         "create a pod in default": lambda: core.create_namespaced_pod("default", probe_pod("x", "true"), dry_run="All"),

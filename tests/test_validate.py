@@ -223,3 +223,39 @@ def test_no_cluster_and_bad_kubeconfig_are_one_line_exit_2(tmp_path):
     r = run_cli("validate", "--kubeconfig", kc)
     assert r.returncode == 2 and "--image" in r.stderr
     assert os.listdir(tmp_path) == ["kc"]
+
+
+@pytest.mark.parametrize("level", ["baseline", "restricted"])
+def test_probe_and_job_pods_meet_the_pod_security_standard_asked(level):
+    """Every pod validate starts (the shell probe, the service and client pods, the GPU job built as a trial pod)
+    meets --pod-security's Pod Security Standard (tests/pss.py: the rules Pod Security admission enforces on
+    1.23+; the test cluster's 1.20 has no such admission). baseline adds only what restricted asks beyond the
+    image's user: the one rule left is runAsNonRoot."""
+    from types import SimpleNamespace
+
+    from pss import violations
+
+    from gpuvs.validate.probe import Pods
+    from gpuvs.validate.service import job_body
+    from gpuvs.validate.suite import Settings
+
+    pods = Pods(None, "r1", IMAGE, "Never", "nvidia.com/gpu", deadline_s=600, pod_security=level)
+    settings = Settings(image=IMAGE, pull="Never", pod_security=level)
+    specs = {"probe": pods.body(pods.name("gpu"), 1, "n1")["spec"],
+             "service": pods.body(pods.name("service"), 0, "n1", command=["python3", "-c", "pass"])["spec"],
+             "job": job_body(SimpleNamespace(settings=settings, pods=pods), pods.name("job"), "n1")["spec"]}
+    for what, spec in specs.items():
+        assert violations(spec, level) == [], what
+        c = spec["containers"][0]
+        assert c["securityContext"]["capabilities"]["drop"] == ["ALL"], what
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, what
+        if level == "baseline":  # the image's own user (root in most GPU images): everything else restricted asks
+            assert violations(spec, "restricted") == [f"{c['name']}: runAsNonRoot is not true"], what
+        else:
+            assert spec["securityContext"]["runAsNonRoot"] is True, what
+
+
+def test_validate_refuses_an_unknown_pod_security_in_one_line(tmp_path):
+    r = run_cli("validate", "--image", IMAGE, "--pod-security", "privileged", "--store", tmp_path / "v.db")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "baseline, restricted" in r.stderr, r.stderr
+    assert not (tmp_path / "v.db").exists()

@@ -206,7 +206,8 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
 def _validate(ctx: Context, run: RunRecord, namespace: str, image: str, node: str) -> None:
     c = ctx.config
     argv = ["validate", "--image", image, "--image-pull-policy", c.pull_policy, "--node", node, "--resource",
-            c.gpu_resource, "--priority-class", c.priority_class, "--store", c.store, "--name",
+            c.gpu_resource, "--priority-class", c.priority_class, "--pod-security", c.pod_security, "--store", c.store,
+            "--name",
             f"agent {run.id} validate", *_cluster_args(c, namespace)]
     code, out, err = _gpuvs(ctx, argv, c.run_timeout_s)
     first = next((x for x in err.splitlines() if x.startswith("gpuvs validate:")), "")  # "... experiment ID"

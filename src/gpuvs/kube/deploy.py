@@ -1,8 +1,11 @@
 """deploy/'s manifests as the installed package carries them (gpuvs/manifests: the same files, package data), and
 their application to a cluster through the official client: each object created, or merge-patched to the
 manifest where it exists (what `kubectl apply -k deploy/` does for these plain objects), in the kustomization's
-order (the namespace first); removed in the reverse order by --delete. Another image or other agent arguments
-change the Deployment's container only.
+order (the namespace first); removed by --delete with the agent first: its Deployment, then waited for until its
+pod is gone (the agent, stopping, ends its run's child, whose pods go, and takes gpuvs.io/testing off the nodes
+it tested, which it can only do while its ServiceAccount and ClusterRole are still there), then any
+gpuvs.io/testing still on a node taken off by the caller (an agent killed at the end of its grace period), then
+the rest in the reverse order. Another image or other agent arguments change the Deployment's container only.
 
 The agent's API token is no manifest (a file of deploy/ cannot hold a random value, and one applied again would
 replace it): `gpuvs deploy` adds the Secret gpuvs-agent-token with a random token before the Deployment, created
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import secrets
+import time
 from importlib import resources
 from typing import Any
 
@@ -22,6 +26,7 @@ from gpuvs.kube.client import Cluster, api_message, client_module
 
 AGENT = ("Deployment", "gpuvs-agent")
 TOKEN_SECRET = "gpuvs-agent-token"  # key `token`; the Deployment mounts it (deploy/deployment.yaml)
+STOP_MARGIN_S = 30.0  # beyond the agent pod's terminationGracePeriodSeconds, for the kubelet to report it gone
 
 
 def manifests(image: str | None = None, agent_args: list[str] | None = None) -> list[dict[str, Any]]:
@@ -90,18 +95,71 @@ def apply(cluster: Cluster, objs: list[dict[str, Any]]) -> list[tuple[str, str]]
     return done
 
 
-def delete(cluster: Cluster, objs: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """Delete each object (namespaced ones go with the namespace), last first; [(kind/name, deleted | absent)]."""
+def _delete_one(dyn: Any, cluster: Cluster, m: dict[str, Any]) -> tuple[str, str]:
+    k8s = client_module()
+    what = f"{m['kind']}/{m['metadata']['name']}"
+    try:
+        _resource(dyn, m).delete(name=m["metadata"]["name"], namespace=m["metadata"].get("namespace"))
+        return what, "deleted"
+    except k8s.client.exceptions.ApiException as exc:
+        if exc.status != 404:
+            raise UsageError(f"{what} could not be deleted on {cluster.host}: {api_message(exc)}") from None
+        return what, "absent"
+
+
+def _agent_stopped(cluster: Cluster, agent: dict[str, Any], poll_s: float) -> list[tuple[str, str]]:
+    """Wait until no pod of the agent's Deployment is left (each has stopped: its clean-up done, or killed at the
+    end of its grace period); [(Pod/name, gone after N s | still terminating after N s)]."""
+    ns = agent["metadata"]["namespace"]
+    selector = ",".join(f"{k}={v}" for k, v in agent["spec"]["selector"]["matchLabels"].items())
+    timeout = float(agent["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)) + STOP_MARGIN_S
+    t0 = time.monotonic()
+    seen: set[str] = set()
+    while True:
+        try:
+            left = {p.metadata.name for p in cluster.core.list_namespaced_pod(ns, label_selector=selector,
+                                                                             _request_timeout=15).items}
+        except client_module().client.exceptions.ApiException as exc:
+            raise UsageError(f"the agent's pods in {ns} could not be listed on {cluster.host}: {api_message(exc)}"
+                             ) from None
+        seen |= left
+        waited = time.monotonic() - t0
+        if not left or waited >= timeout:
+            return [(f"Pod/{name}", f"still terminating after {waited:.0f} s" if name in left else
+                     f"gone after {waited:.1f} s (the agent stopped)") for name in sorted(seen)]
+        time.sleep(poll_s)
+
+
+def _unmark_nodes(cluster: Cluster) -> list[tuple[str, str]]:
+    """Take gpuvs.io/testing off every node that still carries it, as the caller: only an agent that could not
+    finish its clean-up leaves one, and none will ever remove it once the agent's rights are gone."""
+    from gpuvs.agent import idle
+
+    try:
+        nodes = [n.metadata.name for n in cluster.core.list_node(label_selector=idle.TESTING,
+                                                                  _request_timeout=15).items]
+    except client_module().client.exceptions.ApiException as exc:
+        return [(f"label {idle.TESTING}", f"not checked on the nodes: {api_message(exc)}")]
+    out = []
+    for node in nodes:
+        why = idle.unmark(cluster, node, attempts=1)
+        out.append((f"Node/{node}", f"{idle.TESTING} could not be removed: {why}" if why else
+                    f"{idle.TESTING} removed (left by the agent)"))
+    return out
+
+
+def delete(cluster: Cluster, objs: list[dict[str, Any]], poll_s: float = 0.5) -> list[tuple[str, str]]:
+    """Delete the agent's Deployment and wait for its pods to go, take off any gpuvs.io/testing left on a node,
+    then delete every other object (namespaced ones go with the namespace), last first; [(what, how)]."""
     k8s = client_module()
     dyn = k8s.dynamic.DynamicClient(cluster.api)
+    agent = next((m for m in objs if (m["kind"], m["metadata"]["name"]) == AGENT), None)
     done = []
+    if agent is not None:
+        done.append(_delete_one(dyn, cluster, agent))
+        done += _agent_stopped(cluster, agent, poll_s)
+        done += _unmark_nodes(cluster)
     for m in reversed(objs):
-        what = f"{m['kind']}/{m['metadata']['name']}"
-        try:
-            _resource(dyn, m).delete(name=m["metadata"]["name"], namespace=m["metadata"].get("namespace"))
-            done.append((what, "deleted"))
-        except k8s.client.exceptions.ApiException as exc:
-            if exc.status != 404:
-                raise UsageError(f"{what} could not be deleted on {cluster.host}: {api_message(exc)}") from None
-            done.append((what, "absent"))
+        if m is not agent:
+            done.append(_delete_one(dyn, cluster, m))
     return done

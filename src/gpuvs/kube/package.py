@@ -13,7 +13,9 @@ of a run, by the runs going on at the same time and by later runs with the same 
   keeps it (the delete is refused with 409).
 - A process killed outright (SIGKILL) leaves its mark: the first pod of any later run in the namespace deletes
   every gpuvs package ConfigMap whose marks have all run out (10 minutes' grace for clocks that differ),
-  with the same precondition.
+  with the same precondition. That sweep lists the namespace's ConfigMaps; where that is refused (gpuvs agent's
+  Role grants no list: deploy/role.yaml) it is skipped, and a ConfigMap of the same package is still deleted
+  by the first run that releases it after the dead mark ran out.
 - Size: a ConfigMap holds at most 1 MiB (data and binaryData together); gpuvs refuses a package over 90% of
   that before anything starts, with the size and the limit.
 """

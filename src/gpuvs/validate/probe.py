@@ -2,7 +2,8 @@
 container sees of the GPU (NVIDIA_VISIBLE_DEVICES, /dev/nvidia<N> device nodes, `nvidia-smi -L` where the
 image has it, with each GPU's UUID), whether the image has python3, a `ready` line, then a beat with the time
 every half second until the pod is deleted (or its activeDeadlineSeconds, the server-side backstop, ends it).
-Which GPU a pod was given is read from inside it (`Seen.gpu_ids`). Every wait has a deadline."""
+Which GPU a pod was given is read from inside it (`Seen.gpu_ids`). Every wait has a deadline. Every pod runs
+under the trial pods' security context (--pod-security: baseline, or restricted, the Pod Security Standard)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,21 @@ echo "gpuvs-probe python=$(command -v python3 || true)"
 echo "gpuvs-probe ready"
 while :; do echo "gpuvs-probe beat=$(date +%s)"; sleep 0.5; done
 """
+
+
+def container_security() -> dict[str, Any]:
+    """Every probe pod's container, as every trial pod's (environments/pod.py): never privileged, no privilege
+    escalation, every capability dropped (the service check listens above 1024: no NET_BIND_SERVICE needed)."""
+    return {"privileged": False, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def security_context(pod_security: str) -> dict[str, Any]:
+    """The probe pods' pod-level securityContext: the runtime's default seccomp profile; under `restricted` also
+    runAsNonRoot (the restricted Pod Security Standard: the kubelet refuses an image whose user is root)."""
+    out: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if pod_security == "restricted":
+        out["runAsNonRoot"] = True
+    return out
 
 
 class Timeout(Exception):
@@ -133,6 +149,7 @@ class Pods:
     deadline_s: int  # activeDeadlineSeconds: the server-side backstop of every pod
     request_timeout: float = 10.0
     priority_class: str | None = None  # gpuvs agent: gpuvs-trial, so that a real job preempts a probe
+    pod_security: str = "baseline"  # or restricted: also runAsNonRoot (the image's user must be a non-root uid)
 
     def body(self, name: str, gpus: int, node: str | None = None, command: list[str] | None = None
              ) -> dict[str, Any]:
@@ -140,10 +157,11 @@ class Pods:
         limits = {self.resource: str(gpus)} if gpus else {}
         spec: dict[str, Any] = {
             "restartPolicy": "Never", "activeDeadlineSeconds": self.deadline_s, "terminationGracePeriodSeconds": 1,
-            "automountServiceAccountToken": False,
+            "automountServiceAccountToken": False, "enableServiceLinks": False,
+            "securityContext": security_context(self.pod_security),
             "containers": [{"name": "probe", "image": self.image, "imagePullPolicy": self.pull,
                             "command": command or ["sh", "-c", SCRIPT], "resources": {"limits": limits},
-                            "securityContext": {"allowPrivilegeEscalation": False}}]}
+                            "securityContext": container_security()}]}
         if node:
             spec["nodeSelector"] = {"kubernetes.io/hostname": node}
         if self.priority_class:

@@ -109,7 +109,8 @@ def job_body(suite: Suite, name: str, node: str) -> dict[str, Any]:
     params = {w.window_param: long_run(w), **s.job_params}
     spec = RunSpec(workload=s.job_workload, params=params, device=device, env=EnvSpec(PodEnvironment.kind, {}),
                    timeout_s=float(pods.deadline_s), telemetry_interval_s=0.0, arm="validate")
-    body = manifest(spec, PodSettings(image=s.image, pull_policy=s.pull, gpu_resource=s.resource, node=node))
+    body = manifest(spec, PodSettings(image=s.image, pull_policy=s.pull, gpu_resource=s.resource, node=node,
+                                      pod_security=s.pod_security))
     body["metadata"]["name"] = name
     body["spec"]["activeDeadlineSeconds"] = pods.deadline_s
     c = body["spec"]["containers"][0]

@@ -41,6 +41,7 @@ class Settings:
     max_gpu_pods: int = 8  # the most one-GPU pods run at once on a node ("several GPU pods")
     job_workload: str = "spin"  # what the GPU job beside the CPU service runs (gpuvs's worker)
     job_params: dict[str, str] = field(default_factory=dict)
+    pod_security: str = "baseline"  # the pods' security context: baseline or restricted (runAsNonRoot too)
 
 
 @dataclass

@@ -12,8 +12,9 @@ from gpuvs.params import Param
 
 DEPLOY_OPTIONS = (
     Param("dry_run", bool, False, "print the manifests (YAML), apply nothing"),
-    Param("delete", bool, False, "remove what deploy applied (the namespace with the agent, its store's claim and "
-          "its pods; the ClusterRole, its binding and the PriorityClass)"),
+    Param("delete", bool, False, "remove what deploy applied: the agent's Deployment first, waited for until its pod "
+          "is gone (the agent takes its gpuvs.io/testing marks off; one still left is removed here), then the "
+          "namespace with its store's claim and pods, the ClusterRole, its binding and the PriorityClass"),
     Param("image", str, None, "the agent's image (default: localhost/gpuvs:VERSION, as deploy/ names it)"),
     Param("agent_arg", str, None, "one more argument of `gpuvs agent` (repeat: --agent-arg=--every --agent-arg=1h)",
           multiple=True),

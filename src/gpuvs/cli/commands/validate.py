@@ -1,5 +1,5 @@
 """gpuvs validate --image IMAGE [--kubeconfig F] [--context C] [--namespace N] [--node NAME] [--exclusive]
-[--max-gpu-pods N] [--job-workload NAME --job-param KEY=VALUE] [--disruptive --restart-plugin-cmd CMD --restart-kubelet-cmd CMD --stop-apiserver-cmd CMD --start-apiserver-cmd CMD]:
+[--max-gpu-pods N] [--pod-security baseline|restricted] [--job-workload NAME --job-param KEY=VALUE] [--disruptive --restart-plugin-cmd CMD --restart-kubelet-cmd CMD --stop-apiserver-cmd CMD --start-apiserver-cmd CMD]:
 the cluster test suite, stored as an experiment (kind `validate`) and reported like any other."""
 
 from __future__ import annotations
@@ -85,6 +85,10 @@ VALIDATE_OPTIONS = (
     Param("job_param", str, None, "KEY=VALUE for the job's workload (repeat)", multiple=True),
     Param("priority_class", str, None, "priorityClassName of the probe pods (gpuvs agent: gpuvs-trial, which any "
           "real job preempts)"),
+    Param("pod_security", str, "baseline", "the pods' security context: baseline (the image's own user; no privilege "
+          "escalation, every capability dropped, RuntimeDefault seccomp) or restricted (also runAsNonRoot: the "
+          "restricted Pod Security Standard; the image's user must be a non-root uid)",
+          choices=("baseline", "restricted")),
     Param("store", str, "gpuvs.db", "SQLite file that keeps the results"),
     Param("name", str, None, "a name for this run in the store"),
 )
@@ -108,7 +112,7 @@ def validate(args: Args) -> None:
                   restart_plugin_cmd=restart_plugin_cmd, restart_kubelet_cmd=restart_kubelet_cmd,
                   stop_apiserver_cmd=stop_apiserver_cmd, start_apiserver_cmd=start_apiserver_cmd, outage_s=outage_s,
                   command_timeout=command_timeout, exclusive=exclusive, max_gpu_pods=max_gpu_pods,
-                  job_workload=job_workload, job_params=job_params or [])
+                  job_workload=job_workload, job_params=job_params or [], pod_security=args["pod_security"])
     cluster = connect(kubeconfig, context, namespace)
     check_namespace(cluster)
     if node:
@@ -127,7 +131,7 @@ def validate(args: Args) -> None:
         print(f"  {mark} {row.suite}: {row.check}: {safe_text(row.detail)}", file=sys.stderr, flush=True)
 
     pods = Pods(cluster, run, image, pull, resource, deadline_s=int(max(600, timeout * 20)),
-                priority_class=args["priority_class"])
+                priority_class=args["priority_class"], pod_security=s.pod_security)
     suite = Suite(cluster, s, pods, record)
     with st:
         st.create_experiment(exp_id, label, validation.KIND, meta)
