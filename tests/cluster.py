@@ -94,9 +94,28 @@ def other_users() -> list[int]:
     return out
 
 
+PENDING = os.environ.get("GPUVS_CLUSTER_PENDING")  # .ci/run's background set-up writes "ready" or "failed" here
+
+
+def _wait_for_background_setup() -> None:
+    """.ci/run builds Kubernetes, starts the cluster and loads gpuvs's image in the background while the tests that
+    need none of it run (conftest runs the cluster tests last): wait for it to end (budget in idle-machine seconds,
+    as conftest.wait_for counts them), and fail with its log's end if it failed."""
+    from conftest import wait_for
+
+    status = Path(PENDING)
+    said = wait_for(lambda: status.exists() and status.read_text().strip(), 3600, "end of the cluster's set-up", step=2)
+    if not said.startswith("ready"):
+        log = Path(PENDING + ".log")
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+        pytest.fail(f"the test cluster's background set-up failed ({said}): {tail}", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def cluster():
     started = False
+    if PENDING:
+        _wait_for_background_setup()
     if _status().returncode != 0:
         missing = [b for b in ("kube-apiserver", "kubelet", "kube-scheduler", "kube-controller-manager")
                    if not (BIN / b).exists()]
