@@ -560,7 +560,7 @@ def test_a_node_slowed_more_at_each_agent_run_is_reported_drifting_and_a_stable_
         print({n: (round(drift(n), 3), [v for v in ("slower", "faster", "equivalent", "inconclusive")
                                          if drift(n, "gpuvs_node_drift_verdict", verdict=v) == 1])
                for n in nodes})
-        assert drift(slow) < 1 and drift(slow, "gpuvs_node_drift_ratio_high") < 1
+        assert drift(slow) < 1 and drift(slow, "gpuvs_node_drift_interval_ratio", bound="high") < 1
         assert drift(slow, "gpuvs_node_drift_verdict", verdict="slower") == 1
         assert drift(slow, "gpuvs_node_drift_stale") == 0
         for n in stable:
