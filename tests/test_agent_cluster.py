@@ -306,7 +306,7 @@ def test_a_trial_preempted_by_a_real_job_is_a_failed_trial_with_that_reason(clus
 
         t = threading.Thread(target=trial)
         t.start()
-        wait_for(lambda: [p for p in core.list_namespaced_pod("default", label_selector=f"gpuvs.run_id={spec.run_id}")
+        wait_for(lambda: [p for p in core.list_namespaced_pod("default", label_selector=f"gpuvs.io/run-id={spec.run_id}")
                           .items if p.status.phase == "Running"], 120, "the trial running")
         time.sleep(2)  # a few steps measured
         core.create_namespaced_pod("default", {
@@ -323,7 +323,7 @@ def test_a_trial_preempted_by_a_real_job_is_a_failed_trial_with_that_reason(clus
         assert "preempted by the scheduler" in r.error and job in r.error, r.error
         assert r.samples  # what it measured before is kept
         wait_for(lambda: core.read_namespaced_pod(job, "default").status.phase == "Running", 60, "the job running")
-        assert core.list_namespaced_pod("default", label_selector=f"gpuvs.run_id={spec.run_id}").items == []
+        assert core.list_namespaced_pod("default", label_selector=f"gpuvs.io/run-id={spec.run_id}").items == []
     finally:
         package.release()
         for call in (lambda: core.delete_namespaced_pod(job, "default", grace_period_seconds=0),
