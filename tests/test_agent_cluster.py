@@ -306,8 +306,9 @@ def test_a_trial_preempted_by_a_real_job_is_a_failed_trial_with_that_reason(clus
 
         t = threading.Thread(target=trial)
         t.start()
-        wait_for(lambda: [p for p in core.list_namespaced_pod("default", label_selector=f"gpuvs.io/run-id={spec.run_id}")
-                          .items if p.status.phase == "Running"], 120, "the trial running")
+        mine = f"gpuvs.io/run-id={spec.run_id}"
+        wait_for(lambda: [p for p in core.list_namespaced_pod("default", label_selector=mine).items
+                          if p.status.phase == "Running"], 120, "the trial running")
         time.sleep(2)  # a few steps measured
         core.create_namespaced_pod("default", {
             "metadata": {"name": job}, "spec": {

@@ -56,7 +56,8 @@ def fleet(ratios: dict[str, float], verdicts: dict[str, str], n: int, stale: set
     for node in ratios:
         key = {"node": node, "workload": "gemm"}
         out.append(series("gpuvs_node_perf_ratio", f"{ratios[node]}x{n}", **key))
-        out += [series("gpuvs_node_perf_verdict", f"{int(v == verdicts[node])}x{n}", **key, verdict=v) for v in VERDICTS]
+        out += [series("gpuvs_node_perf_verdict", f"{int(v == verdicts[node])}x{n}", **key, verdict=v)
+                for v in VERDICTS]
         out.append(series("gpuvs_node_perf_stale", f"{int(node in stale)}x{n}", **key))
         out.append(series("gpuvs_node_gone", f"{int(node in gone)}x{n}", node=node))
         if drift and node in drift:
@@ -103,7 +104,9 @@ def expect(at: str, fired: dict[str, list[dict]]) -> list[dict]:
 
 
 def scenarios() -> list[dict]:
-    node = lambda n: {**TARGET, "node": n, "workload": "gemm"}  # noqa: E731
+    def node(name: str) -> dict[str, str]:
+        return {**TARGET, "node": name, "workload": "gemm"}
+
     slow = {"interval": "1m", "name": "a slow node (and a drifting one, a failing check) in a fresh fleet",
             "input_series": fleet({"gpu-1": 1.0, "gpu-2": 0.62, "gpu-3": 1.01},
                                   {"gpu-1": "equivalent", "gpu-2": "slower", "gpu-3": "reference"}, 60,

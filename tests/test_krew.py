@@ -81,5 +81,5 @@ def test_installed_as_krew_does_kubectl_finds_it_and_it_runs_gpuvs(tmp_path):
     none = subprocess.run([str(kubectl), "gpuvs", "--help"], capture_output=True, text=True, timeout=60,
                           env={**env, "GPUVS_PYTHON": "/bin/false"})
     assert none.returncode == 1 and none.stderr.strip().splitlines() == [
-        "kubectl gpuvs: gpuvs is not installed for /bin/false: pip install gpuvs, or set GPUVS_PYTHON to a Python "
-        "that has it"]
+        ("kubectl gpuvs: gpuvs is not installed for /bin/false: pip install gpuvs, or set GPUVS_PYTHON to a Python "
+         "that has it")]
