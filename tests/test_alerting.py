@@ -279,10 +279,9 @@ def test_promtool_parses_every_query_of_the_dashboard(tmp_path):
 
 # -- the names, against the agent's real /metrics ----------------------------------------------------------------
 
-def real_exposition() -> set[str]:
-    """The sample names of the agent's /metrics (its collector, rendered by prometheus-client as the agent serves
-    it) with every family present: a fleet, a drift, checks, a run with failed and skipped, a node gone, one
-    under test."""
+def exposition_text() -> str:
+    """The agent's /metrics (its collector, rendered by prometheus-client as the agent serves it) with every family
+    present: a fleet, a drift, checks, a run with failed and skipped, a node gone, one under test."""
     now = time.time()
     state = State(stale_after_s=100)
     rows = [NodeRow(n, "slower" if s < 0.9 else "equivalent", n_ok=4, n_trials=4, speed=s, speed_low=s * 0.9,
@@ -296,8 +295,13 @@ def real_exposition() -> set[str]:
     state.nodes_now({"gpu-1"})
     state.testing = {"gpu-1"}
     state.running = RunRecord("r2", "api", "running")
+    return exposition(registry(state)).decode()
+
+
+def real_exposition() -> set[str]:
+    """The sample names of the agent's /metrics."""
     names = set()
-    for fam in text_string_to_metric_families(exposition(registry(state)).decode()):
+    for fam in text_string_to_metric_families(exposition_text()):
         names |= {s.name for s in fam.samples}
     return names
 
@@ -322,3 +326,11 @@ def test_every_gpuvs_metric_is_in_the_docs_table():
     docs = (ROOT / "docs/deploy.md").read_text()
     missing = sorted(n for n in real_exposition() if n.startswith("gpuvs_") and f"`{n}`" not in docs)
     assert missing == []
+
+
+def test_promtool_lints_the_agents_metrics_clean():
+    """`promtool check metrics`, Prometheus's own lint of an exposition (counters end in _total, base units, no
+    abbreviated units, help text present), finds nothing in the agent's /metrics."""
+    r = subprocess.run([promtool(), "check", "metrics"], input=exposition_text(), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
