@@ -165,6 +165,13 @@ def test_figures_stale_when_not_renewed_gone_nodes_kept_and_the_exposition_parse
                 now)
     m = metrics_of(exposition(registry(state)).decode())
     assert m[("gpuvs_node_perf_ratio", (("node", "a"), ("workload", "spin")))] == 0.5
+    for end, value in (("low", 0.45), ("high", 0.55)):  # the interval's ends: one name, a bound label
+        assert m[("gpuvs_node_perf_interval_ratio", (("bound", end), ("node", "a"), ("workload", "spin")))] == \
+            pytest.approx(value)
+    import gpuvs
+
+    assert m[("gpuvs_build_info", (("version", gpuvs.__version__),))] == 1
+    assert m[("process_cpu_seconds_total", ())] > 0 and m[("process_resident_memory_bytes", ())] > 1e6
     assert m[("gpuvs_node_perf_verdict", (("node", "a"), ("verdict", "slower"), ("workload", "spin")))] == 1
     assert m[("gpuvs_node_perf_verdict", (("node", "a"), ("verdict", "equivalent"), ("workload", "spin")))] == 0
     assert m[("gpuvs_node_perf_stale", (("node", "a"), ("workload", "spin")))] == 0
@@ -424,8 +431,9 @@ def test_the_agent_serves_the_status_page_and_the_drift_of_its_store(tmp_path):
                 continue
             v = n.drift
             assert m[("gpuvs_node_drift_ratio", key)] == pytest.approx(v.ratio, rel=1e-12)
-            assert m[("gpuvs_node_drift_ratio_low", key)] == pytest.approx(v.ci_low, rel=1e-12)
-            assert m[("gpuvs_node_drift_ratio_high", key)] == pytest.approx(v.ci_high, rel=1e-12)
+            for end, want_end in (("low", v.ci_low), ("high", v.ci_high)):
+                bound = tuple(sorted(key + (("bound", end),)))
+                assert m[("gpuvs_node_drift_interval_ratio", bound)] == pytest.approx(want_end, rel=1e-12)
             said = ("gpuvs_node_drift_verdict", (("node", n.node), ("verdict", v.verdict), ("workload", "spin")))
             assert m[said] == 1
             assert sum(m[("gpuvs_node_drift_verdict", (("node", n.node), ("verdict", x), ("workload", "spin")))]

@@ -400,8 +400,9 @@ def test_a_trial_preempted_by_a_real_job_is_a_failed_trial_with_that_reason(clus
 
         t = threading.Thread(target=trial)
         t.start()
-        wait_for(lambda: [p for p in core.list_namespaced_pod("default", label_selector=f"gpuvs.run_id={spec.run_id}")
-                          .items if p.status.phase == "Running"], 120, "the trial running")
+        mine = f"gpuvs.io/run-id={spec.run_id}"
+        wait_for(lambda: [p for p in core.list_namespaced_pod("default", label_selector=mine).items
+                          if p.status.phase == "Running"], 120, "the trial running")
         time.sleep(2)  # a few steps measured
         core.create_namespaced_pod("default", {
             "metadata": {"name": job}, "spec": {
@@ -417,7 +418,7 @@ def test_a_trial_preempted_by_a_real_job_is_a_failed_trial_with_that_reason(clus
         assert "preempted by the scheduler" in r.error and job in r.error, r.error
         assert r.samples  # what it measured before is kept
         wait_for(lambda: core.read_namespaced_pod(job, "default").status.phase == "Running", 60, "the job running")
-        assert core.list_namespaced_pod("default", label_selector=f"gpuvs.run_id={spec.run_id}").items == []
+        assert core.list_namespaced_pod("default", label_selector=f"gpuvs.io/run-id={spec.run_id}").items == []
     finally:
         package.release()
         for call in (lambda: core.delete_namespaced_pod(job, "default", grace_period_seconds=0),
@@ -660,7 +661,7 @@ def test_a_node_slowed_more_at_each_agent_run_is_reported_drifting_and_a_stable_
         print({n: (round(drift(n), 3), [v for v in ("slower", "faster", "equivalent", "inconclusive")
                                          if drift(n, "gpuvs_node_drift_verdict", verdict=v) == 1])
                for n in nodes})
-        assert drift(slow) < 1 and drift(slow, "gpuvs_node_drift_ratio_high") < 1
+        assert drift(slow) < 1 and drift(slow, "gpuvs_node_drift_interval_ratio", bound="high") < 1
         assert drift(slow, "gpuvs_node_drift_verdict", verdict="slower") == 1
         assert drift(slow, "gpuvs_node_drift_stale") == 0
         for n in stable:

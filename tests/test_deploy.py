@@ -681,3 +681,23 @@ def test_the_image_runs_gpuvs_as_the_deployments_pod_under_the_restricted_contex
     assert "gpuvs fleet" in out["fleet"][1] and "validate" in out["validate"][1], out
     assert gpuvs.__version__ in out["info"][2], out["info"]
     assert out["store rows"] == 1 and out["torch"] is None, out
+
+
+@pytest.mark.cluster
+def test_the_image_carries_the_open_container_initiatives_labels(image):
+    """`podman image inspect`: the OCI annotation keys (title, version = the package's, licenses = pyproject's,
+    base.name, and in a git checkout the commit as revision and its time as created)."""
+    import tomllib
+
+    r = subprocess.run(["podman", "image", "inspect", "--format", "{{json .Labels}}", image], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    labels = {k.removeprefix("org.opencontainers.image."): v for k, v in json.loads(r.stdout).items()
+              if k.startswith("org.opencontainers.image.")}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert labels["title"] == "gpuvs" and labels["version"] == gpuvs.__version__
+    assert labels["licenses"] == project["license"]["text"] and labels["description"]
+    assert labels["base.name"].startswith("localhost/gpuvs-base:")
+    head = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%H"], capture_output=True, text=True)
+    if head.returncode == 0:
+        assert labels["revision"] == head.stdout.strip() and re.match(r"^\d{4}-\d\d-\d\dT", labels["created"])

@@ -8,6 +8,7 @@ visible without a GPU. Few and short runs: CI has 2 cores."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def clear_labels(core, nodes):
 
 
 def fleet_pods(core, exp_id=None):
-    sel = f"gpuvs.experiment={exp_id}" if exp_id else "gpuvs=1"
+    sel = f"gpuvs.io/experiment={exp_id}" if exp_id else "gpuvs=1"
     return [p.metadata.name for p in core.list_namespaced_pod("default", label_selector=sel).items
             if not p.metadata.deletion_timestamp or exp_id]
 
@@ -169,13 +170,13 @@ def test_sigterm_deletes_every_fleet_pod(cluster, tmp_path):  # noqa: F811
         running = []
         while time.monotonic() < deadline and len(running) < 2:
             running = [x for x in core.list_namespaced_pod("default", label_selector="gpuvs=1").items
-                       if x.status.phase == "Running" and x.metadata.labels.get("gpuvs.experiment")]
+                       if x.status.phase == "Running" and x.metadata.labels.get("gpuvs.io/experiment")]
             time.sleep(0.5)
         assert len(running) >= 2, "fleet pods never ran"
         # never two on one node, concurrently across nodes
         assert len({x.spec.node_selector.get("kubernetes.io/hostname") if x.spec.node_selector else x.spec.node_name
                     for x in running}) == len(running)
-        exp_id = running[0].metadata.labels["gpuvs.experiment"]
+        exp_id = running[0].metadata.labels["gpuvs.io/experiment"]
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=120)
     finally:
@@ -187,3 +188,33 @@ def test_sigterm_deletes_every_fleet_pod(cluster, tmp_path):  # noqa: F811
     while fleet_pods(core, exp_id) and time.monotonic() < deadline:
         time.sleep(1)
     assert fleet_pods(core, exp_id) == []
+
+
+def test_the_last_sweep_deletes_the_experiments_pods_labelled_by_this_release_or_the_last(cluster):  # noqa: F811
+    """fleet/kube.py's sweep finds a fleet's pods by gpuvs.io/experiment and, for one release, by the old
+    gpuvs.experiment (pods of a gpuvs from before the rename, on a cluster shared by both); another experiment's
+    pod is left alone. The pods never run (a node selector nothing matches): the sweep deletes whatever is left."""
+    from gpuvs.fleet import kube
+    from gpuvs.kube import client
+
+    core = cluster.core()
+    exp, other = f"sweep-{os.getpid()}", f"sweep-other-{os.getpid()}"
+    made = {f"gpuvs-{exp}-new": ("gpuvs.io/experiment", exp), f"gpuvs-{exp}-old": ("gpuvs.experiment", exp),
+            f"gpuvs-{exp}-other": ("gpuvs.io/experiment", other)}
+    try:
+        for name, (key, value) in made.items():
+            core.create_namespaced_pod("default", {
+                "metadata": {"name": name, "labels": {"gpuvs": "1", key: value}},
+                "spec": {"containers": [{"name": "c", "image": IMAGE}], "nodeSelector": {"gpuvs-test/none": "x"},
+                         "automountServiceAccountToken": False}})
+        conn = client.connect(str(cluster.kubeconfig), namespace="default")
+        assert kube.sweep(conn, exp) == 2
+        left = {p.metadata.name for p in core.list_namespaced_pod("default", label_selector="gpuvs=1").items
+                if not p.metadata.deletion_timestamp}
+        assert f"gpuvs-{exp}-other" in left and not {f"gpuvs-{exp}-new", f"gpuvs-{exp}-old"} & left
+    finally:
+        for name in made:
+            try:
+                core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+            except Exception:  # already swept
+                pass

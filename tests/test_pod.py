@@ -49,8 +49,12 @@ def test_manifest_carries_spec_limits_labels_and_no_privilege():
     m = pod.manifest(spec, s)
     assert m["metadata"]["name"] == f"gpuvs-{spec.run_id}"
     labels = m["metadata"]["labels"]
-    assert labels == {"team": "ml", "gpuvs": "1", "gpuvs.run_id": spec.run_id, "gpuvs.arm": "my-arm-1",
-                      "gpuvs.experiment": "exp-1"}
+    assert labels == {"team": "ml", "gpuvs": "1", "app.kubernetes.io/name": "gpuvs",
+                      "app.kubernetes.io/component": "trial", "app.kubernetes.io/managed-by": "gpuvs",
+                      "app.kubernetes.io/version": gpuvs.__version__, "gpuvs.io/run-id": spec.run_id,
+                      "gpuvs.io/arm": "my-arm-1", "gpuvs.io/experiment": "exp-1"}
+    # not a Service's or the agent's Deployment's: those select component agent
+    assert labels["app.kubernetes.io/component"] != "agent"
     ps = m["spec"]
     assert ps["restartPolicy"] == "Never" and ps["automountServiceAccountToken"] is False
     assert ps["activeDeadlineSeconds"] == 120 + 30 + 300 + pod.DEADLINE_EXTRA_S
@@ -145,6 +149,8 @@ def test_a_package_too_large_for_a_configmap_is_one_line_before_anything_starts(
     ({"image": "i", "memory": "lots"}, "--memory: 'lots' is not a size"),
     ({"image": "i", "toleration": ["k=v:Sometimes"]}, "the effect must be one of NoSchedule"),
     ({"image": "i", "label": ["gpuvs.arm=x"]}, "set by gpuvs itself"),
+    ({"image": "i", "label": ["gpuvs.io/run-id=x"]}, "set by gpuvs itself"),
+    ({"image": "i", "label": ["app.kubernetes.io/component=x"]}, "set by gpuvs itself"),
     ({"image": "i", "label": ["bad key=x"]}, "--label: expected KEY=VALUE"),
     ({"image": "i", "bypass_scheduler": True}, "--bypass-scheduler needs --node"),
     ({"image": "i", "node": "Bad_Node"}, "not a Kubernetes object name"),
@@ -203,7 +209,7 @@ def core(cluster):
     return cluster.core()
 
 
-RUN_OBJECTS = "gpuvs=1,gpuvs.run_id"  # what --env pod creates (gpuvs validate's own probes carry other labels)
+RUN_OBJECTS = "gpuvs=1,gpuvs.io/run-id"  # what --env pod creates (gpuvs validate's own probes carry other labels)
 
 
 def gpuvs_objects(cluster) -> list[str]:

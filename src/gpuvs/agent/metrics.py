@@ -1,16 +1,20 @@
 """/metrics: the agent's state in Prometheus's exposition format (prometheus-client), named by Prometheus's
-conventions (base units, _seconds, _total for counters, labels for what varies). Read from the state at each
-scrape by one collector; docs/deploy.md has the table. A new metric is one more `yield` here."""
+conventions (base units, the unit last: _seconds, _ratio; _total for counters; labels for what varies, an
+interval's ends a `bound` label; gpuvs_build_info). Read from the state at each scrape by one collector, beside
+prometheus-client's process and Python collectors; docs/deploy.md has the table. A new metric is one more
+`yield` here."""
 
 from __future__ import annotations
 
 import time
 from typing import Iterator
 
+from prometheus_client import PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
+from gpuvs import __version__
 from gpuvs.agent.state import State
 
 VERDICTS = ("slower", "faster", "equivalent", "inconclusive", "reference")
@@ -27,10 +31,8 @@ class AgentCollector(Collector):
         with s.lock:
             ratio = GaugeMetricFamily("gpuvs_node_perf_ratio", "The node's speed against its peers in the last "
                                       "fleet that measured it (below 1: slower)", labels=["node", "workload"])
-            low = GaugeMetricFamily("gpuvs_node_perf_ratio_low", "Lower end of the ratio's confidence interval",
-                                    labels=["node", "workload"])
-            high = GaugeMetricFamily("gpuvs_node_perf_ratio_high", "Upper end of the ratio's confidence interval",
-                                     labels=["node", "workload"])
+            bound = GaugeMetricFamily("gpuvs_node_perf_interval_ratio", "The ends of gpuvs_node_perf_ratio's "
+                                      "confidence interval (bound: low, high)", labels=["node", "workload", "bound"])
             verdict = GaugeMetricFamily("gpuvs_node_perf_verdict", "1 for the node's verdict against the fleet, 0 "
                                         "for the others", labels=["node", "workload", "verdict"])
             stale = GaugeMetricFamily("gpuvs_node_perf_stale", "1 when the figure was not renewed by the last run "
@@ -42,24 +44,22 @@ class AgentCollector(Collector):
                 key = [fig.node, fig.workload]
                 if fig.ratio is not None:
                     ratio.add_metric(key, fig.ratio)
-                if fig.low is not None:
-                    low.add_metric(key, fig.low)
-                if fig.high is not None:
-                    high.add_metric(key, fig.high)
+                for end, value in (("low", fig.low), ("high", fig.high)):
+                    if value is not None:
+                        bound.add_metric(key + [end], value)
                 for v in VERDICTS:
                     verdict.add_metric(key + [v], 1.0 if fig.verdict == v else 0.0)
                 stale.add_metric(key, 1.0 if s.stale(fig, now) else 0.0)
                 success.add_metric(key, fig.measured_at)
-            yield from (ratio, low, high, verdict, stale, success)
+            yield from (ratio, bound, verdict, stale, success)
 
             labels = ["node", "workload"]
             d_ratio = GaugeMetricFamily("gpuvs_node_drift_ratio", "The node's latest run against its own earlier "
                                         "runs, each against its peers (below 1: slower than its past); not "
                                         "interleaved", labels=labels)
-            d_low = GaugeMetricFamily("gpuvs_node_drift_ratio_low", "Lower end of the drift ratio's interval "
-                                      "(simultaneous over the fleet's nodes)", labels=labels)
-            d_high = GaugeMetricFamily("gpuvs_node_drift_ratio_high", "Upper end of the drift ratio's interval",
-                                       labels=labels)
+            d_bound = GaugeMetricFamily("gpuvs_node_drift_interval_ratio", "The ends of gpuvs_node_drift_ratio's "
+                                        "interval, simultaneous over the fleet's nodes (bound: low, high)",
+                                        labels=labels + ["bound"])
             d_verdict = GaugeMetricFamily("gpuvs_node_drift_verdict", "1 for the node's verdict against its own "
                                           "past, 0 for the others", labels=labels + ["verdict"])
             d_stale = GaugeMetricFamily("gpuvs_node_drift_stale", "1 when the drift is not from the run of the "
@@ -69,14 +69,16 @@ class AgentCollector(Collector):
                                      "made (Unix time)", labels=labels)
             for fig in sorted(s.drift.values(), key=lambda f: (f.node, f.workload)):
                 key = [fig.node, fig.workload]
-                for family, value in ((d_ratio, fig.ratio), (d_low, fig.low), (d_high, fig.high)):
+                if fig.ratio is not None:
+                    d_ratio.add_metric(key, fig.ratio)
+                for end, value in (("low", fig.low), ("high", fig.high)):
                     if value is not None:
-                        family.add_metric(key, value)
+                        d_bound.add_metric(key + [end], value)
                 for v in DRIFT_VERDICTS:
                     d_verdict.add_metric(key + [v], 1.0 if fig.verdict == v else 0.0)
                 d_stale.add_metric(key, 1.0 if s.stale(fig, now) else 0.0)
                 d_at.add_metric(key, fig.measured_at)
-            yield from (d_ratio, d_low, d_high, d_verdict, d_stale, d_at)
+            yield from (d_ratio, d_bound, d_verdict, d_stale, d_at)
 
             gone = GaugeMetricFamily("gpuvs_node_gone", "1 for a node with results that is no longer in the "
                                      "cluster (its figures are kept, stale)", labels=["node"])
@@ -131,11 +133,20 @@ class AgentCollector(Collector):
                                     value=s.started_at)
             yield CounterMetricFamily("gpuvs_status_page_renders", "Times the status page was rendered (it is "
                                       "kept until a run's record changes)", value=s.page_renders)
+        info = GaugeMetricFamily("gpuvs_build_info", "Always 1: gpuvs's version as a label (join on it)",
+                                 labels=["version"])
+        info.add_metric([__version__], 1.0)
+        yield info
 
 
 def registry(state: State) -> CollectorRegistry:
+    """The agent's collector, and prometheus-client's own process and Python ones (process_cpu_seconds_total,
+    process_resident_memory_bytes, process_open_fds, ..., python_info), which its default registry has and a
+    registry of our own does not."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(AgentCollector(state))
+    ProcessCollector(registry=reg)
+    PlatformCollector(registry=reg)
     return reg
 
 

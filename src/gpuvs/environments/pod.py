@@ -1,6 +1,8 @@
 """The pod environment: the same worker, in a Kubernetes pod, through the official client.
 
-The pod is `gpuvs-<run_id>`, labelled gpuvs=1 (and gpuvs.run_id, gpuvs.arm, gpuvs.experiment), with
+The pod is `gpuvs-<run_id>`, labelled by Kubernetes's conventions (app.kubernetes.io/name gpuvs, component trial,
+managed-by gpuvs, version) and gpuvs.io/run-id, gpuvs.io/arm, gpuvs.io/experiment; gpuvs=1 too, the mark every
+clean-up selector of this and the last release finds (trial_labels()), with
 restartPolicy Never and activeDeadlineSeconds as a server-side backstop; it is deleted on every exit
 path. It runs `PYTHON -m gpuvs.inside` (no shell); the run spec is its GPUVS_SPEC environment
 variable. gpuvs's package reaches it as a zip in one ConfigMap shared by every pod with the same
@@ -19,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuvs import __version__
 from gpuvs.environments import register
 from gpuvs.environments.base import Environment, WorkerStream
 from gpuvs.environments.container import CPUS, IMAGE, MEMORY, MOUNT, PYTHON, SHM_SIZE
@@ -197,8 +200,9 @@ def parse_options(options: dict[str, Any]) -> PodSettings:
     s.node_selector = _kv("node_selector", options.get("node_selector"), _LABEL_KEY, _LABEL_VALUE)
     s.tolerations = [toleration(t) for t in options.get("toleration") or []]
     s.labels = _kv("label", options.get("label"), _LABEL_KEY, _LABEL_VALUE)
-    if any(k == "gpuvs" or k.startswith("gpuvs.") for k in s.labels):
-        raise UsageError("--label: the gpuvs and gpuvs.* labels are set by gpuvs itself")
+    if any(k == "gpuvs" or k.startswith("gpuvs.") or k in OWN_APP_LABELS for k in s.labels):
+        raise UsageError("--label: the gpuvs, gpuvs.*, gpuvs.io/* and app.kubernetes.io/{name,component,managed-by,"
+                         "version} labels are set by gpuvs itself")
     for cap in options.get("cap_add") or []:
         if not re.match(r"^(CAP_)?[A-Z_]+$", str(cap)):
             raise UsageError(f"--cap-add {cap}: expected a capability name like SYS_PTRACE")
@@ -241,12 +245,28 @@ def deadline_s(spec: RunSpec, s: PodSettings) -> int:
     return int(math.ceil(trial + s.schedule_timeout + s.start_timeout + DEADLINE_EXTRA_S))
 
 
+# The trial pod's own labels. Until the release before this one they were gpuvs.run_id, gpuvs.arm and
+# gpuvs.experiment (no domain prefix); gpuvs=1 stays as the mark every clean-up selector uses, so that pods of
+# either release are found and removed (fleet/kube.py's sweep also asks for the old experiment key).
+RUN_ID, ARM, EXPERIMENT = "gpuvs.io/run-id", "gpuvs.io/arm", "gpuvs.io/experiment"
+OLD_EXPERIMENT = "gpuvs.experiment"
+OWN_APP_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/component", "app.kubernetes.io/managed-by",
+                  "app.kubernetes.io/version")
+
+
+def trial_labels(spec: RunSpec) -> dict[str, str]:
+    labels = {"gpuvs": "1", "app.kubernetes.io/name": "gpuvs", "app.kubernetes.io/component": "trial",
+              "app.kubernetes.io/managed-by": "gpuvs", "app.kubernetes.io/version": _label_value(__version__),
+              RUN_ID: spec.run_id, ARM: _label_value(spec.arm)}
+    if spec.experiment_id:
+        labels[EXPERIMENT] = _label_value(spec.experiment_id)
+    return labels
+
+
 def manifest(spec: RunSpec, s: PodSettings, package: bool = True) -> dict[str, Any]:
     """The pod of one run, as the API takes it (plain data: tested without a cluster)."""
     name = pod_name(spec)
-    labels = {**s.labels, "gpuvs": "1", "gpuvs.run_id": spec.run_id, "gpuvs.arm": _label_value(spec.arm)}
-    if spec.experiment_id:
-        labels["gpuvs.experiment"] = _label_value(spec.experiment_id)
+    labels = {**s.labels, **trial_labels(spec)}
     limits = dict(s.limits)
     gpus = gpus_asked(spec)
     if gpus:

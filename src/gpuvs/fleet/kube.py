@@ -1,9 +1,10 @@
 """What the fleet asks of the Kubernetes API beyond the pod environment: the nodes, and a last sweep
-that deletes every pod of a fleet experiment (the pods carry gpuvs.experiment=ID) however the run
-ended."""
+that deletes every pod of a fleet experiment (the pods carry gpuvs.io/experiment=ID; gpuvs.experiment=ID
+before, which the sweep still asks for, for one release) however the run ended."""
 
 from __future__ import annotations
 
+from gpuvs.environments.pod import EXPERIMENT, OLD_EXPERIMENT
 from gpuvs.errors import UsageError
 from gpuvs.fleet.nodes import NodeInfo, from_api
 from gpuvs.kube import client
@@ -20,10 +21,11 @@ def nodes(cluster: client.Cluster) -> list[NodeInfo]:
 
 def sweep(cluster: client.Cluster, experiment_id: str) -> int:
     """Delete the pods labelled with this experiment that are left (none, normally); how many there were."""
-    selector = f"gpuvs.experiment={experiment_id}"
     try:
-        pods = cluster.core.list_namespaced_pod(cluster.namespace, label_selector=selector, _request_timeout=15).items
-        for pod in pods:
+        pods = {p.metadata.name: p for key in (EXPERIMENT, OLD_EXPERIMENT)
+                for p in cluster.core.list_namespaced_pod(cluster.namespace, label_selector=f"{key}={experiment_id}",
+                                                          _request_timeout=15).items}
+        for pod in pods.values():
             cluster.core.delete_namespaced_pod(pod.metadata.name, cluster.namespace, grace_period_seconds=0,
                                                _request_timeout=15)
         return len(pods)
