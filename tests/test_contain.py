@@ -5,17 +5,18 @@ job's own end, --timeout, SIGTERM to gpuvs, SIGKILL to gpuvs), wrapped (the work
 child) on the host; with the trial's own cgroup (v2, and v1's freezer where the machine has it) and with the
 subreaper alone (GPUVS_CGROUP=off, as for a user who may not make cgroups)."""
 
+import json
 import os
+import shutil
 import signal
 import sqlite3
-import json
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import gpuvs_env, gpuvs_processes, missing_part, wait_for
+from conftest import SRC, gpuvs_env, gpuvs_processes, missing_part, wait_for
 from gpuvs import contain
 
 MODES = ["v2", "v1", "off"]
@@ -188,3 +189,23 @@ def test_the_jobs_status_and_output_come_through_the_keeper():
     proc = contain.popen(["sh", "-c", "kill -SEGV $$"])
     assert proc.wait(30) == -signal.SIGSEGV
     proc.close()
+
+
+def test_an_unprivileged_user_gets_the_subreaper_alone(marker):
+    """gpuvs run by a user who may make no cgroup (GPUVS_CGROUP left at auto): the keeper says why it has none, and
+    its subreaper still ends the daemon at the job's exit. Run as `nobody` by this machine's own Python 3 (the
+    keeper needs the standard library only)."""
+    setpriv, python = shutil.which("setpriv"), "/usr/bin/python3"
+    if os.geteuid() != 0 or not setpriv or not os.access(python, os.X_OK):
+        missing_part("root, setpriv (util-linux) and /usr/bin/python3 are needed to run the keeper as nobody")
+    code = ("import sys; from gpuvs import contain; p = contain.popen(sys.argv[1:]); p.wait(30); p.close(); "
+            "print(p.containment); print(p.left)")
+    env = {k: v for k, v in os.environ.items() if k != contain.ENV}
+    r = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", code,
+                        *job(marker, "echo started")], capture_output=True, text=True, timeout=60, cwd="/",
+                       env={**env, "PYTHONPATH": str(SRC), "HOME": "/"})
+    assert r.returncode == 0, r.stderr
+    held, left = r.stdout.splitlines()[-2:]
+    assert held.startswith("subreaper (no cgroup: ") and "Permission denied" in held, held
+    assert left == "1"  # the daemon was left running by the job, and ended by the keeper
+    assert marked(marker) == []
