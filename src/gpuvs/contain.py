@@ -2,8 +2,8 @@
 process group and session (`setsid sh -c '...' &`), whether the job ends by itself, is stopped (a timeout,
 SIGTERM, Ctrl-C) or gpuvs is killed outright (SIGKILL).
 
-Each job runs under a keeper of its own: this file run as a script (`python -I -S contain.py`, standard library
-only: it runs wherever gpuvs's worker runs, an image's Python included). The keeper
+Each job runs under a keeper of its own: keeper_main() in a Python of its own (`python -I -S -c ...`; this module
+needs the standard library only, so it runs wherever gpuvs's worker runs, an image's Python included). The keeper
 
 - is a child subreaper (prctl PR_SET_CHILD_SUBREAPER): every process the job leaves behind, however it detached,
   is reparented to the keeper, never to init, so the keeper's descendants are the job's whole tree;
@@ -39,6 +39,10 @@ PR_SET_CHILD_SUBREAPER = 36
 START_TIMEOUT_S = 60.0
 END_TIMEOUT_S = 10.0  # the keeper's last SIGKILLs; the owner's own fallback waits a little longer
 PREFIX = "gpuvs-trial-"
+# the keeper's command: this module found where this process found it (a folder, or the zip a pod mounts)
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEEPER = "import os, sys; sys.path.insert(0, sys.argv[1]); from gpuvs.contain import keeper_main; " \
+         "os._exit(keeper_main(sys.argv[2:]))"
 
 
 # -- the owner's side -------------------------------------------------------------------------------------------------
@@ -67,7 +71,7 @@ class Contained:
         self._started, self._exited, self._done = threading.Event(), threading.Event(), threading.Event()
         ctl_r, self._ctl = os.pipe()  # the keeper's end reaches EOF when this process is gone
         st_r, st_w = os.pipe()
-        cmd = [sys.executable, "-I", "-S", os.path.abspath(__file__), "--control", str(ctl_r), "--status", str(st_w),
+        cmd = [sys.executable, "-I", "-S", "-c", KEEPER, PACKAGE_ROOT, "--control", str(ctl_r), "--status", str(st_w),
                "--owner", str(os.getpid()), "--cgroup", cgroup_mode(), "--", *self.args]
         try:
             self.keeper = spawn.group_popen(cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=cwd,
@@ -512,7 +516,3 @@ def keeper_main(argv: list[str]) -> int:
     elif keeper.group:
         keeper.group.remove()
     return 0
-
-
-if __name__ == "__main__":
-    os._exit(keeper_main(sys.argv[1:]))
