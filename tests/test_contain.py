@@ -209,3 +209,23 @@ def test_an_unprivileged_user_gets_the_subreaper_alone(marker):
     assert held.startswith("subreaper (no cgroup: ") and "Permission denied" in held, held
     assert left == "1"  # the daemon was left running by the job, and ended by the keeper
     assert marked(marker) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_wall_time_is_the_jobs_own_not_the_keepers(mode):
+    """The wall time runs from the keeper's fork of the job to reaping it: not the keeper's own start, nor the job's
+    move into its cgroup (10-20 ms a move here: made before the clock starts), nor a wait for the keeper's next look
+    (its loop wakes at SIGCHLD, even for a job that ends before the loop runs)."""
+    env = cgroups(mode)
+    os.environ[contain.ENV] = env[contain.ENV]
+    try:
+        walls = []
+        for _ in range(8):
+            proc = contain.popen(["true"])
+            assert proc.wait(30) == 0
+            proc.close()
+            assert proc.containment.startswith(expected(mode))
+            walls.append(proc.wall_s)
+    finally:
+        os.environ.pop(contain.ENV, None)
+    assert min(walls) < 0.008 and max(walls) < 0.25, walls  # `true`: about 2 ms on the shared 2-core machine

@@ -54,7 +54,8 @@ def cgroup_mode() -> str:
 class Contained:
     """A job started under a keeper, as much like subprocess.Popen as its callers need: `pid` (the job's), `stdout`
     and `stderr` (pipes, when asked for), `returncode`, poll(), wait(); and stop(grace_s) / close(), which return
-    once the job's whole tree has ended. `containment` says how the tree is held (recorded in the trial)."""
+    once the job's whole tree has ended. `containment` says how the tree is held (recorded in the trial);
+    `wall_s` is the job's wall time on the keeper's clock, from the fork to reaping it (None if never told)."""
 
     def __init__(self, argv: list[str], stdout=None, stderr=None, cwd: str | None = None,
                  env: dict[str, str] | None = None):
@@ -67,6 +68,7 @@ class Contained:
         self.returncode: int | None = None
         self.containment = "unknown"
         self.left = 0  # processes the job left running when it exited (ended by the keeper)
+        self.wall_s: float | None = None  # the keeper's clock, from its fork of the job to reaping it
         self._failure: dict | None = None
         self._started, self._exited, self._done = threading.Event(), threading.Event(), threading.Event()
         ctl_r, self._ctl = os.pipe()  # the keeper's end reaches EOF when this process is gone
@@ -111,7 +113,7 @@ class Contained:
                     self._failure = msg
                     self._started.set()
                 elif op == "exit":
-                    self.returncode = int(msg["code"])
+                    self.returncode, self.wall_s = int(msg["code"]), msg.get("wall_s")
                     self._exited.set()
                 elif op == "done":
                     self.left = int(msg.get("left") or 0)
@@ -261,15 +263,6 @@ class Cgroup:
                 stale.kill()
                 stale.remove(wait_s=1.0)
 
-    def join_fn(self):
-        """A preexec_fn: the new process (before it execs) moves itself into the cgroup."""
-        procs = os.path.join(self.path, "cgroup.procs")
-
-        def join() -> None:
-            _write(procs, str(os.getpid()))
-
-        return join
-
     def procs(self) -> list[int]:
         try:
             return [int(p) for p in _read(os.path.join(self.path, "cgroup.procs")).split()]
@@ -355,13 +348,24 @@ def _exit_code(status: int) -> int:
 class Keeper:
     def __init__(self, control: int, status: int, owner: int, mode: str):
         self.control, self.owner, self.me = control, owner, os.getpid()
+        for fd in (control, status):  # the job must not hold them (its exec closes them)
+            os.set_inheritable(fd, False)
         self.status = os.fdopen(status, "w", buffering=1)
         self.job: int | None = None
         self.code: int | None = None
         self.group: Cgroup | None = None
         self.stop_by: float | None = None  # a stop was asked for: SIGKILL to what is left then
         self.signalled = False
+        self.started = 0.0
         self.containment = self._hold(mode)
+        # before the job starts: a job that ends at once must still wake the loop below (SIGCHLD)
+        self.wake_r, wake_w = os.pipe()
+        for fd in (self.wake_r, wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda s, f: None)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
 
     def tell(self, **message) -> None:
         try:
@@ -388,24 +392,30 @@ class Keeper:
         return f"{reaper} (no cgroup: {note}{'; '.join(tried)})"
 
     def start(self, argv: list[str]) -> bool:
-        def spawn(join):
-            # the Popen object is kept: one collected would reap the job (Popen.__del__ polls) before reap() does
-            self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True,
-                                          preexec_fn=join)
-            return self.popen.pid
-
-        try:
-            try:
-                self.job = spawn(self.group.join_fn() if self.group else None)
-            except subprocess.SubprocessError as exc:  # the job could not join its cgroup: it runs without
-                self.containment = self.containment.split(" and ", 1)[-1] + f" (no cgroup: could not join " \
-                                                                            f"{self.group.path if self.group else ''}: {exc})"
-                if self.group:
-                    self.group.remove()
+        """Fork the job, let it join the cgroup (a cgroup move takes 10-20 ms: before its clock starts), then let it
+        exec: its wall time runs from here to reaping it. False (and the owner told) when it could not start."""
+        go_r, go_w = os.pipe()
+        note_r, note_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            self._child(argv, go_r, note_w)  # never returns
+        self.job = pid
+        os.close(go_r)
+        os.close(note_w)
+        with os.fdopen(note_r, "rb") as notes:
+            joined = notes.readline().decode(errors="replace").strip() or "no answer from the job's process"
+            if joined != "joined" and self.group:  # the job runs without its cgroup: the subreaper alone
+                self.containment = (self.containment.split(" and ", 1)[-1]
+                                    + f" (no cgroup: could not join {self.group.path}: {joined.partition(' ')[2]})")
+                self.group.remove()
                 self.group = None
-                self.job = spawn(None)
-        except OSError as exc:
-            self.tell(op="failed", errno=exc.errno, strerror=exc.strerror, filename=exc.filename)
+            self.started = time.monotonic()
+            os.write(go_w, b"g")
+            os.close(go_w)
+            failed = notes.readline().decode(errors="replace").split(" ", 2)  # nothing: it exec'd
+        if len(failed) == 3 and failed[0] == "exec":
+            os.waitpid(pid, 0)
+            self.tell(op="failed", errno=int(failed[1]), strerror=failed[2].strip(), filename=argv[0])
             return False
         self.tell(op="started", pid=self.job, containment=self.containment)
         null = os.open(os.devnull, os.O_RDWR)  # the job's pipes are held by the job's tree alone
@@ -413,6 +423,34 @@ class Keeper:
             os.dup2(null, fd)
         os.close(null)
         return True
+
+    def _child(self, argv: list[str], go: int, notes: int) -> None:
+        """The job, before it execs: a session of its own, the cgroup joined, signals as a new process has them."""
+        try:
+            os.setsid()
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(sig, signal.SIG_DFL)  # SIGPIPE and SIGXFSZ: Python ignores them, as Popen restores
+            note = "joined"
+            if self.group:
+                try:
+                    _write(os.path.join(self.group.path, "cgroup.procs"), str(os.getpid()))
+                except OSError as exc:
+                    note = f"no {exc.strerror or exc}"
+            os.write(notes, (note + "\n").encode())
+            if not os.read(go, 1):  # the keeper is gone
+                os._exit(127)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            os.execvp(argv[0], argv)
+        except OSError as exc:
+            try:
+                os.write(notes, f"exec {exc.errno or 0} {exc.strerror or exc}\n".encode())
+            except OSError:
+                pass
+        finally:
+            os._exit(127)
 
     def everyone(self) -> list[int]:
         pids = set(descendants(self.me))
@@ -438,7 +476,7 @@ class Keeper:
                 return True
             if pid == self.job and self.code is None:
                 self.code = _exit_code(status)
-                self.tell(op="exit", code=self.code)
+                self.tell(op="exit", code=self.code, wall_s=time.monotonic() - self.started)
 
     def stop(self, grace_s: float) -> None:
         if self.stop_by is None:
@@ -449,13 +487,7 @@ class Keeper:
         self.signalled = True
 
     def run(self) -> None:
-        wake_r, wake_w = os.pipe()
-        for fd in (wake_r, wake_w):
-            os.set_blocking(fd, False)
-        signal.set_wakeup_fd(wake_w)
-        signal.signal(signal.SIGCHLD, lambda s, f: None)
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
+        wake_r = self.wake_r
         owner_gone = False
         while self.code is None:
             ready, _, _ = select.select([self.control, wake_r], [], [], 0.5)
@@ -465,9 +497,7 @@ class Keeper:
                         pass
                 except BlockingIOError:
                     pass
-            if not self.reap() and self.code is None:  # no child left, yet the job's status never came
-                self.code = self.popen.returncode if self.popen.returncode is not None else -signal.SIGKILL
-                self.tell(op="exit", code=self.code)
+            self.reap()
             if self.code is not None:
                 break
             if self.control in ready:

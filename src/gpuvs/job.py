@@ -343,6 +343,7 @@ def run(session: Session) -> Iterator[dict[str, Any]]:
         yield from session.output_events()
         raise
     proc.close()  # what the job left running has ended (contain.py)
+    wall_s = proc.wall_s if proc.wall_s is not None else wall_s  # the keeper's clock: the fork to reaping the job
     code = proc.returncode
     done, failure = session.ended(code, wall_s, signal_name(code) if code < 0 else None)
     yield from done
