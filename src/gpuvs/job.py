@@ -21,7 +21,7 @@ chunks, then back-pressure on the job's pipe); a pipe that something the job lef
 Each stream's text is kept for the store, capped at OUTPUT_CAP bytes (its first HEAD and last TAIL bytes, and how
 much was cut between them) and shown by `gpuvs results show ID --log`.
 
-Standard library only (with gpuvs.outputs and gpuvs.events): it runs inside the user's image."""
+Standard library only (with gpuvs.outputs, gpuvs.events and gpuvs.contain): it runs inside the user's image."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from gpuvs import events, outputs
+from gpuvs import contain, events, outputs
 from gpuvs.errors import WorkloadError
 from gpuvs.outputs import WALL_TIME, Metric, Reading, budget
 from gpuvs.safetext import safe_text
@@ -407,17 +407,16 @@ class _Pipes:
 
 def run(session: Session) -> Iterator[dict[str, Any]]:
     """Run the job as this process's child and yield events as its output arrives; raise WorkloadError with its
-    fate when it fails. Its output is read to the end of both pipes (EOF), every line through the parsers; if a
-    process the job left behind still holds a pipe open AFTER_EXIT_S after the job's exit with nothing more
-    arriving, the trial fails saying so (a partial read is never a result). The job stays in this process's group
-    (a worker on the host leads its own), so that every stop of the worker's group (a timeout, Ctrl-C, SIGTERM,
-    gpuvs gone) takes the job's whole tree with it; a worker interrupted on its own (a container's PID 1 given
-    SIGTERM) stops the job first."""
+    fate when it fails. The job runs under a keeper (contain.py) that ends its whole tree, daemons included, at
+    its exit, when the worker stops it (a timeout, Ctrl-C, SIGTERM: the worker is interrupted) and when the worker
+    is gone (killed with its group after gpuvs was). Its output is read to the end of both pipes (EOF), every line
+    through the parsers; if a process outside the job's tree still holds a pipe open AFTER_EXIT_S after the job's
+    exit with nothing more arriving, the trial fails saying so (a partial read is never a result)."""
     settings = session.settings
     yield session.config("wrapped: gpuvs's worker runs the command as its child")
     try:
-        proc = subprocess.Popen(settings.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=settings.workdir, env=job_environment())
+        proc = contain.popen(settings.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=settings.workdir,
+                             env=job_environment())
     except FileNotFoundError:
         where = "the working directory" if settings.workdir and not os.path.isdir(settings.workdir) else "PATH"
         what = (f"the working directory {settings.workdir} does not exist here" if where != "PATH" else
@@ -427,6 +426,7 @@ def run(session: Session) -> Iterator[dict[str, Any]]:
         raise WorkloadError("unavailable", f"the command's executable {settings.argv[0]!r} cannot be run here: "
                                            f"{exc.strerror}") from None
     t0 = time.perf_counter()
+    yield events.config(containment=proc.containment)
     yield from session.mark("job_start_s", time.time())
     pipes = _Pipes(proc)
     held: list[str] = []
@@ -445,7 +445,10 @@ def run(session: Session) -> Iterator[dict[str, Any]]:
         yield from session.output_events()
         raise
     wall_s = (pipes.exited_at or time.perf_counter()) - t0
+    proc.close()  # what the job left running has ended (contain.py)
     pipes.close()
+    wall_s = proc.wall_s if proc.wall_s is not None else wall_s  # the keeper's clock: the fork to reaping the job
+    code = proc.returncode if proc.returncode is not None else code
     done, failure = session.ended(code, wall_s, signal_name(code) if code < 0 else None,
                                   unread=unread_text(held, wall_s) if held else None)
     yield from done
@@ -490,14 +493,8 @@ def _read(session: Session, pipes: _Pipes):
     return []
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def _stop(proc: contain.Contained) -> None:
+    proc.stop(STOP_GRACE_S)  # SIGTERM to the job's whole tree, SIGKILL to what is left after the grace
 
 
 def _drain(session: Session, pipes: _Pipes, wait_s: float = 0.5) -> None:

@@ -79,12 +79,11 @@ class RawProcess(RawJob):
     def __init__(self, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None):
         super().__init__()
         self.argv = argv
-        self.proc = spawn.group_popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=env, cwd=cwd)
+        self._killed = False
+        self.proc = self.start(argv, env, cwd)
         try:  # interrupted before the caller holds this object: nobody else could stop the group
             self.started = time.perf_counter()
             self.exited: float | None = None  # perf_counter at its exit
-            self._killed = False
             self._open = 2
             self._lock = threading.Lock()
             self._reading: dict[str, bool] = {"stdout": True, "stderr": True}  # False once a pipe ended
@@ -95,8 +94,12 @@ class RawProcess(RawJob):
             for t in [self._waiter, *self._pumps]:
                 t.start()
         except BaseException:
-            spawn.kill_group(self.proc.pid)
+            self.kill(grace_s=0.0)
             raise
+
+    def start(self, argv: list[str], env: dict[str, str] | None, cwd: str | None) -> Any:
+        return spawn.group_popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 env=env, cwd=cwd)
 
     def _wait_exit(self) -> None:
         self.proc.wait()
@@ -183,7 +186,8 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 class HostJob(RawProcess):
-    """Bare mode on the host: the command as gpuvs's own child (no worker between them)."""
+    """Bare mode on the host: the command as gpuvs's own child (no worker between them), under a keeper
+    (contain.py) that ends its whole tree, daemons included, at its exit, at a stop, and when gpuvs is gone."""
 
     unmeasured = ("the job ran as gpuvs's own child on this host: no worker beside it, so no NVML telemetry during "
                   "the run and no start-up breakdown; the fingerprint is this host's, taken by gpuvs")
@@ -199,8 +203,33 @@ class HostJob(RawProcess):
         except PermissionError as exc:
             raise EnvironmentUnavailable(f"the command's executable {argv[0]!r} cannot be run: {exc.strerror}") from None
 
+    def start(self, argv: list[str], env: dict[str, str] | None, cwd: str | None) -> Any:
+        from gpuvs import contain
+
+        return contain.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
+
+    def kill(self, grace_s: float = 3.0) -> None:
+        """SIGTERM to the job's whole tree, SIGKILL after a grace period. Safe to call more than once."""
+        if self._killed:
+            return
+        self._killed = True
+        self.proc.stop(grace_s)
+
+    def close(self) -> None:
+        """After its exit: until what it left running has ended."""
+        self.proc.close()
+
+    def events(self) -> list[dict[str, Any]]:
+        from gpuvs import events
+
+        return [events.config(containment=self.proc.containment)]
+
+    def wall_s(self) -> float | None:
+        """The keeper's clock, from its fork of the job to reaping it (gpuvs's, where the keeper never said)."""
+        return self.proc.wall_s if self.proc.wall_s is not None else super().wall_s()
+
     def timings(self) -> dict[str, Any]:
-        return {"wall_s": self.wall_s(), "clock": "gpuvs's clock, from the process's start to its exit",
+        return {"wall_s": self.wall_s(), "clock": "the keeper's clock, from its fork of the process to its exit",
                 "resolution_s": 0.001, "startup": {}}
 
     def facts(self) -> dict[str, Any]:
