@@ -19,7 +19,7 @@ import sys
 
 from gpuvs.sharing.advice import predict
 from gpuvs.sharing.stats import as_rate
-from gpuvs.stats import SeriesSummary
+from gpuvs.analysis.stats import SeriesSummary
 
 
 def rate(summary: str | None) -> float | None:

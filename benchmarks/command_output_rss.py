@@ -44,7 +44,7 @@ def workers() -> list[int]:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"gpuvs.worker" in argv:
+            if b"gpuvs.trial.worker" in argv:
                 out.append(int(entry.name))
     return out
 

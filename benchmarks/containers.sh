@@ -87,8 +87,8 @@ summary() {
 import sys
 import numpy as np
 from scipy import stats as st
-from gpuvs.stats import summarize_trials
-from gpuvs.store import Store
+from gpuvs.analysis.stats import summarize_trials
+from gpuvs.store.db import Store
 db, exp_id = sys.argv[1:3]
 with Store(db) as s:
     trials = [t.to_dict() for t in s.trials(exp_id)]

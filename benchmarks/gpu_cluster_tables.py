@@ -19,7 +19,7 @@ from gpuvs.errors import UsageError
 from gpuvs.fleet import fingerprints
 from gpuvs.fleet.run import FleetResult
 from gpuvs.report import markdown
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 
 # the fields a GPU's own identity fills: expected to differ from node to node
 IDENTITY = ("GPU UUID (NVML in the pod)", "CUDA_VISIBLE_DEVICES (device plugin)")

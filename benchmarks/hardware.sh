@@ -69,7 +69,7 @@ part, device, db = sys.argv[1], sys.argv[2], sys.argv[3]
 cuda = device.startswith("cuda")
 import torch
 from gpuvs import events, peaks, stats, telemetry
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 from gpuvs.spec import RunSpec
 
 

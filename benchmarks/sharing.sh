@@ -47,7 +47,7 @@ else
 fi
 
 leftovers() {  # anything of gpuvs's still running: workers, MPS daemons, GPU compute processes
-  echo "gpuvs workers: $(pgrep -fc 'gpuvs.worker' || true); MPS processes: $(pgrep -c nvidia-cuda-mps || true)"
+  echo "gpuvs workers: $(pgrep -fc 'gpuvs.trial.worker' || true); MPS processes: $(pgrep -c nvidia-cuda-mps || true)"
   command -v nvidia-smi >/dev/null && nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | sed 's/^/  GPU process: /'
 }
 

@@ -5,7 +5,7 @@ H100. Old and new side by side, every figure from gpuvs's own store:
      the same job in parts b and c (run first: it also warms the machine's caches for what follows)
   b  an A/A --until-confident within ±1% on ResNet-50 bf16 NHWC batch 256 (30 timed steps), new mechanism:
      wall time to the verdict (target 45 s; 110 s before). Named twice in PARTS it runs twice: the first gpuvs
-     command on a fresh machine fills gpuvs's bytecode cache (gpuvs.bytecode), the later ones read it
+     command on a fresh machine fills gpuvs's bytecode cache (gpuvs.trial.bytecode), the later ones read it
   a  `gpuvs compare cnn-train` at its defaults, new (fork, events read once completed, bytecode cached) and old
      (--fresh exec, GPUVS_TIMED_READ=blocking, GPUVS_PYCACHE=off): share of the wall time in timed steps (target
      at least half) and the per-trial breakdown; named again, the new mechanism alone once more
@@ -39,9 +39,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE / "src"))
 
-from gpuvs import comparison  # noqa: E402
+from gpuvs.analysis import comparison  # noqa: E402
 from gpuvs.report import tables  # noqa: E402
-from gpuvs.store import Store  # noqa: E402
+from gpuvs.store.db import Store  # noqa: E402
 
 OUT = Path(os.environ.get("OUT") or "out")
 OUT.mkdir(parents=True, exist_ok=True)
@@ -146,7 +146,7 @@ def trial_values(a, arm: str | None = None) -> list[float]:
 
 def per_arm_time(a, arm: str) -> dict[str, float]:
     """Mean seconds per trial of one arm's parts (timeshare's definitions), and its share in timed steps."""
-    from gpuvs import timeshare
+    from gpuvs.analysis import timeshare
 
     parts = [timeshare.trial_time(r.startup or {}, r.summary or {}) for r in a.records if r.arm == arm]
     parts = [p for p in parts if p is not None]
@@ -214,8 +214,8 @@ def part_b() -> None:
 
 
 def bytecode_cached() -> str:
-    """Whether gpuvs's bytecode cache (gpuvs.bytecode) holds anything before a run, in words."""
-    from gpuvs import bytecode
+    """Whether gpuvs's bytecode cache (gpuvs.trial.bytecode) holds anything before a run, in words."""
+    from gpuvs.trial import bytecode
 
     where = Path(bytecode.folder())
     n = sum(1 for _ in where.rglob("*.pyc")) if where.is_dir() else 0

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuvs import family, stats
-from gpuvs.sequential import Plan
+from gpuvs.analysis import family
+from gpuvs.analysis import stats
+from gpuvs.analysis.sequential import Plan
 
 MARGIN = 0.02
 CONFIDENCE = 0.95

@@ -11,13 +11,14 @@ import types
 
 import numpy as np
 
-from gpuvs import events, stats
+from gpuvs import events
+from gpuvs.analysis import stats
 from gpuvs.fleet import adaptive
 from gpuvs.fleet import run as fleet_run
 from gpuvs.fleet.nodes import NodeInfo
-from gpuvs.records import ExperimentMeta, SampleRecord
+from gpuvs.store.records import ExperimentMeta, SampleRecord
 from gpuvs.spec import EnvSpec, RunSpec
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 
 DAY = 86_400.0
 T0 = 1_795_000_000.0  # 2026-11-18 (UTC): the first run

@@ -1,5 +1,5 @@
 """Run a real program and read its output as the command workload's wrapper will: both streams line by line as they
-arrive, each line fed to a gpuvs.outputs Reader at once; then finish() once the program has exited."""
+arrive, each line fed to a gpuvs.workloads.command.outputs Reader at once; then finish() once the program has exited."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from gpuvs.outputs import Reader, Reading
+from gpuvs.workloads.command.outputs import Reader, Reading
 
 
 @dataclass

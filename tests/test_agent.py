@@ -33,8 +33,8 @@ from gpuvs.agent.state import State
 from gpuvs.fleet.adaptive import Plan
 from gpuvs.fleet.result import FleetResult, NodeRow
 from gpuvs.fleet.verdicts import ErrorControl
-from gpuvs.records import ExperimentMeta
-from gpuvs.store import Store
+from gpuvs.store.records import ExperimentMeta
+from gpuvs.store.db import Store
 
 DEAD_KUBECONFIG = """apiVersion: v1
 kind: Config

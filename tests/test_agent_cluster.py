@@ -375,9 +375,9 @@ def test_a_trial_preempted_by_a_real_job_is_a_failed_trial_with_that_reason(clus
 
     from gpuvs import environments
     from gpuvs.kube import package
-    from gpuvs.runner import Runner
+    from gpuvs.trial.runner import Runner
     from gpuvs.spec import EnvSpec, RunSpec
-    from gpuvs.store import Store
+    from gpuvs.store.db import Store
 
     cluster.wait_ready()
     core = cluster.core()

@@ -1,4 +1,4 @@
-"""Where a trial process keeps the bytecode of its imports (gpuvs.bytecode), for real: new Python processes
+"""Where a trial process keeps the bytecode of its imports (gpuvs.trial.bytecode), for real: new Python processes
 importing a package that has no bytecode beside it, with PYTHONDONTWRITEBYTECODE set as container images
 often set it; then the zygote and the exec'd worker of real trials."""
 
@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 from conftest import gpuvs_processes
-from gpuvs.runner import Arm, Experiment, Runner
+from gpuvs.trial.runner import Arm, Experiment, Runner
 from gpuvs.spec import EnvSpec, RunSpec
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 PROBE = "from gpuvs import bytecode; print(bytecode.keep(['slowpkg'])); import slowpkg; print(slowpkg.X)"

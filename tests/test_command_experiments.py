@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from gpuvs import experiment, job
+from gpuvs.trial import plan as experiment
+from gpuvs.workloads.command import job
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tf_cnn_benchmarks"
 

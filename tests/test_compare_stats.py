@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 from scipy import stats as st
 
-from gpuvs import stats
+from gpuvs.analysis import stats
 
 A = [1012.0, 998.5, 1005.2, 990.1, 1001.7]
 B = [1033.9, 1041.2, 1029.0, 1046.5]

@@ -4,11 +4,11 @@ metric, derived tables (speed-up, scaling efficiency, per trial), fingerprint fl
 import numpy as np
 import pytest
 
-from gpuvs import comparison
-from gpuvs.records import ArmMeta, ExperimentMeta, ExperimentRecord, MetricValue, TrialRecord
+from gpuvs.analysis import comparison
+from gpuvs.store.records import ArmMeta, ExperimentMeta, ExperimentRecord, MetricValue, TrialRecord
 from gpuvs.report import markdown, tables
 from gpuvs.spec import EnvSpec, RunSpec
-from gpuvs.stats import SeriesSummary
+from gpuvs.analysis.stats import SeriesSummary
 
 
 def record(arm, trial, value, *, device="cpu", num_gpus=1, unit="images/sec", fp=None, status="ok", attempt=0,

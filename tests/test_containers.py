@@ -22,10 +22,10 @@ from gpuvs.environments import engine as engines
 from gpuvs.environments import gpu_access
 from gpuvs.environments.container import ContainerEnvironment
 from gpuvs.errors import GpuvsError
-from gpuvs.runner import SPEC_FIELDS, Arm, Experiment, Runner
+from gpuvs.trial.runner import SPEC_FIELDS, Arm, Experiment, Runner
 from gpuvs.environments import option_keys
 from gpuvs.spec import EnvSpec, RunSpec
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 
 OVERLAY = {"rootfs": "/:O", "engine": "podman"}
 
@@ -55,7 +55,7 @@ def processes(match):
 
 
 def inside_processes():
-    return processes(lambda cmd: b"gpuvs.inside" in cmd)
+    return processes(lambda cmd: b"gpuvs.trial.inside" in cmd)
 
 
 def container_spec(workload="selftest", device="cpu", **params):
@@ -422,7 +422,7 @@ def test_dataloader_workers_out_of_shared_memory_is_one_plain_line(cli, tmp_path
 
 
 def test_an_error_re_raised_from_a_child_names_where_and_its_cause():
-    from gpuvs.failures import classify
+    from gpuvs.probes.failures import classify
 
     text = ("Caught ValueError in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n"
             '  File "x.py", line 1, in f\n    g()\nValueError: image 17 is truncated\n')

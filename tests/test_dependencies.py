@@ -84,7 +84,7 @@ class Block(importlib.abc.MetaPathFinder):
         if top not in sys.stdlib_module_names and top not in {"gpuvs", "numpy"}:
             raise ModuleNotFoundError(f"No module named {name!r}")
 sys.meta_path.insert(0, Block())
-import gpuvs.worker
+import gpuvs.trial.worker
 from gpuvs.workloads import get, names
 for name in names():
     workload = get(name)

@@ -7,16 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from gpuvs import comparison, environments, experiment, workloads
+from gpuvs import environments, workloads
+from gpuvs.analysis import comparison
+from gpuvs.trial import plan as experiment
 from gpuvs.cli import options as opt
 from gpuvs.cli import parser
 from gpuvs.environments.base import Environment
 from gpuvs.environments.host import HostEnvironment
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
-from gpuvs.runner import Arm, Experiment, Runner, validate_spec
+from gpuvs.trial.runner import Arm, Experiment, Runner, validate_spec
 from gpuvs.spec import EnvSpec, RunSpec
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "gpuvs"
 

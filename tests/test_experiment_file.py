@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuvs import experiment
+from gpuvs.trial import plan as experiment
 from gpuvs.errors import UsageError
-from gpuvs.runner import Experiment
+from gpuvs.trial.runner import Experiment
 from gpuvs.spec import RunSpec
 from gpuvs.workloads import get
 

@@ -13,7 +13,7 @@ import pytest
 from gpuvs.fleet import adaptive, fingerprints, labels, nodes, schedule, simulate, verdicts
 from gpuvs.fleet.result import FleetResult, NodeLabels, NodeRow
 from gpuvs.fleet.run import sort_rows
-from gpuvs.records import ExperimentMeta
+from gpuvs.store.records import ExperimentMeta
 from gpuvs.report import fleet as report
 
 
@@ -283,9 +283,9 @@ def test_rows_sorted_slowest_first_and_every_format_says_the_same():
 
 def test_fleet_run_with_real_workers_stores_every_trial_and_a_failing_node_is_a_row(tmp_path, cli):
     from gpuvs.fleet import run as fleet_run
-    from gpuvs.runner import Runner
+    from gpuvs.trial.runner import Runner
     from gpuvs.spec import RunSpec
-    from gpuvs.store import Store
+    from gpuvs.store.db import Store
 
     base = RunSpec(workload="selftest", params={"steps": 3, "step_seconds": 0.01}, device="cpu")
     names = ["n1", "n2", "n3", "bad"]
@@ -357,7 +357,7 @@ def test_fleet_help_shows_the_options_of_the_kind_it_runs_in(cli):
 
 
 def test_spin_reports_operations_per_second(cli, tmp_path):
-    from gpuvs.store import Store
+    from gpuvs.store.db import Store
 
     r = cli("run", "spin", "--device", "cpu", "--steps", "3", "--ops", "20000", "--warmup-steps", "1",
             "--store", str(tmp_path / "s.db"), "--quiet")

@@ -22,10 +22,10 @@ from cluster import cluster  # noqa: F401  (the session fixture, for the one clu
 from conftest import missing_part
 from fleet_store import DAY, T0, sliding_fleet
 from gpuvs.fleet import history, labels, stored
-from gpuvs.records import ExperimentMeta
+from gpuvs.store.records import ExperimentMeta
 from gpuvs.report import history as report_history
 from gpuvs.report.status import render_status_page
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 
 SLIDE_FROM = 5
 STABLE = ("node-1", "node-3", "node-4")

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import cell, gpuvs_env, gpuvs_processes
-from gpuvs import fingerprint
+from gpuvs.probes import fingerprint
 from gpuvs.sharing import mps
 
 pytestmark = [pytest.mark.gpu,
@@ -137,7 +137,7 @@ def test_a_client_over_its_mps_memory_limit_fails_the_capacity_sweep_with_the_ca
 def test_a_gpu_named_by_uuid_in_cuda_visible_devices_is_found_by_its_nvml_index(monkeypatch):
     """Device plugins hand a pod its GPU as CUDA_VISIBLE_DEVICES=GPU-<uuid>: telemetry and the GEMM's checks must
     read that GPU, not NVML's first one."""
-    from gpuvs import telemetry
+    from gpuvs.probes import telemetry
 
     gpus = fingerprint.nvml_info()["gpus"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpus[-1]["uuid"])

@@ -19,8 +19,8 @@ from conftest import ROOT, gpuvs_env, missing_part
 from gpuvs.fleet.adaptive import Plan
 from gpuvs.fleet.run import FleetResult, NodeRow
 from gpuvs.fleet.verdicts import ErrorControl
-from gpuvs.records import ExperimentMeta
-from gpuvs.store import Store
+from gpuvs.store.records import ExperimentMeta
+from gpuvs.store.db import Store
 
 KIT = ROOT / "benchmarks" / "gpu_cluster.sh"
 COTENANT = ROOT / "benchmarks" / "gpu_cotenant.py"

@@ -12,7 +12,7 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 # Where a module may not import from (prefixes; a prefix names a package and everything in it).
-STATISTICS = ("gpuvs.stats", "gpuvs.family", "gpuvs.sequential", "gpuvs.sharing.stats", "gpuvs.fleet.verdicts")
+STATISTICS = ("gpuvs.analysis.stats", "gpuvs.analysis.family", "gpuvs.analysis.sequential", "gpuvs.sharing.stats", "gpuvs.fleet.verdicts")
 ENTRY_POINTS = ("gpuvs.__main__",)  # `python -m gpuvs`: the top of the house, it starts the command line
 COMMANDS = "gpuvs.cli.commands"  # the package of command modules, one per command, found by name
 
@@ -165,7 +165,7 @@ def test_no_import_cycles():
 
 def test_no_import_points_up():
     graph = import_graph(SRC / "gpuvs")
-    assert "gpuvs.stats" in graph["gpuvs.sharing.stats"]
+    assert "gpuvs.analysis.stats" in graph["gpuvs.sharing.stats"]
     assert upward(graph) == []
 
 
@@ -208,14 +208,14 @@ def test_checker_finds_a_cycle_and_an_upward_import(tmp_path):
         "command nor the dispatcher: what commands share is in cli/common.py, cli/options.py)",
         "gpuvs.cli.commands.two:2 imports gpuvs.cli (a command module imports neither another "
         "command nor the dispatcher: what commands share is in cli/common.py, cli/options.py)",
-        "gpuvs.stats:2 imports gpuvs.report.terminal (statistics never import rendering or the command line)",
-        "gpuvs.store:1 imports gpuvs.cli (only the command line and the entry point import the command line)",
+        "gpuvs.analysis.stats:2 imports gpuvs.report.terminal (statistics never import rendering or the command line)",
+        "gpuvs.store.db:1 imports gpuvs.cli (only the command line and the entry point import the command line)",
     ]
     (pkg / "params.py").write_text("from gpuvs import errors, store\n")
-    assert any("gpuvs.params:1 imports gpuvs.store" in line for line in upward(import_graph(pkg)))
+    assert any("gpuvs.params:1 imports gpuvs.store.db" in line for line in upward(import_graph(pkg)))
 
 
-@pytest.mark.parametrize("module", ["gpuvs.sharing.stats", "gpuvs.stats", "gpuvs.params"])
+@pytest.mark.parametrize("module", ["gpuvs.sharing.stats", "gpuvs.analysis.stats", "gpuvs.params"])
 def test_low_modules_import_no_renderer_at_run_time(module):
     """What the graph says, checked in a fresh interpreter: importing a statistics module or the option
     schema loads no renderer, no command line and no rich."""

@@ -1,4 +1,4 @@
-"""gpuvs.outputs: metric declarations (a direction always stated), --metric / --step-metric texts, the parsers'
+"""gpuvs.workloads.command.outputs: metric declarations (a direction always stated), --metric / --step-metric texts, the parsers'
 registry, and the reader that says which metrics never appeared, on real output (tf_cnn_benchmarks' T4 logs,
 real programs run here). Each ready parser has its own test file (test_outputs_<parser>.py)."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, gpuvs_env, require
-from gpuvs import outputs
+from gpuvs.workloads.command import outputs
 from gpuvs.errors import UsageError
-from gpuvs.outputs import WALL_TIME, Metric, parse_metric_spec
+from gpuvs.workloads.command.outputs import WALL_TIME, Metric, parse_metric_spec
 from job_output import run_and_read
 
 TF_LOG = ROOT / "tests" / "fixtures" / "tf_cnn_benchmarks" / "host-1gpu-resnet50-bs64-t4.log"
@@ -218,7 +218,7 @@ def test_every_parser_module_registers_one_parser_that_declares_its_headline():
     assert {n.replace("-", "_") for n in outputs.names()} == modules
     for name in outputs.names():
         cls = outputs.get(name)
-        assert cls.summary and cls.__module__ == f"gpuvs.outputs.{name.replace('-', '_')}"
+        assert cls.summary and cls.__module__ == f"gpuvs.workloads.command.outputs.{name.replace('-', '_')}"
         parser = outputs.create(name, outputs.Job(JOBS.get(name, ())))
         names = [m.name for m in parser.metrics]
         assert len(names) == len(set(names)) and WALL_TIME.name not in names

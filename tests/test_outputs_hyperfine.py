@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from conftest import require
-from gpuvs import outputs
+from gpuvs.workloads.command import outputs
 from gpuvs.errors import UsageError
 from job_output import run_and_read
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuvs import outputs
+from gpuvs.workloads.command import outputs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tf_cnn_benchmarks"
 LOGS = sorted(FIXTURES.glob("*.log"))

@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpuvs import peaks, telemetry
-from gpuvs.records import TelemetryRecord
+from gpuvs.probes import peaks
+from gpuvs.probes import telemetry
+from gpuvs.store.records import TelemetryRecord
 from gpuvs.report import terminal
-from gpuvs.runner import TrialResult
+from gpuvs.trial.runner import TrialResult
 from gpuvs.spec import RunSpec
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 
 # Readings in the sampler's format (telemetry events), with values typical of an H100 SXM going from
 # idle into a GEMM load and hitting its power cap, then a thermal slowdown; plus an idle second GPU

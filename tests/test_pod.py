@@ -63,7 +63,7 @@ def test_manifest_carries_spec_limits_labels_and_no_privilege():
                                  {"key": "dedicated", "operator": "Exists"}]
     assert ps["runtimeClassName"] == "nvidia" and "hostNetwork" not in ps
     c = ps["containers"][0]
-    assert c["command"] == ["python3", "-m", "gpuvs.inside"]  # no shell anywhere
+    assert c["command"] == ["python3", "-m", "gpuvs.trial.inside"]  # no shell anywhere
     assert c["resources"] == {"limits": {"cpu": "1.5", "memory": "2Gi", "nvidia.com/gpu": "2"},
                               "requests": {"memory": "1Gi"}}
     assert c["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
@@ -174,11 +174,11 @@ def test_the_package_zip_runs_the_worker_from_pythonpath(tmp_path):
     assert data == pod.package_zip()  # the same bytes each time
     path = tmp_path / "gpuvs.zip"
     path.write_bytes(data)
-    assert "gpuvs/inside.py" in zipfile.ZipFile(path).namelist()
+    assert "gpuvs/trial/inside.py" in zipfile.ZipFile(path).namelist()
     spec = RunSpec(workload="selftest", params={"steps": 2})
     r = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv.pop()); import gpuvs, runpy; "
                         "print('from', gpuvs.__file__, file=sys.stderr); "
-                        "runpy.run_module('gpuvs.inside', run_name='__main__')", str(path)],
+                        "runpy.run_module('gpuvs.trial.inside', run_name='__main__')", str(path)],
                        env={"GPUVS_SPEC": spec.to_json(), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
                        timeout=120)
     kinds = [json.loads(line)["type"] for line in r.stdout.splitlines() if line.startswith("{")]
@@ -245,8 +245,8 @@ def kube(cluster, namespace):
 
 
 def run_pod_trial(cluster, steps=3, step_seconds=0.01, device="cpu", num_gpus=1, timeout=120, store=None, **opts):
-    from gpuvs.runner import Runner
-    from gpuvs.store import Store
+    from gpuvs.trial.runner import Runner
+    from gpuvs.store.db import Store
 
     spec = RunSpec(workload="selftest", device=device, num_gpus=num_gpus, timeout_s=timeout,
                    params={"steps": steps, "step_seconds": step_seconds, **opts.pop("params", {})},

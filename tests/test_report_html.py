@@ -4,12 +4,14 @@ escaped. The experiment is written through the real store API with telemetry row
 
 import math
 
-from gpuvs import comparison, events, stats
-from gpuvs.records import ExperimentMeta, SampleRecord
+from gpuvs import events
+from gpuvs.analysis import comparison
+from gpuvs.analysis import stats
+from gpuvs.store.records import ExperimentMeta, SampleRecord
 from gpuvs.report import html
-from gpuvs.runner import Arm, Experiment
+from gpuvs.trial.runner import Arm, Experiment
 from gpuvs.spec import RunSpec
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 from report_browser import chromium_dom, chromium_screenshot, distinct_colours, pixels_of
 
 EVIL = "<script>alert(1)</script>"

@@ -11,9 +11,9 @@ import pytest
 
 from conftest import gpuvs_processes, pid_alive
 from gpuvs.errors import UsageError
-from gpuvs.runner import Arm, Experiment, Runner, validate_spec
+from gpuvs.trial.runner import Arm, Experiment, Runner, validate_spec
 from gpuvs.spec import RunSpec
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 
 
 def _spec(**params):
@@ -185,7 +185,7 @@ def test_a_worker_whose_samples_were_cut_on_the_way_is_a_failed_trial(store_path
     def lossy(self, spec):
         spec.launched_at = time.time()
         argv = ["sh", "-c", 'exec "$0" "$@" | awk \'/"type": *"sample"/ && ++n % 7 == 0 {next} {print; fflush()}\'',
-                sys.executable, "-m", "gpuvs.worker"]
+                sys.executable, "-m", "gpuvs.trial.worker"]
         return base.Launched(argv, env=host.worker_env(spec))
 
     monkeypatch.setattr(host.HostEnvironment, "launch", lossy)

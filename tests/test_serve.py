@@ -264,9 +264,9 @@ def test_serve_load_against_nothing_fails_plainly(cli, tmp_path):
 
 
 def test_the_server_as_a_workload(tmp_path):
-    from gpuvs.runner import Runner
+    from gpuvs.trial.runner import Runner
     from gpuvs.spec import RunSpec
-    from gpuvs.store import Store
+    from gpuvs.store.db import Store
 
     port: queue.Queue = queue.Queue()
     done: list = []

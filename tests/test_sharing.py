@@ -14,15 +14,15 @@ import pytest
 from conftest import cell, gpuvs_processes, require
 from gpuvs.errors import EnvironmentUnavailable
 from gpuvs.report.sharing import figure_text, ratio_text
-from gpuvs.runner import Runner
+from gpuvs.trial.runner import Runner
 from gpuvs.sharing import barrier, knobs, mps
 from gpuvs.sharing import stats as sharestats
 from gpuvs.sharing.advice import predict
 from gpuvs.sharing.group import Coordinator, Group, normalized_sum, worker_spec
-from gpuvs.records import SampleRecord
+from gpuvs.store.records import SampleRecord
 from gpuvs.spec import RunSpec
-from gpuvs.stats import SeriesSummary
-from gpuvs.store import Store
+from gpuvs.analysis.stats import SeriesSummary
+from gpuvs.store.db import Store
 
 
 def test_workers_measure_the_same_window(store_path):
@@ -232,7 +232,7 @@ def test_mps_knob_arms():
 
 
 def test_normalized_sum():
-    from gpuvs.runner import TrialResult
+    from gpuvs.trial.runner import TrialResult
 
     g = Group("A+B", False)
     for v in (50.0, 30.0):

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from gpuvs import events, stats, workloads
-from gpuvs.records import SampleRecord
+from gpuvs import events, workloads
+from gpuvs.analysis import stats
+from gpuvs.store.records import SampleRecord
 
 
 def sampled(*events_):

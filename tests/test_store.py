@@ -5,10 +5,10 @@ import pytest
 
 from gpuvs import events
 from gpuvs.errors import UsageError
-from gpuvs.records import ExperimentMeta, MetricValue, SampleRecord, TelemetryRecord
+from gpuvs.store.records import ExperimentMeta, MetricValue, SampleRecord, TelemetryRecord
 from gpuvs.spec import RunSpec
-from gpuvs.stats import SeriesSummary
-from gpuvs.store import Store
+from gpuvs.analysis.stats import SeriesSummary
+from gpuvs.store.db import Store
 
 
 def _spec(**kw):

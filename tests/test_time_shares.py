@@ -8,9 +8,9 @@ import sqlite3
 
 import pytest
 
-from gpuvs import timeshare
-from gpuvs.stats import SeriesSummary
-from gpuvs.timeshare import PARTS
+from gpuvs.analysis import timeshare
+from gpuvs.analysis.stats import SeriesSummary
+from gpuvs.analysis.timeshare import PARTS
 
 
 def test_a_trial_in_parts():

@@ -12,9 +12,9 @@ import sqlite3
 import numpy as np
 import pytest
 
-from gpuvs import stats
+from gpuvs.analysis import stats
 from gpuvs.errors import UsageError
-from gpuvs.records import SampleRecord
+from gpuvs.store.records import SampleRecord
 from gpuvs.workloads import _timed
 from gpuvs.workloads._timed import Plan, RateStats, TimedPhase
 

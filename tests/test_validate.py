@@ -29,7 +29,7 @@ def validate(c, store, *args, timeout=600):
 def stored(store):
     r = run_cli("results", "list", "--store", store)
     assert r.returncode == 0, r.stderr
-    from gpuvs.store import Store
+    from gpuvs.store.db import Store
 
     with Store(store) as st:
         exp = [e for e in st.experiments() if e.kind == "validate"][-1]

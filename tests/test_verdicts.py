@@ -15,13 +15,16 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from gpuvs import comparison, events, family, stats, workloads
-from gpuvs.records import ArmMeta, ExperimentMeta, ExperimentRecord, SampleRecord, TrialRecord
+from gpuvs import events, workloads
+from gpuvs.analysis import comparison
+from gpuvs.analysis import family
+from gpuvs.analysis import stats
+from gpuvs.store.records import ArmMeta, ExperimentMeta, ExperimentRecord, SampleRecord, TrialRecord
 from gpuvs.report import tables
 from gpuvs.report.terminal import StepLog
-from gpuvs.sequential import Plan, nominal_levels
+from gpuvs.analysis.sequential import Plan, nominal_levels
 from gpuvs.spec import RunSpec
-from gpuvs.stats import SeriesSummary
+from gpuvs.analysis.stats import SeriesSummary
 
 ROOT = Path(__file__).resolve().parent.parent
 

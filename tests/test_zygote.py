@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from conftest import gpuvs_env, gpuvs_processes, missing_part, pid_alive
-from gpuvs import launch
+from gpuvs.trial import launch
 from gpuvs.errors import UsageError
-from gpuvs.runner import Arm, Experiment, Runner, validate_spec
+from gpuvs.trial.runner import Arm, Experiment, Runner, validate_spec
 from gpuvs.spec import EnvSpec, RunSpec
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 
 def _spec(fresh="fork", **params):
     return RunSpec(workload="selftest", device="cpu", params=params, fresh=fresh)
@@ -34,7 +34,7 @@ def _states(results):
 def _zygotes():
     """Live zygote processes of this test session (their children, forked, share the command line but are
     named gpuvs-trial)."""
-    return [p for p in gpuvs_processes() if b"gpuvs.zygote" in Path(f"/proc/{p}/cmdline").read_bytes()
+    return [p for p in gpuvs_processes() if b"gpuvs.trial.zygote" in Path(f"/proc/{p}/cmdline").read_bytes()
             and Path(f"/proc/{p}/comm").read_text().strip() != "gpuvs-trial"]
 
 
@@ -218,7 +218,7 @@ def test_auto_is_one_mechanism_for_every_arm():
     assert launch.resolve([host, pod]) == "exec"
     assert launch.resolve([RunSpec(workload="startup", device="cpu")]) == "exec"  # it measures the launch itself
     exp = Experiment("x", host, [Arm("a"), Arm("b", {"fresh": "exec"}), Arm("c", {"fresh": "auto"})], trials=1)
-    from gpuvs.runner import resolve_fresh
+    from gpuvs.trial.runner import resolve_fresh
 
     resolve_fresh(exp)
     assert [exp.spec_for(a, 0).fresh for a in exp.arms] == ["fork", "exec", "fork"]

@@ -214,7 +214,7 @@ def _validate(ctx: Context, run: RunRecord, namespace: str, image: str, node: st
     m = re.search(r"experiment (\S+)\s*$", first)
     run.validate = m.group(1) if m else None
     if run.validate:
-        from gpuvs.store import Store
+        from gpuvs.store.db import Store
 
         with Store(c.store) as st:
             rows = st.experiment(run.validate).meta.checks or []
@@ -245,7 +245,7 @@ def _fleet(ctx: Context, run: RunRecord, namespace: str, image: str, nodes: list
     if result is not None:
         outcome.experiment = result.id
         ctx.state.fleet(result, w.name, time.time())
-        from gpuvs.store import Store
+        from gpuvs.store.db import Store
 
         with Store(c.store) as st:
             for t in st.trials(result.id):

@@ -92,7 +92,7 @@ class Agent:
     def _restore(self) -> None:
         """The runs cut short by a killed agent are marked interrupted; earlier figures come back from the store."""
         from gpuvs.fleet.result import FleetResult
-        from gpuvs.store import Store
+        from gpuvs.store.db import Store
 
         try:
             for r in self.ledger.open():
@@ -131,7 +131,7 @@ class Agent:
         """Each node's drift against its own past, from the store's fleet runs (at start and when a run ended with
         fleets), read as `gpuvs fleet history` reads it (its defaults: the last 10 runs, ±5%, 0.95)."""
         from gpuvs.fleet import stored
-        from gpuvs.store import Store
+        from gpuvs.store.db import Store
 
         try:
             with Store(self.config.store, readonly=True) as st:
@@ -144,7 +144,7 @@ class Agent:
         until a run's record changes (queued, started, its validate or a fleet done, ended). Concurrent requests
         wait for the one render."""
         from gpuvs.report.status import render_status_page
-        from gpuvs.store import Store
+        from gpuvs.store.db import Store
 
         with self._page_lock:
             generation = self.generation  # read first: a save during the render makes the next request render

@@ -16,15 +16,16 @@ from typing import Any, Callable
 
 from rich.console import Console
 
-from gpuvs import environments, timeshare, workloads
+from gpuvs import environments, workloads
+from gpuvs.analysis import timeshare
 from gpuvs.cli import options, parser
 from gpuvs.cli.command import Args
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.report import tables, terminal
-from gpuvs.runner import Experiment, Runner, TrialResult, validate_experiment
+from gpuvs.trial.runner import Experiment, Runner, TrialResult, validate_experiment
 from gpuvs.safetext import safe_text
 from gpuvs.spec import EnvSpec, RunSpec
-from gpuvs.store import Store, StoreError
+from gpuvs.store.db import Store, StoreError
 
 
 @dataclass

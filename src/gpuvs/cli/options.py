@@ -8,7 +8,7 @@ from typing import Any
 
 from gpuvs import environments
 from gpuvs.cli.command import Group
-from gpuvs.launch import FRESH
+from gpuvs.trial.launch import FRESH
 from gpuvs.params import Param
 from gpuvs.spec import EnvSpec
 

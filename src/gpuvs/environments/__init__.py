@@ -168,7 +168,7 @@ def explained(varied: set[str], kinds: set[str]) -> set[str]:
     holds the keys the arms override, `kinds` the kinds they run in. An option's entry in a kind's
     `explains` applies when an arm varies that option; the entry "env" applies when the arms vary
     the environment and one of them runs in that kind. "*" stands for every key field."""
-    from gpuvs import fingerprint
+    from gpuvs.probes import fingerprint
 
     out: set[str] = set()
     for name in names():

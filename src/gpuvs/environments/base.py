@@ -18,11 +18,11 @@ from gpuvs.params import Param
 from gpuvs.spec import RunSpec
 
 if TYPE_CHECKING:
-    from gpuvs import checkup
+    from gpuvs.probes import checkup
 
 
 def package_root() -> str:
-    """The directory that holds the gpuvs package: put it on PYTHONPATH and `python -m gpuvs.worker` works."""
+    """The directory that holds the gpuvs package: put it on PYTHONPATH and `python -m gpuvs.trial.worker` works."""
     return str(Path(gpuvs.__file__).resolve().parent.parent)
 
 
@@ -211,7 +211,7 @@ class Environment:
 
     def gpu_count(self) -> int | None:
         """GPUs a worker could get here (None: cannot tell now; check() will say why)."""
-        from gpuvs import fingerprint
+        from gpuvs.probes import fingerprint
 
         return fingerprint.gpu_count()
 
@@ -232,14 +232,14 @@ class Environment:
         return None
 
     def start_zygote(self, spec: RunSpec, args: list[str], folder: str) -> Launched:
-        """Start `python -m gpuvs.zygote ARGS` here, for the trials of specs like this one (forks): with the
+        """Start `python -m gpuvs.trial.zygote ARGS` here, for the trials of specs like this one (forks): with the
         environment a worker of this spec would get, and `folder` (where the zygote's control socket is)
         reachable at the same path. Its clean-up is the returned process's kill()."""
         raise NotImplementedError
 
     def doctor(self, spec: RunSpec, report: "checkup.Report", timeout: float) -> dict[str, Any] | None:
         """Add this environment's checks to the report; return what a probe inside reported
-        (`python -m gpuvs.inside --probe`), or None when no probe ran."""
+        (`python -m gpuvs.trial.inside --probe`), or None when no probe ran."""
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -248,7 +248,7 @@ class Environment:
 
 def check_local_gpus(spec: RunSpec) -> None:
     """For workers that run on this machine: refuse a cuda device this machine does not have."""
-    from gpuvs import fingerprint
+    from gpuvs.probes import fingerprint
     from gpuvs.spec import device_kind
 
     if device_kind(spec.device) != "cuda":

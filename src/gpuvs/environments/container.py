@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import gpuvs
-from gpuvs import checkup, events
+from gpuvs import events
+from gpuvs.probes import checkup
 from gpuvs.environments import engine as engines
 from gpuvs.environments import gpu_access, register
 from gpuvs.environments.base import Environment, Launched, check_local_gpus
 from gpuvs.environments.host import ENV_VAR
 from gpuvs.errors import GpuvsError, UsageError
-from gpuvs.fingerprint import SOFTWARE_FIELDS
+from gpuvs.probes.fingerprint import SOFTWARE_FIELDS
 from gpuvs.params import Param
 from gpuvs.spec import RunSpec
 
@@ -291,7 +292,7 @@ class ContainerEnvironment(Environment):
     def container_name(self, spec: RunSpec) -> str:
         return f"gpuvs-{spec.run_id}"
 
-    def command(self, spec: RunSpec, entry: tuple[str, ...] = ("-m", "gpuvs.inside"),
+    def command(self, spec: RunSpec, entry: tuple[str, ...] = ("-m", "gpuvs.trial.inside"),
                 folders: tuple[str, ...] = (), bare: list[str] | None = None,
                 workdir: str | None = None) -> tuple[list[str], dict]:
         """(argv, environment of the engine process) for one run; start() adds the spec to that environment.
@@ -366,9 +367,9 @@ class ContainerEnvironment(Environment):
         return self.start(spec)
 
     def start_zygote(self, spec: RunSpec, args: list[str], folder: str) -> ContainerLaunched:
-        return self.start(spec, entry=("-m", "gpuvs.zygote", *args, "--entry", "inside"), folders=(folder,))
+        return self.start(spec, entry=("-m", "gpuvs.trial.zygote", *args, "--entry", "inside"), folders=(folder,))
 
-    def start(self, spec: RunSpec, entry: tuple[str, ...] = ("-m", "gpuvs.inside"),
+    def start(self, spec: RunSpec, entry: tuple[str, ...] = ("-m", "gpuvs.trial.inside"),
               folders: tuple[str, ...] = ()) -> ContainerLaunched:
         argv, env = self.command(spec, entry, folders)
         spec.launched_at = time.time()  # after gpuvs's own preparation: the clock counts the engine's work
@@ -441,7 +442,7 @@ class ContainerEnvironment(Environment):
         plan = self.gpu_plan(spec, eng)
         report.add("GPU access", "ok", plan.mode + ("" if not plan.notes else ": " + "; ".join(plan.notes)))
         t0 = time.monotonic()
-        launched = self.start(spec, entry=("-m", "gpuvs.inside", "--probe"))
+        launched = self.start(spec, entry=("-m", "gpuvs.trial.inside", "--probe"))
         run = checkup.read_probe(launched, timeout)
         if run.timed_out:
             report.add("start a container", "FAIL", f"no answer within {timeout:g} s")

@@ -63,7 +63,7 @@ class HostEnvironment(Environment):
     def launch(self, spec: RunSpec) -> Launched:
         spec.launched_at = time.time()
         python = self.options.get("python") or sys.executable
-        return Launched([python, "-m", "gpuvs.worker"], env=worker_env(spec, env_vars(self.options.get("env_var"))))
+        return Launched([python, "-m", "gpuvs.trial.worker"], env=worker_env(spec, env_vars(self.options.get("env_var"))))
 
     def start_bare(self, spec: RunSpec, argv: list[str], workdir: str | None):
         """The command as gpuvs's own child, in its own process group (bare mode on the host: the same machine)."""
@@ -86,16 +86,16 @@ class HostEnvironment(Environment):
         python = self.options.get("python") or sys.executable
         env = worker_env(spec, env_vars(self.options.get("env_var")))
         env.pop("GPUVS_SPEC")  # each child gets its own with its fork request
-        return Launched([python, "-m", "gpuvs.zygote", *args, "--entry", "worker"], env=env)
+        return Launched([python, "-m", "gpuvs.trial.zygote", *args, "--entry", "worker"], env=env)
 
     def doctor(self, spec: RunSpec, report, timeout: float) -> dict[str, Any] | None:
         probe_spec = RunSpec(workload="selftest")
         try:
-            r = subprocess.run([sys.executable, "-m", "gpuvs.inside", "--probe"], capture_output=True, text=True,
+            r = subprocess.run([sys.executable, "-m", "gpuvs.trial.inside", "--probe"], capture_output=True, text=True,
                                timeout=timeout, env=worker_env(probe_spec))
             probe = json.loads(r.stdout.strip().splitlines()[-1])
         except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
-            report.add("start a process", "FAIL", f"{sys.executable} -m gpuvs.inside --probe: {exc}")
+            report.add("start a process", "FAIL", f"{sys.executable} -m gpuvs.trial.inside --probe: {exc}")
             return None
         report.add("start a process", "ok", f"Python {probe['python']} at {probe['executable']}")
         return probe

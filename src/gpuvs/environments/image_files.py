@@ -16,7 +16,7 @@ import tarfile
 import uuid
 from typing import Any
 
-from gpuvs import software
+from gpuvs.probes import software
 from gpuvs.environments.engine import Engine
 
 _CACHE: dict[tuple[str, str], dict[str, Any]] = {}

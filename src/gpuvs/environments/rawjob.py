@@ -1,6 +1,6 @@
 """Bare mode's side of the environments: a command run as an environment's own process, without gpuvs's worker
 (an image with no Python: a C++ benchmark's, a distroless one). Each kind that can run a command bare returns a
-RawJob from `Environment.start_bare()`; gpuvs.bare turns it into the trial's protocol events.
+RawJob from `Environment.start_bare()`; gpuvs.workloads.command.bare turns it into the trial's protocol events.
 
 What a RawJob gives, all seen from outside the job:
     output       (stream, line bytes, arrival time) as the job prints, None once its output has ended (a bounded
@@ -233,7 +233,7 @@ class HostJob(RawProcess):
                 "resolution_s": 0.001, "startup": {}}
 
     def facts(self) -> dict[str, Any]:
-        from gpuvs import fingerprint
+        from gpuvs.probes import fingerprint
 
         fp = fingerprint.take(import_torch=False)
         fp["taken_by"] = "gpuvs, on this host (bare: beside the job, not inside it)"

@@ -50,7 +50,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy import special
 
-from gpuvs import stats
+from gpuvs.analysis import stats
 from gpuvs.fleet import peers, verdicts
 from gpuvs.fleet.history import HistoryPoint, NodeHistory, t_quantile
 

@@ -18,9 +18,9 @@ from gpuvs.fleet import adaptive, fingerprints
 from gpuvs.fleet.nodes import Excluded, NodeInfo
 from gpuvs.fleet.result import FleetResult, NodeLabels, NodeRow  # noqa: F401  (the run's result, re-exported)
 from gpuvs.fleet.schedule import Item, Slots
-from gpuvs.records import ExperimentMeta
-from gpuvs.runner import Arm, Experiment, LiveTrial, Runner, TrialResult
-from gpuvs.store import StoreError
+from gpuvs.store.records import ExperimentMeta
+from gpuvs.trial.runner import Arm, Experiment, LiveTrial, Runner, TrialResult
+from gpuvs.store.db import StoreError
 
 POLL_S = 0.05
 

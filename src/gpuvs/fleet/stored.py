@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from gpuvs.fleet import changepoint, drift, history
 from gpuvs.fleet.result import FleetResult, NodeRow
-from gpuvs.records import ExperimentRecord, latest_attempts
+from gpuvs.store.records import ExperimentRecord, latest_attempts
 
 if TYPE_CHECKING:
-    from gpuvs.store import Store
+    from gpuvs.store.db import Store
 
 KIND = "fleet"
 

@@ -1,5 +1,5 @@
 """Each node against the fleet, with the error rate controlled across the whole fleet. It calls
-gpuvs.stats for the comparison (its public compare_arms and log_ratio).
+gpuvs.analysis.stats for the comparison (its public compare_arms and log_ratio).
 
 Reference. A node is compared with the fleet band of the OTHER nodes: those whose mean (of their
 per-trial figures) lies within +/-margin of the median of the other nodes' means, their trials pooled;
@@ -33,7 +33,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from gpuvs import stats
+from gpuvs.analysis import stats
 
 SETTLED = ("slower", "faster", "equivalent")
 

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
-from gpuvs import precision
+from gpuvs.probes import precision
 from gpuvs.nlp import data
 from gpuvs.nlp.models import Bundle
 

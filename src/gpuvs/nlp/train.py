@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from gpuvs import precision
+from gpuvs.probes import precision
 from gpuvs.nlp import data
 from gpuvs.nlp.models import Bundle
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from gpuvs.comparison import Analysis
+from gpuvs.analysis.comparison import Analysis
 from gpuvs.report.numbers import fmt
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",

@@ -11,7 +11,7 @@ from pathlib import Path
 import jinja2
 
 from gpuvs import __version__
-from gpuvs.comparison import Analysis
+from gpuvs.analysis.comparison import Analysis
 from gpuvs.report import charts, tables
 from gpuvs.safetext import safe_text
 

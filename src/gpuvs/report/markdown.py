@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from gpuvs.comparison import Analysis
+from gpuvs.analysis.comparison import Analysis
 from gpuvs.report import tables
 from gpuvs.safetext import safe_text
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuvs.report.numbers import fmt
 from gpuvs.sharing.stats import Figure, MpsVerdict
-from gpuvs.stats import Comparison
+from gpuvs.analysis.stats import Comparison
 
 
 def figure_text(f: Figure, digits: int = 1) -> str:

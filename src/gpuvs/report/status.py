@@ -23,7 +23,7 @@ from gpuvs.report import validation
 from gpuvs.report.charts import nice_ticks, tick_label
 
 if TYPE_CHECKING:
-    from gpuvs.store import Store
+    from gpuvs.store.db import Store
 
 CHART_W, CHART_H = 600, 170
 LEFT, RIGHT, TOP, BOTTOM = 52, 12, 12, 30

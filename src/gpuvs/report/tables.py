@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuvs.comparison import Analysis, fingerprint_rows
-from gpuvs.family import MetricVerdict
+from gpuvs.analysis.comparison import Analysis, fingerprint_rows
+from gpuvs.analysis.family import MetricVerdict
 from gpuvs.report.numbers import fmt
-from gpuvs.stats import TrialsSummary
-from gpuvs.timeshare import LABELS, PARTS, TimeShares
+from gpuvs.analysis.stats import TrialsSummary
+from gpuvs.analysis.timeshare import LABELS, PARTS, TimeShares
 
 
 @dataclass

@@ -10,11 +10,12 @@ from typing import Any, Iterable
 from rich.console import Console
 from rich.table import Table
 
-from gpuvs import environments, stats
+from gpuvs import environments
+from gpuvs.analysis import stats
 from gpuvs.report import tables
 from gpuvs.report.numbers import fmt
 from gpuvs.safetext import safe_text
-from gpuvs.stats import SeriesSummary
+from gpuvs.analysis.stats import SeriesSummary
 
 CONFIG_LABELS = [
     ("model", "Model"), ("dataset", "Dataset"), ("mode", "Mode"), ("batch_size_global", "Batch size"),
@@ -223,7 +224,7 @@ def series_table(results: Iterable) -> Table | None:
 def telemetry_table(results: Iterable) -> Table | None:
     """NVML readings per arm and GPU over its trials: utilisation, memory, power, clocks, temperature,
     and every throttle reason seen with the share of readings that showed it."""
-    from gpuvs import telemetry
+    from gpuvs.probes import telemetry
 
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in results:

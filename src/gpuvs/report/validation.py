@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any
 
-from gpuvs.records import ExperimentRecord
+from gpuvs.store.records import ExperimentRecord
 from gpuvs.report import markdown, tables
 from gpuvs.report.numbers import fmt
 from gpuvs.validate.suite import FAIL, FIGURES, NOT_RUN, PASS, SHARED, Row, Settings

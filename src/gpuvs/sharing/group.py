@@ -12,11 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuvs import telemetry, workloads
+from gpuvs import workloads
+from gpuvs.probes import telemetry
 from gpuvs.sharing import barrier, gpm
 from gpuvs.errors import UsageError, interruption
 from gpuvs.sharing.mps import MpsDaemon
-from gpuvs.runner import LiveTrial, Runner, TrialResult
+from gpuvs.trial.runner import LiveTrial, Runner, TrialResult
 from gpuvs.sharing.stats import as_rate, window_rate
 from gpuvs.spec import EnvSpec, RunSpec
 
@@ -334,7 +335,7 @@ def _interrupted(lives: list[LiveTrial], exc: BaseException) -> None:
 def gpu_memory_total_mib(device: str) -> float | None:
     if not device.startswith("cuda"):
         return None
-    from gpuvs import fingerprint
+    from gpuvs.probes import fingerprint
 
     info = fingerprint.nvml_info()
     idx = telemetry.visible_gpu_indices(device, 1)[0]

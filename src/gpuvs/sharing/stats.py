@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from gpuvs import stats
-from gpuvs.records import SampleRecord
+from gpuvs.analysis import stats
+from gpuvs.store.records import SampleRecord
 
 _PER_SECOND = {"s": 1.0, "sec": 1.0, "seconds": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}
 

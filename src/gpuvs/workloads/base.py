@@ -175,8 +175,8 @@ class Workload:
     def summarize(self, samples: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """One trial's sample events summarised per series, each with its declared direction
         (stats.summarize_samples), as the summary event carries them (SeriesSummary.to_dict)."""
-        from gpuvs import stats
-        from gpuvs.records import SampleRecord
+        from gpuvs.analysis import stats
+        from gpuvs.store.records import SampleRecord
 
         records = [SampleRecord.from_event(e) for e in samples]
         summary = stats.summarize_samples(records, lambda name: self.declared(name, params))

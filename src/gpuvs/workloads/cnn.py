@@ -13,7 +13,8 @@ import os
 import time
 from typing import Any, Iterator
 
-from gpuvs import events, precision
+from gpuvs import events
+from gpuvs.probes import precision
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.params import Param
 from gpuvs.workloads import _timed, register
@@ -102,7 +103,7 @@ class _CnnBase(Workload):
 
     @staticmethod
     def set_precision(precision_name: str, device) -> None:
-        """TF32 as --precision says (gpuvs.precision), and cuDNN picks its fastest algorithms."""
+        """TF32 as --precision says (gpuvs.probes.precision), and cuDNN picks its fastest algorithms."""
         import torch
 
         precision.allow_tf32(precision_name)

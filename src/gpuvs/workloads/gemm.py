@@ -14,8 +14,9 @@ import re
 import time
 from typing import Any, Iterator
 
-from gpuvs import events, peaks
-from gpuvs.precision import dtype as precision_dtype, matmul_precision
+from gpuvs import events
+from gpuvs.probes import peaks
+from gpuvs.probes.precision import dtype as precision_dtype, matmul_precision
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.params import Param
 from gpuvs.workloads import register
@@ -81,7 +82,8 @@ def fp8_refusal(device: str) -> str | None:
     if not is_cuda(device):
         return ("--precision fp8 needs an NVIDIA GPU of compute capability 8.9 or newer (Ada, Hopper, "
                 "Blackwell: torch._scaled_mm); this run is on the CPU")
-    from gpuvs import fingerprint, telemetry
+    from gpuvs.probes import fingerprint
+    from gpuvs.probes import telemetry
 
     index = telemetry.visible_gpu_indices(device, 1)[0]
     gpus = {g["index"]: g for g in fingerprint.nvml_info().get("gpus", [])}

@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator
 
-from gpuvs import events, peaks
+from gpuvs import events
+from gpuvs.probes import peaks
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.params import Param
 from gpuvs.workloads import register
@@ -59,7 +60,7 @@ def pcie_link(device: str) -> float | None:
     try:
         import pynvml
 
-        from gpuvs import telemetry
+        from gpuvs.probes import telemetry
 
         pynvml.nvmlInit()
         try:

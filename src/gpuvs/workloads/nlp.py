@@ -14,7 +14,8 @@ import tempfile
 import time
 from typing import Any, Iterator
 
-from gpuvs import events, precision
+from gpuvs import events
+from gpuvs.probes import precision
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.params import Param
 from gpuvs.workloads import register

@@ -15,17 +15,17 @@ from gpuvs.cli.command import Args, Command, Positional
 from gpuvs.cli.command import Group as Options
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
-from gpuvs.records import ExperimentMeta
+from gpuvs.store.records import ExperimentMeta
 from gpuvs.report.sharing import figure_text, ratio_text
 from gpuvs.report.numbers import fmt
-from gpuvs.runner import Runner, validate_spec
+from gpuvs.trial.runner import Runner, validate_spec
 from gpuvs.safetext import safe_text
 from gpuvs.sharing import matrix
 from gpuvs.sharing import stats as sharestats
 from gpuvs.sharing.advisor import PairRuns, mean, measure, verdicts
 from gpuvs.sharing.group import Coordinator, Group, check_shareable, gpu_memory_total_mib
 from gpuvs.spec import RunSpec
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 
 ADVISE_OPTIONS = (
     Param("duration", float, 10.0, "seconds of each measured window", min=0.5, max=3600),

@@ -15,17 +15,19 @@ from typing import Any
 
 from rich.console import Console
 
-from gpuvs import comparison, experiment, workloads
+from gpuvs import workloads
+from gpuvs.analysis import comparison
+from gpuvs.trial import plan as experiment
 from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Form, Group, Positional
 from gpuvs.errors import UsageError
 from gpuvs.experiment import STUDY_PARAMS, Study
 from gpuvs.params import Param
-from gpuvs.records import ExperimentMeta
+from gpuvs.store.records import ExperimentMeta
 from gpuvs.report import terminal
-from gpuvs.runner import Experiment, TrialResult, validate_spec
-from gpuvs.sequential import Plan
-from gpuvs.store import Store
+from gpuvs.trial.runner import Experiment, TrialResult, validate_spec
+from gpuvs.analysis.sequential import Plan
+from gpuvs.store.db import Store
 
 COMPARE_OPTIONS = (
     Param("arm", str, None, "an arm: NAME:key=value[,key=value...] (two or more; the first is the baseline)",

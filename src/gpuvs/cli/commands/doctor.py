@@ -8,7 +8,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from gpuvs import checkup, environments
+from gpuvs import environments
+from gpuvs.probes import checkup
 from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Group
 from gpuvs.errors import EnvironmentUnavailable

@@ -28,12 +28,12 @@ from gpuvs.fleet import adaptive, kube, labels, nodes
 from gpuvs.fleet import run as fleet_run
 from gpuvs.fleet.result import NodeLabels
 from gpuvs.params import Param
-from gpuvs.records import ExperimentMeta
+from gpuvs.store.records import ExperimentMeta
 from gpuvs.report import fleet as report
 from gpuvs.report import terminal
-from gpuvs.runner import Runner, TrialResult, validate_spec
+from gpuvs.trial.runner import Runner, TrialResult, validate_spec
 from gpuvs.safetext import safe_text
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 
 DEFAULT_TRIALS = 4
 MIN_TRIALS = 4  # BENCHMARKS.md: 3 trials per node let the fleet's false-alarm rate reach 12%

@@ -7,7 +7,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from gpuvs import fingerprint
+from gpuvs.probes import fingerprint
 from gpuvs.cli.command import Args, Command, Group
 from gpuvs.params import Param
 

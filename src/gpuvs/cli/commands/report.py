@@ -10,15 +10,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpuvs import comparison
+from gpuvs.analysis import comparison
 from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.cli.common import open_store
 from gpuvs.cli.options import STORE
 from gpuvs.errors import UsageError
-from gpuvs.records import TrialRecord
+from gpuvs.store.records import TrialRecord
 from gpuvs.params import Param
 from gpuvs.report import html, markdown, terminal, validation
-from gpuvs.store import trials_csv
+from gpuvs.store.db import trials_csv
 
 FORMATS = {"term": "term", "terminal": "term", "md": "md", "markdown": "md", "html": "html", "json": "json",
            "csv": "csv"}

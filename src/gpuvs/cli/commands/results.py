@@ -13,13 +13,13 @@ from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.cli.common import open_store
 from gpuvs.cli.options import STORE
 from gpuvs.errors import UsageError
-from gpuvs.records import TrialRecord
+from gpuvs.store.records import TrialRecord
 from gpuvs.params import Param
 from gpuvs.report.numbers import fmt
 from gpuvs.report.terminal import safe_cells
 from gpuvs.safetext import safe_text
-from gpuvs.stats import SeriesSummary
-from gpuvs.store import Store
+from gpuvs.analysis.stats import SeriesSummary
+from gpuvs.store.db import Store
 
 OUTPUT = Param("output", str, None, "write here instead of standard output", aliases=("o",))
 
@@ -71,7 +71,7 @@ def _show_logs(st: Store, trials: list[TrialRecord]) -> None:
     """Each trial's stored stdout and stderr (a command's), with what was cut and the cap. The store keeps what the
     job wrote; it is shown with its control characters escaped (newlines and tabs kept: safetext.py), so that no
     escape sequence a job printed reaches the terminal."""
-    from gpuvs.job import HEAD, TAIL
+    from gpuvs.workloads.command.job import HEAD, TAIL
 
     out = sys.stdout
     out.write(f"gpuvs keeps the first {HEAD // 1024} KiB and the last {TAIL // 1024} KiB of each stream of a command's "

@@ -6,7 +6,7 @@ from rich.console import Console
 
 from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Positional
-from gpuvs.runner import Arm, Experiment
+from gpuvs.trial.runner import Arm, Experiment
 
 WORKLOAD = Positional("workload", "the workload to run (gpuvs workloads lists them)", workload=True)
 

@@ -48,7 +48,7 @@ def serve(args: Args) -> None:
     max_train_flops, max_model_params, model_cache_mb = o["max_train_flops"], o["max_model_params"], o["model_cache_mb"]
     tls_cert, tls_key, token_file, insecure = o["tls_cert"], o["tls_key"], o["token_file"], o["insecure"]
     threads, grace = o["threads"], o["grace"]
-    from gpuvs import fingerprint
+    from gpuvs.probes import fingerprint
     from gpuvs.spec import check_device_syntax
 
     if not 0 < max_message_mb <= 2047:

@@ -12,14 +12,14 @@ from rich.table import Table
 from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.params import Param
-from gpuvs.records import ExperimentMeta
+from gpuvs.store.records import ExperimentMeta
 from gpuvs.report.numbers import fmt
-from gpuvs.runner import Runner, validate_spec
+from gpuvs.trial.runner import Runner, validate_spec
 from gpuvs.safetext import safe_text
 from gpuvs.sharing import matrix
 from gpuvs.sharing.group import Coordinator, check_shareable, normalized_sum
 from gpuvs.spec import EnvSpec, RunSpec
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 
 
 SHARE_MATRIX_OPTIONS = (

@@ -10,11 +10,11 @@ import uuid
 
 from gpuvs.cli.command import Args, Command, Group
 from gpuvs.errors import RunFailed, UsageError
-from gpuvs.records import ExperimentMeta
+from gpuvs.store.records import ExperimentMeta
 from gpuvs.params import Param
 from gpuvs.report import validation
 from gpuvs.safetext import safe_text
-from gpuvs.store import Store
+from gpuvs.store.db import Store
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 

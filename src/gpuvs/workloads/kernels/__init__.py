@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from gpuvs import events, precision
+from gpuvs import events
+from gpuvs.probes import precision
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.params import Param
 from gpuvs.workloads import register

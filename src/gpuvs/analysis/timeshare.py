@@ -1,0 +1,108 @@
+"""Where an experiment's wall time went, as seconds and as shares of that wall time.
+
+Per trial, from the launch (gpuvs starts the worker, or asks the zygote for a fork) to the exit that gpuvs
+sees (L = launch_to_exit_s), with T0 = launch to the first timed step (launch_to_timed_s; where a workload
+does not report it, launch_to_done_s minus the timed steps; failing that, L minus them):
+- measured: the timed steps' own seconds (the headline series' total_seconds: what the figure is made of);
+- fork: the fork request to the child running (fork_s; 0 for a fresh exec);
+- warm-up: the first step and the warm-up steps (warmup_s);
+- start-up: T0 minus fork and warm-up: the interpreter and imports (exec), the fingerprint, the device's
+  context, the model and data;
+- teardown: L minus T0 minus measured: the end of the timed phase (its final synchronise, the workload's
+  last figures), the summary and the process's exit (its GPU context released).
+Per experiment: the wall time from the runner's start to its end; start-up also holds the time the runner
+waited for zygotes to start (once per zygote, paid by the experiment); other is what is left: the
+runner's own time (validation, the store, launching, the between-round analysis of --until-confident)
+and trials that never reported a launch-to-exit time. The parts add up to the wall time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from gpuvs.store.records import ExperimentRecord, TrialRecord
+    from gpuvs.analysis.stats import SeriesSummary
+
+PARTS = ("measured", "start_up", "warm_up", "fork", "teardown", "other")
+LABELS = {"measured": "measured (timed steps)", "start_up": "start-up", "warm_up": "warm-up", "fork": "fork",
+          "teardown": "teardown", "other": "other (the runner's own)"}
+
+
+@dataclass
+class TrialTime:
+    wall_s: float  # launch to exit
+    measured_s: float
+    fork_s: float
+    warm_up_s: float
+    start_up_s: float
+    teardown_s: float
+
+
+@dataclass
+class TimeShares:
+    wall_s: float  # the experiment's
+    seconds: dict[str, float]  # part -> seconds (PARTS)
+    shares: dict[str, float]  # part -> share of wall_s
+    trials: int  # trials with a launch-to-exit time
+    per_trial: dict[str, float]  # part -> mean seconds per such trial (other: none)
+    zygote_starts_s: list[float] = field(default_factory=list)
+
+
+def trial_time(startup: Mapping[str, float], summary: Mapping[str, SeriesSummary]) -> TrialTime | None:
+    """One trial's launch-to-exit time in parts (None when it has no launch-to-exit time). `summary` is
+    the trial's, headline series first (as the worker orders it)."""
+    wall = startup.get("launch_to_exit_s")
+    if wall is None:
+        return None
+    head = next(iter(summary.values()), None) if summary else None
+    measured = float(head.total_seconds or 0.0) if head is not None else 0.0
+    fork = float(startup.get("fork_s") or 0.0)
+    warm = float(startup.get("warmup_s") or 0.0)
+    if startup.get("launch_to_timed_s") is not None:
+        timed_at = float(startup["launch_to_timed_s"])
+    elif startup.get("launch_to_done_s") is not None:
+        timed_at = float(startup["launch_to_done_s"]) - measured
+    else:
+        timed_at = wall - measured
+    start = max(0.0, timed_at - warm - fork)
+    teardown = max(0.0, wall - timed_at - measured)
+    return TrialTime(wall, measured, fork, warm, start, teardown)
+
+
+def shares(wall_s: float | None, trials: Iterable[TrialTime | None], timing: Mapping[str, Any] | None = None
+           ) -> TimeShares | None:
+    """The experiment's parts. `timing` is what the runner recorded (zygote_wait_s, zygote_starts_s)."""
+    timing = timing or {}
+    known = [t for t in trials if t is not None]
+    if not wall_s or wall_s <= 0:
+        return None
+    waited = float(timing.get("zygote_wait_s") or 0.0)
+    sec = {"measured": sum(t.measured_s for t in known), "start_up": sum(t.start_up_s for t in known) + waited,
+           "warm_up": sum(t.warm_up_s for t in known), "fork": sum(t.fork_s for t in known),
+           "teardown": sum(t.teardown_s for t in known)}
+    accounted = sum(sec.values())
+    wall = max(float(wall_s), accounted)  # clocks read apart may disagree by a few ms: never a negative part
+    sec["other"] = wall - accounted
+    n = len(known)
+    per = {"measured": sec["measured"] / n, "start_up": (sec["start_up"] - waited) / n, "warm_up": sec["warm_up"] / n,
+           "fork": sec["fork"] / n, "teardown": sec["teardown"] / n,
+           "wall": sum(t.wall_s for t in known) / n} if n else {}
+    return TimeShares(wall_s=wall, seconds=sec, shares={k: v / wall for k, v in sec.items()}, trials=n, per_trial=per,
+                      zygote_starts_s=[float(x) for x in timing.get("zygote_starts_s") or []])
+
+
+def from_records(records: Iterable[Any], wall_s: float | None, timing: Mapping[str, Any] | None = None
+                 ) -> TimeShares | None:
+    """From trials that have a `startup` and a `summary` (the store's TrialRecord, the runner's
+    TrialResult)."""
+    return shares(wall_s, [trial_time(r.startup or {}, r.summary or {}) for r in records], timing)
+
+
+def wall_of(experiment: ExperimentRecord, records: list[TrialRecord]) -> float | None:
+    """An experiment's wall time: as the runner recorded it, else its creation to its last trial's end."""
+    timing = experiment.meta.timing or {}
+    if timing.get("wall_s"):
+        return float(timing["wall_s"])
+    ends = [r.ended for r in records if r.ended]
+    return max(ends) - experiment.created if ends and experiment.created else None

@@ -1,0 +1,1 @@
+"""The store: SQLite (db) and the typed records it returns (records)."""

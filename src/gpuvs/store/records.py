@@ -1,0 +1,375 @@
+"""What the store keeps, as typed records: an experiment (ExperimentRecord, its ExperimentMeta), its
+trials (TrialRecord), their samples (SampleRecord), NVML readings (TelemetryRecord) and a command's own
+output (OutputRecord). The store reads
+its rows into these and writes them back; everything after the store works on them.
+
+JSON is made and read here and nowhere after the store: to_dict() is exactly the JSON the store's
+columns, `gpuvs results export` and `results show --json` carry (the same keys, in the same order, as
+ever), from_dict()/from_row() read it back. Reading is tolerant of stores written by earlier versions: a
+key they did not write gets the default those versions meant (said where it matters), one this version
+does not know is kept (meta) or left out (a run spec's unknown field)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable, Mapping
+
+from gpuvs.analysis.sequential import Plan
+from gpuvs.spec import EnvSpec, RunSpec
+from gpuvs.analysis.stats import SeriesSummary
+
+DEFAULT_MARGIN = 0.02  # the equivalence margin of a comparison that stored none (gpuvs run stores none)
+DEFAULT_CONFIDENCE = 0.95
+
+
+def _loads(text: str | None, empty: Any) -> Any:
+    return json.loads(text) if text else empty
+
+
+def spec_from_dict(data: Mapping[str, Any] | None) -> RunSpec | None:
+    """A stored run spec: its known fields (a field an earlier version did not store keeps RunSpec's
+    default; one this version does not know is left out)."""
+    if not data:
+        return None
+    names = {f.name for f in fields(RunSpec)}
+    known = {k: v for k, v in data.items() if k in names}
+    env = known.pop("env", None) or {}
+    spec = RunSpec(**known)
+    spec.env = env if isinstance(env, EnvSpec) else EnvSpec(**{k: v for k, v in env.items() if k in ("kind", "options")})
+    return spec
+
+
+def spec_json(spec: RunSpec | None) -> dict[str, Any] | None:
+    """A run spec as the store keeps it (RunSpec.to_json: keys sorted)."""
+    return None if spec is None else json.loads(spec.to_json())
+
+
+# -- a trial's parts --------------------------------------------------------------------------------
+
+@dataclass
+class MetricValue:
+    """A scalar result of a trial (final loss, p99 latency...): the worker's metric event."""
+
+    value: float | None
+    unit: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "unit": self.unit}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MetricValue:
+        return cls(data.get("value"), data.get("unit", ""))
+
+
+@dataclass
+class SampleRecord:
+    """One step's figure of one series (the worker's sample event; trial_id once stored)."""
+
+    trial_id: int | None
+    series: str
+    step: int
+    value: float | None
+    unit: str | None
+    seconds: float | None = None
+    items: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # what else the workload sent (loss, display...)
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any], trial_id: int | None = None) -> SampleRecord:
+        """A worker's sample event (events.sample)."""
+        e = {"series": "main", "value": None, "unit": None, "seconds": None, "items": None, **event}
+        return cls(trial_id, e["series"], e["step"], e["value"], e["unit"], e["seconds"], e["items"],
+                   dict(e.get("extra") or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class TelemetryRecord:
+    """One NVML reading of one GPU during a trial: t (seconds since its sampler started), the GPU's index,
+    and the readings themselves as NVML gave them (telemetry.READINGS, throttle reasons): data from the
+    device, kept as it came."""
+
+    t: float
+    gpu: int | None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any]) -> TelemetryRecord:
+        return cls(event.get("t", 0.0), event.get("gpu"),
+                   {k: v for k, v in event.items() if k not in ("type", "t", "gpu")})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The reading as one flat mapping (what telemetry.summarize and the charts read)."""
+        return {"t": self.t, "gpu": self.gpu, **self.data}
+
+
+@dataclass
+class OutputRecord:
+    """One stream of a command trial's own output, as kept (job.Capture): its text (the first and last bytes of
+    it, with a marked cut), its size in bytes and lines, and how many bytes were cut."""
+
+    trial_id: int | None
+    stream: str
+    text: str
+    bytes: int | None = None
+    lines: int | None = None
+    cut: int | None = None
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any], trial_id: int | None = None) -> OutputRecord:
+        """A worker's output event (events.output)."""
+        return cls(trial_id, event["stream"], event.get("text") or "", event.get("bytes"), event.get("lines"),
+                   event.get("cut"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def summaries_from_dict(data: Mapping[str, Any] | None) -> dict[str, SeriesSummary]:
+    return {name: SeriesSummary.from_dict(s) for name, s in (data or {}).items()}
+
+
+def metrics_from_dict(data: Mapping[str, Any] | None) -> dict[str, MetricValue]:
+    return {name: MetricValue.from_dict(m) for name, m in (data or {}).items()}
+
+
+def json_value(value: Any) -> Any:
+    """A value of a record as JSON data: records by their to_dict, mappings and lists item by item."""
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, Mapping):
+        return {k: json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    return value
+
+
+# -- a trial ----------------------------------------------------------------------------------------
+
+@dataclass
+class TrialRecord:
+    """One attempt of one trial, as stored: where it ran (spec, fingerprint), what it was set to (config),
+    what it measured (startup seconds, scalar metrics, a summary per series), how it ended. samples and
+    telemetry are there where they were read with it (Store.trials(..., with_samples=...))."""
+
+    id: int | None
+    experiment_id: str
+    run_id: str
+    arm: str
+    trial: int
+    attempt: int = 0
+    workload: str = ""
+    status: str = "running"
+    error: str | None = None
+    error_kind: str | None = None
+    spec: RunSpec | None = None
+    fingerprint: dict[str, Any] = field(default_factory=dict)  # gathered by the worker (fingerprint.py)
+    config: dict[str, Any] = field(default_factory=dict)  # the workload's configuration items
+    startup: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, MetricValue] = field(default_factory=dict)
+    summary: dict[str, SeriesSummary] = field(default_factory=dict)  # per series, the headline first
+    started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+    owner: str | None = None  # host:pid of the gpuvs that ran it
+    samples: list[SampleRecord] | None = None
+    telemetry: list[TelemetryRecord] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def primary(self) -> SeriesSummary | None:
+        """The first series' summary (the headline figure)."""
+        return next(iter(self.summary.values()), None)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> TrialRecord:
+        """A row of the trials table (its JSON columns as the text the store keeps)."""
+        return cls(id=row["id"], experiment_id=row["experiment_id"], run_id=row["run_id"], arm=row["arm"],
+                   trial=row["trial"], attempt=row["attempt"], workload=row["workload"], status=row["status"],
+                   error=row["error"], error_kind=row["error_kind"], spec=spec_from_dict(_loads(row["spec"], None)),
+                   fingerprint=_loads(row["fingerprint"], {}), config=_loads(row["config"], {}),
+                   startup=_loads(row["startup"], {}), metrics=metrics_from_dict(_loads(row["metrics"], {})),
+                   summary=summaries_from_dict(_loads(row["summary"], {})), started=row["started"],
+                   ended=row["ended"], exit_code=row["exit_code"], owner=row["owner"])
+
+    @classmethod
+    def from_result(cls, r) -> TrialRecord:
+        """A trial the runner has in hand (runner.TrialResult), not read back from the store."""
+        spec = r.spec
+        return cls(id=r.trial_id, experiment_id=spec.experiment_id, run_id=spec.run_id, arm=spec.arm,
+                   trial=spec.trial, workload=spec.workload, status=r.status, error=r.error,
+                   error_kind=r.error_kind, spec=spec, fingerprint=r.fingerprint, config=r.config,
+                   startup=r.startup, metrics=r.metrics, summary=r.summary, exit_code=r.exit_code)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The trial as `results export` and `results show --json` write it: the table's columns (the run
+        spec with its keys sorted, as stored), then samples and telemetry where they were read."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "spec":
+                out["spec"] = spec_json(value)
+            elif f.name in ("samples", "telemetry"):
+                if value is not None:
+                    out[f.name] = [v.to_dict() for v in value]
+            else:
+                out[f.name] = json_value(value)
+        return out
+
+
+# -- an experiment ----------------------------------------------------------------------------------
+
+@dataclass
+class ArmMeta:
+    """An arm as stored with its experiment: its name and what it overrides of the base (RunSpec fields,
+    env, environment options, workload parameters: values as given)."""
+
+    name: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "overrides": {k: (v.__dict__ if isinstance(v, EnvSpec) else v)
+                                                 for k, v in self.overrides.items()}}
+
+
+@dataclass
+class ExperimentMeta:
+    """What an experiment stores besides its trials: how it is judged, what was run, and what each kind of
+    run keeps of its own. Every field is None where the experiment did not store it, and `order` keeps the
+    order of the keys of a stored meta, so that to_dict() writes back the JSON that was read, key for key.
+    A new meta is written in the order of the fields below (the order `gpuvs run` and `gpuvs compare`
+    always wrote), skipping what is None.
+
+    What a field left out meant, for stores of every version: margin 0.02 and confidence 0.95 (compare's
+    defaults: judged()); interleaved: the trials of a compare were run in interleaved rounds, other kinds'
+    were not, and only `compare --stored` says otherwise (is_interleaved()); sequential: a fixed count."""
+
+    # how a comparison is judged
+    margin: float | None = None
+    confidence: float | None = None
+    # where it came from
+    file: str | dict[str, Any] | None = None  # compare --file: its path; share-matrix: the pairs file itself
+    description: str | None = None
+    command: str | None = None
+    sequential: Plan | None = None  # --until-confident: the looks planned (first, cap, step)
+    # what was run (the runner's experiments: run, compare, fleet)
+    workload: str | None = None
+    interleaved: bool | None = None  # stated only where trials were not interleaved (compare --stored)
+    trials: int | None = None  # trials per arm planned
+    seed: int | None = None  # of the trial order
+    arms: list[ArmMeta] | None = None
+    base: RunSpec | None = None
+    # what each kind keeps of its own (as the kind wrote it: options and results of that command)
+    fleet: dict[str, Any] | None = None  # gpuvs fleet: its FleetResult (fleet.result.FleetResult.from_dict)
+    share: dict[str, Any] | None = None  # gpuvs share: its options
+    pairs: list[Any] | None = None  # advise-mps: the pairs of jobs
+    options: dict[str, Any] | None = None  # advise-mps: its options
+    host: str | None = None  # gpuvs validate: the cluster, its settings, a row per check (validate.suite.Row)
+    source: str | None = None
+    namespace: str | None = None
+    settings: dict[str, Any] | None = None
+    checks: list[dict[str, Any]] | None = None
+    finished: bool | None = None
+    stopped: str | None = None
+    # the runner's own: the experiment's wall time and its zygotes' starts (timeshare.py)
+    timing: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as stored
+    order: tuple[str, ...] = field(default=(), repr=False, compare=False)
+
+    def judged(self) -> tuple[float, float]:
+        """(margin, confidence) of the verdicts: as stored, else 0.02 and 0.95."""
+        return (float(DEFAULT_MARGIN if self.margin is None else self.margin),
+                float(DEFAULT_CONFIDENCE if self.confidence is None else self.confidence))
+
+    def is_interleaved(self, kind: str) -> bool:
+        """Whether the trials ran in interleaved rounds (A B | B A): as stated, else for a compare."""
+        return self.interleaved if self.interleaved is not None else kind == "compare"
+
+    def arm_names(self) -> list[str]:
+        return [a.name for a in self.arms or []]
+
+    def overrides(self) -> dict[str, dict[str, Any]]:
+        return {a.name: a.overrides for a in self.arms or []}
+
+    def to_dict(self) -> dict[str, Any]:
+        names = [f.name for f in fields(self) if f.name not in ("extra", "order")]
+        keys = list(self.order) + [n for n in names if n not in self.order and getattr(self, n) is not None]
+        keys += [k for k in self.extra if k not in keys]
+        out: dict[str, Any] = {}
+        for k in keys:
+            if k not in names:
+                out[k] = self.extra.get(k)
+            elif k == "base":
+                out[k] = None if self.base is None else self.base.to_dict()
+            elif k == "sequential":
+                out[k] = None if self.sequential is None else dataclasses.asdict(self.sequential)
+            else:
+                out[k] = json_value(getattr(self, k))
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExperimentMeta:
+        names = {f.name for f in fields(cls)} - {"extra", "order"}
+        meta = cls(**{k: v for k, v in data.items() if k in names},
+                   extra={k: v for k, v in data.items() if k not in names}, order=tuple(data))
+        if isinstance(data.get("sequential"), Mapping):
+            seq = data["sequential"]
+            meta.sequential = Plan(int(seq["first"]), int(seq["cap"]), int(seq.get("step", 2)))
+        if data.get("arms") is not None:
+            meta.arms = [ArmMeta(a["name"], dict(a.get("overrides") or {})) for a in data["arms"]]
+        if isinstance(data.get("base"), Mapping):
+            meta.base = spec_from_dict(data["base"])
+        return meta
+
+
+@dataclass
+class ExperimentRecord:
+    """One experiment: its id, name, kind (run, compare, fleet, share, advise-mps, share-matrix, validate,
+    trial), when it was created (unix seconds) and its meta."""
+
+    id: str
+    name: str
+    kind: str
+    created: float
+    meta: ExperimentMeta = field(default_factory=ExperimentMeta)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ExperimentRecord:
+        return cls(row["id"], row["name"], row["kind"], row["created"], ExperimentMeta.from_dict(json.loads(row["meta"])))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "kind": self.kind, "created": self.created,
+                "meta": self.meta.to_dict()}
+
+
+@dataclass
+class ExperimentListing(ExperimentRecord):
+    """An experiment as `results list` shows it: with its trial counts and its (first) workload."""
+
+    n_trials: int = 0
+    n_ok: int | None = None  # None: no trial at all
+    workload: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ExperimentListing:
+        exp = ExperimentRecord.from_row(row)
+        return cls(exp.id, exp.name, exp.kind, exp.created, exp.meta, row["n_trials"], row["n_ok"], row["workload"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "n_trials": self.n_trials, "n_ok": self.n_ok, "workload": self.workload}
+
+
+def latest_attempts(records: Iterable[TrialRecord]) -> list[TrialRecord]:
+    """One record per (arm, trial): its last attempt (retries keep earlier ones in the store)."""
+    latest: dict[tuple[str, int], TrialRecord] = {}
+    for rec in records:
+        key = (rec.arm, rec.trial)
+        if key not in latest or (rec.attempt or 0) >= (latest[key].attempt or 0):
+            latest[key] = rec
+    return list(latest.values())

@@ -1,0 +1,63 @@
+"""Metrics read from a job's own output: what the `command` workload measures besides wall time.
+
+- base.py: the records (Metric: a declared figure with its direction; Reading: one value of it, with the line it
+  came from), the Parser interface (fed line by line as the job prints, finished after it exits) and WALL_TIME,
+  the default headline, measured by the wrapper, declared here so that wrapper and reports share it.
+- patterns.py: --metric / --step-metric texts into declarations (UsageError before anything starts) and their parser.
+- reader.py: one job's output read by all its parsers; which required metrics never appeared, and why a trial fails.
+- one module per ready parser, registered by name (`--parser NAME[:ARG]`): tf_cnn_benchmarks, hyperfine, sysbench,
+  stress-ng, jsonl. A new parser is one new module (a Parser subclass with @register) and its test.
+
+Standard library only (the worker wraps a command inside the user's image). docs/command.md is the reference."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from gpuvs.errors import UsageError
+from gpuvs.registry import Registry
+from gpuvs.workloads.command.outputs.base import WALL_TIME, Job, Line, Metric, OutputError, Parser, Reading, wall_time
+
+__all__ = ["Job", "Line", "Metric", "Missing", "OutputError", "Parser", "PatternParser", "Reader", "Reading",
+           "WALL_TIME", "create", "get", "names", "make_reader", "parse_metric_spec", "register", "wall_time"]
+
+_parsers: Registry[type[Parser]] = Registry(__name__, __path__, "parser", lambda cls: cls.name,
+                                            skip=("base", "budget", "patterns", "reader"))
+register = _parsers.register
+
+
+def names() -> list[str]:
+    return sorted(_parsers.discover())
+
+
+def get(name: str) -> type[Parser]:
+    """A ready parser's class by name, or one UsageError line listing the known ones."""
+    try:
+        return _parsers.discover()[name]
+    except KeyError:
+        raise UsageError(f"unknown parser {name!r}; known parsers: {', '.join(names())}") from None
+
+
+def create(spec: str, job: Job | None = None) -> Parser:
+    """A parser from the user's `NAME` or `NAME:ARG` (hyperfine:out.json, sysbench:cpu, stress-ng:vm)."""
+    name, colon, arg = spec.strip().partition(":")
+    cls = get(name)
+    if colon and not arg:
+        raise UsageError(f"parser {spec!r}: nothing after ':'; {name} takes {cls.arg or 'no argument'}")
+    return cls(arg if colon else None, job or Job())
+
+
+def make_reader(parsers: Iterable[str] = (), metrics: Iterable[str] = (), step_metrics: Iterable[str] = (),
+                headline: str | None = None, job: Job | None = None) -> "Reader":
+    """Everything the user said about a job's output (--parser, --metric, --step-metric, the headline) as one
+    Reader: every UsageError is raised here, before anything starts."""
+    job = job or Job()
+    made = [create(spec, job) for spec in parsers]
+    metrics, step_metrics = list(metrics), list(step_metrics)
+    if metrics or step_metrics:
+        made.append(PatternParser.from_specs(metrics, step_metrics))
+    return Reader(made, headline=headline)
+
+
+from gpuvs.workloads.command.outputs.patterns import PatternParser, parse_metric_spec  # noqa: E402  (they import register's module)
+from gpuvs.workloads.command.outputs.reader import Missing, Reader  # noqa: E402
