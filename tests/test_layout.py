@@ -16,6 +16,26 @@ STATISTICS = ("gpuvs.analysis.stats", "gpuvs.analysis.family", "gpuvs.analysis.s
 ENTRY_POINTS = ("gpuvs.__main__",)  # `python -m gpuvs`: the top of the house, it starts the command line
 COMMANDS = "gpuvs.cli.commands"  # the package of command modules, one per command, found by name
 
+# The house, from the ground up (README "How it is built"): a module may import only from its own floor or below,
+# and no two packages import each other. Each entry is a package (or one of the few modules at the top);
+# a floor may hold several that do not import each other.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("gpuvs", "gpuvs.errors", "gpuvs.events", "gpuvs.registry", "gpuvs.spawn"),  # the shared vocabulary
+    ("gpuvs.params", "gpuvs.spec"),
+    ("gpuvs.probes", "gpuvs.store", "gpuvs.kube"),  # what a machine is; what is kept; the cluster's client
+    ("gpuvs.nlp",),
+    ("gpuvs.serve",),
+    ("gpuvs.environments",),  # where a worker runs (host, container, pod/)
+    ("gpuvs.workloads",),  # what it runs (command/ among them)
+    ("gpuvs.analysis",),  # statistics and verdicts over stored records
+    ("gpuvs.trial",),  # plan, runner, launch, zygote, worker
+    ("gpuvs.validate", "gpuvs.sharing", "gpuvs.fleet"),  # what is built on trials
+    ("gpuvs.report",),  # every table, page and picture
+    ("gpuvs.agent",),  # the in-cluster service: calls the library
+    ("gpuvs.cli",),  # parses, calls the library, renders through report/
+    ("gpuvs.__main__",),
+)
+
 
 def _under(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
@@ -31,21 +51,29 @@ def modules(root: Path) -> dict[str, tuple[Path, bool]]:
     return out
 
 
-def _loads_its_modules(tree: ast.AST) -> int | None:
-    """The line where a package's __init__ imports every module of itself by name
-    (importlib.import_module over pkgutil.iter_modules(__path__)), as gpuvs.cli's does; else None."""
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
-    walks_itself = any(c.func.attr == "iter_modules" and any(isinstance(a, ast.Name) and a.id == "__path__"
-                                                             for a in c.args) for c in calls)
-    loads = [c.lineno for c in calls if c.func.attr == "import_module"]
-    return loads[0] if walks_itself and loads else None
+def _loads_its_modules(tree: ast.AST, registries: bool = True) -> int | None:
+    """The line where a package's __init__ imports every module of itself by name: importlib.import_module over
+    pkgutil.iter_modules(__path__), as gpuvs.cli's does, or a gpuvs.registry.Registry made over its own __path__
+    (`Registry(__name__, __path__, ...)`: discover() imports every module of the package, as the workloads and
+    environments do); else None."""
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    own_path = [c for c in calls if any(isinstance(a, ast.Name) and a.id == "__path__" for a in c.args)]
+    walks_itself = any(isinstance(c.func, ast.Attribute) and c.func.attr == "iter_modules" for c in own_path)
+    loads = [c.lineno for c in calls if isinstance(c.func, ast.Attribute) and c.func.attr == "import_module"]
+    if walks_itself and loads:
+        return loads[0]
+    if not registries:
+        return None
+    registries = [c.lineno for c in own_path if isinstance(c.func, ast.Name) and c.func.id == "Registry"]
+    return registries[0] if registries else None
 
 
-def import_graph(root: Path) -> dict[str, dict[str, int]]:
+def import_graph(root: Path, registries: bool = True) -> dict[str, dict[str, int]]:
     """module -> {imported name -> line}: names inside the package are resolved to the module they name
     (`from gpuvs.x import y` is gpuvs.x.y where that is a module, else gpuvs.x); names outside it (rich,
     torch) are kept as their top-level name. A package that loads every module of itself by name
-    imports each of them."""
+    imports each of them; with `registries`, so does one whose Registry discovers them (when first asked: the
+    modules import the package's `register` back, by design, so the cycle check leaves these edges out)."""
     mods = modules(root)
     top = root.name
 
@@ -59,7 +87,7 @@ def import_graph(root: Path) -> dict[str, dict[str, int]]:
         here = name if package else name.rpartition(".")[0]
         edges: dict[str, int] = {}
         tree = ast.parse(path.read_text(), str(path))
-        line = _loads_its_modules(tree) if package else None
+        line = _loads_its_modules(tree, registries) if package else None
         if line is not None:
             for other in mods:
                 if other.rpartition(".")[0] == name:
@@ -155,7 +183,7 @@ def upward(graph: dict[str, dict[str, int]]) -> list[str]:
 
 
 def test_no_import_cycles():
-    graph = import_graph(SRC / "gpuvs")
+    graph = import_graph(SRC / "gpuvs", registries=False)
     assert len(graph) > 50 and "gpuvs.sharing.group" in graph["gpuvs.cli.commands.share"]  # the graph was read
     # the commands package loads every command module by name: the graph has those edges too
     commands = {m for m in graph if m.startswith(COMMANDS + ".")}
@@ -167,6 +195,61 @@ def test_no_import_points_up():
     graph = import_graph(SRC / "gpuvs")
     assert "gpuvs.analysis.stats" in graph["gpuvs.sharing.stats"]
     assert upward(graph) == []
+
+
+def room(module: str, floors=FLOORS) -> str | None:
+    """The declared entry a module belongs to (the longest that holds it), or None."""
+    names = [n for floor in floors for n in floor if n != "gpuvs"]
+    held = [n for n in names if _under(module, n)]
+    if held:
+        return max(held, key=len)
+    return "gpuvs" if module == "gpuvs" else None
+
+
+def floor_of(entry: str, floors=FLOORS) -> int:
+    return next(i for i, floor in enumerate(floors) if entry in floor)
+
+
+def against_the_order(graph: dict[str, dict[str, int]], floors=FLOORS) -> list[str]:
+    """Every module outside the declared rooms, every import of a module from a higher floor (or from a room of its
+    own floor: rooms of one floor do not import each other), and every pair of rooms that import each other."""
+    bad = []
+    rooms: dict[tuple[str, str], str] = {}
+    for module, edges in graph.items():
+        here = room(module, floors)
+        if here is None:
+            bad.append(f"{module} is in no declared room (add it to FLOORS, or move it into a package)")
+            continue
+        for target, line in edges.items():
+            there = room(target, floors) if target.split(".")[0] == "gpuvs" else None
+            if there is None or there == here:
+                continue
+            rooms.setdefault((here, there), f"{module}:{line}")
+            if floor_of(there, floors) >= floor_of(here, floors):
+                bad.append(f"{module}:{line} imports {target} ({there} is not below {here})")
+    for (a, b), where in sorted(rooms.items()):
+        if a < b and (b, a) in rooms:
+            bad.append(f"{a} and {b} import each other ({where}; {rooms[(b, a)]})")
+    return bad
+
+
+def test_packages_keep_their_declared_order():
+    graph = import_graph(SRC / "gpuvs")
+    # the graph models registry discovery: the workloads' __init__ imports every workload module
+    assert "gpuvs.workloads.command" in graph["gpuvs.workloads"]
+    assert "gpuvs.environments.pod" in graph["gpuvs.environments"]
+    assert against_the_order(graph) == []
+
+
+def test_few_modules_are_left_at_the_top():
+    """The top holds the shared vocabulary and the entry points kept for one release (`python -m gpuvs.worker`,
+    `gpuvs.inside`, `gpuvs.zygote`: each only runs its module in gpuvs.trial)."""
+    top = sorted(p.stem for p in (SRC / "gpuvs").glob("*.py"))
+    assert top == ["__init__", "__main__", "errors", "events", "inside", "params", "registry", "spawn", "spec",
+                   "worker", "zygote"]
+    for shim in ("worker", "inside", "zygote"):
+        text = (SRC / "gpuvs" / f"{shim}.py").read_text()
+        assert f'runpy.run_module("gpuvs.trial.{shim}"' in text and "import gpuvs" not in text
 
 
 def test_checker_finds_a_cycle_and_an_upward_import(tmp_path):
@@ -181,8 +264,10 @@ def test_checker_finds_a_cycle_and_an_upward_import(tmp_path):
         "a.py": "from gpuvs import b\n",
         "b.py": "from .c import thing\n",
         "c.py": "def f():\n    import gpuvs.a\n",
-        "stats.py": "def show():\n    from gpuvs.report.terminal import fmt\n",
-        "store.py": "from gpuvs.cli import app\n",
+        "analysis/__init__.py": "",
+        "analysis/stats.py": "def show():\n    from gpuvs.report.terminal import fmt\n",
+        "store/__init__.py": "",
+        "store/db.py": "from gpuvs.cli import app\n",
         "report/__init__.py": "",
         "report/terminal.py": "import rich\n",
         "cli/__init__.py": "import importlib, pkgutil\napp = None\n"
@@ -204,15 +289,25 @@ def test_checker_finds_a_cycle_and_an_upward_import(tmp_path):
                                      ["gpuvs.cli", "gpuvs.cli.cmd", "gpuvs.cli.commands", "gpuvs.cli.commands.one",
                                       "gpuvs.cli.commands.two"]]
     assert sorted(upward(graph)) == [
+        "gpuvs.analysis.stats:2 imports gpuvs.report.terminal (statistics never import rendering or the command line)",
         "gpuvs.cli.commands.one:2 imports gpuvs.cli.commands.two (a command module imports neither another "
         "command nor the dispatcher: what commands share is in cli/common.py, cli/options.py)",
         "gpuvs.cli.commands.two:2 imports gpuvs.cli (a command module imports neither another "
         "command nor the dispatcher: what commands share is in cli/common.py, cli/options.py)",
-        "gpuvs.analysis.stats:2 imports gpuvs.report.terminal (statistics never import rendering or the command line)",
         "gpuvs.store.db:1 imports gpuvs.cli (only the command line and the entry point import the command line)",
     ]
-    (pkg / "params.py").write_text("from gpuvs import errors, store\n")
-    assert any("gpuvs.params:1 imports gpuvs.store.db" in line for line in upward(import_graph(pkg)))
+    (pkg / "params.py").write_text("from gpuvs import errors\nfrom gpuvs.store import db\n")
+    assert any("gpuvs.params:2 imports gpuvs.store.db" in line for line in upward(import_graph(pkg)))
+    # the declared order: the store (floor 1) imports the command line (floor 3) and the report package imports
+    # the analysis package, which imports it back; a/b/c are in no room
+    floors = (("gpuvs", "gpuvs.errors", "gpuvs.params"), ("gpuvs.store",), ("gpuvs.analysis", "gpuvs.report"),
+              ("gpuvs.cli",))
+    (pkg / "report" / "terminal.py").write_text("import rich\nfrom gpuvs.analysis import stats\n")
+    found = against_the_order(import_graph(pkg), floors)
+    assert "gpuvs.store.db:1 imports gpuvs.cli (gpuvs.cli is not below gpuvs.store)" in found
+    assert "gpuvs.analysis.stats:2 imports gpuvs.report.terminal (gpuvs.report is not below gpuvs.analysis)" in found
+    assert any(line.startswith("gpuvs.analysis and gpuvs.report import each other") for line in found)
+    assert "gpuvs.a is in no declared room (add it to FLOORS, or move it into a package)" in found
 
 
 @pytest.mark.parametrize("module", ["gpuvs.sharing.stats", "gpuvs.analysis.stats", "gpuvs.params"])

@@ -15,7 +15,8 @@ from conftest import cell, gpuvs_processes, require
 from gpuvs.errors import EnvironmentUnavailable
 from gpuvs.report.sharing import figure_text, ratio_text
 from gpuvs.trial.runner import Runner
-from gpuvs.sharing import barrier, knobs, mps
+from gpuvs.sharing import knobs, mps
+from gpuvs.workloads import _barrier as barrier
 from gpuvs.sharing import stats as sharestats
 from gpuvs.sharing.advice import predict
 from gpuvs.sharing.group import Coordinator, Group, normalized_sum, worker_spec

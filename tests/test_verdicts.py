@@ -197,7 +197,7 @@ def test_the_plan_spends_alpha_over_its_looks():
     levels = nominal_levels(tuple(plan.looks()), 0.05)
     # linear spending: every look may stop (the first gets 3/20 of alpha), no look tests at alpha itself
     assert all(0.004 < x < 0.025 for x in levels) and sum(levels) > 0.05
-    level, level_eq = plan.levels(20, 0.05)
+    level, level_eq = sequential.levels(plan, 20, 0.05)
     assert level == levels[-1] and 0.01 < level_eq < 0.025
     # the levels hold alpha for the statistic they are set on: simulated A/A paired t over the looks
     rng = np.random.default_rng(1)

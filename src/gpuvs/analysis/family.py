@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from gpuvs.analysis import stats
+from gpuvs.analysis import sequential
 from gpuvs.analysis.sequential import Plan
 
 
@@ -66,7 +67,7 @@ def headline_levels(alpha: float, k: int, plan: Plan | None = None, rounds: int 
     share = alpha / max(1, k)
     if plan is None:
         return share, share
-    return plan.levels(rounds, share)
+    return sequential.levels(plan, rounds, share)
 
 
 def describe(row: MetricVerdict, alpha: float, why: str) -> MetricVerdict:

@@ -23,10 +23,11 @@ spending of its own alpha (one-sided), so a false "equivalent" is held at alpha 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+
+from gpuvs.store.records import Plan  # noqa: F401  (the record type: the looks planned)
 
 PATHS = 200_000  # simulated A/A runs that set the boundaries (fixed seed: the same levels every time)
 
@@ -79,27 +80,9 @@ def nominal_levels(looks: tuple[int, ...], alpha: float) -> tuple[float, ...]:
     return tuple(levels)
 
 
-@dataclass(frozen=True)
-class Plan:
-    """The looks of one --until-confident run: first (planned trials per arm), step, cap."""
-
-    first: int
-    cap: int
-    step: int = 2
-
-    def looks(self) -> list[int]:
-        n = [min(self.first, self.cap)]
-        while n[-1] < self.cap:
-            n.append(min(n[-1] + self.step, self.cap))
-        return n
-
-    def look(self, rounds: int) -> int:
-        """Index of the look at which `rounds` trials per arm have run (the last look at or below)."""
-        return max(0, sum(1 for n in self.looks() if n <= rounds) - 1)
-
-    def levels(self, rounds: int, alpha: float) -> tuple[float, float]:
-        """(two-sided level of the difference test, one-sided level of each equivalence test) at the
-        look where `rounds` trials per arm have run, for a comparison given total alpha."""
-        looks = tuple(self.looks())
-        k = self.look(rounds)
-        return nominal_levels(looks, alpha)[k], nominal_levels(looks, 2 * alpha)[k] / 2
+def levels(plan: Plan, rounds: int, alpha: float) -> tuple[float, float]:
+    """(two-sided level of the difference test, one-sided level of each equivalence test) at the look of `plan`
+    where `rounds` trials per arm have run, for a comparison given total alpha."""
+    looks = tuple(plan.looks())
+    k = plan.look(rounds)
+    return nominal_levels(looks, alpha)[k], nominal_levels(looks, 2 * alpha)[k] / 2

@@ -8,7 +8,7 @@
 - `advice.py`: the advisor's prediction rule
 - `mps.py`, `knobs.py`: gpuvs's own MPS daemon; MPS client settings as arms
 - `gpm.py`: NVML GPM readings over a window
-- `barrier.py`: the start/stop barrier the workers meet at (used inside the worker too)
+- the start/stop barrier the workers meet at is gpuvs.workloads._barrier (the worker side imports it)
 
 The command line only parses options, calls these and renders (report/sharing.py writes the figures).
 Nothing is imported here, so that a worker importing the barrier loads nothing else."""

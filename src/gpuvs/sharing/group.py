@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from gpuvs import workloads
 from gpuvs.probes import telemetry
-from gpuvs.sharing import barrier, gpm
+from gpuvs.sharing import gpm
+from gpuvs.workloads import _barrier as barrier
 from gpuvs.errors import UsageError, interruption
 from gpuvs.sharing.mps import MpsDaemon
 from gpuvs.trial.runner import LiveTrial, Runner, TrialResult

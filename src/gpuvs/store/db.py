@@ -252,14 +252,14 @@ class Store:
     def _reap_orphans(self) -> None:
         """Trials left 'running' by a gpuvs process that no longer exists were interrupted; what they had
         measured (the samples written while they ran) is kept and summarised."""
-        from gpuvs.analysis import stats
+        from gpuvs.store.summary import summarize_samples
 
         rows = self.db.execute("SELECT id, owner, summary FROM trials WHERE status='running'").fetchall()
         for row in rows:
             if _pid_alive(row["owner"]):
                 continue
             samples = self.samples(row["id"])
-            summary = row["summary"] or _json(stats.summarize_samples(samples))
+            summary = row["summary"] or _json(summarize_samples(samples))
             self.db.execute("UPDATE trials SET status='interrupted', error=COALESCE(error, "
                             "'gpuvs stopped while this trial ran'), summary=? WHERE id=?",
                             (summary if samples else row["summary"], row["id"]))

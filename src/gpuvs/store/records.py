@@ -16,9 +16,84 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping
 
-from gpuvs.analysis.sequential import Plan
 from gpuvs.spec import EnvSpec, RunSpec
-from gpuvs.analysis.stats import SeriesSummary
+
+def _known(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The items of `data` that are fields of the dataclass `cls` (a stored record read back: a key an
+    earlier version did not write keeps the field's default; one a later version added is left out)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+
+_DIRECTION = {"higher": True, "lower": False}
+
+
+@dataclass
+class SeriesSummary:
+    """One series of one trial. value: the trial's figure (total items over total time where every step
+    is timed, else the mean of the step values); better: the workload's declaration (higher, lower,
+    neither; None: undeclared), never read from the unit. The figures are there once a step had a value
+    (n > 0); total_seconds and total_items where every step was timed."""
+
+    n: int = 0
+    unit: str | None = ""
+    better: str | None = None
+    higher_is_better: bool | None = None
+    value: float | None = None
+    total_seconds: float | None = None
+    total_items: float | None = None
+    mean: float | None = None
+    pm: float | None = None
+    jitter: float | None = None
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    figure: str | None = None  # how the trial's figure was made, where a workload says (command: steps, last printed)
+    declared: dict[str, Any] | None = None  # a figure's declaration made while the job ran (the command workload)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary's JSON: n, unit, better and higher_is_better always, each figure where there is one."""
+        out: dict[str, Any] = {"n": self.n, "unit": self.unit, "better": self.better,
+                               "higher_is_better": self.higher_is_better}
+        for f in fields(self)[4:]:
+            value = getattr(self, f.name)
+            if value is not None:
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SeriesSummary:
+        """A stored summary. One written before `better` existed has better None (undeclared: its unit was
+        never a declaration) and keeps its higher_is_better."""
+        out = cls(**_known(cls, data))
+        if "higher_is_better" not in data:
+            out.higher_is_better = _DIRECTION.get(out.better or "")
+        return out
+
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The looks of one --until-confident run: first (planned trials per arm), step, cap."""
+
+    first: int
+    cap: int
+    step: int = 2
+
+    def looks(self) -> list[int]:
+        n = [min(self.first, self.cap)]
+        while n[-1] < self.cap:
+            n.append(min(n[-1] + self.step, self.cap))
+        return n
+
+    def look(self, rounds: int) -> int:
+        """Index of the look at which `rounds` trials per arm have run (the last look at or below)."""
+        return max(0, sum(1 for n in self.looks() if n <= rounds) - 1)
+
 
 DEFAULT_MARGIN = 0.02  # the equivalence margin of a comparison that stored none (gpuvs run stores none)
 DEFAULT_CONFIDENCE = 0.95

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from gpuvs.kube.client import Cluster, client_module
 from gpuvs.kube.client import allocatable as alloc
-from gpuvs.kube.podrun import CONFIG_FAILURES, IMAGE_FAILURES
+from gpuvs.environments.pod.podrun import CONFIG_FAILURES, IMAGE_FAILURES
 
 LABEL = "gpuvs-validate"
 EXEC_WORD = "gpuvs-exec-ok"  # what `exec` echoes in the checks that exec into a pod

@@ -106,7 +106,7 @@ class RunContext:
             return
         import time
 
-        from gpuvs.sharing import barrier as b
+        from gpuvs.workloads import _barrier as b
 
         b.arrive(barrier["dir"], barrier["name"])
         start = b.wait_go(barrier["dir"], barrier.get("wait_s", 1800.0))
@@ -126,7 +126,7 @@ class RunContext:
         folder = getattr(self, "_stop_dir", None)
         if folder is not None and now - self._stop_checked >= 0.05:
             self._stop_checked = now
-            from gpuvs.sharing import barrier as b
+            from gpuvs.workloads import _barrier as b
 
             if b.stopped(folder):
                 self._window_end = now
@@ -174,12 +174,12 @@ class Workload:
 
     def summarize(self, samples: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """One trial's sample events summarised per series, each with its declared direction
-        (stats.summarize_samples), as the summary event carries them (SeriesSummary.to_dict)."""
-        from gpuvs.analysis import stats
+        (store.summary.summarize_samples), as the summary event carries them (SeriesSummary.to_dict)."""
+        from gpuvs.store.summary import summarize_samples
         from gpuvs.store.records import SampleRecord
 
         records = [SampleRecord.from_event(e) for e in samples]
-        summary = stats.summarize_samples(records, lambda name: self.declared(name, params))
+        summary = summarize_samples(records, lambda name: self.declared(name, params))
         return {name: s.to_dict() for name, s in summary.items()}
 
     def check_in(self, spec: RunSpec, environment: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 from gpuvs import events
 from gpuvs.errors import WorkloadError
 from gpuvs.params import Param
-from gpuvs.sharing.barrier import ready
+from gpuvs.workloads._barrier import ready
 from gpuvs.workloads import register
 from gpuvs.workloads.base import RunContext, Workload, rate
 

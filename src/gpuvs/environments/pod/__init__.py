@@ -425,7 +425,7 @@ class PodEnvironment(Environment):
     def start(self, spec: RunSpec, entry: tuple[str, ...] | None = None) -> WorkerStream:
         import time
 
-        from gpuvs.kube.podrun import PodLaunched, Waits
+        from gpuvs.environments.pod.podrun import PodLaunched, Waits
 
         s = self.settings
         cluster = self.cluster()
@@ -445,7 +445,7 @@ class PodEnvironment(Environment):
         import time
 
         from gpuvs.environments.pod.podjob import PodJob, bare_manifest
-        from gpuvs.kube.podrun import Waits
+        from gpuvs.environments.pod.podrun import Waits
 
         s = self.settings
         cluster = self.cluster()

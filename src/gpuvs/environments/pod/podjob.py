@@ -14,7 +14,7 @@ from typing import Any
 from gpuvs import events
 from gpuvs.environments.rawjob import RawJob
 from gpuvs.kube.client import Cluster
-from gpuvs.kube.podrun import PodLaunched, Waits, _container_status
+from gpuvs.environments.pod.podrun import PodLaunched, Waits, _container_status
 
 
 def bare_manifest(body: dict[str, Any], argv: list[str], workdir: str | None) -> dict[str, Any]:
