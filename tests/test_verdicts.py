@@ -18,7 +18,7 @@ from rich.console import Console
 from gpuvs import events, workloads
 from gpuvs.analysis import comparison
 from gpuvs.analysis import family
-from gpuvs.analysis import stats
+from gpuvs.analysis import sequential, stats
 from gpuvs.store.records import ArmMeta, ExperimentMeta, ExperimentRecord, SampleRecord, TrialRecord
 from gpuvs.report import tables
 from gpuvs.report.terminal import StepLog
