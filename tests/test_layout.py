@@ -252,6 +252,15 @@ def test_few_modules_are_left_at_the_top():
         assert f'runpy.run_module("gpuvs.trial.{shim}"' in text and "import gpuvs" not in text
 
 
+def test_commands_build_no_tables():
+    """Every table is made in report/ from typed results; the command line's one help renderer (cli/help.py) is the
+    only module under gpuvs.cli that imports rich's tables."""
+    graph = import_graph(SRC / "gpuvs")
+    building = sorted(m for m, edges in graph.items() if _under(m, "gpuvs.cli") and m != "gpuvs.cli.help"
+                      and "rich" in edges and "Table(" in modules(SRC / "gpuvs")[m][0].read_text())
+    assert building == []
+
+
 def test_checker_finds_a_cycle_and_an_upward_import(tmp_path):
     """The checks above can fail: a small package with a function-level cycle (a -> b -> c -> a), a
     relative import, a statistics module importing a renderer, a library module importing the CLI, and

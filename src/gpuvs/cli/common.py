@@ -136,14 +136,6 @@ def job_spec(text: str, base: RunSpec) -> RunSpec:
     return spec
 
 
-def memory_text(group, total: float | None) -> str:
-    """GPU memory used by a sharing group, MiB, with its share of the GPU's total."""
-    if group.memory_used_mib is None:
-        return "-"
-    pct = f" ({100 * group.memory_used_mib / total:.0f}%)" if total else ""
-    return f"{group.memory_used_mib:.0f}{pct}"
-
-
 def experiment_id() -> str:
     """A new experiment's id: when, and a random tail."""
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Positional
@@ -16,14 +15,13 @@ from gpuvs.cli.command import Group as Options
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
 from gpuvs.store.records import ExperimentMeta
-from gpuvs.report.sharing import figure_text, ratio_text
-from gpuvs.report.numbers import fmt
+from gpuvs.report import sharing
+from gpuvs.report.sharing import ratio_text
 from gpuvs.trial.runner import Runner, validate_spec
 from gpuvs.safetext import safe_text
 from gpuvs.sharing import matrix
-from gpuvs.sharing import stats as sharestats
-from gpuvs.sharing.advisor import PairRuns, mean, measure, verdicts
-from gpuvs.sharing.group import Coordinator, Group, check_shareable, gpu_memory_total_mib
+from gpuvs.sharing.advisor import PairRuns, measure, verdicts
+from gpuvs.sharing.group import Coordinator, check_shareable, gpu_memory_total_mib
 from gpuvs.spec import RunSpec
 from gpuvs.store.db import Store
 
@@ -81,13 +79,15 @@ def advise_mps(args: Args) -> None:
     if len(pairs) == 1:
         _one_pair(console, pairs[0], total, ao["margin"])
     else:
-        _pairs_table(console, pairs, total, ao["margin"])
+        table, hit_rate = sharing.advise_pairs_table(pairs, total, ao["margin"])
+        console.print(table)
+        console.print(hit_rate, style="bold")
     console.print(f"stored as experiment {exp_id} in {run['store']}", style="dim")
 
 
 def _one_pair(console, pr: PairRuns, total, margin: float) -> None:
     solo, advice, verdict = verdicts(pr, total, margin)
-    _table(console, (pr.a, pr.b), pr.runs, pr.work, total)
+    console.print(sharing.advise_table((pr.a, pr.b), pr.runs, pr.work, total))
     note = next((g.gpm_note for g in pr.runs["A alone"] + pr.runs["B alone"] if g.gpm_note), "")
     console.print(f"prediction: {advice.prediction} (from {advice.source}{': ' + note if note else ''})", style="bold")
     for reason in advice.reasons:
@@ -100,48 +100,6 @@ def _one_pair(console, pr: PairRuns, total, margin: float) -> None:
                   + (f"prediction {'confirmed' if verdict.words == advice.prediction else 'NOT confirmed'}"
                      if settled else f"no verdict yet: about {verdict.more_trials or 'many'} more repeat(s) "
                      "would settle it"), style="bold")
-
-
-def _pairs_table(console, pairs: list[PairRuns], total, margin: float) -> None:
-    t = Table(title=f"advise-mps: predicted against measured, {len(pairs)} pairs", title_justify="left")
-    for col in ("A", "B", "from", "predicted MPS / sliced", "prediction", "measured MPS / sliced [95%]",
-                "measured", "hit"):
-        t.add_column(col, justify="left" if col in ("A", "B", "from", "prediction", "measured") else "right")
-    hits = settled = 0
-    for pr in pairs:
-        _, advice, verdict = verdicts(pr, total, margin)
-        words = verdict.words if verdict and verdict.ratio is not None else "no verdict"
-        hit = "-" if words in ("inconclusive", "no verdict") else ("yes" if words == advice.prediction else "NO")
-        settled += hit != "-"
-        hits += hit == "yes"
-        t.add_row(pr.a, pr.b, advice.source, fmt(advice.ratio, 2), advice.prediction,
-                  ratio_text(verdict) if verdict else "-", words, hit)
-    t.caption = (f"hit rate: {hits} of {settled} pairs with a measured verdict"
-                 f"{'' if settled == len(pairs) else f' ({len(pairs) - settled} inconclusive or not measured)'}; "
-                 f"verdict margin ±{100 * margin:g}%")
-    console.print(t)
-    console.print(f"hit rate: {hits}/{settled}", style="bold")
-
-
-def _table(console, jobs, runs: dict[str, list[Group]], work, total) -> None:
-    t = Table(title=f"advise-mps: A = {jobs[0]}, B = {jobs[1]} (mean [95% interval] over repeats)",
-              title_justify="left")
-    for col in ("run", "A", "B", "work", "GPU busy %", "SM occupancy %", "tensor %", "DRAM %", "GPU memory MiB"):
-        t.add_column(col, justify="left" if col == "run" else "right")
-    for label, groups in runs.items():
-        if not groups:
-            continue
-        two = label.startswith("A+B")
-        a_vals = [g.value(0) for g in groups] if label != "B alone" else []
-        b_vals = [g.value(1) if two else g.value(0) for g in groups] if label != "A alone" else []
-        gpm = [g.gpm or {} for g in groups]
-        t.add_row(label, figure_text(sharestats.figure(a_vals)), figure_text(sharestats.figure(b_vals)),
-                  figure_text(sharestats.figure(work[label]), 3) if two else "-",
-                  fmt(mean(g.telemetry.get("util_gpu_mean") for g in groups)),
-                  *(fmt(mean(x.get(k) for x in gpm)) for k in ("sm_occupancy", "tensor_active", "dram_active")),
-                  common.memory_text(groups[-1], total))
-    t.caption = "work = sum over both jobs of together/alone; GPM columns (solo runs) need a Hopper or later GPU"
-    console.print(t)
 
 
 def _write_json(path: str, pairs: list[PairRuns], total, margin: float) -> None:

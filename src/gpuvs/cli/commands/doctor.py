@@ -6,7 +6,6 @@ exactly what is missing."""
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
 from gpuvs import environments
 from gpuvs.probes import checkup
@@ -14,23 +13,13 @@ from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Group
 from gpuvs.errors import EnvironmentUnavailable
 from gpuvs.params import Param
-from gpuvs.safetext import safe_text
+from gpuvs.report import machine
 from gpuvs.spec import RunSpec, check_device_syntax
 
 DOCTOR_OPTIONS = (
     Param("device", str, None, "cuda, cuda:N or cpu (default: cuda when the environment has a GPU)"),
     Param("timeout", float, 300.0, "seconds the check may take", min=1.0),
 )
-
-
-def table(report: checkup.Report, title: str) -> Table:
-    t = Table(title=title, title_justify="left")
-    for col in ("check", "status", "detail"):
-        t.add_column(col, overflow="fold")
-    for row in report.rows:
-        t.add_row(row.check, row.status, safe_text(row.detail),  # an engine's or a pod's words
-                  style={checkup.FAIL: "red", checkup.WARN: "yellow"}.get(row.status))
-    return t
 
 
 def doctor(args: Args) -> None:
@@ -44,7 +33,7 @@ def doctor(args: Args) -> None:
     probe = environments.get(env).doctor(spec, report, own["timeout"])
     if probe is not None:
         checkup.probe_checks(probe, spec, report)
-    console.print(table(report, f"gpuvs doctor: {environments.label(env)}, device {device}"))
+    console.print(machine.checkup_table(report, f"gpuvs doctor: {environments.label(env)}, device {device}"))
     if report.problems:
         first = report.problems[0]
         more = f" (and {len(report.problems) - 1} more above)" if len(report.problems) > 1 else ""

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.cli.common import open_store
@@ -15,10 +14,8 @@ from gpuvs.cli.options import STORE
 from gpuvs.errors import UsageError
 from gpuvs.store.records import TrialRecord
 from gpuvs.params import Param
-from gpuvs.report.numbers import fmt
-from gpuvs.report.terminal import safe_cells
+from gpuvs.report import results
 from gpuvs.safetext import safe_text
-from gpuvs.analysis.stats import SeriesSummary
 from gpuvs.store.db import Store
 
 OUTPUT = Param("output", str, None, "write here instead of standard output", aliases=("o",))
@@ -27,18 +24,8 @@ OUTPUT = Param("output", str, None, "write here instead of standard output", ali
 def list_results(args: Args) -> None:
     store = args["store"]
     with open_store(store) as st:
-        import time
-
         found = st.experiments()
-        t = Table(title=f"experiments in {store}", title_justify="left")
-        # an id is what people copy into the next command: never cut, whatever the terminal's width
-        t.add_column("id", no_wrap=True, min_width=max([len(e.id) for e in found] + [2]))
-        for col in ("name", "kind", "workload", "trials ok", "created"):
-            t.add_column(col, overflow="fold")
-        for e in found:
-            t.add_row(*safe_cells(e.id, e.name, e.kind, e.workload or "-"), f"{e.n_ok or 0}/{e.n_trials}",
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.created)))
-        Console(markup=False, highlight=False).print(t)
+        Console(markup=False, highlight=False).print(results.experiments_table(store, found))
 
 
 def show(args: Args) -> None:
@@ -54,17 +41,7 @@ def show(args: Args) -> None:
             print(json.dumps([t.to_dict() for t in trials], indent=2, default=str))
             return
         console = Console(markup=False, highlight=False)
-        table = Table(title=safe_text(f"trials of {ident}"), title_justify="left")
-        for col in ("trial id", "arm", "#", "status", "device", "env", "value", "+/-", "jitter", "unit",
-                    "first step s", "GPU", "error"):
-            table.add_column(col)
-        for t in trials:
-            main = t.primary() or SeriesSummary()
-            table.add_row(*safe_cells(t.id, t.arm, t.trial + 1, t.status, t.spec.device if t.spec else "-",
-                                      t.spec.env.kind if t.spec else "-", fmt(main.value), fmt(main.pm),
-                                      fmt(main.jitter), main.unit, fmt(t.startup.get("first_step_s"), 3),
-                                      t.fingerprint.get("gpu_name") or "cpu", (t.error or "")[:120]))
-        console.print(table)
+        console.print(results.trials_table(ident, trials))
 
 
 def _show_logs(st: Store, trials: list[TrialRecord]) -> None:

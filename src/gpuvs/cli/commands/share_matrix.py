@@ -7,17 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.params import Param
 from gpuvs.store.records import ExperimentMeta
-from gpuvs.report.numbers import fmt
+from gpuvs.report.sharing import matrix_table
 from gpuvs.trial.runner import Runner, validate_spec
 from gpuvs.safetext import safe_text
 from gpuvs.sharing import matrix
-from gpuvs.sharing.group import Coordinator, check_shareable, normalized_sum
+from gpuvs.sharing.group import Coordinator, check_shareable
 from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store.db import Store
 
@@ -54,26 +53,7 @@ def share_matrix(args: Args) -> None:
         st.create_experiment(exp_id, data.get("name") or Path(file).stem, "share-matrix", ExperimentMeta(file=data))
         coord = Coordinator(Runner(st), window, say=lambda s: console.print("  " + safe_text(s)))
         rows = matrix.measure(coord, cases, modes, key, heading=lambda text: console.rule(text, style="dim"))
-    t = Table(title=f"{data.get('name', Path(file).stem)}: time per run, alone and together ({window:g} s windows)",
-              title_justify="left")
-    for col in ["A", "B", key or "-", "A alone", "B alone", "A+B: A", "A+B: B", "MPS: A", "MPS: B",
-                "work time-sliced", "work MPS"]:
-        t.add_column(col, justify="left" if col in ("A", "B") else "right")
-
-    def per_run(rate: float | None, unit: str) -> str:
-        return fmt(1000.0 / rate, 3) if rate else "-"
-
-    for row in rows:
-        alone, unit = row.alone, row.unit
-        sliced, mps = row.together.get(False), row.together.get(True)
-        t.add_row(row.case.a_text, row.case.b_text, str(row.case.value), per_run(alone[0], unit), per_run(alone[1], unit),
-                  per_run(sliced.value(0), unit) if sliced else "-", per_run(sliced.value(1), unit) if sliced else "-",
-                  per_run(mps.value(0), unit) if mps else "-", per_run(mps.value(1), unit) if mps else "-",
-                  fmt(normalized_sum(sliced, alone), 3) if sliced else "-",
-                  fmt(normalized_sum(mps, alone), 3) if mps else "-")
-    t.caption = ("times in ms per run of each job (1000 / runs per second, from the shared window); work = sum over "
-                 "both jobs of together/alone: 1.0 is what taking turns gives, above 1 sharing did more work")
-    console.print(t)
+    console.print(matrix_table(data.get('name', Path(file).stem), window, key, rows))
     console.print(f"stored as experiment {exp_id} in {store}", style="dim")
 
 

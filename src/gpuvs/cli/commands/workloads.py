@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
 from gpuvs import workloads
 from gpuvs.cli.command import Args, Command, Positional
 from gpuvs.cli.help import param_table
+from gpuvs.report import workload_list
 
 
 def list_workloads(args: Args) -> None:
@@ -15,13 +15,7 @@ def list_workloads(args: Args) -> None:
     if args.positionals:
         console.print(param_table(workloads.get(args.positionals[0])))
         return
-    t = Table(title="workloads", title_justify="left")
-    t.add_column("name", style="bold")
-    t.add_column("what it measures")
-    t.add_column("multi-GPU")
-    for w in workloads.all_workloads():
-        t.add_row(w.name, w.summary, "yes" if w.multi_gpu else "-")
-    console.print(t)
+    console.print(workload_list.workloads_table(workloads.all_workloads()))
 
 
 COMMAND = Command(

@@ -1,0 +1,38 @@
+"""gpuvs results' tables: the experiments in a store, and the trials of one."""
+
+from __future__ import annotations
+
+import time
+
+from rich.table import Table
+
+from gpuvs.report.numbers import fmt
+from gpuvs.report.terminal import safe_cells
+from gpuvs.safetext import safe_text
+from gpuvs.store.records import ExperimentRecord, SeriesSummary, TrialRecord
+
+
+def experiments_table(store, found: list[ExperimentRecord]) -> Table:
+    t = Table(title=f"experiments in {store}", title_justify="left")
+    # an id is what people copy into the next command: never cut, whatever the terminal's width
+    t.add_column("id", no_wrap=True, min_width=max([len(e.id) for e in found] + [2]))
+    for col in ("name", "kind", "workload", "trials ok", "created"):
+        t.add_column(col, overflow="fold")
+    for e in found:
+        t.add_row(*safe_cells(e.id, e.name, e.kind, e.workload or "-"), f"{e.n_ok or 0}/{e.n_trials}",
+                  time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.created)))
+    return t
+
+
+def trials_table(ident: str, trials: list[TrialRecord]) -> Table:
+    table = Table(title=safe_text(f"trials of {ident}"), title_justify="left")
+    for col in ("trial id", "arm", "#", "status", "device", "env", "value", "+/-", "jitter", "unit",
+                "first step s", "GPU", "error"):
+        table.add_column(col)
+    for t in trials:
+        main = t.primary() or SeriesSummary()
+        table.add_row(*safe_cells(t.id, t.arm, t.trial + 1, t.status, t.spec.device if t.spec else "-",
+                                  t.spec.env.kind if t.spec else "-", fmt(main.value), fmt(main.pm),
+                                  fmt(main.jitter), main.unit, fmt(t.startup.get("first_step_s"), 3),
+                                  t.fingerprint.get("gpu_name") or "cpu", (t.error or "")[:120]))
+    return table
