@@ -203,6 +203,22 @@ class Environment:
 
     def __init__(self, options: dict | None = None):
         self.options = dict(options or {})
+        self._settings: Any = None
+
+    @property
+    def settings(self) -> Any:
+        """This kind's typed settings, made once from its options (parse_settings), each option given its declared
+        default (the Param's) where it was not given: a default is stated once, in the Param."""
+        if self._settings is None:
+            given = {k: v for k, v in self.options.items() if v is not None}
+            self._settings = self.parse_settings({**{p.name: p.default for p in self.params}, **given})
+        return self._settings
+
+    @classmethod
+    def parse_settings(cls, options: dict[str, Any]) -> Any:
+        """The kind's typed settings from its options (every declared one present, with its default); refuses
+        bad values with a UsageError. A kind with settings of its own overrides this (a dataclass of them)."""
+        return options
 
     @classmethod
     def label(cls, options: dict[str, Any]) -> str:

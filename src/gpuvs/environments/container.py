@@ -247,15 +247,12 @@ class ContainerEnvironment(Environment):
 
     def __init__(self, options: dict | None = None):
         super().__init__(options)
-        self._settings: Settings | None = None
 
     # -- what to run -------------------------------------------------------------------------
 
-    @property
-    def settings(self) -> Settings:
-        if self._settings is None:
-            self._settings = parse_options(self.options)
-        return self._settings
+    @classmethod
+    def parse_settings(cls, options: dict[str, Any]) -> Settings:
+        return parse_options(options)
 
     def engine(self) -> engines.Engine:
         return engines.detect(self.settings.engine, self.settings.engine_args)
@@ -332,7 +329,7 @@ class ContainerEnvironment(Environment):
             args += ["-v", f"{spec.barrier['dir']}:{spec.barrier['dir']}"]
         for folder in folders:  # a zygote's control socket (launch.py), at the same path inside
             args += ["-v", f"{folder}:{folder}"]
-        mps_root = self.options.get("mps")
+        mps_root = self.options.get("mps")  # internal: gpuvs share's MPS pipe folder, not a user option
         if mps_root:  # gpuvs's own MPS daemon: its pipe and log folders, and the host's IPC namespace it needs
             root = str(Path(mps_root).parent)
             args += ["-v", f"{root}:{root}", "--ipc", "host"]

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from gpuvs.environments import register
@@ -44,6 +45,14 @@ def env_vars(items: list[str] | None, option: str = "--env-var") -> dict[str, st
     return out
 
 
+@dataclass(frozen=True)
+class HostSettings:
+    """The host's options, checked: the interpreter that runs the worker and the worker's extra variables."""
+
+    python: str
+    env_vars: dict[str, str]
+
+
 @register
 class HostEnvironment(Environment):
     kind = "host"
@@ -56,23 +65,26 @@ class HostEnvironment(Environment):
     forks = True
     forks_by_default = True
 
+    @classmethod
+    def parse_settings(cls, options: dict[str, Any]) -> HostSettings:
+        return HostSettings(python=options.get("python") or sys.executable, env_vars=env_vars(options.get("env_var")))
+
     def check(self, spec: RunSpec) -> None:
-        env_vars(self.options.get("env_var"))
+        self.settings  # noqa: B018  (refuses a bad --env-var before anything starts)
         check_local_gpus(spec)
 
     def launch(self, spec: RunSpec) -> Launched:
         spec.launched_at = time.time()
-        python = self.options.get("python") or sys.executable
-        return Launched([python, "-m", "gpuvs.trial.worker"], env=worker_env(spec, env_vars(self.options.get("env_var"))))
+        return Launched([self.settings.python, "-m", "gpuvs.trial.worker"], env=worker_env(spec, self.settings.env_vars))
 
     def start_bare(self, spec: RunSpec, argv: list[str], workdir: str | None):
         """The command as gpuvs's own child, in its own process group (bare mode on the host: the same machine)."""
         from gpuvs.environments.rawjob import HostJob
 
-        return HostJob(argv, workdir, env_vars(self.options.get("env_var")))
+        return HostJob(argv, workdir, self.settings.env_vars)
 
     def missing_executable(self, spec: RunSpec, name: str, workdir: str | None) -> str | None:
-        path = env_vars(self.options.get("env_var")).get("PATH", os.environ.get("PATH", ""))
+        path = self.settings.env_vars.get("PATH", os.environ.get("PATH", ""))
         if os.sep in name:
             full = os.path.join(workdir or os.getcwd(), name)
             if not (os.path.isfile(full) and os.access(full, os.X_OK)):
@@ -83,10 +95,9 @@ class HostEnvironment(Environment):
         return None
 
     def start_zygote(self, spec: RunSpec, args: list[str], folder: str) -> Launched:
-        python = self.options.get("python") or sys.executable
-        env = worker_env(spec, env_vars(self.options.get("env_var")))
+        env = worker_env(spec, self.settings.env_vars)
         env.pop("GPUVS_SPEC")  # each child gets its own with its fork request
-        return Launched([python, "-m", "gpuvs.trial.zygote", *args, "--entry", "worker"], env=env)
+        return Launched([self.settings.python, "-m", "gpuvs.trial.zygote", *args, "--entry", "worker"], env=env)
 
     def doctor(self, spec: RunSpec, report, timeout: float) -> dict[str, Any] | None:
         probe_spec = RunSpec(workload="selftest")

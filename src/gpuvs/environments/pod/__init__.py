@@ -120,6 +120,10 @@ class PodSettings:
     schedule_timeout: float = 30.0
     start_timeout: float = 300.0
     node_lost_timeout: float = 60.0
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str | None = None
+    memory: str | None = None  # --memory as given (the limit's quantity is in limits)
 
 
 def quantity(option: str, value: Any) -> str:
@@ -173,7 +177,9 @@ def parse_options(options: dict[str, Any]) -> PodSettings:
                     service_account=options.get("service_account") or None, python=options.get("python") or "python3",
                     package=str(options.get("package") or "configmap"),
                     bypass_scheduler=bool(options.get("bypass_scheduler")),
-                    host_network=bool(options.get("host_network")))
+                    host_network=bool(options.get("host_network")), kubeconfig=options.get("kubeconfig") or None,
+                    context=options.get("context") or None, namespace=options.get("namespace") or None,
+                    memory=options.get("memory") or None)
     for key in ("schedule_timeout", "start_timeout", "node_lost_timeout"):
         if options.get(key) is not None:
             setattr(s, key, float(options[key]))
@@ -360,15 +366,9 @@ class PodEnvironment(Environment):
     def label(cls, options: dict[str, Any]) -> str:
         return ":".join(p for p in (cls.kind, options.get("image") or "") if p)
 
-    def __init__(self, options: dict | None = None):
-        super().__init__(options)
-        self._settings: PodSettings | None = None
-
-    @property
-    def settings(self) -> PodSettings:
-        if self._settings is None:
-            self._settings = parse_options(self.options)
-        return self._settings
+    @classmethod
+    def parse_settings(cls, options: dict[str, Any]) -> PodSettings:
+        return parse_options(options)
 
     def describe(self) -> str:
         return f"pod ({self.settings.image})"
@@ -376,8 +376,8 @@ class PodEnvironment(Environment):
     def cluster(self):
         from gpuvs.kube import client
 
-        o = self.options
-        return client.connect(o.get("kubeconfig"), o.get("context"), o.get("namespace"))
+        s = self.settings
+        return client.connect(s.kubeconfig, s.context, s.namespace)
 
     def gpu_count(self) -> int | None:
         """GPUs allocatable on the node asked for, else on the largest node (None: the cluster cannot say)."""
@@ -437,7 +437,7 @@ class PodEnvironment(Environment):
         if entry is not None:
             body["spec"]["containers"][0]["command"] = [s.python, *entry]
         waits = Waits(schedule=s.schedule_timeout, start=s.start_timeout, node_lost=s.node_lost_timeout)
-        return PodLaunched(cluster, body, waits, memory_limit=self.options.get("memory"),
+        return PodLaunched(cluster, body, waits, memory_limit=self.settings.memory,
                            launched_at=spec.launched_at)
 
     def start_bare(self, spec: RunSpec, argv: list[str], workdir: str | None):
@@ -452,7 +452,7 @@ class PodEnvironment(Environment):
         spec.launched_at = time.time()
         body = bare_manifest(manifest(spec, s, package=False), argv, workdir)
         waits = Waits(schedule=s.schedule_timeout, start=s.start_timeout, node_lost=s.node_lost_timeout)
-        return PodJob(cluster, body, waits, self.options.get("memory"), spec.launched_at)
+        return PodJob(cluster, body, waits, self.settings.memory, spec.launched_at)
 
     # -- gpuvs doctor ------------------------------------------------------------------------
 
