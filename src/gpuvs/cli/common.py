@@ -5,14 +5,13 @@ reading."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import shlex
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 
@@ -22,7 +21,8 @@ from gpuvs.cli import options, parser
 from gpuvs.cli.command import Args
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.report import tables, terminal
-from gpuvs.trial.runner import Experiment, Runner, TrialResult, validate_experiment
+from gpuvs.trial.runner import Experiment, TrialResult
+from gpuvs.trial.study import Hooks, Ran, run_trials
 from gpuvs.safetext import safe_text
 from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store.db import Store, StoreError
@@ -69,13 +69,10 @@ def prepare(args: Args, console: Console) -> Prepared:
     return Prepared(workload, base, run)
 
 
-def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,
-            timeout_s: float | None = None, retries: int = 0, progress: bool = False,
-            more: Callable[[list[TrialResult]], int] | None = None) -> list[TrialResult]:
-    """Run an experiment with the step log and per-trial lines; the shared path of run and compare.
-    progress: a progress bar over the trials; more: see Runner.run_experiment (--until-confident)."""
+def trial_hooks(console: Console, quiet: bool, progress: bool = False) -> Hooks:
+    """The command line's hooks of a run of trials: the step log, a rule and a line per trial, and (progress)
+    a progress bar over the trials."""
     log = terminal.StepLog(console, quiet=quiet)
-    total = len(exp.arms) * exp.trials
     bar = terminal.TrialProgress(console) if progress else None
 
     def on_start(spec: RunSpec, i: int, n: int) -> None:
@@ -92,11 +89,13 @@ def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,
         if bar:
             bar.done()
 
-    validate_experiment(exp)
-    with Store(store_path) as store, (bar or contextlib.nullcontext()):
-        runner = Runner(store, on_event=log, timeout_s=timeout_s, retries=retries, on_trial_start=on_start,
-                        on_trial_end=on_end)
-        results = runner.run_experiment(exp, more=more)
+    return Hooks(on_event=log, on_trial_start=on_start, on_trial_end=on_end, running=(lambda: bar) if bar else None)
+
+
+def render_ran(console: Console, ran: Ran, store_path: str) -> None:
+    """The tables of a run of trials as they ran (per arm, startup, metrics, series, telemetry, time shares)."""
+    results = ran.results
+    total = len(ran.experiment.arms) * ran.planned
     if total > 1 or any(len(r.summary) > 1 for r in results):
         console.print(terminal.arm_table(results))
     for table in (terminal.startup_table(results), terminal.metrics_table(results)):
@@ -106,11 +105,18 @@ def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,
         if table is not None:
             console.print(table)
     shares = timeshare.from_records(results,
-                                    runner.timing.get("wall_s"), runner.timing)
+                                    ran.timing.get("wall_s"), ran.timing)
     if shares is not None:
         console.print(terminal.rich_table(tables.time_shares_table(shares)))
-    console.print(f"stored as experiment {exp.id} in {store_path}", style="dim", highlight=False)
-    return results
+    console.print(f"stored as experiment {ran.experiment.id} in {store_path}", style="dim", highlight=False)
+
+
+def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,
+            timeout_s: float | None = None, retries: int = 0) -> list[TrialResult]:
+    """Run an experiment with the step log and per-trial lines, then its tables (gpuvs run)."""
+    ran = run_trials(exp, store_path, trial_hooks(console, quiet), timeout_s=timeout_s, retries=retries)
+    render_ran(console, ran, store_path)
+    return ran.results
 
 
 def finish(results: list[TrialResult]) -> None:

@@ -16,6 +16,7 @@ from gpuvs.report import tables
 from gpuvs.report.numbers import fmt
 from gpuvs.safetext import safe_text
 from gpuvs.analysis.stats import SeriesSummary
+from gpuvs.trial.study import Look
 
 CONFIG_LABELS = [
     ("model", "Model"), ("dataset", "Dataset"), ("mode", "Mode"), ("batch_size_global", "Batch size"),
@@ -276,6 +277,18 @@ def comparison(console: Console, analysis, keys: tuple[str, ...] | None = None) 
     answer = tables.headline_sentence(analysis)
     if answer:
         console.print(safe_text(answer), style="bold", highlight=False, markup=False)
+
+
+def look_line(look: Look) -> tuple[str, str]:
+    """One look of compare's stopping rule (trial.study.Look) as (line, style)."""
+    if look.decision == "empty":
+        return f"until-confident: stopping; arm {look.arm} has no successful trial", "yellow"
+    if look.decision == "settled":
+        return f"until-confident: settled after {look.per_arm} trials per arm", "green"
+    if look.decision == "capped":
+        return (f"until-confident: not settled after {look.per_arm} trials per arm (--max-trials "
+                f"{look.max_trials})", "yellow")
+    return f"until-confident: not settled after {look.per_arm} trials per arm; adding {look.add} per arm", "dim"
 
 
 class TrialProgress:

@@ -25,9 +25,8 @@ from gpuvs.experiment import STUDY_PARAMS, Study
 from gpuvs.params import Param
 from gpuvs.store.records import ExperimentMeta
 from gpuvs.report import terminal
-from gpuvs.trial.runner import Experiment, TrialResult, validate_spec
-from gpuvs.analysis.sequential import Plan
-from gpuvs.store.db import Store
+from gpuvs.trial.runner import Experiment
+from gpuvs.trial.study import Look, Ran, run_comparison
 
 COMPARE_OPTIONS = (
     Param("arm", str, None, "an arm: NAME:key=value[,key=value...] (two or more; the first is the baseline)",
@@ -117,32 +116,14 @@ def study_from_file(args: Args) -> tuple[Study, dict[str, Any]]:
     return experiment.load(_file_arg(args.argv), cli), args.group("run")
 
 
-def until_confident(study: Study, console: Console):
-    """The Runner's `more` hook: add a pair of trials per arm (A B | B A) until every arm's headline
-    verdict is settled, or the cap is hit."""
-    exp = study.experiment
+def look_hook(console: Console):
+    """The stopping rule's looks as lines (--until-confident)."""
 
-    def more(results: list[TrialResult]) -> int:
-        a = comparison.from_results(exp, results, study.margin, study.confidence)
-        per_arm = exp.trials
-        empty = [arm.name for arm in a.arms if arm.n_ok == 0]
-        if empty:
-            console.print(f"until-confident: stopping; arm {empty[0]} has no successful trial", style="yellow")
-            return 0
-        if a.settled():
-            console.print(f"until-confident: settled after {per_arm} trials per arm", style="green")
-            return 0
-        if per_arm >= study.max_trials:
-            console.print(f"until-confident: not settled after {per_arm} trials per arm (--max-trials "
-                          f"{study.max_trials})", style="yellow")
-            return 0
-        add = min(2, study.max_trials - per_arm)
-        console.print(f"until-confident: not settled after {per_arm} trials per arm; adding {add} per arm",
-                      style="dim")
-        return add
+    def on_look(look: Look) -> None:
+        text, style = terminal.look_line(look)
+        console.print(text, style=style)
 
-    return more
-
+    return on_look
 
 
 def compare_stored(args: Args, console: Console) -> None:
@@ -165,24 +146,20 @@ def run(args: Args) -> None:
     else:
         study, run = study_from_args(args, console)
     exp = study.experiment
-    for arm in exp.arms:  # refuse before anything starts, naming the arm
-        try:
-            validate_spec(exp.spec_for(arm, 0))
-        except UsageError as exc:
-            raise UsageError(f"arm {arm.name}: {exc}") from None
     exp.meta.command = "gpuvs compare " + shlex.join(args.argv)
-    if study.until_confident and exp.trials < 2:
-        exp.trials = 2
-    if study.until_confident:  # the looks are planned now, so that the stopping rule can spend alpha over them
-        exp.meta.sequential = Plan(first=exp.trials, cap=max(study.max_trials, exp.trials), step=2)
-    more = until_confident(study, console) if study.until_confident else None
-    results = common.execute(exp, run["store"], console, run["quiet"], run["timeout"], study.retries, progress=True,
-                             more=more)
-    with Store(run["store"]) as st:
-        analysis = comparison.from_store(st, exp.id, with_steps=False)
+    hooks = common.trial_hooks(console, run["quiet"], progress=True)
+    ran: list[Ran] = []
+
+    def on_ran(r: Ran) -> None:  # the trials' own tables, before the verdicts
+        ran.append(r)
+        common.render_ran(console, r, run["store"])
+
+    hooks.on_look, hooks.on_ran = look_hook(console), on_ran
+    analysis = run_comparison(study, run["store"], hooks, timeout_s=run["timeout"])
     terminal.comparison(console, analysis, keys=SUMMARY_TABLES)
-    console.print(f"experiment {exp.id} (gpuvs report {exp.id} --format html -o report.html)", highlight=False)
-    common.finish(results)
+    console.print(f"experiment {analysis.id} (gpuvs report {analysis.id} --format html -o report.html)",
+                  highlight=False)
+    common.finish(ran[0].results)
 
 
 STORED = Form("stored", "--stored BEFORE[:ARM] AFTER[:ARM] [--margin M] [--confidence C] [--store PATH]",
