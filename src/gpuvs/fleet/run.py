@@ -1,7 +1,12 @@
 """A fleet run: trials on the chosen nodes (one pod per trial, pinned to its node) through the
 runner's LiveTrial, so every event is stored as it arrives like any experiment; concurrency up to
 `parallel`, never two trials on one node; adaptive.run decides how many; the result is a FleetResult
-(one row per node, the excluded ones included) that every report renders and the store keeps."""
+(one row per node, the excluded ones included) that every report renders and the store keeps.
+
+run_fleet is the whole of it as one library call (what `gpuvs fleet` and the agent call): the options
+checked, the nodes chosen and each checked by the pod environment, the trials run, every pod of the run swept,
+the labels written (or planned, dry run), the result stored with the experiment and returned. What happens on
+the way is told through FleetHooks; nothing here prints."""
 
 from __future__ import annotations
 
@@ -10,16 +15,21 @@ import math
 import random
 import statistics
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
-from gpuvs import workloads
+from gpuvs import environments, workloads
 from gpuvs.errors import UsageError, interruption
-from gpuvs.fleet import adaptive, fingerprints
+from gpuvs.fleet import adaptive, fingerprints, kube, labels, nodes as fleet_nodes
 from gpuvs.fleet.nodes import Excluded, NodeInfo
 from gpuvs.fleet.result import FleetResult, NodeLabels, NodeRow  # noqa: F401  (the run's result, re-exported)
 from gpuvs.fleet.schedule import Item, Slots
+from gpuvs.params import Param
+from gpuvs.spec import RunSpec
+from gpuvs.store.db import Store
 from gpuvs.store.records import ExperimentMeta
-from gpuvs.trial.runner import Arm, Experiment, LiveTrial, Runner, TrialResult
+from gpuvs.trial.runner import Arm, Experiment, LiveTrial, Runner, TrialResult, validate_spec
 from gpuvs.store.db import StoreError
 
 POLL_S = 0.05
@@ -187,3 +197,145 @@ def build(exp: Experiment, nodes: list[NodeInfo], excluded: list[Excluded], outc
 def sort_rows(rows: list[NodeRow]) -> list[NodeRow]:
     """Slowest first; nodes without a figure (failed, excluded) last."""
     return sorted(rows, key=lambda r: (r.speed is None, r.speed if r.speed is not None else 0.0, r.node))
+
+
+# -- the whole run, as one call -------------------------------------------------------------------
+
+DEFAULT_TRIALS = 4
+MIN_TRIALS = 4  # BENCHMARKS.md: 3 trials per node let the fleet's false-alarm rate reach 12%
+PARAMS = (  # the fleet's options: `gpuvs fleet`'s, but for its report's format and file
+    Param("nodes", str, None, "only these nodes (comma-separated; may be repeated)", multiple=True),
+    Param("node_label", str, None, "only nodes with this label, KEY or KEY=VALUE (may be repeated)", multiple=True),
+    Param("all_nodes", bool, False, "nodes without allocatable GPUs too (default: only nodes with --gpu-resource)"),
+    Param("reference", str, None, "compare every node with this node (default: the fleet band of the others)"),
+    Param("parallel", int, 1, "trials at once across nodes (never two on one node)", min=1, max=1000),
+    Param("max_trials", int, None, "trials per node at most, for unsettled nodes (default: 3 x --trials)",
+          min=2, max=10000),
+    Param("margin", float, 0.05, "equivalence margin of a node against the fleet (0.05: ±5%)", min=0.0, max=0.5),
+    Param("confidence", float, 0.95, "1 - the false-call rate for the whole fleet", min=0.5, max=0.999),
+    Param("label", bool, False, "write gpuvs.io/perf=ok|slow|inconclusive and gpuvs.io/perf-ratio on the nodes"),
+    Param("dry_run", bool, False, "with --label: show the labels, write nothing"),
+)
+
+
+def node_kinds() -> list[str]:
+    """The environment kinds that place a worker on a named node of a cluster (those that take `node`):
+    a fleet runs in the first of them unless told otherwise."""
+    return environments.takers("node")
+
+
+@dataclass
+class FleetOptions:
+    """How a fleet is run (`gpuvs fleet`'s fleet options, and the run options it takes)."""
+
+    nodes: list[str] | None = None  # only these nodes
+    node_labels: list[str] | None = None  # only nodes with these labels, KEY or KEY=VALUE
+    all_nodes: bool = False  # nodes without allocatable GPUs too
+    reference: str | None = None  # compare every node with this one (default: the fleet band of the others)
+    parallel: int = 1
+    trials: int = DEFAULT_TRIALS
+    max_trials: int | None = None  # default: 3 x trials
+    margin: float = 0.05
+    confidence: float = 0.95
+    label: bool = False  # write the gpuvs.io/perf labels
+    dry_run: bool = False  # with label: plan them, write nothing
+    name: str | None = None
+    order_seed: int | None = None
+    timeout_s: float | None = None  # seconds a trial may take
+    command: str = ""  # the command line it was asked with, kept with the experiment
+
+
+@dataclass
+class FleetStart:
+    """The fleet about to run: its experiment, the nodes that take part, those left out and why, the plan."""
+
+    experiment_id: str
+    nodes: list[str]
+    excluded: list[Excluded]
+    plan: adaptive.Plan
+    parallel: int
+    workload: str
+
+
+@dataclass
+class FleetHooks:
+    """What a caller hears while a fleet runs; every one optional."""
+
+    on_start: Callable[[FleetStart], None] | None = None
+    on_trial_end: Callable[[TrialResult], None] | None = None
+
+
+def check(base: RunSpec, o: FleetOptions) -> adaptive.Plan:
+    """The options against each other and the base spec: the trial plan, or one line on what is wrong."""
+    if base.env.kind not in node_kinds():
+        raise UsageError(f"gpuvs fleet runs pods on the cluster's nodes: --env {base.env.kind} is not allowed "
+                         f"(leave --env out, or give --env {' or --env '.join(node_kinds())})")
+    if base.env.options.get("node"):
+        raise UsageError("--node pins one node; a fleet runs on many: use --nodes a,b,c")
+    if o.dry_run and not o.label:
+        raise UsageError("--dry-run applies with --label (it shows the labels instead of writing them)")
+    return plan_of(o)
+
+
+def plan_of(o: FleetOptions) -> adaptive.Plan:
+    if o.trials < MIN_TRIALS:
+        raise UsageError(f"--trials {o.trials}: a fleet needs at least {MIN_TRIALS} trials per node (with fewer, the "
+                         "false-alarm rate across many nodes exceeds 1 - confidence; see docs/fleet.md)")
+    max_trials = o.max_trials if o.max_trials is not None else 3 * o.trials
+    if max_trials < o.trials:
+        raise UsageError(f"--max-trials {max_trials} is below --trials {o.trials}")
+    return adaptive.Plan(trials=o.trials, max_trials=max_trials, step=o.trials)
+
+
+def run_fleet(base: RunSpec, store: str | Path, o: FleetOptions, hooks: FleetHooks | None = None) -> FleetResult:
+    """Run `base` (its workload's parameters checked, its device resolved) on the fleet's nodes; the result,
+    labels included, is stored with the experiment (meta `fleet`) and returned. A node that ran no trial is a
+    row with verdict `failed`, not an exception; bad options and a fleet of fewer than 2 usable nodes are
+    UsageErrors, raised before anything starts."""
+    hooks = hooks or FleetHooks()
+    plan = check(base, o)
+    from gpuvs.environments.pod import parse_options
+    from gpuvs.kube import client
+
+    pod = base.env.options
+    settings = parse_options(pod)
+    cluster = client.connect(pod.get("kubeconfig"), pod.get("context"), pod.get("namespace"))
+    chosen, excluded = fleet_nodes.select(kube.nodes(cluster), names=o.nodes, labels=o.node_labels,
+                                          gpu_resource=settings.gpu_resource, need_gpus=not o.all_nodes,
+                                          image=settings.image, pull_never=settings.pull_policy == "Never",
+                                          tolerations=settings.tolerations)
+    if o.reference and o.reference not in {n.name for n in chosen}:
+        raise UsageError(f"--reference {o.reference}: not one of the fleet's nodes that can run the pod "
+                         f"({', '.join(n.name for n in chosen) or 'none'})")
+    exp = fleet_experiment(o.name or f"fleet {base.workload}", base, [n.name for n in chosen],
+                           ExperimentMeta(command=o.command, margin=o.margin, confidence=o.confidence), o.order_seed)
+    usable = []
+    for node, arm in zip(chosen, exp.arms):  # the pod environment's own checks, per node: a refusal is a row
+        try:
+            validate_spec(exp.spec_for(arm, 0))
+            usable.append(node)
+        except UsageError as exc:
+            excluded.append(Excluded(node.name, str(exc)))
+    if len(usable) < 2:
+        why = "; ".join(f"{e.node}: {e.reason}" for e in excluded) or "no node matched"
+        raise UsageError(f"a fleet needs at least 2 nodes that can run the pod, found {len(usable)} ({why})")
+    if len(usable) < len(chosen):
+        exp = fleet_experiment(exp.name, base, [n.name for n in usable], exp.meta, o.order_seed)
+    if hooks.on_start:
+        hooks.on_start(FleetStart(exp.id, [n.name for n in usable], list(excluded), plan, o.parallel,
+                                  base.workload))
+    with Store(store) as st:
+        try:
+            result, _ = run(Runner(st, timeout_s=o.timeout_s), exp, usable, excluded, plan=plan, parallel=o.parallel,
+                            margin=o.margin, confidence=o.confidence, reference=o.reference,
+                            unit=workloads.get(base.workload).unit, on_end=hooks.on_trial_end)
+        finally:
+            kube.sweep(cluster, exp.id)
+        if o.label:
+            changes = labels.plan(result.rows, experiment_id=exp.id, workload=base.workload)
+            outcome = ([(c.node, "dry run: not written") for c in changes] if o.dry_run
+                       else [(n, err or "written") for n, err in labels.apply(cluster.core, changes)])
+            status = dict(outcome)
+            result.labels = [NodeLabels(c.node, c.labels, c.annotations, status[c.node]) for c in changes]
+        st.update_meta(exp.id, fleet=result.to_dict())
+    return result

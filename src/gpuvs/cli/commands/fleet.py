@@ -24,40 +24,19 @@ from gpuvs.cli import common, options
 from gpuvs.cli.options import STORE
 from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.errors import RunFailed, UsageError
-from gpuvs.fleet import adaptive, kube, labels, nodes
+from gpuvs.fleet import labels
 from gpuvs.fleet import run as fleet_run
-from gpuvs.fleet.result import NodeLabels
+from gpuvs.fleet.run import DEFAULT_TRIALS, MIN_TRIALS, node_kinds
 from gpuvs.params import Param
-from gpuvs.store.records import ExperimentMeta
 from gpuvs.report import fleet as report
 from gpuvs.report import terminal
-from gpuvs.trial.runner import Runner, TrialResult, validate_spec
+from gpuvs.trial.runner import TrialResult
 from gpuvs.safetext import safe_text
-from gpuvs.store.db import Store
 
-DEFAULT_TRIALS = 4
-MIN_TRIALS = 4  # BENCHMARKS.md: 3 trials per node let the fleet's false-alarm rate reach 12%
-FLEET_OPTIONS = (
-    Param("nodes", str, None, "only these nodes (comma-separated; may be repeated)", multiple=True),
-    Param("node_label", str, None, "only nodes with this label, KEY or KEY=VALUE (may be repeated)", multiple=True),
-    Param("all_nodes", bool, False, "nodes without allocatable GPUs too (default: only nodes with --gpu-resource)"),
-    Param("reference", str, None, "compare every node with this node (default: the fleet band of the others)"),
-    Param("parallel", int, 1, "trials at once across nodes (never two on one node)", min=1, max=1000),
-    Param("max_trials", int, None, "trials per node at most, for unsettled nodes (default: 3 x --trials)",
-          min=2, max=10000),
-    Param("margin", float, 0.05, "equivalence margin of a node against the fleet (0.05: ±5%)", min=0.0, max=0.5),
-    Param("confidence", float, 0.95, "1 - the false-call rate for the whole fleet", min=0.5, max=0.999),
-    Param("label", bool, False, "write gpuvs.io/perf=ok|slow|inconclusive and gpuvs.io/perf-ratio on the nodes"),
-    Param("dry_run", bool, False, "with --label: show the labels, write nothing"),
+FLEET_OPTIONS = fleet_run.PARAMS + (
     Param("format", str, "term", "report format", choices=report.FORMATS),
     Param("output", str, None, "write the report here (else standard output)"),
 )
-
-
-def node_kinds() -> list[str]:
-    """The environment kinds that place a worker on a named node of a cluster (those that take --node):
-    a fleet runs in the first of them unless told otherwise."""
-    return environments.takers("node")
 
 
 def _nodes_arg(items: list[str] | None) -> list[str] | None:
@@ -70,77 +49,26 @@ def fleet(args: Args) -> None:
     # a report in another format on stdout: progress goes to stderr
     console = Console(markup=False, highlight=False, stderr=o["format"] != "term" and not o["output"])
     prep = common.prepare(args, console)
-    base, run = prep.base, prep.run
-    if base.env.kind not in node_kinds():
-        raise UsageError(f"gpuvs fleet runs pods on the cluster's nodes: --env {base.env.kind} is not allowed "
-                         f"(leave --env out, or give --env {' or --env '.join(node_kinds())})")
-    if base.env.options.get("node"):
-        raise UsageError("--node pins one node; a fleet runs on many: use --nodes a,b,c")
-    if o["dry_run"] and not o["label"]:
-        raise UsageError("--dry-run applies with --label (it shows the labels instead of writing them)")
+    run = prep.run
+    opts = fleet_run.FleetOptions(
+        nodes=_nodes_arg(o["nodes"]), node_labels=o["node_label"], all_nodes=o["all_nodes"], reference=o["reference"],
+        parallel=o["parallel"], trials=run["trials"], max_trials=o["max_trials"], margin=o["margin"],
+        confidence=o["confidence"], label=o["label"], dry_run=o["dry_run"], name=run["name"],
+        order_seed=run["order_seed"], timeout_s=run["timeout"], command="gpuvs fleet " + shlex.join(args.argv))
+    fleet_run.check(prep.base, opts)
     if o["output"] and not Path(o["output"]).resolve().parent.is_dir():
         raise UsageError(f"--output {o['output']}: folder {Path(o['output']).parent} does not exist")
-    trials = run["trials"]  # the fleet's default (DEFAULT_TRIALS) unless given
-    if trials < MIN_TRIALS:
-        raise UsageError(f"--trials {trials}: a fleet needs at least {MIN_TRIALS} trials per node (with fewer, the "
-                         "false-alarm rate across many nodes exceeds 1 - confidence; see docs/fleet.md)")
-    max_trials = o["max_trials"] if o["max_trials"] is not None else 3 * trials
-    if max_trials < trials:
-        raise UsageError(f"--max-trials {max_trials} is below --trials {trials}")
-    plan = adaptive.Plan(trials=trials, max_trials=max_trials, step=trials)
 
-    pod = base.env.options
-    from gpuvs.environments.pod import parse_options
-
-    settings = parse_options(pod)
-    from gpuvs.kube import client
-
-    cluster = client.connect(pod.get("kubeconfig"), pod.get("context"), pod.get("namespace"))
-    chosen, excluded = nodes.select(kube.nodes(cluster), names=_nodes_arg(o["nodes"]), labels=o["node_label"],
-                                    gpu_resource=settings.gpu_resource, need_gpus=not o["all_nodes"],
-                                    image=settings.image, pull_never=settings.pull_policy == "Never",
-                                    tolerations=settings.tolerations)
-    if o["reference"] and o["reference"] not in {n.name for n in chosen}:
-        raise UsageError(f"--reference {o['reference']}: not one of the fleet's nodes that can run the pod "
-                         f"({', '.join(n.name for n in chosen) or 'none'})")
-    exp = fleet_run.fleet_experiment(run["name"] or f"fleet {prep.workload.name}", base, [n.name for n in chosen],
-                                     ExperimentMeta(command="gpuvs fleet " + shlex.join(args.argv), margin=o["margin"],
-                                                    confidence=o["confidence"]), run["order_seed"])
-    usable = []
-    for node, arm in zip(chosen, exp.arms):  # the pod environment's own checks, per node: a refusal is a row
-        try:
-            validate_spec(exp.spec_for(arm, 0))
-            usable.append(node)
-        except UsageError as exc:
-            excluded.append(nodes.Excluded(node.name, str(exc)))
-    if len(usable) < 2:
-        why = "; ".join(f"{e.node}: {e.reason}" for e in excluded) or "no node matched"
-        raise UsageError(f"a fleet needs at least 2 nodes that can run the pod, found {len(usable)} ({why})")
-    if len(usable) < len(chosen):
-        exp = fleet_run.fleet_experiment(exp.name, base, [n.name for n in usable], exp.meta, run["order_seed"])
-    for e in excluded:
-        console.print(safe_text(f"node {e.node}: left out, {e.reason}"), style="yellow")
-    console.print(f"fleet of {len(usable)} node(s): {prep.workload.name} x {plan.trials} trial(s) each "
-                  f"(up to {plan.max_trials} where unsettled), {o['parallel']} at once", style="dim")
+    def on_start(s: fleet_run.FleetStart) -> None:
+        for e in s.excluded:
+            console.print(safe_text(f"node {e.node}: left out, {e.reason}"), style="yellow")
+        console.print(f"fleet of {len(s.nodes)} node(s): {s.workload} x {s.plan.trials} trial(s) each "
+                      f"(up to {s.plan.max_trials} where unsettled), {s.parallel} at once", style="dim")
 
     def on_end(r: TrialResult) -> None:
         console.print(terminal.trial_line(r), style=None if r.ok else "red", highlight=False)
 
-    unit = prep.workload.unit
-    with Store(run["store"]) as st:
-        try:
-            result, ex = fleet_run.run(Runner(st, timeout_s=run["timeout"]), exp, usable, excluded, plan=plan,
-                                       parallel=o["parallel"], margin=o["margin"], confidence=o["confidence"],
-                                       reference=o["reference"], unit=unit, on_end=on_end)
-        finally:
-            kube.sweep(cluster, exp.id)
-        if o["label"]:
-            changes = labels.plan(result.rows, experiment_id=exp.id, workload=prep.workload.name)
-            outcome = ([(c.node, "dry run: not written") for c in changes] if o["dry_run"]
-                       else [(n, err or "written") for n, err in labels.apply(cluster.core, changes)])
-            status = dict(outcome)
-            result.labels = [NodeLabels(c.node, c.labels, c.annotations, status[c.node]) for c in changes]
-        st.update_meta(exp.id, fleet=result.to_dict())
+    result = fleet_run.run_fleet(prep.base, run["store"], opts, fleet_run.FleetHooks(on_start, on_end))
     text = report.render(o["format"], result)
     if o["output"]:
         Path(o["output"]).write_text(text, encoding="utf-8")
@@ -150,7 +78,7 @@ def fleet(args: Args) -> None:
         report.terminal(console, result)
     else:
         sys.stdout.write(text)
-    console.print(f"experiment {exp.id} in {run['store']} (gpuvs report {exp.id} --format html -o fleet.html)",
+    console.print(f"experiment {result.id} in {run['store']} (gpuvs report {result.id} --format html -o fleet.html)",
                   style="dim")
     failed = [r for r in result.rows if r.verdict == "failed"]
     if failed:
