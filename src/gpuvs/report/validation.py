@@ -12,9 +12,16 @@ from typing import Any
 from gpuvs.store.records import ExperimentRecord
 from gpuvs.report import markdown, tables
 from gpuvs.report.numbers import fmt
+from gpuvs.safetext import safe_text
+from gpuvs.validate.run import KIND  # noqa: F401  (the kind of experiment this reports, re-exported)
 from gpuvs.validate.suite import FAIL, FIGURES, NOT_RUN, PASS, SHARED, Row, Settings
 
-KIND = "validate"
+MARKS = {PASS: "ok  ", FAIL: "FAIL", NOT_RUN: "--  ", SHARED: "SHRD"}
+
+
+def row_line(row: Row) -> str:
+    """One check's row as the run goes (gpuvs validate's progress on stderr)."""
+    return f"  {MARKS.get(row.status, row.status)} {row.suite}: {row.check}: {safe_text(row.detail)}"
 
 
 def rows_of(exp: ExperimentRecord) -> list[Row]:

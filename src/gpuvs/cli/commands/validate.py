@@ -5,60 +5,12 @@ the cluster test suite, stored as an experiment (kind `validate`) and reported l
 from __future__ import annotations
 
 import sys
-import time
-import uuid
 
 from gpuvs.cli.command import Args, Command, Group
-from gpuvs.errors import RunFailed, UsageError
-from gpuvs.store.records import ExperimentMeta
+from gpuvs.errors import RunFailed
 from gpuvs.params import Param
 from gpuvs.report import validation
-from gpuvs.safetext import safe_text
 from gpuvs.store.db import Store
-
-PULL_POLICIES = ("Always", "IfNotPresent", "Never")
-
-
-def _settings(**kw):
-    from gpuvs.validate.suite import Settings
-
-    commands = ("restart_plugin_cmd", "restart_kubelet_cmd", "stop_apiserver_cmd", "start_apiserver_cmd")
-    given = [c for c in commands if kw[c]]
-    if kw["pull"] not in PULL_POLICIES:
-        raise UsageError(f"--image-pull-policy {kw['pull']!r}: allowed {', '.join(PULL_POLICIES)}")
-    if given and not kw["disruptive"]:
-        raise UsageError(f"--{given[0].replace('_', '-')} restarts a cluster part: add --disruptive (and --node)")
-    if kw["disruptive"] and not kw["node"]:
-        raise UsageError("--disruptive needs --node NAME: the node whose device plugin and kubelet are restarted")
-    if kw["disruptive"] and not given:
-        raise UsageError("--disruptive needs at least one of --restart-plugin-cmd, --restart-kubelet-cmd, "
-                         "--stop-apiserver-cmd with --start-apiserver-cmd")
-    if bool(kw["stop_apiserver_cmd"]) != bool(kw["start_apiserver_cmd"]):
-        raise UsageError("--stop-apiserver-cmd and --start-apiserver-cmd go together (gpuvs starts what it stopped)")
-    import shlex
-
-    for c in given:
-        try:
-            if not shlex.split(kw[c]):
-                raise ValueError("empty")
-        except ValueError as exc:
-            raise UsageError(f"--{c.replace('_', '-')} {kw[c]!r}: not a command line ({exc})") from None
-    if kw["timeout"] <= 0 or kw["command_timeout"] <= 0 or kw["outage_s"] < 0:
-        raise UsageError("--timeout and --command-timeout must be above 0, --apiserver-outage 0 or more (seconds)")
-    if kw["max_gpu_pods"] < 1:
-        raise UsageError(f"--max-gpu-pods {kw['max_gpu_pods']}: must be 1 or more")
-    from gpuvs import workloads
-    from gpuvs.spec import parse_kv
-    from gpuvs.validate.service import job_device, long_run
-
-    try:
-        w = workloads.get(kw["job_workload"])  # an unknown name: one line with the known ones
-        kw["job_params"] = parse_kv(kw["job_params"])
-        w.validate({w.window_param: long_run(w), **kw["job_params"]}, job_device(kw["job_workload"]))
-    except UsageError as exc:
-        raise UsageError(f"--job-workload {kw['job_workload']} / --job-param: {exc}") from None
-    return Settings(**kw)
-
 
 VALIDATE_OPTIONS = (
     Param("image", str, None, "image of the probe pods (needs /bin/sh; nvidia-smi is used where it has it)",
@@ -95,71 +47,33 @@ VALIDATE_OPTIONS = (
 
 
 def validate(args: Args) -> None:
-    image, kubeconfig, context, namespace = args["image"], args["kubeconfig"], args["context"], args["namespace"]
-    pull, resource, node, timeout = args["image_pull_policy"], args["resource"], args["node"], args["timeout"]
-    disruptive, outage_s, command_timeout = args["disruptive"], args["apiserver_outage"], args["command_timeout"]
-    restart_plugin_cmd, restart_kubelet_cmd = args["restart_plugin_cmd"], args["restart_kubelet_cmd"]
-    stop_apiserver_cmd, start_apiserver_cmd = args["stop_apiserver_cmd"], args["start_apiserver_cmd"]
-    exclusive, max_gpu_pods = args["exclusive"], args["max_gpu_pods"]
-    job_workload, job_params = args["job_workload"], args["job_param"]
-    store, name = args["store"], args["name"]
-    from gpuvs.kube.client import check_namespace, connect, node_info
-    from gpuvs.validate import availability, functional
-    from gpuvs.validate.probe import Pods
-    from gpuvs.validate.suite import Suite
+    from gpuvs.validate.run import ValidateHooks, run_validate, settings
 
-    s = _settings(image=image, pull=pull, resource=resource, node=node, timeout=timeout, disruptive=disruptive,
-                  restart_plugin_cmd=restart_plugin_cmd, restart_kubelet_cmd=restart_kubelet_cmd,
-                  stop_apiserver_cmd=stop_apiserver_cmd, start_apiserver_cmd=start_apiserver_cmd, outage_s=outage_s,
-                  command_timeout=command_timeout, exclusive=exclusive, max_gpu_pods=max_gpu_pods,
-                  job_workload=job_workload, job_params=job_params or [], pod_security=args["pod_security"])
-    cluster = connect(kubeconfig, context, namespace)
-    check_namespace(cluster)
-    if node:
-        node_info(cluster, node)
-    st = Store(store)  # a store that cannot be written says so before anything starts
-    run = uuid.uuid4().hex[:8]
-    exp_id = time.strftime("%Y%m%d-%H%M%S-") + run[:6]
-    meta = ExperimentMeta(host=cluster.host, source=cluster.source, namespace=cluster.namespace, settings=s.__dict__,
-                          checks=[], finished=False)
-    label = name or f"validate {cluster.host}"
+    s = settings(image=args["image"], pull=args["image_pull_policy"], resource=args["resource"], node=args["node"],
+                 timeout=args["timeout"], disruptive=args["disruptive"],
+                 restart_plugin_cmd=args["restart_plugin_cmd"], restart_kubelet_cmd=args["restart_kubelet_cmd"],
+                 stop_apiserver_cmd=args["stop_apiserver_cmd"], start_apiserver_cmd=args["start_apiserver_cmd"],
+                 outage_s=args["apiserver_outage"], command_timeout=args["command_timeout"],
+                 exclusive=args["exclusive"], max_gpu_pods=args["max_gpu_pods"], job_workload=args["job_workload"],
+                 job_params=args["job_param"] or [])
 
-    def record(row) -> None:
-        meta.checks.append(row.to_dict())
-        st.set_meta(exp_id, meta)
-        mark = {"pass": "ok  ", "FAIL": "FAIL", "not run": "--  ", "shared": "SHRD"}.get(row.status, row.status)
-        print(f"  {mark} {row.suite}: {row.check}: {safe_text(row.detail)}", file=sys.stderr, flush=True)
+    def on_start(start) -> None:
+        print(f"gpuvs validate: {start.host} ({start.source}), namespace {start.namespace}, "
+              f"experiment {start.experiment_id}", file=sys.stderr)
 
-    pods = Pods(cluster, run, image, pull, resource, deadline_s=int(max(600, timeout * 20)),
-                priority_class=args["priority_class"], pod_security=s.pod_security)
-    suite = Suite(cluster, s, pods, record)
-    with st:
-        st.create_experiment(exp_id, label, validation.KIND, meta)
-        print(f"gpuvs validate: {cluster.host} ({cluster.source}), namespace {cluster.namespace}, "
-              f"experiment {exp_id}", file=sys.stderr)
-        try:
-            functional.run(suite)
-            if disruptive:
-                availability.run(suite)
-            meta.finished = True
-        except KeyboardInterrupt as exc:
-            meta.stopped = str(exc) or "interrupted"
-            raise
-        finally:
-            problems = suite.clean_up()
-            suite.add(_cleanup_row(problems))
-        sys.stdout.write(validation.terminal(st.experiment(exp_id)))
-    failed = [r for r in suite.rows if r.status == "FAIL"]
+    def on_row(row) -> None:
+        print(validation.row_line(row), file=sys.stderr, flush=True)
+
+    store = args["store"]
+    result = run_validate(s, store, kubeconfig=args["kubeconfig"], context=args["context"],
+                          namespace=args["namespace"], priority_class=args["priority_class"], name=args["name"],
+                          hooks=ValidateHooks(on_start, on_row))
+    with Store(store) as st:
+        sys.stdout.write(validation.terminal(st.experiment(result.experiment_id)))
+    failed = result.failed
     if failed:
         raise RunFailed(f"{len(failed)} check(s) failed, first: {failed[0].check}: {failed[0].detail} "
-                        f"(stored as experiment {exp_id} in {store})")
-
-
-def _cleanup_row(problems: list[str]):
-    from gpuvs.validate.suite import FAIL, PASS, Row
-
-    return Row("clean-up", "nothing left behind", FAIL if problems else PASS,
-               "; ".join(problems) if problems else "no pod of this run is left; every restore command ran")
+                        f"(stored as experiment {result.experiment_id} in {store})")
 
 
 COMMAND = Command(
