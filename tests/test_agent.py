@@ -755,3 +755,75 @@ def test_gpuvs_deploy_adds_a_random_token_secret_before_the_deployment_and_the_d
     mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
     args = spec["containers"][0]["args"]
     assert mount["readOnly"] and args[args.index("--token-file") + 1] == f"{mount['mountPath']}/token"
+
+
+def _agent_context(tmp_path, **config):
+    import threading
+
+    from gpuvs.agent.config import AgentConfig
+    from gpuvs.agent.runs import Context
+
+    c = AgentConfig(store=str(tmp_path / "agent.db"), **config)
+    return Context(c, State(stale_after_s=60.0), lambda: "img", threading.Event())
+
+
+def test_the_agent_takes_the_validate_experiment_from_the_call_not_from_its_messages(tmp_path, monkeypatch):
+    """validate runs in a child process as a library call: the experiment id is the returned ValidateResult's (a
+    line on stderr that looks like gpuvs validate's and names another experiment changes nothing); its checks are
+    read from the store under that id."""
+    import agent_stand_ins
+
+    from gpuvs.agent import runs
+
+    monkeypatch.setattr(runs, "validate_in_child", agent_stand_ins.validate_returns)
+    ctx = _agent_context(tmp_path)
+    run = RunRecord("r1", "api")
+    runs._validate(ctx, run, "default", "img", "node-1")
+    with Store(ctx.config.store) as st:
+        (exp,) = st.experiments()
+    assert run.validate == exp.id != agent_stand_ins.DECOY and exp.name == "agent r1 validate"
+    assert run.checks == {"functional: GPU nodes": "pass", "functional: CPU pod": "FAIL"}
+
+
+def test_a_hung_validate_is_stopped_at_the_run_timeout_cleans_up_and_its_experiment_is_known(tmp_path, monkeypatch):
+    """A call that hangs after its experiment exists: SIGTERM at --run-timeout, its own clean-up runs, and the id it
+    emitted at the start is the run's (the agent does not wait for a return value that never comes)."""
+    import agent_stand_ins
+
+    from gpuvs.agent import runs
+
+    monkeypatch.setattr(runs, "validate_in_child", agent_stand_ins.validate_hangs)
+    ctx = _agent_context(tmp_path, run_timeout_s=3.0)
+    run = RunRecord("r2", "api")
+    t0 = time.monotonic()
+    runs._validate(ctx, run, "default", "img", "node-1")
+    took = time.monotonic() - t0
+    with Store(ctx.config.store) as st:
+        (exp,) = st.experiments()
+    assert run.validate == exp.id and run.checks["functional: CPU pod"] == "FAIL"
+    assert (tmp_path / "agent.cleaned").read_text() == "yes"  # its finally ran: stopped by SIGTERM, not killed
+    assert 3.0 <= took < 3.0 + runs.STOP_GRACE_S and ctx.child.proc is None
+
+
+def test_a_workload_spec_becomes_the_fleet_the_library_runs():
+    """--workload NAME:KEY=VALUE,... as typed values for run_fleet: workload parameters coerced and checked, run and
+    fleet options set, pod options in the pod's EnvSpec, the command line it stands for kept; a key the agent
+    cannot pass on is one line."""
+    from gpuvs.agent.config import AgentConfig
+    from gpuvs.agent.runs import fleet_request
+    from gpuvs.errors import UsageError
+
+    c = AgentConfig(store="a.db", kubeconfig="/k", trials=4, max_trials=8)
+    w = WorkloadSpec.parse("spin:steps=3,ops=1000,trials=6,reference=n2,cpus=1.5,toleration=a=b:NoSchedule")
+    base, o = fleet_request(c, RunRecord("r3", "api"), "ns", "img:1", ["n1", "n2"], w)
+    assert base.workload == "spin" and base.params["steps"] == 3 and base.params["ops"] == 1000
+    assert base.device == "cpu" and base.env.kind == "pod"
+    assert base.env.options["image"] == "img:1" and base.env.options["namespace"] == "ns"
+    assert base.env.options["cpus"] == 1.5 and base.env.options["kubeconfig"] == "/k"
+    assert (o.nodes, o.trials, o.max_trials, o.reference, o.label) == (["n1", "n2"], 6, 8, "n2", True)
+    assert o.name == "agent r3 spin:steps=3,ops=1000,trials=6,reference=n2,cpus=1.5,toleration=a=b:NoSchedule"
+    assert o.command.startswith("gpuvs fleet spin --image img:1 ") and "--nodes n1,n2 --label" in o.command
+    with pytest.raises(UsageError, match="stepz is not an option of gpuvs fleet spin"):
+        fleet_request(c, RunRecord("r4", "api"), "ns", "img", ["n1", "n2"], WorkloadSpec.parse("spin:stepz=3"))
+    with pytest.raises(UsageError, match="--steps: '0' is not allowed"):
+        fleet_request(c, RunRecord("r5", "api"), "ns", "img", ["n1", "n2"], WorkloadSpec.parse("spin:steps=0"))

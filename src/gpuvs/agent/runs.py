@@ -2,33 +2,31 @@
 run the functional validate suite on one of them and a fleet per workload on all of them (labels written as by
 `gpuvs fleet --label`), then remove the marks, whatever happened.
 
-validate and fleet run as gpuvs's own commands in child processes, each with the agent's store: the same code,
-options and clean-up as by hand (each deletes its pods and releases gpuvs's package ConfigMap when it ends,
-SIGTERM included), and a child that fails cannot take the agent with it. What they found is read back as typed
-records (the fleet's FleetResult from its JSON report, the validate rows and the trials from the store)."""
+validate and fleet are the library's run_validate and run_fleet, each called in a child process (child.py) with
+the agent's store: the same code and clean-up as `gpuvs validate` and `gpuvs fleet` (each deletes its pods and
+releases gpuvs's package ConfigMap when it ends, SIGTERM included), and a child that fails or hangs cannot take
+the agent with it. What they found comes back as typed values: the validate run's experiment id as soon as it
+exists, then its ValidateResult; the fleet's FleetResult (the failed trials are read from the store)."""
 
 from __future__ import annotations
 
-import json
-import os
-import re
+import shlex
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from gpuvs.agent import idle
+from gpuvs.agent import child, idle
+from gpuvs.agent.child import Child, Emit, Outcome
 from gpuvs.agent.config import AgentConfig, WorkloadSpec
 from gpuvs.agent.ledger import FleetOutcome, RunRecord
 from gpuvs.agent.state import State
-from gpuvs.errors import GpuvsError
+from gpuvs.errors import GpuvsError, UsageError
 from gpuvs.fleet.result import FleetResult
 from gpuvs.safetext import safe_text
+from gpuvs.spec import RunSpec
 
 STOP_GRACE_S = 45.0  # a child's own clean-up after SIGTERM (the pod deletions), before SIGKILL
 
@@ -51,20 +49,6 @@ def log(message: str) -> None:
 
 
 @dataclass
-class Child:
-    """The child process in flight, so that a stop can end it (SIGTERM: it cleans up after itself)."""
-
-    proc: subprocess.Popen | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def stop(self) -> None:
-        with self.lock:
-            p = self.proc
-        if p is not None and p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-
-
-@dataclass
 class Context:
     config: AgentConfig
     state: State
@@ -73,46 +57,18 @@ class Context:
     child: Child = field(default_factory=Child)
 
 
-def _gpuvs(ctx: Context, argv: list[str], timeout_s: float) -> tuple[int, str, str]:
-    """gpuvs ARGV as a child process: (exit status, stdout, stderr). Stopped with SIGTERM when the agent stops."""
+def _call(ctx: Context, target: Callable[..., Any], kwargs: dict[str, Any], on_event: Emit | None = None
+          ) -> Outcome:
+    """target in a child process (child.call), stopped with SIGTERM when the agent stops or --run-timeout passes."""
     if ctx.stopping.is_set():
         raise Interrupted("the agent is stopping")
-    p = subprocess.Popen([sys.executable, "-m", "gpuvs", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    with ctx.child.lock:
-        ctx.child.proc = p
-    try:
-        try:
-            out, err = p.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            p.send_signal(signal.SIGTERM)
-            try:
-                out, err = p.communicate(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, err = p.communicate()
-            err += f"\ngpuvs agent: stopped after {timeout_s:g} s (--run-timeout)"
-        if p.returncode in (-signal.SIGTERM, 143) and ctx.stopping.is_set():
-            raise Interrupted("the agent is stopping")
-        return p.returncode, out, err
-    finally:
-        if p.poll() is None:  # an exception above (the agent stopping): the child cleans up, then goes
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        with ctx.child.lock:
-            ctx.child.proc = None
-
-
-def _cluster_args(c: AgentConfig, namespace: str) -> list[str]:
-    out = ["--namespace", namespace]
-    if c.kubeconfig:
-        out += ["--kubeconfig", c.kubeconfig]
-    if c.context:
-        out += ["--context", c.context]
+    c = ctx.config
+    out = child.call(target, kwargs, holder=ctx.child, timeout_s=c.run_timeout_s, grace_s=STOP_GRACE_S,
+                     on_event=on_event)
+    if out.timed_out:
+        out.error = f"stopped after {c.run_timeout_s:g} s (--run-timeout)"
+    elif out.exit_code in (-signal.SIGTERM, 128 + signal.SIGTERM) and ctx.stopping.is_set():
+        raise Interrupted("the agent is stopping")
     return out
 
 
@@ -203,16 +159,31 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
         run.finished_at = time.time()
 
 
+def validate_in_child(emit: Emit, settings: dict[str, Any], store: str, **kw: Any) -> Any:
+    """In the child: run_validate, its experiment id emitted as soon as it exists."""
+    from gpuvs.validate.run import ValidateHooks, run_validate
+    from gpuvs.validate.run import settings as checked
+
+    return run_validate(checked(**settings), store, hooks=ValidateHooks(on_start=lambda s: emit(s.experiment_id)),
+                        **kw)
+
+
+def fleet_in_child(emit: Emit, base: RunSpec, store: str, options: Any) -> FleetResult:
+    """In the child: run_fleet."""
+    from gpuvs.fleet.run import run_fleet
+
+    return run_fleet(base, store, options)
+
+
 def _validate(ctx: Context, run: RunRecord, namespace: str, image: str, node: str) -> None:
     c = ctx.config
-    argv = ["validate", "--image", image, "--image-pull-policy", c.pull_policy, "--node", node, "--resource",
-            c.gpu_resource, "--priority-class", c.priority_class, "--pod-security", c.pod_security, "--store", c.store,
-            "--name",
-            f"agent {run.id} validate", *_cluster_args(c, namespace)]
-    code, out, err = _gpuvs(ctx, argv, c.run_timeout_s)
-    first = next((x for x in err.splitlines() if x.startswith("gpuvs validate:")), "")  # "... experiment ID"
-    m = re.search(r"experiment (\S+)\s*$", first)
-    run.validate = m.group(1) if m else None
+    settings = dict(image=image, pull=c.pull_policy, resource=c.gpu_resource, node=node,
+                    pod_security=c.pod_security)  # the rest: the defaults
+    out = _call(ctx, validate_in_child, dict(settings=settings, store=c.store, kubeconfig=c.kubeconfig,
+                                             context=c.context, namespace=namespace, priority_class=c.priority_class,
+                                             name=f"agent {run.id} validate"))
+    # the id as soon as the run had one: a run stopped halfway has its rows so far in the store
+    run.validate = out.value.experiment_id if out.value is not None else (out.events[0] if out.events else None)
     if run.validate:
         from gpuvs.store.db import Store
 
@@ -220,28 +191,87 @@ def _validate(ctx: Context, run: RunRecord, namespace: str, image: str, node: st
             rows = st.experiment(run.validate).meta.checks or []
         run.checks = {f"{r['suite']}: {r['check']}": r["status"] for r in rows}
         ctx.state.validate(run.checks, time.time())
-    log(f"run {run.id}: validate on {node} exited {code}" + (f": {_last_line(err)}" if code else ""))
+    code = out.exit_code or (1 if out.value is not None and out.value.failed else 0)
+    failed = out.value.failed if out.value is not None else []
+    why = out.error or (f"{len(failed)} check(s) failed, first: {failed[0].check}: {failed[0].detail}" if failed
+                        else "")
+    log(f"run {run.id}: validate on {node} exited {code}" + (f": {_last_line(why)}" if code else ""))
+
+
+def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, nodes: list[str], w: WorkloadSpec
+                  ) -> tuple[RunSpec, Any]:
+    """The fleet of workload `w` on `nodes`, as the library takes it: (the base spec, FleetOptions). w's options
+    are `gpuvs fleet`'s without their dashes: fleet options, trials, order_seed, device, num_gpus, timeout,
+    telemetry_interval, pod options, the workload's parameters; others are the agent's own (one line if given)."""
+    from gpuvs import environments, workloads
+    from gpuvs.fleet import run as fleet_run
+    from gpuvs.trial.plan import SPEC_PARAMS, STUDY_PARAMS
+
+    workload = workloads.get(w.name)
+    argv = [w.name, "--image", image, "--image-pull-policy", c.pull_policy, "--nodes", ",".join(nodes), "--label",
+            "--priority-class", c.priority_class, "--pod-security", c.pod_security, "--package", c.package,
+            "--python", c.python, "--gpu-resource", c.gpu_resource, "--margin", str(c.margin), "--parallel",
+            str(c.parallel), "--store", c.store, "--name", f"agent {run.id} {w}", "--namespace", namespace]
+    argv += ["--kubeconfig", c.kubeconfig] if c.kubeconfig else []
+    argv += ["--context", c.context] if c.context else []
+    own = {k.replace("-", "_") for k, _ in w.options}
+    argv += [] if "device" in own else ["--device", c.device]
+    argv += [] if "trials" in own else ["--trials", str(c.trials)]
+    if c.max_trials is not None and "max_trials" not in own:
+        argv += ["--max-trials", str(c.max_trials)]
+    argv += w.argv()
+    o = fleet_run.FleetOptions(nodes=list(nodes), label=True, margin=c.margin, parallel=c.parallel, trials=c.trials,
+                               max_trials=c.max_trials, name=f"agent {run.id} {w}", timeout_s=3600.0,
+                               command="gpuvs fleet " + shlex.join(argv))
+    env: dict[str, Any] = {"env": "pod", "image": image, "image_pull_policy": c.pull_policy,
+                           "priority_class": c.priority_class, "pod_security": c.pod_security, "package": c.package,
+                           "python": c.python, "gpu_resource": c.gpu_resource, "namespace": namespace,
+                           "kubeconfig": c.kubeconfig, "context": c.context}
+    spec: dict[str, Any] = {"device": c.device, "num_gpus": 1, "timeout_s": 3600.0, "telemetry_interval_s": 0.1}
+    params: dict[str, Any] = {}
+    fleet_params = {p.name: p for p in fleet_run.PARAMS if p.name not in ("nodes", "label", "dry_run")}
+    run_params = {p.name: p for p in STUDY_PARAMS if p.name in ("trials", "order_seed")}
+    spec_keys = {"device": "device", "num_gpus": "num_gpus", "timeout": "timeout_s",
+                 "telemetry_interval": "telemetry_interval_s"}
+    pod = {p.name: p for p in environments.kind("pod").params}
+    names = {p.name for p in workload.params}
+    for key, value in w.options:
+        k = key.replace("-", "_")
+        if k in fleet_params:
+            v = fleet_params[k].coerce(value)
+            if k == "node_label":
+                o.node_labels = (o.node_labels or []) + v
+            else:
+                setattr(o, k, v)
+        elif k in run_params:
+            setattr(o, k, run_params[k].coerce(value))
+        elif k in spec_keys:
+            spec[spec_keys[k]] = SPEC_PARAMS[spec_keys[k]].coerce(value)
+        elif k in pod:
+            env[k] = env.get(k, []) + [value] if pod[k].multiple else value
+        elif k in names:
+            params[k] = value
+        else:
+            raise UsageError(f"--workload {w}: {key} is not an option of gpuvs fleet {w.name} that the agent passes "
+                             f"on (fleet, run and pod options and {w.name}'s parameters; the agent sets the rest)")
+    o.timeout_s = spec["timeout_s"]
+    base = RunSpec(workload=w.name, params=workload.validate(params, spec["device"]), device=spec["device"],
+                   num_gpus=spec["num_gpus"], env=environments.env_spec(env), timeout_s=spec["timeout_s"],
+                   telemetry_interval_s=spec["telemetry_interval_s"], fresh="auto")
+    return base, o
 
 
 def _fleet(ctx: Context, run: RunRecord, namespace: str, image: str, nodes: list[str], w: WorkloadSpec
            ) -> FleetOutcome:
     c = ctx.config
     outcome = FleetOutcome(w.name)
-    with tempfile.TemporaryDirectory(prefix="gpuvs-agent-") as tmp:
-        report = Path(tmp) / "fleet.json"
-        own = {k for k, _ in w.options}
-        argv = ["fleet", w.name, "--image", image, "--image-pull-policy", c.pull_policy, "--nodes", ",".join(nodes),
-                "--label", "--priority-class", c.priority_class, "--pod-security", c.pod_security, "--package",
-                c.package, "--python", c.python, "--gpu-resource", c.gpu_resource, "--margin", str(c.margin),
-                "--parallel", str(c.parallel), "--store", c.store, "--name", f"agent {run.id} {w}",
-                "--format", "json", "--output", str(report), *_cluster_args(c, namespace)]
-        argv += [] if "device" in own else ["--device", c.device]
-        argv += [] if "trials" in own else ["--trials", str(c.trials)]
-        if c.max_trials is not None and "max-trials" not in own:
-            argv += ["--max-trials", str(c.max_trials)]
-        argv += w.argv()
-        code, out, err = _gpuvs(ctx, argv, c.run_timeout_s)
-        result = FleetResult.from_dict(json.loads(report.read_text())) if report.exists() else None
+    try:
+        base, options = fleet_request(c, run, namespace, image, nodes, w)
+    except UsageError as exc:
+        out = Outcome(error=str(exc), exit_code=exc.exit_code)
+    else:
+        out = _call(ctx, fleet_in_child, dict(base=base, store=c.store, options=options))
+    result: FleetResult | None = out.value
     if result is not None:
         outcome.experiment = result.id
         ctx.state.fleet(result, w.name, time.time())
@@ -254,10 +284,13 @@ def _fleet(ctx: Context, run: RunRecord, namespace: str, image: str, nodes: list
                     outcome.failed_trials[reason] = outcome.failed_trials.get(reason, 0) + 1
     else:
         ctx.state.not_renewed(w.name)
-    if code == 2 or result is None:
-        outcome.status, outcome.error = "failed", _last_line(err) or f"gpuvs fleet exited {code}"
+    failed = [r for r in result.rows if r.verdict == "failed"] if result is not None else []
+    code = out.exit_code or (1 if failed else 0)
+    why = out.error or ("; ".join(f"{r.node}: {r.reason}" for r in failed) if failed else "")
+    if result is None:
+        outcome.status, outcome.error = "failed", _last_line(why) or f"gpuvs fleet exited {code}"
     log(f"run {run.id}: fleet {w} on {len(nodes)} node(s) exited {code}"
-        + (f": {_last_line(err)}" if code else "")
+        + (f": {_last_line(why)}" if code else "")
         + (f"; " + ", ".join(f"{r.node} {r.verdict} {r.speed:.3f}" for r in result.measured() if r.speed is not None)
            if result else ""))
     return outcome

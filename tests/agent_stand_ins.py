@@ -1,0 +1,41 @@
+"""Stand-ins for the library calls the agent makes in its child process (tests/test_agent.py): module-level, so
+that the spawned child imports them by name. Each stores a real validate experiment in the agent's SQLite store
+and writes to stderr a line made to look like `gpuvs validate`'s, naming another experiment: the agent must take
+the id from what the call returns or emits, never from text."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from gpuvs.store.db import Store
+from gpuvs.store.records import ExperimentMeta
+from gpuvs.validate.run import KIND, ValidateResult
+from gpuvs.validate.suite import FAIL, PASS, Row
+
+DECOY = "19990101-000000-decoy0"
+ROWS = [Row("functional", "GPU nodes", PASS, "2 nodes"), Row("functional", "CPU pod", FAIL, "no")]
+
+
+def _stored(store: str, name: str) -> str:
+    exp_id = time.strftime("%Y%m%d-%H%M%S-") + "stand1"
+    with Store(store) as st:
+        st.create_experiment(exp_id, name, KIND, ExperimentMeta(checks=[r.to_dict() for r in ROWS]))
+    print(f"gpuvs validate: h (x), namespace default, experiment {DECOY}", file=sys.stderr, flush=True)
+    return exp_id
+
+
+def validate_returns(emit, settings, store, **kw):
+    """A validate run that ends: its result returned, nothing emitted."""
+    return ValidateResult(_stored(store, kw["name"]), "h", "x", kw["namespace"], list(ROWS))
+
+
+def validate_hangs(emit, settings, store, **kw):
+    """A validate run that hangs after its experiment exists: emitted at once; on SIGTERM (the agent's
+    --run-timeout) it cleans up, leaving a mark next to the store, and goes."""
+    emit(_stored(store, kw["name"]))
+    try:
+        time.sleep(600)
+    finally:
+        Path(store).with_suffix(".cleaned").write_text("yes")
