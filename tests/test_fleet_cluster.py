@@ -218,3 +218,33 @@ def test_the_last_sweep_deletes_the_experiments_pods_labelled_by_this_release_or
                 core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
             except Exception:  # already swept
                 pass
+
+
+def test_run_fleet_called_as_a_library_returns_the_result_it_stores(cluster, tmp_path, capfd):  # noqa: F811
+    """run_fleet without the command line (as the agent calls it): the FleetResult it returns is the one stored
+    with the experiment, its hooks tell the fleet before it starts and every trial, and it prints nothing."""
+    from gpuvs import workloads
+    from gpuvs.fleet.result import FleetResult
+    from gpuvs.fleet.run import FleetHooks, FleetOptions, run_fleet
+    from gpuvs.spec import EnvSpec, RunSpec
+    from gpuvs.store.db import Store
+
+    nodes = three(cluster)[:2]
+    params = workloads.get("spin").validate({"steps": 4, "ops": 300000, "warmup_steps": 1}, "cpu")
+    base = RunSpec(workload="spin", params=params, device="cpu", timeout_s=300,
+                   env=EnvSpec("pod", {"image": IMAGE, "image_pull_policy": "Never", "kubeconfig": str(cluster.kubeconfig),
+                                       "namespace": "default"}))
+    starts, ended = [], []
+    result = run_fleet(base, tmp_path / "g.db", FleetOptions(nodes=nodes, trials=4, max_trials=4, parallel=2,
+                                                             margin=0.5, command="library test"),
+                       FleetHooks(on_start=starts.append, on_trial_end=ended.append))
+    assert isinstance(result, FleetResult) and result.workload == "spin" and result.command == "library test"
+    assert sorted(r.node for r in result.rows) == sorted(nodes) and all(r.n_trials == 4 for r in result.rows)
+    assert len(ended) == 8 and {r.spec.arm for r in ended} == set(nodes) and all(r.ok for r in ended)
+    (s,) = starts
+    assert (s.experiment_id, sorted(s.nodes), s.plan.trials, s.parallel) == (result.id, sorted(nodes), 4, 2)
+    with Store(tmp_path / "g.db") as st:
+        stored = FleetResult.from_dict(st.experiment(result.id).meta.fleet)
+    assert stored.to_dict() == result.to_dict()
+    assert fleet_pods(cluster.core(), result.id) == []
+    assert capfd.readouterr().out == ""  # the caller renders: nothing on standard output
