@@ -65,10 +65,10 @@ def _call(ctx: Context, target: Callable[..., Any], kwargs: dict[str, Any], on_e
     c = ctx.config
     out = child.call(target, kwargs, holder=ctx.child, timeout_s=c.run_timeout_s, grace_s=STOP_GRACE_S,
                      on_event=on_event)
+    if out.exit_code in (-signal.SIGTERM, 128 + signal.SIGTERM) and ctx.stopping.is_set():
+        raise Interrupted("the agent is stopping")
     if out.timed_out:
         out.error = f"stopped after {c.run_timeout_s:g} s (--run-timeout)"
-    elif out.exit_code in (-signal.SIGTERM, 128 + signal.SIGTERM) and ctx.stopping.is_set():
-        raise Interrupted("the agent is stopping")
     return out
 
 
