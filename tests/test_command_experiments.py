@@ -17,7 +17,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "tf_cnn_benchmarks"
 
 
 def load(name: str, **cli):
-    return experiment.load(ROOT / "experiments" / f"{name}.yaml", {"image": "img:1", **cli}, device_fallback="cpu")
+    return experiment.load(ROOT / "experiments" / f"{name}.yaml", {"image": "img:1", **cli},
+                           device_default=lambda env: "cpu")
 
 
 def read(study, text: str) -> dict[str, float]:

@@ -48,9 +48,9 @@ def test_trials_store_every_sample_and_summary(store_path):
         assert seen.count("sample") == 8  # stray JSON-looking prints on stdout were not taken as samples
         for r in res:
             assert r.summary["main"].n == 4 and r.fingerprint["pid"] != os.getpid()
-            assert len(st.samples(r.trial_id)) == 4 and st.trial(r.trial_id).status == "ok"
-            assert st.samples(r.trial_id) == r.samples  # what the runner saw is what the store keeps
-            assert st.trial(r.trial_id).summary == r.summary
+            assert len(st.samples(r.id)) == 4 and st.trial(r.id).status == "ok"
+            assert st.samples(r.id) == r.samples  # what the runner saw is what the store keeps
+            assert st.trial(r.id).summary == r.summary
         assert res[0].fingerprint["pid"] != res[1].fingerprint["pid"]  # each trial its own process
 
 
@@ -62,8 +62,8 @@ def test_timeout_stops_the_worker_and_its_children(store_path):
         assert len(kids) == 2
         time.sleep(0.5)
         assert not any(pid_alive(p) for p in kids + [res.fingerprint["pid"]])
-        assert st.trial(res.trial_id).status == "failed"
-        assert 1 <= len(st.samples(res.trial_id)) < 1000  # what was measured before the timeout is kept
+        assert st.trial(res.id).status == "failed"
+        assert 1 <= len(st.samples(res.id)) < 1000  # what was measured before the timeout is kept
 
 
 def test_a_killed_worker_is_a_failed_trial_and_the_next_trial_runs(store_path):
@@ -168,7 +168,7 @@ def test_samples_reach_the_store_while_the_trial_runs_at_a_small_cost(store_path
         r = Runner(st, on_event=on_event).run_trial(_spec(steps=3000, step_seconds=0.001))
         assert r.ok, r.error
         share = st.write_seconds / r.wall_s
-        stored = st.samples(r.trial_id)
+        stored = st.samples(r.id)
     print(f"store writes: {st.write_seconds * 1000:.1f} ms of a {r.wall_s:.2f} s trial ({100 * share:.2f}%), "
           f"{len(stored)} samples")
     assert len(stored) == 3000

@@ -134,7 +134,7 @@ def test_success_failure_and_timeout_leave_nothing(store_path):
             slow = runner.run_trial(_spec(steps=1000, step_seconds=0.5, children=2))
             zygote = _zygotes()
             assert len(zygote) == 1  # one zygote served all three
-        assert len(st.samples(slow.trial_id)) >= 1  # what the timed-out trial measured is kept
+        assert len(st.samples(slow.id)) >= 1  # what the timed-out trial measured is kept
     assert ok.ok and crash.error == "selftest failed at step 2 as asked" and crash.exit_code == 1
     assert slow.status == "failed" and slow.error_kind == "timeout" and "timed out after 4 s" in slow.error
     kids = [int(p) for r in (ok, crash, slow) for line in r.logs if line.startswith("children")

@@ -255,11 +255,10 @@ def from_stored(store, before: str, after: str, margin: float, confidence: float
 
 
 def from_results(exp, results, margin: float, confidence: float) -> Analysis:
-    """An experiment still running (runner.Experiment and its TrialResults so far)."""
+    """An experiment still running (runner.Experiment and its TrialResults so far: TrialRecords)."""
     meta = dataclasses.replace(exp.meta, margin=margin, confidence=confidence, workload=exp.base.workload,
-                               arms=[ArmMeta(a.name, a.overrides) for a in exp.arms])
-    return analyse(ExperimentRecord(exp.id, exp.name, exp.kind, time.time(), meta),
-                   [TrialRecord.from_result(r) for r in results])
+                               arms=[ArmMeta(a.name, dict(a.overrides)) for a in exp.arms])
+    return analyse(ExperimentRecord(exp.id, exp.name, exp.kind, time.time(), meta), list(results))
 
 
 def analyse(exp: ExperimentRecord, records: list[TrialRecord]) -> Analysis:

@@ -21,6 +21,7 @@ from gpuvs.cli import options, parser
 from gpuvs.cli.command import Args
 from gpuvs.errors import RunFailed, UsageError
 from gpuvs.report import tables, terminal
+from gpuvs.trial import plan
 from gpuvs.trial.runner import Experiment, TrialResult
 from gpuvs.trial.study import Hooks, Ran, run_trials
 from gpuvs.safetext import safe_text
@@ -36,37 +37,58 @@ class Prepared:
 
 
 def resolve_device(device: str | None, env: EnvSpec | str, console: Console) -> str:
-    """The device asked for, else cuda where the environment has a GPU to give, else cpu (with a note)."""
+    """The device asked for, else the environment's (plan.default_device: cuda where it has a GPU to give,
+    else cpu, with a note)."""
     if device:
         return device
     env = env if isinstance(env, EnvSpec) else EnvSpec(kind=env)
-    environment = environments.get(env)
-    if environment.gpu_count() == 0:
-        console.print(f"note: no NVIDIA GPU found {environment.gpus_where}; running on the CPU (--device cpu). "
-                      "CPU figures from a shared machine are not GPU performance claims.", style="yellow",
+    device = plan.default_device(env)
+    if device == "cpu":
+        console.print(f"note: no NVIDIA GPU found {environments.get(env).gpus_where}; running on the CPU (--device "
+                      "cpu). CPU figures from a shared machine are not GPU performance claims.", style="yellow",
                       highlight=False)
-        return "cpu"
-    return "cuda"
+    return device
 
 
-def prepare(args: Args, console: Console) -> Prepared:
-    """The checked base RunSpec of a command that runs a workload (`WORKLOAD [options]`): its run and
-    environment options, the device resolved, the workload's parameters checked for that device."""
-    workload = args.workload
-    assert workload is not None, f"{args.command.name} takes no workload"
+# run options that are RunSpec fields -> their keys in an experiment file
+SPEC_KEYS = {"device": "device", "num_gpus": "num_gpus", "timeout": "timeout_s", "telemetry_interval": "telemetry_interval_s",
+             "fresh": "fresh"}
+
+
+def run_doc(args: Args) -> dict[str, Any]:
+    """The command line's workload, its parameters, run and environment options as the mapping an experiment
+    file holds (plan.study and plan.spec read it): what was not given has the option's default."""
     run = args.group("run")
-    env = options.env_spec(args.group("env"))
-    device = resolve_device(run["device"], env, console)
-    params = workload.validate(args.params, device)  # refuse bad values now, with the option's name
-    cpu_filled = {k: v for k, v in workload.cpu_defaults.items() if k not in args.params}
+    env = options.env_spec(args.group("env"))  # the environment options the kind takes, checked
+    doc: dict[str, Any] = {"workload": args.workload.name, "params": dict(args.params)}
+    doc.update({key: run[name] for name, key in SPEC_KEYS.items() if run.get(name) is not None})
+    doc["env"] = env.kind
+    doc.update(env.options)
+    return doc
+
+
+def device_default(console: Console) -> Callable[[EnvSpec], str]:
+    """plan's device default, saying so where it is the CPU."""
+    return lambda env: resolve_device(None, env, console)
+
+
+def cpu_note(workload: workloads.Workload, given: dict[str, Any], device: str, console: Console) -> None:
+    """Say which CPU-sized defaults a run on the CPU took."""
+    cpu_filled = {k: v for k, v in workload.cpu_defaults.items() if k not in given}
     if device == "cpu" and cpu_filled:
         console.print("note: CPU-sized defaults: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
                                                               cpu_filled.items()) + " (give them to override)",
                       style="yellow")
-    base = RunSpec(workload=workload.name, params=params, device=device, num_gpus=run["num_gpus"], env=env,
-                   telemetry_interval_s=run["telemetry_interval"], timeout_s=run["timeout"],
-                   fresh=run.get("fresh") or "auto")
-    return Prepared(workload, base, run)
+
+
+def prepare(args: Args, console: Console) -> Prepared:
+    """The checked base RunSpec of a command that runs a workload (`WORKLOAD [options]`): its run and
+    environment options, the device resolved, the workload's parameters checked for that device; built by
+    the loader of experiment files (plan.spec) from the mapping the command line makes (run_doc)."""
+    assert args.workload is not None, f"{args.command.name} takes no workload"
+    workload, base = plan.spec(run_doc(args), device_default(console))
+    cpu_note(workload, args.params, base.device, console)
+    return Prepared(workload, base, args.group("run"))
 
 
 def trial_hooks(console: Console, quiet: bool, progress: bool = False) -> Hooks:

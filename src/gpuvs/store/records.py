@@ -229,7 +229,8 @@ def json_value(value: Any) -> Any:
 class TrialRecord:
     """One attempt of one trial, as stored: where it ran (spec, fingerprint), what it was set to (config),
     what it measured (startup seconds, scalar metrics, a summary per series), how it ended. samples and
-    telemetry are there where they were read with it (Store.trials(..., with_samples=...))."""
+    telemetry are there where they were read with it (Store.trials(..., with_samples=...)). A trial while it
+    runs is one too: runner.TrialResult, this record filled event by event."""
 
     id: int | None
     experiment_id: str
@@ -273,20 +274,11 @@ class TrialRecord:
                    summary=summaries_from_dict(_loads(row["summary"], {})), started=row["started"],
                    ended=row["ended"], exit_code=row["exit_code"], owner=row["owner"])
 
-    @classmethod
-    def from_result(cls, r) -> TrialRecord:
-        """A trial the runner has in hand (runner.TrialResult), not read back from the store."""
-        spec = r.spec
-        return cls(id=r.trial_id, experiment_id=spec.experiment_id, run_id=spec.run_id, arm=spec.arm,
-                   trial=spec.trial, workload=spec.workload, status=r.status, error=r.error,
-                   error_kind=r.error_kind, spec=spec, fingerprint=r.fingerprint, config=r.config,
-                   startup=r.startup, metrics=r.metrics, summary=r.summary, exit_code=r.exit_code)
-
     def to_dict(self) -> dict[str, Any]:
         """The trial as `results export` and `results show --json` write it: the table's columns (the run
         spec with its keys sorted, as stored), then samples and telemetry where they were read."""
         out: dict[str, Any] = {}
-        for f in fields(self):
+        for f in fields(TrialRecord):  # a trial still running (runner.TrialResult) writes the same keys
             value = getattr(self, f.name)
             if f.name == "spec":
                 out["spec"] = spec_json(value)

@@ -11,21 +11,22 @@ so arms differ only in what they name."""
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import yaml
 
 from gpuvs import environments, workloads
+from gpuvs.analysis.sequential import Plan
 from gpuvs.errors import UsageError
-from gpuvs.trial.launch import FRESH
 from gpuvs.params import Param
 from gpuvs.store.records import ExperimentMeta
-from gpuvs.trial.runner import SPEC_FIELDS, Arm, Experiment
-from gpuvs.spec import EnvSpec, RunSpec, check_device_syntax
+from gpuvs.trial.overrides import ALIASES, COMMAND_KEY, SPEC_FIELDS, SPEC_PARAMS, OverrideError, Overrides  # noqa: F401
+from gpuvs.trial.overrides import normalise_key  # noqa: F401  (the key spellings a file and --arm share)
+from gpuvs.trial.runner import Arm, Experiment
+from gpuvs.spec import EnvSpec, RunSpec
 
 DEFAULT_TRIALS = 3
 DEFAULT_MAX_TRIALS = 20
@@ -42,17 +43,6 @@ STUDY_PARAMS = (
     Param("max_trials", int, None, "trials per arm at most, with until_confident", min=2, max=10000),
     Param("retries", int, 0, "times a crashed or timed-out trial is run again", min=0, max=100),
 )
-SPEC_PARAMS = {
-    "device": Param("device", str, None, "cuda, cuda:N or cpu"),
-    "num_gpus": Param("num_gpus", int, 1, "data-parallel processes", min=1, max=1024),
-    "timeout_s": Param("timeout_s", float, None, "seconds a trial may take", min=0.001),
-    "telemetry_interval_s": Param("telemetry_interval_s", float, 0.1, "seconds between NVML readings",
-                                  min=0.0, max=3600.0),
-    "fresh": FRESH,
-}
-ALIASES = {"timeout": "timeout_s", "telemetry_interval": "telemetry_interval_s"}  # the CLI's spellings
-COMMAND_KEY = "command"  # a file's (and an arm's) command line: the argv of a workload that takes one
-
 
 @dataclass
 class Study:
@@ -66,40 +56,6 @@ class Study:
     retries: int = 0
     source: str | None = None
 
-
-# -- one override ---------------------------------------------------------------------------------
-
-def normalise_key(key: Any) -> str:
-    key = str(key).strip().replace("-", "_")
-    return ALIASES.get(key, key)
-
-
-def coerce_override(workload: workloads.Workload, key: str, value: Any) -> tuple[str, Any]:
-    """(key, typed value) of one arm override; UsageError (no location) if the key or value is bad."""
-    key = normalise_key(key)
-    if key == COMMAND_KEY and workload.argv_param:
-        key = workload.argv_param
-    if key in workload.fixed_params:
-        raise UsageError(f"{key} cannot differ between arms: it says which figures a trial gives and how they are "
-                         f"read, and arms are compared figure by figure (set it for the whole comparison)")
-    if key in SPEC_FIELDS:
-        value = SPEC_PARAMS[key].coerce(value)
-        if key == "device":
-            check_device_syntax(value)
-        return key, value
-    if key == "env":
-        return key, environments.kind(str(value)).kind
-    env_keys = environments.option_keys()
-    if key in env_keys:
-        param = environments.param(key)
-        return key, value if param is None else param.coerce(value)
-    names = {p.name for p in workload.params}
-    if key in names:
-        return key, workload.param(key).coerce(value)
-    close = difflib.get_close_matches(key, sorted(names | set(SPEC_FIELDS) | set(env_keys) | {"env"}), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise UsageError(f"unknown key {key!r}{hint}: not a run-spec field ({', '.join(SPEC_FIELDS)}), env, an "
-                     f"environment option or a {workload.name} parameter ({', '.join(sorted(names))})")
 
 
 # -- arms -> experiment ---------------------------------------------------------------------------
@@ -150,14 +106,10 @@ def build_arms(workload: workloads.Workload, base: RunSpec, raw_arms: list[RawAr
     for name, raw, where, key_where in raw_arms:
         if name in seen:
             raise UsageError(f"{where}: arm name {name!r} is used twice (first at {seen[name]})")
-        overrides = {}
-        for key, value in raw.items():
-            try:
-                k, v = coerce_override(workload, key, value)
-            except UsageError as exc:
-                raise UsageError(f"{key_where.get(key, where)}: arm {name!r}: {exc}") from None
-            overrides[k] = v
-        arm = Arm(name, overrides)
+        try:
+            arm = Arm(name, Overrides.sort(raw, workload))
+        except OverrideError as exc:
+            raise UsageError(f"{key_where.get(exc.key, where)}: arm {name!r}: {exc}") from None
         spec = probe.spec_for(arm, 0)
         try:
             workload.validate(spec.params, spec.device)
@@ -331,45 +283,72 @@ def top_keys() -> set[str]:
 TOP_KEYS = frozenset(top_keys())
 
 
-def load(path: str | Path, cli: dict[str, Any] | None = None, device_fallback: str | None = None) -> Study:
-    """An experiment file as a Study. `cli` holds command-line values that replace the file's
-    top-level ones (same keys; its 'params' are merged into the file's); `device_fallback` is the
-    device where neither names one (default: cuda where a GPU is present, else cpu)."""
+def load(path: str | Path, cli: Mapping[str, Any] | None = None,
+         device_default: Callable[[EnvSpec], str] | None = None) -> Study:
+    """An experiment file as a Study. `cli` holds command-line values that replace the file's top-level ones
+    (same keys; its 'params' are merged into the file's)."""
     path = Path(path)
-    doc = read_file(path)
+    return study(read_file(path), path=path, cli=cli, device_default=device_default)
+
+
+def default_device(env: EnvSpec) -> str:
+    """The device where none is named: cuda where the environment has a GPU to give (or cannot tell), else cpu."""
+    return "cpu" if environments.get(env).gpu_count() == 0 else "cuda"
+
+
+class _Top:
+    """A mapping's top-level keys (file and command line together), each with where it was given: 'FILE:LINE',
+    'command line' (a value that replaces a file's), or None for a mapping the command line made itself,
+    whose messages are the options' own ('--steps: ...', no place)."""
+
+    def __init__(self, doc: Mapping[str, Any], path: Path | None, cli: Mapping[str, Any]):
+        self.path, self.doc = path, doc
+        self.values: dict[str, tuple[Any, str | None]] = {}
+        allowed = TOP_KEYS
+        for key, value in doc.items():
+            norm, loc = normalise_key(key), self.line(doc, key)
+            if norm == "seed":
+                raise UsageError(f"{loc}: 'seed' is ambiguous here: write order_seed for the trial order, or "
+                                 "params: {seed: N} for the workload's own seed")
+            if norm not in allowed:
+                raise UsageError(f"{loc}: unknown key {key!r}; an experiment file takes: {', '.join(sorted(allowed))}")
+            self.values[norm] = (value, loc)
+        for key, value in cli.items():
+            self.values[normalise_key(key)] = (value, "command line")
+
+    def line(self, mapping: Mapping[str, Any], key: str | None = None) -> str | None:
+        """'FILE:LINE' of a key of one of the file's mappings (of the mapping itself without a key)."""
+        if self.path is None:
+            return None
+        lines = getattr(mapping, "lines", None)
+        number = lines[key] if key is not None and lines is not None and key in lines else getattr(mapping, "line", 1)
+        return f"{self.path}:{number}"
+
+    def refuse(self, where: str | None, text: str) -> UsageError:
+        return UsageError(text if where is None else f"{where}: {_as_key(text)}")
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.values
+
+    def __getitem__(self, key: str) -> tuple[Any, str | None]:
+        return self.values[key]
+
+
+def spec(doc: Mapping[str, Any], device_default: Callable[[EnvSpec], str] | None = None
+         ) -> tuple[workloads.Workload, RunSpec]:
+    """The checked base spec of a mapping the command line made (`gpuvs run`, fleet, share: no arms)."""
+    return _base(_Top(doc, None, {}), device_default)
+
+
+def study(doc: Mapping[str, Any], path: Path | None = None, cli: Mapping[str, Any] | None = None,
+          device_default: Callable[[EnvSpec], str] | None = None) -> Study:
+    """The one loader: a mapping as an experiment file holds it (read from `path`, or made by the command line
+    when path is None) as a checked Study. `cli` replaces the file's top-level values (its 'params' are merged
+    into the file's); `device_default` names the device where neither does (default: the environment's)."""
     cli = dict(cli or {})
     cli_params = dict(cli.pop("params", None) or {})
-    top: dict[str, tuple[Any, str]] = {}  # key -> (value, where it came from)
-    allowed = TOP_KEYS
-    env_keys = environments.option_keys()
-    for key, value in doc.items():
-        norm, loc = normalise_key(key), f"{path}:{doc.lines[key]}"
-        if norm == "seed":
-            raise UsageError(f"{loc}: 'seed' is ambiguous here: write order_seed for the trial order, or "
-                             "params: {seed: N} for the workload's own seed")
-        if norm not in allowed:
-            raise UsageError(f"{loc}: unknown key {key!r}; an experiment file takes: {', '.join(sorted(allowed))}")
-        top[norm] = (value, loc)
-    for key, value in cli.items():
-        top[normalise_key(key)] = (value, "command line")
-    if "workload" not in top and COMMAND_KEY in top:  # `command: [PROGRAM, ARGS...]`: the command workload
-        top["workload"] = (COMMAND_KEY, top[COMMAND_KEY][1])
-    if "workload" not in top:
-        raise UsageError(f"{path}:{doc.line}: missing key 'workload' (one of: {', '.join(workloads.names())})")
-    try:
-        workload = workloads.get(str(top["workload"][0]))
-    except UsageError as exc:
-        raise UsageError(f"{top['workload'][1]}: {exc}") from None
-    if COMMAND_KEY in top:
-        if not workload.argv_param:
-            raise UsageError(f"{top[COMMAND_KEY][1]}: '{COMMAND_KEY}' is the command workload's command line; "
-                             f"{workload.name} takes none")
-        command, loc = top.pop(COMMAND_KEY)
-        if not isinstance(command, list) and not isinstance(command, str):
-            raise UsageError(f"{loc}: {COMMAND_KEY} is a list of words, e.g. {COMMAND_KEY}: [sysbench, cpu, run]")
-        file_command = [(workload.argv_param, command, loc)]  # words after `--` on the command line replace it
-    else:
-        file_command = []
+    top = _Top(doc, path, cli)
+    workload, base = _base(top, device_default, cli_params)
 
     opts: dict[str, Any] = {}
     for p in STUDY_PARAMS:
@@ -378,70 +357,105 @@ def load(path: str | Path, cli: dict[str, Any] | None = None, device_fallback: s
             try:
                 opts[p.name] = p.coerce(value)
             except UsageError as exc:
-                raise UsageError(f"{loc}: {_as_key(exc)}") from None
+                raise top.refuse(loc, str(exc)) from None
         else:
             opts[p.name] = p.default
-    fields: dict[str, Any] = {}
-    env_options: dict[str, Any] = {}
-    for key, (value, loc) in top.items():
-        if key in SPEC_FIELDS or key == "env" or key in env_keys:
-            try:
-                k, v = coerce_override(workload, key, value)
-            except UsageError as exc:
-                raise UsageError(f"{loc}: {_as_key(exc)}") from None
-            (env_options if k in env_keys else fields)[k] = v
-    device = fields.get("device") or device_fallback or _default_device()
 
-    params_raw, params_loc = top.get("params", (None, f"{path}:{doc.line}"))
-    params_raw = _Map() if params_raw is None else params_raw
+    if "arms" not in top:
+        raise UsageError(f"{top.line(doc)}: missing key 'arms' (a list of at least two mappings, each with a name)")
+    arms_raw, arms_loc = top["arms"]
+    if not isinstance(arms_raw, list):
+        raise top.refuse(arms_loc, "arms must be a list of mappings, e.g. - {name: gpu, device: cuda}")
+    raw_arms = []
+    for i, item in enumerate(arms_raw):
+        where = f"{path}:{arms_raw.lines[i]}" if path else f"--arm #{i + 1}"
+        if not isinstance(item, dict):
+            raise UsageError(f"{where}: an arm is a mapping with a name, e.g. {{name: cpu, device: cpu}}")
+        if item.get("name") in (None, ""):
+            raise UsageError(f"{where}: this arm has no name")
+        if not isinstance(item["name"], str):
+            raise UsageError(f"{top.line(item, 'name') or where}: an arm's name is a word, e.g. name: gpu")
+        overrides = {k: v for k, v in item.items() if k != "name"}
+        raw_arms.append((str(item["name"]), overrides, where, {k: top.line(item, k) for k in overrides} if path else {}))
+    if not raw_arms:
+        raise top.refuse(arms_loc, "arms is empty: a comparison needs at least two arms")
+    arms = build_arms(workload, base, raw_arms)
+
+    # the trial count, settled here once: what was asked, two at least where pairs are added until settled
+    trials, until, max_trials = opts["trials"], opts["until_confident"], opts["max_trials"]
+    if max_trials is not None and not until:
+        where = top["max_trials"][1]
+        raise UsageError("--max-trials applies with --until-confident" if where is None else
+                         f"{where}: max_trials applies with until_confident: true")
+    if until and max_trials is None:
+        max_trials = max(DEFAULT_MAX_TRIALS, trials)
+    meta = ExperimentMeta(margin=opts["margin"], confidence=opts["confidence"])
+    if path is not None:
+        meta.file, meta.description = str(path), opts["description"]
+    if until:  # the looks are planned now, so that the stopping rule can spend alpha over them
+        trials = max(trials, 2)
+        meta.sequential = Plan(first=trials, cap=max(max_trials, trials), step=2)
+    name = opts["name"] or (path.stem if path is not None else
+                            f"{workload.name}: " + " vs ".join(a.name for a in arms))
+    exp = Experiment(name=name, base=base, arms=arms, trials=trials, seed=opts["order_seed"], kind="compare",
+                     meta=meta)
+    return Study(exp, margin=opts["margin"], confidence=opts["confidence"], until_confident=until,
+                 max_trials=max_trials, retries=opts["retries"], source=None if path is None else str(path))
+
+
+def _base(top: _Top, device_default: Callable[[EnvSpec], str] | None,
+          cli_params: Mapping[str, Any] | None = None) -> tuple[workloads.Workload, RunSpec]:
+    """The workload and the base spec of a study: its spec fields, environment and parameters, checked."""
+    doc = top.doc
+    if "workload" not in top and COMMAND_KEY in top:  # `command: [PROGRAM, ARGS...]`: the command workload
+        top.values["workload"] = (COMMAND_KEY, top[COMMAND_KEY][1])
+    if "workload" not in top:
+        raise UsageError(f"{top.line(doc)}: missing key 'workload' (one of: {', '.join(workloads.names())})")
+    try:
+        workload = workloads.get(str(top["workload"][0]))
+    except UsageError as exc:
+        raise top.refuse(top["workload"][1], str(exc)) from None
+    if COMMAND_KEY in top:
+        if not workload.argv_param:
+            raise top.refuse(top[COMMAND_KEY][1], f"'{COMMAND_KEY}' is the command workload's command line; "
+                             f"{workload.name} takes none")
+        command, loc = top.values.pop(COMMAND_KEY)
+        if not isinstance(command, list) and not isinstance(command, str):
+            raise top.refuse(loc, f"{COMMAND_KEY} is a list of words, e.g. {COMMAND_KEY}: [sysbench, cpu, run]")
+        file_command = [(workload.argv_param, command, loc)]  # words after `--` on the command line replace it
+    else:
+        file_command = []
+
+    env_keys = environments.option_keys()
+    placed = {k: v for k, (v, _) in top.values.items() if k in SPEC_FIELDS or k == "env" or k in env_keys}
+    try:
+        own = Overrides.sort(placed, workload)  # the base's own settings, sorted as an arm's are
+    except OverrideError as exc:
+        raise top.refuse(top[exc.key][1], str(exc)) from None
+    env = EnvSpec(kind=own.env or environments.DEFAULT, options=dict(own.options))
+    device = own.fields.get("device") or (device_default or default_device)(env)
+
+    params_raw, params_loc = top["params"] if "params" in top else (None, top.line(doc))
+    params_raw = {} if params_raw is None else params_raw
     if not isinstance(params_raw, dict):
-        raise UsageError(f"{params_loc}: params must be a mapping of {workload.name} parameters (batch_size: 64, ...)")
+        raise top.refuse(params_loc, f"params must be a mapping of {workload.name} parameters (batch_size: 64, ...)")
     given: dict[str, Any] = {}
-    sources = [(k, v, f"{path}:{params_raw.lines[k]}" if isinstance(params_raw, _Map) else params_loc)
-               for k, v in params_raw.items()] + file_command + [(k, v, "command line") for k, v in cli_params.items()]
+    sources = ([(k, v, top.line(params_raw, k) if params_loc else None) for k, v in params_raw.items()]
+               + file_command + [(k, v, "command line") for k, v in (cli_params or {}).items()])
     for key, value, loc in sources:
         try:
             param = workload.param(normalise_key(key))
             given[param.name] = param.coerce(value)
         except UsageError as exc:
-            raise UsageError(f"{loc}: {_as_key(exc)}") from None
+            raise top.refuse(loc, str(exc)) from None
     try:
         params = workload.validate(given, device)
     except UsageError as exc:
-        raise UsageError(f"{params_loc}: {_as_key(exc)}") from None
-    base = RunSpec(workload=workload.name, params=params, device=device, num_gpus=fields.get("num_gpus", 1),
-                   env=EnvSpec(kind=fields.get("env", environments.DEFAULT), options=env_options),
-                   telemetry_interval_s=fields.get("telemetry_interval_s", 0.1), timeout_s=fields.get("timeout_s"),
-                   fresh=fields.get("fresh", "auto"))
-
-    if "arms" not in top:
-        raise UsageError(f"{path}:{doc.line}: missing key 'arms' (a list of at least two mappings, each with a name)")
-    arms_raw, arms_loc = top["arms"]
-    if not isinstance(arms_raw, _List):
-        raise UsageError(f"{arms_loc}: arms must be a list of mappings, e.g. - {{name: gpu, device: cuda}}")
-    raw_arms = []
-    for item, line in zip(arms_raw, arms_raw.lines):
-        if not isinstance(item, _Map):
-            raise UsageError(f"{path}:{line}: an arm is a mapping with a name, e.g. {{name: cpu, device: cpu}}")
-        if item.get("name") in (None, ""):
-            raise UsageError(f"{path}:{line}: this arm has no name")
-        if not isinstance(item["name"], str):
-            raise UsageError(f"{path}:{item.lines['name']}: an arm's name is a word, e.g. name: gpu")
-        overrides = {k: v for k, v in item.items() if k != "name"}
-        raw_arms.append((str(item["name"]), overrides, f"{path}:{line}",
-                         {k: f"{path}:{item.lines[k]}" for k in overrides}))
-    if not raw_arms:
-        raise UsageError(f"{arms_loc}: arms is empty: a comparison needs at least two arms")
-    arms = build_arms(workload, base, raw_arms)
-    if opts["max_trials"] is not None and not opts["until_confident"]:
-        raise UsageError(f"{top['max_trials'][1]}: max_trials applies with until_confident: true")
-    if opts["until_confident"] and opts["max_trials"] is None:
-        opts["max_trials"] = max(DEFAULT_MAX_TRIALS, opts["trials"])
-    exp = Experiment(name=opts["name"] or path.stem, base=base, arms=arms, trials=opts["trials"], seed=opts["order_seed"],
-                     kind="compare", meta=ExperimentMeta(margin=opts["margin"], confidence=opts["confidence"],
-                                                         file=str(path), description=opts["description"]))
-    return Study(exp, margin=opts["margin"], confidence=opts["confidence"], until_confident=opts["until_confident"],
-                 max_trials=opts["max_trials"], retries=opts["retries"], source=str(path))
+        raise top.refuse(params_loc, str(exc)) from None
+    base = RunSpec(workload=workload.name, params=params, device=device, num_gpus=own.fields.get("num_gpus", 1),
+                   env=env, telemetry_interval_s=own.fields.get("telemetry_interval_s", 0.1),
+                   timeout_s=own.fields.get("timeout_s"), fresh=own.fields.get("fresh", "auto"))
+    return workload, base
 
 
 def _as_key(exc: UsageError) -> str:
@@ -452,9 +466,3 @@ def _as_key(exc: UsageError) -> str:
         if sep and " " not in option:
             return option[2:].replace("-", "_") + ":" + rest
     return text
-
-
-def _default_device() -> str:
-    from gpuvs.probes import fingerprint
-
-    return "cuda" if fingerprint.gpu_count() > 0 else "cpu"

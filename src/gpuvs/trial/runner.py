@@ -22,32 +22,26 @@ from gpuvs.store.records import (
     MetricValue,
     SampleRecord,
     TelemetryRecord,
+    TrialRecord,
     summaries_from_dict,
 )
-from gpuvs.spec import EnvSpec, RunSpec, check_device_syntax
-from gpuvs.analysis.stats import SeriesSummary
+from gpuvs.spec import RunSpec, check_device_syntax
+from gpuvs.trial.overrides import SPEC_FIELDS, Overrides  # noqa: F401  (SPEC_FIELDS: the arm keys that are RunSpec fields)
 from gpuvs.store.db import Store, StoreError
-
-# RunSpec fields an arm may set directly; any other key is a workload parameter.
-SPEC_FIELDS = ("device", "num_gpus", "telemetry_interval_s", "timeout_s", "fresh")
-ENV_FIELDS = ("env",)
 
 
 @dataclass
-class TrialResult:
-    """Everything one trial produced: what flows from the runner to stats and reports."""
+class TrialResult(TrialRecord):
+    """A trial while it runs: the TrialRecord the store will hold (its identity from the spec, `id` once the
+    store has begun it), filled event by event (apply), with what only the run itself sees (the worker's log
+    lines, its output events, the wall time, whether its summary arrived). Everything after the runner
+    (comparison, reports, timeshare) reads it as the TrialRecord it is."""
 
-    spec: RunSpec
-    trial_id: int | None = None
-    status: str = "running"
-    error: str | None = None
-    error_kind: str | None = None
-    exit_code: int | None = None
-    fingerprint: dict[str, Any] = field(default_factory=dict)  # gathered by the worker (fingerprint.py)
-    config: dict[str, Any] = field(default_factory=dict)  # the workload's configuration items
-    startup: dict[str, float] = field(default_factory=dict)
-    metrics: dict[str, MetricValue] = field(default_factory=dict)
-    summary: dict[str, SeriesSummary] = field(default_factory=dict)
+    id: int | None = None
+    experiment_id: str = ""
+    run_id: str = ""
+    arm: str = ""
+    trial: int = 0
     samples: list[SampleRecord] = field(default_factory=list)
     telemetry: list[TelemetryRecord] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
@@ -56,19 +50,17 @@ class TrialResult:
     reported: bool = False  # the worker's last event of a finished run (its summary) arrived
     samples_sent: int | None = None  # how many sample events the worker says it sent (its summary), where it says
 
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def primary(self) -> SeriesSummary | None:
-        """The first series' summary (the headline figure)."""
-        return next(iter(self.summary.values()), None)
+    def __post_init__(self) -> None:
+        spec = self.spec
+        if spec is not None:
+            self.experiment_id, self.run_id, self.arm = spec.experiment_id, spec.run_id, spec.arm
+            self.trial, self.workload = spec.trial, spec.workload
 
     def apply(self, event: dict[str, Any]) -> None:
         """One event of the worker protocol (events.py) into the result's records."""
         kind = event["type"]
         if kind == "sample":
-            self.samples.append(SampleRecord.from_event(event, self.trial_id))
+            self.samples.append(SampleRecord.from_event(event, self.id))
         elif kind == "telemetry":
             self.telemetry.append(TelemetryRecord.from_event(event))
         elif kind == "fingerprint":
@@ -93,8 +85,15 @@ class TrialResult:
 
 @dataclass
 class Arm:
+    """One arm: its name and what it changes of the base (sorted: overrides.Overrides; a plain mapping given
+    here is sorted as it comes, its values as given)."""
+
     name: str
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: Overrides = field(default_factory=Overrides)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.overrides, Overrides):
+            self.overrides = Overrides.sort(self.overrides)
 
 
 @dataclass
@@ -109,6 +108,7 @@ class Experiment:
     kind: str = "run"
     id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
     meta: ExperimentMeta = field(default_factory=ExperimentMeta)  # stored with it (margin, command, ...)
+    checked: bool = field(default=False, repr=False, compare=False)  # validate_experiment has passed it
 
     def stored_meta(self) -> ExperimentMeta:
         """The meta the store keeps: this one, with the workload, planned trials, order seed, arms and base."""
@@ -116,20 +116,7 @@ class Experiment:
                                    arms=[ArmMeta(a.name, dict(a.overrides)) for a in self.arms], base=self.base)
 
     def spec_for(self, arm: Arm, trial: int) -> RunSpec:
-        spec = copy.deepcopy(self.base)
-        spec.params = dict(spec.params)
-        env_keys = environments.option_keys()
-        for key, value in arm.overrides.items():
-            key = key.replace("-", "_")
-            if key in SPEC_FIELDS:
-                setattr(spec, key, value)
-            elif key == "env":  # the base's options that the arm's kind takes go with it (--image: container, pod)
-                spec.env = value if isinstance(value, EnvSpec) else EnvSpec(
-                    kind=str(value), options=environments.options_for(str(value), spec.env.options))
-            elif key in env_keys:
-                spec.env = EnvSpec(kind=spec.env.kind, options={**spec.env.options, key: value})
-            else:
-                spec.params[key] = value
+        spec = arm.overrides.apply(self.base)
         spec.arm, spec.trial, spec.experiment_id = arm.name, trial, self.id
         spec.run_id = uuid.uuid4().hex[:12]
         return spec
@@ -186,13 +173,23 @@ def resolve_fresh(exp: Experiment) -> None:
         exp.base.fresh = mode
     for arm in exp.arms:
         if arm.overrides.get("fresh") == "auto":
-            arm.overrides["fresh"] = mode
+            arm.overrides = arm.overrides.replace_field("fresh", mode)
 
 
 def validate_experiment(exp: Experiment) -> None:
-    """One check per arm, before anything starts (or is written)."""
+    """The one check of an experiment, per arm (validate_spec), before anything starts or is written: the
+    command line calls it before it opens the store, the runner before it runs; an experiment is checked
+    once (exp.checked). Where there are several arms, a refusal names its arm."""
+    if exp.checked:
+        return
     for arm in exp.arms:
-        validate_spec(exp.spec_for(arm, 0))
+        try:
+            validate_spec(exp.spec_for(arm, 0))
+        except UsageError as exc:
+            if len(exp.arms) < 2:
+                raise
+            raise UsageError(f"arm {arm.name}: {exc}") from None
+    exp.checked = True
 
 
 EventHook = Callable[[TrialResult, dict[str, Any]], None]
@@ -251,7 +248,7 @@ class Runner:
                     try:
                         results.append(self.run_with_retries(spec))
                     except StoreError as exc:  # stop here: what was stored before is kept
-                        kept = sum(1 for r in results if r.trial_id is not None)
+                        kept = sum(1 for r in results if r.id is not None)
                         raise RunFailed(f"{exc}. The run stopped at trial {done + 1} of {total}; the {kept} "
                                         f"trial(s) before it are kept in {self.store.path}") from None
                     done += 1
@@ -306,7 +303,7 @@ class LiveTrial:
 
     def __init__(self, runner: Runner, spec: RunSpec, attempt: int = 0):
         self.runner = runner
-        self.result = TrialResult(spec=spec)
+        self.result = TrialResult(spec=spec, attempt=attempt)
         self.attempt = attempt
         self.timeout = spec.timeout_s or runner.timeout_s
         self.launched = None
@@ -327,7 +324,7 @@ class LiveTrial:
         if self.runner.store_failed is not None:
             raise self.runner.store_failed
         try:
-            self.result.trial_id = self.runner.store.begin_trial(spec, self.attempt)
+            self.result.id = self.runner.store.begin_trial(spec, self.attempt)
         except StoreError as exc:
             raise self.runner.store_refused(exc) from None
         launcher.ready(spec, self.timeout)  # a zygote's start (once per arm) is the experiment's, not the trial's
@@ -339,7 +336,7 @@ class LiveTrial:
         if event is None:
             return
         self.result.apply(event)
-        self.runner.store.add_event(self.result.trial_id, event)
+        self.runner.store.add_event(self.result.id, event)
         self.checkpoint()
         if self.runner.on_event:
             self.runner.on_event(self.result, event)
@@ -348,9 +345,9 @@ class LiveTrial:
         """Write what the trial has measured so far, about once a second (store.FLUSH_INTERVAL_S), so that
         even a gpuvs killed outright keeps it."""
         store, r = self.runner.store, self.result
-        if r.trial_id is not None and store.due(r.trial_id):
+        if r.id is not None and store.due(r.id):
             try:
-                store.flush(r.trial_id, fingerprint=r.fingerprint, config=r.config, startup=r.startup,
+                store.flush(r.id, fingerprint=r.fingerprint, config=r.config, startup=r.startup,
                             metrics=r.metrics)
             except StoreError as exc:
                 raise self.runner.store_refused(exc) from None
@@ -426,9 +423,9 @@ class LiveTrial:
             if line is None:
                 return
             event = events.decode(line)
-            if event is not None and event["type"] == "output" and self.result.trial_id is not None:
+            if event is not None and event["type"] == "output" and self.result.id is not None:
                 self.result.apply(event)
-                self.runner.store.add_event(self.result.trial_id, event)
+                self.runner.store.add_event(self.result.id, event)
 
     def finish(self) -> None:
         """Stop whatever is left of the worker and commit the trial (once)."""
@@ -444,9 +441,9 @@ class LiveTrial:
         if not r.summary and r.samples:
             summary = workloads.get(r.spec.workload).summarize([s.to_dict() for s in r.samples], r.spec.params)
             r.summary = summaries_from_dict(summary)
-        if r.trial_id is not None:
+        if r.id is not None:
             try:
-                self.runner.store.finish_trial(r.trial_id, r.status, error=r.error, error_kind=r.error_kind,
+                self.runner.store.finish_trial(r.id, r.status, error=r.error, error_kind=r.error_kind,
                                                exit_code=r.exit_code, fingerprint=r.fingerprint, config=r.config,
                                                startup=r.startup, metrics=r.metrics, summary=r.summary)
             except StoreError as exc:  # never raised here: every worker of a group is still to be stopped;

@@ -23,7 +23,6 @@ from gpuvs.cli.command import Args, Command, Form, Group, Positional
 from gpuvs.errors import UsageError
 from gpuvs.experiment import STUDY_PARAMS, Study
 from gpuvs.params import Param
-from gpuvs.store.records import ExperimentMeta
 from gpuvs.report import terminal
 from gpuvs.trial.runner import Experiment
 from gpuvs.trial.study import Look, Ran, run_comparison
@@ -69,26 +68,21 @@ def _as_compare_uses(group) -> tuple[Param, ...]:
 
 
 def study_from_args(args: Args, console: Console) -> tuple[Study, dict[str, Any]]:
-    """`WORKLOAD [options] --arm ...` -> (study, run options)."""
-    prep = common.prepare(args, console)
-    cmp = args.group("compare")
+    """`WORKLOAD [options] --arm ...` -> (study, run options): the mapping an experiment file would hold, loaded."""
+    cmp, run = args.group("compare"), args.group("run")
     raw = [experiment.parse_arm(text) for text in cmp["arm"] or []]
     if len(raw) < 2:
         raise UsageError(f"gpuvs compare needs two or more --arm NAME:key=value[,key=value...], got {len(raw)}")
-    arms = experiment.build_arms(prep.workload, prep.base,
-                                 [(name, o, f"--arm #{i + 1}", {}) for i, (name, o) in enumerate(raw)])
-    run = prep.run
-    trials = run["trials"]  # compare's default (experiment.DEFAULT_TRIALS) unless given
-    until, max_trials = cmp["until_confident"], cmp["max_trials"]
-    if max_trials is not None and not until:
-        raise UsageError("--max-trials applies with --until-confident")
-    if until and max_trials is None:
-        max_trials = max(experiment.DEFAULT_MAX_TRIALS, trials)
-    name = run["name"] or f"{prep.workload.name}: " + " vs ".join(a.name for a in arms)
-    exp = Experiment(name=name, base=prep.base, arms=arms, trials=trials, seed=run["order_seed"], kind="compare",
-                     meta=ExperimentMeta(margin=cmp["margin"], confidence=cmp["confidence"]))
-    return Study(exp, margin=cmp["margin"], confidence=cmp["confidence"], until_confident=until,
-                 max_trials=max_trials, retries=run["retries"]), run
+    doc = common.run_doc(args)
+    doc.update({k: run[k] for k in ("trials", "order_seed", "name", "retries")})  # trials: compare's default
+    doc.update({k: cmp[k] for k in ("margin", "confidence", "until_confident", "max_trials")})
+    for i, (name, overrides) in enumerate(raw):
+        if "name" in overrides:
+            raise UsageError(f"--arm #{i + 1}: arm {name!r}: its name is what comes before ':', not a key")
+    doc["arms"] = [{"name": name, **overrides} for name, overrides in raw]
+    study = experiment.study(doc, device_default=common.device_default(console))
+    common.cpu_note(args.workload, args.params, study.experiment.base.device, console)
+    return study, run
 
 
 def file_workload(argv: list[str]) -> workloads.Workload:
@@ -102,7 +96,7 @@ def file_workload(argv: list[str]) -> workloads.Workload:
         raise
 
 
-def study_from_file(args: Args) -> tuple[Study, dict[str, Any]]:
+def study_from_file(args: Args, console: Console) -> tuple[Study, dict[str, Any]]:
     """`--file X.yaml [options]` -> (study, run options); options given replace the file's values."""
     if "arm" in args.given:
         raise UsageError("--arm cannot be combined with --file: the file lists the arms")
@@ -113,7 +107,7 @@ def study_from_file(args: Args) -> tuple[Study, dict[str, Any]]:
     for name in args.group("run"):
         if name in args.given and name in FILE_KEYS:
             cli[FILE_KEYS[name]] = args[name]
-    return experiment.load(_file_arg(args.argv), cli), args.group("run")
+    return experiment.load(_file_arg(args.argv), cli, common.device_default(console)), args.group("run")
 
 
 def look_hook(console: Console):
@@ -142,7 +136,7 @@ def run(args: Args) -> None:
         compare_stored(args, console)
         return
     if args.form is FILE:
-        study, run = study_from_file(args)
+        study, run = study_from_file(args, console)
     else:
         study, run = study_from_args(args, console)
     exp = study.experiment
