@@ -13,6 +13,8 @@ from gpuvs.trial.runner import Experiment
 from gpuvs.spec import RunSpec
 from gpuvs.workloads import get
 
+from cluster import cluster  # noqa: F401  (the session fixture)
+
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = """\
 name: tiny
@@ -256,3 +258,68 @@ def test_build_arms_types_values_and_keeps_env_keys_apart():
     assert spec.timeout_s == 9.0 and spec.params["steps"] == 4
     with pytest.raises(UsageError, match="cpus applies to env container"):
         experiment.build_arms(wl, base, [("a", {"cpus": "2"}, "--arm", {}), ("b", {"steps": "2"}, "--arm", {})])
+
+
+def test_an_arm_is_sorted_once_and_reads_as_written():
+    """One sorting for a file's arm, an --arm and an Arm built in code: each key to its place, typed, the
+    order kept for the store; laid over the base, a switch of kind keeps only the options that kind takes."""
+    from gpuvs.spec import EnvSpec
+    from gpuvs.trial.overrides import Overrides
+    from gpuvs.trial.runner import Arm
+
+    wl = get("selftest")
+    o = Overrides.sort({"steps": "4", "image": "img:2", "timeout": "9", "env": "container"}, wl)
+    assert (o.params, o.options, o.fields, o.env) == ({"steps": 4}, {"image": "img:2"}, {"timeout_s": 9.0},
+                                                       "container")
+    assert list(o) == ["steps", "image", "timeout_s", "env"] and o == {"steps": 4, "image": "img:2",
+                                                                         "timeout_s": 9.0, "env": "container"}
+    base = RunSpec(workload="selftest", device="cpu", params={"steps": 2, "text": "x"})
+    spec = o.apply(base)
+    assert spec.params == {"steps": 4, "text": "x"} and spec.timeout_s == 9.0
+    assert spec.env == EnvSpec("container", {"image": "img:2"})
+    assert base.params == {"steps": 2, "text": "x"} and base.env.kind == "host"  # the base is left as it was
+    boxed = RunSpec(workload="selftest", device="cpu", env=EnvSpec("container", {"cpus": 2.0, "image": "i"}))
+    assert Overrides.sort({"env": "host"}).apply(boxed).env == EnvSpec("host", {})  # the host takes neither
+    assert Arm("a", {"num-gpus": 2, "steps": 3}).overrides == Overrides.sort({"num_gpus": 2, "steps": 3})
+    with pytest.raises(UsageError, match="unknown key 'stepz'"):
+        Overrides.sort({"stepz": 1}, wl)
+
+
+def test_the_command_line_and_a_file_build_the_same_study(tmp_path):
+    """`compare WORKLOAD --arm ...` makes the mapping a file holds and the one loader builds both."""
+    import dataclasses
+    import os
+
+    from rich.console import Console
+
+    from gpuvs.cli import commands, parser
+    from gpuvs.cli.commands import compare
+
+    argv = ["selftest", "--device", "cpu", "--steps", "3", "--timeout", "60", "--arm", "fast:step_seconds=0.001",
+            "--arm", "slow:step_seconds=0.002", "--trials", "1", "--until-confident"]
+    args = parser.parse(commands.get("compare"), argv, "gpuvs compare")
+    cli, _ = compare.study_from_args(args, Console(file=open(os.devnull, "w")))
+    path = write(tmp_path, "workload: selftest\ndevice: cpu\nparams: {steps: 3}\ntimeout_s: 60\ntrials: 1\n"
+                           "until_confident: true\narms: [{name: fast, step_seconds: 0.001},"
+                           " {name: slow, step_seconds: 0.002}]\n")
+    file = experiment.load(path)
+    for study in (cli, file):  # two trials at least where pairs are added, the looks planned with them
+        assert study.experiment.trials == 2 and study.max_trials == 20
+        assert (study.experiment.meta.sequential.first, study.experiment.meta.sequential.cap) == (2, 20)
+    a, b = cli.experiment, file.experiment
+    assert dataclasses.replace(a.base, run_id="") == dataclasses.replace(b.base, run_id="")
+    assert [(x.name, dict(x.overrides)) for x in a.arms] == [(x.name, dict(x.overrides)) for x in b.arms]
+    assert [a.spec_for(x, 0).params for x in a.arms] == [b.spec_for(x, 0).params for x in b.arms]
+
+
+def test_a_files_default_device_is_its_environments(tmp_path, cluster):
+    """A file that names no device gets the device its environment can give, as the command line does: a pod
+    on a cluster whose nodes have GPUs runs on cuda even where this machine has none (the file used to fall
+    back to the local GPU count, and picked cpu)."""
+    from gpuvs.probes import fingerprint
+
+    arms = "arms: [{name: a}, {name: b, steps: 3}]\n"
+    pod = write(tmp_path, f"workload: selftest\nenv: pod\nimage: img:1\nkubeconfig: {cluster.kubeconfig}\n{arms}")
+    assert cluster.gpus > 0 and experiment.load(pod).experiment.base.device == "cuda"
+    host = write(tmp_path, f"workload: selftest\n{arms}")
+    assert experiment.load(host).experiment.base.device == ("cuda" if fingerprint.gpu_count() > 0 else "cpu")
