@@ -283,15 +283,15 @@ def test_rows_sorted_slowest_first_and_every_format_says_the_same():
 
 def test_fleet_run_with_real_workers_stores_every_trial_and_a_failing_node_is_a_row(tmp_path, cli):
     from gpuvs.fleet import run as fleet_run
-    from gpuvs.trial.runner import Runner
+    from gpuvs.trial.runner import Arm, Runner
     from gpuvs.spec import RunSpec
     from gpuvs.store.db import Store
 
     base = RunSpec(workload="selftest", params={"steps": 3, "step_seconds": 0.01}, device="cpu")
     names = ["n1", "n2", "n3", "bad"]
     exp = fleet_run.fleet_experiment("fleet test", base, names, ExperimentMeta(command="test"), seed=4)
-    for arm in exp.arms:  # host workers take no node option; one "node" crashes at once
-        arm.overrides = {"fail_at_step": 1} if arm.name == "bad" else {}
+    # host workers take no node option; one "node" crashes at once
+    exp.arms = [Arm(arm.name, {"fail_at_step": 1} if arm.name == "bad" else {}) for arm in exp.arms]
     starts: list = []
     with Store(tmp_path / "g.db") as st:
         result, ex = fleet_run.run(Runner(st, timeout_s=60), exp, [nodes.NodeInfo(n) for n in names],

@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from rich.console import Console
 
@@ -72,7 +72,7 @@ def device_default(console: Console) -> Callable[[EnvSpec], str]:
     return lambda env: resolve_device(None, env, console)
 
 
-def cpu_note(workload: workloads.Workload, given: dict[str, Any], device: str, console: Console) -> None:
+def cpu_note(workload: workloads.Workload, given: Mapping[str, Any], device: str, console: Console) -> None:
     """Say which CPU-sized defaults a run on the CPU took."""
     cpu_filled = {k: v for k, v in workload.cpu_defaults.items() if k not in given}
     if device == "cpu" and cpu_filled:

@@ -60,7 +60,7 @@ class Overrides(Mapping[str, Any]):
     @classmethod
     def sort(cls, raw: Mapping[str, Any], workload=None) -> Overrides:
         """Each key into its place, typed; OverrideError naming the key otherwise (see the module's doc)."""
-        out: dict[str, dict[str, Any]] = {"fields": {}, "options": {}, "params": {}}
+        sorted_ = cls()
         env, order = None, []
         env_keys = environments.option_keys()
         for written, value in raw.items():
@@ -72,10 +72,10 @@ class Overrides(Mapping[str, Any]):
             if place == "env":
                 env = value
             else:
-                out[place][key] = value
+                getattr(sorted_, place)[key] = value
             if key not in order:
                 order.append(key)
-        return cls(env=env, order=tuple(order), **out)
+        return dataclasses.replace(sorted_, env=env, order=tuple(order))
 
     def apply(self, base: RunSpec) -> RunSpec:
         """A copy of `base` with these overrides laid over it. An arm that switches the kind keeps the base's

@@ -1,11 +1,15 @@
-"""Comparisons as data: arms given on the command line (`--arm NAME:key=value,...`) or in an
-experiment file (YAML), checked before anything starts and turned into a runner.Experiment.
+"""Comparisons as data: one loader (`study`) turns the mapping an experiment file (YAML) holds into a
+checked Study around a runner.Experiment. The command line makes that same mapping of its options and
+`--arm NAME:key=value,...`s (cli/common.py's run_doc), so both are built, checked and defaulted alike
+(the device where none is named: the environment's, `default_device`); `spec` builds the base RunSpec alone
+for the commands that take no arms. The YAML itself is read by `read_file`.
 
 Every problem is one line that says where it is: `FILE:LINE: what is wrong` for a file (line
 numbers from YAML's node marks), `--arm #N: arm 'NAME': ...` for the command line.
 
 An arm's keys other than `name` are overrides: a RunSpec field (device, num_gpus, timeout_s,
-telemetry_interval_s, fresh), `env`, an environment option (environments.option_keys()) or a workload parameter.
+telemetry_interval_s, fresh), `env`, an environment option (environments.option_keys()) or a workload parameter,
+sorted once (overrides.Overrides); the base's own such keys are sorted the same way.
 Every arm shares the base's parameters (its device's defaults filled in) unless it overrides them,
 so arms differ only in what they name."""
 
@@ -23,8 +27,7 @@ from gpuvs.analysis.sequential import Plan
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
 from gpuvs.store.records import ExperimentMeta
-from gpuvs.trial.overrides import ALIASES, COMMAND_KEY, SPEC_FIELDS, SPEC_PARAMS, OverrideError, Overrides  # noqa: F401
-from gpuvs.trial.overrides import normalise_key  # noqa: F401  (the key spellings a file and --arm share)
+from gpuvs.trial.overrides import COMMAND_KEY, SPEC_FIELDS, OverrideError, Overrides, normalise_key
 from gpuvs.trial.runner import Arm, Experiment
 from gpuvs.spec import EnvSpec, RunSpec
 
@@ -267,7 +270,7 @@ def read_file(path: str | Path) -> _Map:
     return doc
 
 
-def workload_name(doc: dict[str, Any]) -> str:
+def workload_name(doc: Mapping[str, Any]) -> str:
     """The workload an experiment file names: its `workload`, else the command workload where it gives `command`."""
     if doc.get("workload") is None and COMMAND_KEY in doc:
         return COMMAND_KEY
@@ -343,7 +346,8 @@ def spec(doc: Mapping[str, Any], device_default: Callable[[EnvSpec], str] | None
 def study(doc: Mapping[str, Any], path: Path | None = None, cli: Mapping[str, Any] | None = None,
           device_default: Callable[[EnvSpec], str] | None = None) -> Study:
     """The one loader: a mapping as an experiment file holds it (read from `path`, or made by the command line
-    when path is None) as a checked Study. `cli` replaces the file's top-level values (its 'params' are merged
+    when path is None) as a Study, its keys, values and arms checked where they were written (the environment's
+    own checks are runner.validate_experiment's, once, before anything starts). `cli` replaces the file's top-level values (its 'params' are merged
     into the file's); `device_default` names the device where neither does (default: the environment's)."""
     cli = dict(cli or {})
     cli_params = dict(cli.pop("params", None) or {})
