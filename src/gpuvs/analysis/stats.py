@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 

@@ -24,7 +24,6 @@ from gpuvs.errors import UsageError
 from gpuvs.experiment import STUDY_PARAMS, Study
 from gpuvs.params import Param
 from gpuvs.report import terminal
-from gpuvs.trial.runner import Experiment
 from gpuvs.trial.study import Look, Ran, run_comparison
 
 COMPARE_OPTIONS = (
