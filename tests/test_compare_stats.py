@@ -58,7 +58,7 @@ def test_verdict_words_and_direction_of_the_unit():
     # a time, as its workload declares it: more is slower
     assert stats.compare_arms(a, b, better="lower", words=("slower", "faster")).verdict == "slower"
     assert stats.compare_arms(a, b, better="lower", words=("worse", "better")).verdict == "worse"  # a loss
-    assert stats.compare_arms(a, b, margin=0.10).verdict == "equivalent"  # within +/-10%
+    assert stats.compare_arms(a, b, margin=0.10).verdict == "faster-within-margin"  # real, and within +/-10%
     r = stats.compare_arms([1000.0, 1100.0], [1010.0, 1090.0])
     assert r.verdict == "inconclusive" and r.more_trials >= 1 and r.trials_needed > 2
 
@@ -111,7 +111,8 @@ def test_a_a_false_faster_or_slower_at_most_about_5_percent(n, cv):
 
 
 def test_a_known_3_percent_difference_is_found_with_the_right_sign_and_covered_95_percent():
-    sims, verdicts, covered = 4000, {"faster": 0, "slower": 0, "equivalent": 0, "inconclusive": 0}, 0
+    sims, verdicts, covered = 4000, {"faster": 0, "slower": 0, "equivalent": 0, "inconclusive": 0,
+                                     "faster-within-margin": 0, "slower-within-margin": 0}, 0
     for seed in range(sims):
         rng = np.random.default_rng(10_000 + seed)
         # realistic noise: trial-to-trial CV of 1% (what a quiet GPU shows), lognormal
@@ -121,7 +122,8 @@ def test_a_known_3_percent_difference_is_found_with_the_right_sign_and_covered_9
         verdicts[r.verdict] += 1
         covered += r.ci_low <= 1.03 <= r.ci_high
     assert verdicts["faster"] / sims >= 0.95
-    assert verdicts["slower"] == 0 and verdicts["equivalent"] / sims <= 0.01
+    assert verdicts["slower"] == verdicts["slower-within-margin"] == 0
+    assert (verdicts["equivalent"] + verdicts["faster-within-margin"]) / sims <= 0.01
     assert 0.93 <= covered / sims <= 0.975
     # the same figures as times (ms): the same difference is 'slower'
     r = stats.compare_arms([10.0, 10.1, 9.9], [10.3, 10.4, 10.2], better="lower", words=("slower", "faster"))
@@ -138,7 +140,8 @@ def test_swapping_arms_inverts_the_ratio_and_scaling_changes_nothing(a, b, scale
     assert ab.ratio * ba.ratio == pytest.approx(1.0)
     if ab.se_log:
         assert ab.ci_low * ba.ci_high == pytest.approx(1.0) and ab.ci_high * ba.ci_low == pytest.approx(1.0)
-    swap = {"faster": "slower", "slower": "faster", "equivalent": "equivalent", "inconclusive": "inconclusive"}
+    swap = {"faster": "slower", "slower": "faster", "equivalent": "equivalent", "inconclusive": "inconclusive",
+            "faster-within-margin": "slower-within-margin", "slower-within-margin": "faster-within-margin"}
     assert ba.verdict == swap[ab.verdict]
     scaled = stats.compare_arms([scale * x for x in a], [scale * x for x in b])
     assert scaled.ratio == pytest.approx(ab.ratio) and scaled.verdict == ab.verdict

@@ -124,14 +124,40 @@ def test_the_issues_example_loss_and_memory_are_not_faster():
 
 # -- one comparison ---------------------------------------------------------------------------------
 
-def test_equivalent_and_slower_when_both_hold():
+def test_slower_within_margin_when_both_hold():
+    """A small but real difference (the interval excludes 1, inside the margin) is a verdict of its own, never
+    plain 'equivalent', and its words say both."""
     rng = np.random.default_rng(3)
     a = 1000 * (1 + 0.0005 * rng.standard_normal(6))
     b = 985 * (1 + 0.0005 * rng.standard_normal(6))
     r = stats.compare_arms(a, b)
-    assert r.equivalent and r.different and r.verdict == "equivalent" and r.also == "slower"
+    assert r.equivalent and r.different and r.verdict == "slower-within-margin" and r.also == "slower"
     assert 0.983 < r.ci_low < r.ci_high < 0.987
-    assert tables.verdict_word(r) == "equivalent within ±2%, and 1.5% slower"
+    assert tables.verdict_word(r) == "1.5% slower, within ±2%"
+    up = stats.compare_arms(b, a)
+    assert up.verdict == "faster-within-margin" and stats.direction(up.verdict) == "faster"
+
+
+def test_a_light_co_tenant_is_named_slower_within_margin_in_the_fleet_its_label_and_metrics():
+    """The issue's case: a node 0.957x its peers [0.949-0.964] at a +/-5% margin was labelled equivalent/ok."""
+    from gpuvs.agent.metrics import VERDICTS
+    from gpuvs.fleet import labels, verdicts
+    from gpuvs.fleet.result import NodeRow
+
+    rng = np.random.default_rng(7)
+    values = {n: list(1000 * (1 + 0.004 * rng.standard_normal(8))) for n in ("a", "b", "c", "d")}
+    values["slow"] = list(957 * (1 + 0.004 * rng.standard_normal(8)))
+    found = {v.node: v for v in verdicts.assess(values, higher_is_better=True, margin=0.05,
+                                                 control=verdicts.ErrorControl(0.95, looks=1))}
+    v = found["slow"]
+    assert v.verdict == "slower-within-margin" and 0.94 < v.ci_low < v.ci_high < 0.97 and v.settled
+    for n in "abcd":  # the peers, against a pool that holds the slow node: named only where the interval shows it
+        excludes_1 = found[n].ci_low > 1 or found[n].ci_high < 1
+        assert found[n].verdict == ("faster-within-margin" if excludes_1 else "equivalent"), n
+    row = NodeRow("slow", v.verdict, n_ok=8, n_trials=8, speed=v.speed, ratio=v.ratio)
+    change, = labels.plan([row], experiment_id="x", workload="w")
+    assert change.labels[labels.PERF] == "slow-within-margin"
+    assert "slower-within-margin" in VERDICTS
 
 
 def test_no_zero_width_interval_from_identical_values():

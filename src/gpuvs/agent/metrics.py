@@ -17,8 +17,10 @@ from prometheus_client.exposition import generate_latest
 from gpuvs import __version__
 from gpuvs.agent.state import State
 
-VERDICTS = ("slower", "faster", "equivalent", "inconclusive", "reference")
-DRIFT_VERDICTS = ("slower", "faster", "equivalent", "inconclusive")  # against the node's own past
+VERDICTS = ("slower", "faster", "equivalent", "slower-within-margin", "faster-within-margin", "inconclusive",
+            "reference")
+DRIFT_VERDICTS = ("slower", "faster", "equivalent", "slower-within-margin", "faster-within-margin",
+                  "inconclusive")  # against the node's own past
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 

@@ -175,8 +175,8 @@ def tost_p(a, b, margin: float, **kw) -> float:
 @dataclass
 class Comparison:
     """Arm B against baseline arm A (compare_arms): the ratio B/A, its interval at the level the verdict
-    was made at, the two tests' p-values and the verdict ('equivalent', with `also` the word when a
-    difference holds too; a word of `words`; 'inconclusive'; 'descriptive' for a figure shown, not
+    was made at, the two tests' p-values and the verdict ('equivalent'; WORD-within-margin, with `also`
+    the word, when a difference inside the margin holds too (settled_verdict); a word of `words`; 'inconclusive'; 'descriptive' for a figure shown, not
     tested), trials per arm that would settle it. log_r, unit_sd and have are there once the ratio's
     uncertainty was estimated (2+ positive figures per arm)."""
 
@@ -236,8 +236,8 @@ def compare_arms(a, b, *, better: str | None = "higher", words: tuple[str, str] 
     level / level_eq: the two-sided level of the difference test and the one-sided level of each
     equivalence test, after any correction for several looks, arms or metrics (default 1 -
     confidence); the interval is at 1 - level, so it agrees with the verdict. words: (above, below)
-    the baseline, from the metric's declaration. verdict: 'equivalent' (with `also` = the word when
-    a difference holds too), a word, or 'inconclusive'; trials_needed: trials per arm at which a new
+    the baseline, from the metric's declaration. verdict: 'equivalent', WORD-within-margin (both hold;
+    `also` = the word), a word, or 'inconclusive'; trials_needed: trials per arm at which a new
     run settles it with probability >= SETTLE_TARGET (None: not within the estimate's limit; not
     computed without `estimate`)."""
     alpha = round(1 - confidence, 12)
@@ -269,6 +269,30 @@ def compare_arms(a, b, *, better: str | None = "higher", words: tuple[str, str] 
     return decide(out, level, level_eq, estimate)
 
 
+WITHIN_MARGIN = "-within-margin"
+
+
+def settled_verdict(equivalent: bool, different: bool, word: str) -> str:
+    """The one verdict vocabulary (compare, fleet, drift; their labels and metrics): 'equivalent' when only
+    equivalence within the margin holds; WORD + '-within-margin' ('slower-within-margin') when both hold: the
+    interval excludes 1 yet lies inside the margin, a small but real difference that is never called
+    plain 'equivalent'; WORD ('slower', 'faster') when only the difference holds; else 'inconclusive'."""
+    if equivalent and different:
+        return word + WITHIN_MARGIN
+    if equivalent:
+        return "equivalent"
+    return word if different else "inconclusive"
+
+
+def direction(verdict: str) -> str:
+    """'slower' of 'slower' and of 'slower-within-margin'; any other verdict as it is."""
+    return verdict.removesuffix(WITHIN_MARGIN)
+
+
+def within_margin(verdict: str) -> bool:
+    return verdict.endswith(WITHIN_MARGIN)
+
+
 def decide(out: Comparison, level: float, level_eq: float, estimate: bool = True) -> Comparison:
     """(Re)make the verdict of a compare_arms result at these levels (see compare_arms); a result
     without a standard error is left as it is."""
@@ -280,10 +304,8 @@ def decide(out: Comparison, level: float, level_eq: float, estimate: bool = True
     out.different = out.p_different < level
     out.equivalent = out.margin > 0 and out.p_equivalent < level_eq
     word = out.words[0] if out.log_r > 0 else out.words[1]
-    if out.equivalent:
-        out.verdict, out.also = "equivalent", word if out.different else None
-    elif out.different:
-        out.verdict = word
+    out.verdict = settled_verdict(out.equivalent, out.different, word)
+    out.also = word if out.equivalent and out.different else None
     if out.verdict != "inconclusive":
         out.trials_needed, out.more_trials = out.have, 0
         return out

@@ -387,10 +387,9 @@ def assess(hists: Sequence[NodeHistory], *, window: int = WINDOW, min_history: i
         if v.reason:
             continue
         v.p_equivalent_adj = eq_adj.get(node)
-        if node in equivalent:
-            v.verdict = "equivalent"
-        elif i in found.moved:
-            v.verdict = "slower" if v.log_ratio < 0 else "faster"
+        if node in equivalent or i in found.moved:
+            v.verdict = stats.settled_verdict(node in equivalent, i in found.moved,
+                                              "slower" if v.log_ratio < 0 else "faster")
         elif m == 2:
             v.reason = "one peer only: which of the two moved cannot be told"
         else:

@@ -1,12 +1,13 @@
 """Node labels from a fleet's verdicts, written only when asked (--label), shown with --dry-run.
 
-gpuvs.io/perf        ok | slow | inconclusive   (faster and equivalent are ok)
+gpuvs.io/perf        ok | slow | slow-within-margin | fast-within-margin | inconclusive
+                     (faster and equivalent are ok; a difference inside the margin is named, never ok)
 gpuvs.io/perf-ratio  the node's relative speed against the fleet, e.g. 0.512
 annotation gpuvs.io/perf-details  JSON: experiment, workload, verdict, ratio, interval, reference, time
 
 gpuvs fleet history --label writes the drift against each node's own past:
 
-gpuvs.io/drift        slower | faster | ok | inconclusive
+gpuvs.io/drift        slower | faster | ok | slower-within-margin | faster-within-margin | inconclusive
 gpuvs.io/drift-ratio  the latest run against the node's past (its speed against its peers), e.g. 0.937
 annotation gpuvs.io/drift-details  JSON: workload, run, verdict, ratio, interval, checks, change point, time
 
@@ -24,7 +25,9 @@ from gpuvs.fleet.result import NodeRow
 PERF = "gpuvs.io/perf"
 RATIO = "gpuvs.io/perf-ratio"
 DETAILS = "gpuvs.io/perf-details"
-VALUES = {"slower": "slow", "faster": "ok", "equivalent": "ok", "reference": "ok"}  # anything else: inconclusive
+VALUES = {"slower": "slow", "faster": "ok", "equivalent": "ok", "reference": "ok",
+          "slower-within-margin": "slow-within-margin", "faster-within-margin": "fast-within-margin"}
+# anything else: inconclusive
 
 
 @dataclass
@@ -57,7 +60,9 @@ def plan(rows: list[NodeRow], *, experiment_id: str, workload: str) -> list[Labe
 DRIFT = "gpuvs.io/drift"
 DRIFT_RATIO = "gpuvs.io/drift-ratio"
 DRIFT_DETAILS = "gpuvs.io/drift-details"
-DRIFT_VALUES = {"slower": "slower", "faster": "faster", "equivalent": "ok"}  # anything else: inconclusive
+DRIFT_VALUES = {"slower": "slower", "faster": "faster", "equivalent": "ok",
+                "slower-within-margin": "slower-within-margin", "faster-within-margin": "faster-within-margin"}
+# anything else: inconclusive
 
 
 def plan_drift(standings: list[Any], *, workload: str) -> list[LabelChange]:

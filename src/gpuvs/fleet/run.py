@@ -179,7 +179,7 @@ def build(exp: Experiment, nodes: list[NodeInfo], excluded: list[Excluded], outc
             row.ratio, row.ci_low, row.ci_high, row.speed = v.ratio, v.ci_low, v.ci_high, v.speed
             if v.ci_low is not None and v.ci_high is not None:
                 row.speed_low, row.speed_high = ((v.ci_low, v.ci_high) if higher else (1 / v.ci_high, 1 / v.ci_low))
-            row.p_adjusted = v.p_equivalent_adj if v.verdict == "equivalent" else v.p_different_adj
+            row.p_adjusted = v.p_equivalent_adj if v.verdict == "equivalent" else v.p_different_adj  # within-margin: the difference's
             if v.log_ratio is not None:  # log(speed): the sign of a rate's log ratio, the other way for a time
                 row.log_speed, row.se, row.df = (v.log_ratio if higher else -v.log_ratio), v.se, v.df
             figures = outcome.values.get(n, [])

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 KIND = "fleet"
 
 # The marks a node can carry, in the order of concern; a node's attention is its first mark's place.
-MARKS = ("slow", "drifting slower", "failed", "changed", "drifting faster", "inconclusive", "ok")
+MARKS = ("slow", "drifting slower", "failed", "changed", "drifting faster", "inconclusive", "slow within the margin",
+         "ok")
 LOOK = MARKS[:5]  # marks that make a node one to look at
 
 
@@ -110,6 +111,8 @@ class NodeStanding:
             out.append("drifting faster")
         if now is not None and now.verdict == "inconclusive":
             out.append("inconclusive")
+        if now is not None and now.verdict == "slower-within-margin":
+            out.append("slow within the margin")
         return tuple(out) or ("ok",)
 
     @property

@@ -21,8 +21,10 @@ Error control across the fleet (m nodes tested, L looks at the data, level alpha
   any false call over the whole run is at most L x alpha / L = alpha (a union bound; the simulation in
   tests/test_fleet_stats.py and BENCHMARKS.md measures it on this code);
 - the interval shown is simultaneous at that level: Bonferroni, confidence 1 - alpha / (L m).
-A node is "equivalent" when Holm accepts its equivalence, else "slower"/"faster" when Holm finds a
-difference, else "inconclusive" (same order as gpuvs compare).
+A node is "equivalent" when Holm accepts its equivalence and finds no difference, "slower-within-margin" /
+"faster-within-margin" when Holm accepts both (the interval excludes 1 but lies inside the margin: a small
+but real difference), "slower"/"faster" when Holm finds only a difference, else "inconclusive" (the same
+vocabulary as gpuvs compare: stats.settled_verdict).
 
 band_speeds gives the same ratio on the log scale with its standard error and df, as a node's history
 (gpuvs.fleet.history) needs it."""
@@ -35,7 +37,7 @@ from typing import Any, Mapping, Sequence
 
 from gpuvs.analysis import stats
 
-SETTLED = ("slower", "faster", "equivalent")
+SETTLED = ("slower", "faster", "equivalent", "slower-within-margin", "faster-within-margin")
 
 
 @dataclass
@@ -214,10 +216,14 @@ def assess(values: Mapping[str, Sequence[float]], *, higher_is_better: bool, mar
         v = out[node]
         v.p_different_adj = None if node not in diff_adj else min(1.0, diff_adj[node] * control.looks)
         v.p_equivalent_adj = None if node not in eq_adj else min(1.0, eq_adj[node] * control.looks)
-        if node in equivalent:
-            v.verdict, v.reason = "equivalent", ""
-        elif node in different:
-            v.verdict, v.reason = ("faster" if v.speed is not None and v.speed > 1 else "slower"), ""
+        word = "faster" if v.speed is not None and v.speed > 1 else "slower"
+        # within the margin, the difference is named where the interval shown excludes 1 (Bonferroni at
+        # alpha/(L m), stricter than Holm's step): what the label says, the interval shows
+        shown = v.ci_low is not None and v.ci_high is not None and (v.ci_low > 1 or v.ci_high < 1)
+        if node in equivalent or node in different:
+            v.verdict = stats.settled_verdict(node in equivalent, node in different and
+                                              (shown or node not in equivalent), word)
+            v.reason = ""
         elif not v.reason:
             v.reason = "the interval holds both 1 and a ratio outside the margin"
     return [out[n] for n in values]

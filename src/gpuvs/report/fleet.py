@@ -37,12 +37,16 @@ def verdict_text(r: NodeRow, margin: float) -> str:
         return f"equivalent (±{100 * margin:g}%)"
     if r.verdict in ("slower", "faster") and r.speed is not None:
         return f"{r.verdict} ({100 * abs(1 - r.speed):.1f}%)"
+    if r.verdict.endswith("-within-margin") and r.speed is not None:
+        word = r.verdict.removesuffix("-within-margin")
+        return f"{100 * abs(1 - r.speed):.1f}% {word}, within the ±{100 * margin:g}% allowed"
     return r.verdict
 
 
 def notes(r: NodeRow) -> str:
     parts = []
-    if r.reason and r.verdict not in ("slower", "faster", "equivalent"):
+    if r.reason and r.verdict not in ("slower", "faster", "equivalent", "slower-within-margin",
+                                      "faster-within-margin"):
         parts.append(r.reason)
     if r.differs:
         parts.append("differs from the majority in " + ", ".join(f"{k} ({v[0]} vs {v[1]})"
@@ -128,6 +132,7 @@ def render_csv(res: FleetResult) -> str:
 
 
 _COLOURS = {"slower": "#c0392b", "faster": "#2471a3", "equivalent": "#1e8449", "inconclusive": "#b9770e",
+            "slower-within-margin": "#d68910", "faster-within-margin": "#5dade2",
             "reference": "#555555"}
 
 

@@ -41,6 +41,9 @@ def drift_text(v: DriftVerdict | None, margin: float) -> str:
         return f"{pct(v.ratio)} {v.verdict} than {checks} ({figure}), not interleaved"
     if v.verdict == "equivalent":
         return f"equivalent to {checks} within ±{100 * margin:g}% ({figure}), not interleaved"
+    if v.verdict.endswith("-within-margin"):
+        return (f"{pct(v.ratio)} {v.verdict.removesuffix('-within-margin')} than {checks} ({figure}), within the "
+                f"±{100 * margin:g}% allowed, not interleaved")
     if figure:
         return f"inconclusive against {checks} ({figure}): {v.reason}"
     return f"no drift verdict: {v.reason}"

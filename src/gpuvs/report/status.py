@@ -29,6 +29,7 @@ CHART_W, CHART_H = 600, 170
 LEFT, RIGHT, TOP, BOTTOM = 52, 12, 12, 30
 VALIDATE_SHOWN = 5  # latest validate runs listed (the latest with every check)
 COLOURS = {"slower": "#c0392b", "faster": "#2471a3", "equivalent": "#1e8449", "inconclusive": "#b9770e",
+           "slower-within-margin": "#d68910", "faster-within-margin": "#5dade2",
            "reference": "#555555", "failed": "#c0392b", "excluded": "#999999"}
 
 

@@ -35,13 +35,12 @@ def interval(low: float | None, high: float | None, digits: int = 3) -> str:
 
 
 def verdict_word(v: MetricVerdict) -> str:
-    """'faster', 'equivalent within ±2%', 'equivalent within ±2%, and 1.5% slower' (both hold),
+    """'faster', 'equivalent within ±2%', '1.5% slower, within ±2%' (slower-within-margin: both hold),
     'inconclusive', 'descriptive'."""
     if v.verdict == "equivalent":
-        text = f"equivalent within ±{100 * v.margin:g}%"
-        if v.also and v.ratio is not None:
-            text += f", and {100 * abs(v.ratio - 1):.1f}% {v.also}"
-        return text
+        return f"equivalent within ±{100 * v.margin:g}%"
+    if v.verdict.endswith("-within-margin") and v.ratio is not None:
+        return f"{100 * abs(v.ratio - 1):.1f}% {v.also or v.verdict.removesuffix('-within-margin')}, within ±{100 * v.margin:g}%"
     return v.verdict
 
 

@@ -80,7 +80,8 @@ def compare(base: Sequence[float | None], other: Sequence[float | None], margin:
 
 
 MPS_WORDS = {"faster": "mps helps", "slower": "mps hurts", "equivalent": "no difference",
-             "inconclusive": "inconclusive"}
+             "faster-within-margin": "mps helps, within the margin",
+             "slower-within-margin": "mps hurts, within the margin", "inconclusive": "inconclusive"}
 
 
 @dataclass
