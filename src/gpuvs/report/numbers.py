@@ -1,18 +1,76 @@
 """How a number is written in every report (terminal, markdown, HTML, charts, the command line's tables):
-one place, so that the same figure reads the same everywhere."""
+one place, so that the same figure reads the same everywhere.
+
+By significant figures, never rounded to nothing: at least SIGNIFICANT of them (0.192, not 0.2; 0.0123, not
+0.0), whole numbers with thousands separators instead of an exponent (1,048,576, not 1.04858e+06); figures
+side by side get the digits that tell them apart (fmt_all); seconds are scaled to ms or µs where they are
+below one (scale_unit)."""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Sequence
+
+SIGNIFICANT = 3
+TIME_UNITS = {"s": ("ms", "µs"), "sec": ("ms", "µs"), "seconds": ("ms", "µs"), "ms": ("µs", "ns")}
 
 
-def fmt(value: Any, digits: int = 1) -> str:
+def _decimals(value: float, digits: int, significant: int = SIGNIFICANT) -> int:
+    """Decimals that show `value` with at least `digits` decimals and `significant` significant figures."""
+    if value == 0 or abs(value) >= 10 ** (significant - 1):
+        return digits if abs(value) < 1e5 else 0
+    return max(digits, significant - 1 - math.floor(math.log10(abs(value))))
+
+
+def fmt(value: Any, digits: int = 1, significant: int = SIGNIFICANT) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
         if value != value:  # nan
             return "-"
-        if abs(value) >= 1e5 or (0 < abs(value) < 10 ** -digits):
-            return f"{value:.3g}"
-        return f"{value:,.{digits}f}"
+        if math.isinf(value):
+            return "∞" if value > 0 else "-∞"
+        if value != 0 and abs(value) < 1e-4:
+            return f"{value:.{significant}g}"
+        return f"{value:,.{_decimals(value, digits, significant)}f}"
     return str(value)
+
+
+def fmt_all(values: Sequence[float | None], digits: int = 1) -> list[str]:
+    """The figures of one row or column, each with the significant figures that tell the different ones apart
+    (0.1923 and 0.1925, not 0.192 and 0.192); at most 3 more than fmt gives."""
+    real = [v for v in values if isinstance(v, float) and v == v and not math.isinf(v)]
+    for extra in range(4):
+        out = [fmt(v, digits, SIGNIFICANT + extra) for v in values]
+        shown = {}
+        for v, text in zip(values, out):
+            if v in real:
+                shown.setdefault(text, set()).add(v)
+        if all(len(vs) == 1 for vs in shown.values()):
+            return out
+    return out
+
+
+def scale_unit(values: Sequence[float | None], unit: str) -> tuple[float, str]:
+    """(factor, unit) that writes these figures of a time unit without leading zeros: seconds below one as
+    ms, below a thousandth as µs. Any other unit as it is (factor 1)."""
+    smaller = TIME_UNITS.get(unit)
+    real = [abs(v) for v in values if isinstance(v, (int, float)) and v == v and v != 0 and not math.isinf(v)]
+    if not smaller or not real or max(real) >= 1:
+        return 1.0, unit
+    if max(real) >= 1e-3:
+        return 1e3, smaller[0]
+    return 1e6, smaller[1]
+
+
+def fmt_unit(value: float | None, unit: str) -> str:
+    """'235 ms', '1,204.5 images/sec': the figure with its unit, scaled (scale_unit)."""
+    if value is None or value != value:
+        return "-"
+    factor, shown = scale_unit([value], unit)
+    return f"{fmt(value * factor)} {shown}".rstrip()
+
+
+def percent(fraction: float, digits: int = 1) -> str:
+    """A fraction as a percentage with at least two significant figures: 0.0004 -> '0.040%', not '0.0%'."""
+    return f"{fmt(100 * fraction, digits, 2)}%"

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from gpuvs.analysis.comparison import Analysis, fingerprint_rows
 from gpuvs.analysis.family import MetricVerdict
-from gpuvs.report.numbers import fmt
+from gpuvs.report.numbers import fmt, fmt_all, percent, scale_unit
 from gpuvs.analysis.stats import TrialsSummary
 from gpuvs.analysis.timeshare import LABELS, PARTS, TimeShares
 
@@ -27,11 +27,21 @@ def ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}×"
 
 
-def interval(low: float | None, high: float | None, digits: int = 3) -> str:
+def interval(low: float | None, high: float | None, digits: int = 3, positive: bool = False) -> str:
+    """'0.949–0.964'; each end with the significant figures that tell the two apart. positive: the quantity
+    cannot be below zero (a rate, a time), so an end below zero is clipped to 0 and marked '0†'."""
     if low is None or high is None or low != low or high != high:
         return "-"
-    sep = "–" if low >= 0 else " … "  # a dash between numbers that may be negative would read as a minus
-    return f"{low:.{digits}f}{sep}{high:.{digits}f}"
+    clipped = positive and low < 0
+    lo, hi = fmt_all([0.0 if clipped else low, high], digits)
+    if clipped:
+        lo = "0†"
+    sep = "–" if low >= 0 or clipped else " … "  # a dash between numbers that may be negative would read as a minus
+    return f"{lo}{sep}{hi}"
+
+
+CLIPPED_NOTE = ("0†: the interval of the mean reached below zero, which a positive quantity cannot; shown from 0 "
+                "(too few trials or too much noise for this interval to say much)")
 
 
 def verdict_word(v: MetricVerdict) -> str:
@@ -73,8 +83,12 @@ def verdict_table(a: Analysis) -> Table | None:
     if len(a.arms) < 2 or not a.verdicts:
         return None
     pct = f"{100 * a.confidence:g}%"
-    rows = [[f"{v.metric} ({v.unit})" if v.unit else v.metric, v.arm, fmt(v.mean_a), fmt(v.mean_b), ratio(v.ratio),
-             interval(v.ci_low, v.ci_high), verdict_word(v), tested_as(v), to_settle(v)] for v in a.verdicts]
+    rows = []
+    for v in a.verdicts:
+        k, unit = scale_unit([v.mean_a, v.mean_b], v.unit)
+        means = fmt_all([None if m is None else m * k for m in (v.mean_a, v.mean_b)])
+        rows.append([f"{v.metric} ({unit})" if unit else v.metric, v.arm, *means, ratio(v.ratio),
+                     interval(v.ci_low, v.ci_high), verdict_word(v), tested_as(v), to_settle(v)])
     head = a.headline
     fams = sorted({v.family for v in a.verdicts if v.family}, key=lambda f: not f.startswith("headline"))
     note = (f"ratio = arm / {a.arms[0].name} (the baseline): per-round ratios (paired) where the trials were "
@@ -92,20 +106,25 @@ def verdict_table(a: Analysis) -> Table | None:
 
 
 def arm_table(a: Analysis) -> Table | None:
-    rows = []
+    rows, clipped = [], False
     for arm in a.arms:
         for m in a.metrics:
             s = arm.summaries.get(m.name) or TrialsSummary()
             n = s.n
+            k, unit = scale_unit([s.mean, s.min, s.max], m.unit)
+            x = (lambda v: None if v is None else v * k)
+            positive = n > 0 and (s.min or 0) >= 0
+            clipped |= positive and n > 1 and s.ci_low is not None and s.ci_low < 0
+            mean, low, high = fmt_all([x(s.mean), x(s.min), x(s.max)])
             rows.append([arm.name, m.name, arm.device + (f" x{arm.num_gpus}" if arm.num_gpus > 1 else ""), arm.env,
-                         f"{n}/{arm.n_total}", fmt(s.mean), interval(s.ci_low, s.ci_high, 1) if n > 1 else "-",
-                         f"{fmt(s.min)} … {fmt(s.max)}" if n else "-", f"{100 * (s.cv or 0):.2f}%" if n > 1 else "-",
-                         m.unit])
+                         f"{n}/{arm.n_total}", mean, interval(x(s.ci_low), x(s.ci_high), 1, positive) if n > 1 else "-",
+                         f"{low} … {high}" if n else "-", f"{100 * (s.cv or 0):.2f}%" if n > 1 else "-",
+                         unit])
     if not rows:
         return None
     return Table("arms", "Summary per arm (mean of per-trial figures)",
                  ["arm", "metric", "device", "env", "trials ok", "mean", f"{100 * a.confidence:g}% CI", "min … max",
-                  "CV", "unit"], rows, right={4, 5, 6, 7, 8})
+                  "CV", "unit"], rows, CLIPPED_NOTE if clipped else "", right={4, 5, 6, 7, 8})
 
 
 def per_trial_table(a: Analysis) -> Table | None:
@@ -116,14 +135,15 @@ def per_trial_table(a: Analysis) -> Table | None:
                     {f.trial for f in a.failures})
     failed = {(f.arm, f.trial): f.status for f in a.failures}
     rows = []
+    k, unit = scale_unit([v for arm in a.arms for v in arm.values.get(head.name, {}).values()], head.unit)
     for t in trials:
         row = [f"{a.name} #{t + 1}"]
-        for arm in a.arms:
-            value = arm.values.get(head.name, {}).get(t)
-            row.append(fmt(value) if value is not None else failed.get((arm.name, t), "-"))
+        values = [arm.values.get(head.name, {}).get(t) for arm in a.arms]
+        for arm, value, text in zip(a.arms, values, fmt_all([None if v is None else v * k for v in values])):
+            row.append(text if value is not None else failed.get((arm.name, t), "-"))
         rows.append(row)
-    return Table("per_trial", f"Per trial: {head.name} ({head.unit})",
-                 ["test case"] + [f"{arm.name} {head.unit}" for arm in a.arms], rows,
+    return Table("per_trial", f"Per trial: {head.name} ({unit})",
+                 ["test case"] + [f"{arm.name} {unit}" for arm in a.arms], rows,
                  right=set(range(1, len(a.arms) + 1)))
 
 
@@ -184,10 +204,10 @@ def time_shares_table(ts: TimeShares | None) -> Table | None:
     rows = []
     for part in PARTS:
         per = ts.per_trial.get(part)
-        rows.append([LABELS[part], f"{ts.seconds[part]:.1f}", f"{100 * ts.shares[part]:.1f}%",
-                     "-" if per is None else f"{per:.2f}"])
-    rows.append(["wall time", f"{ts.wall_s:.1f}", "100.0%",
-                 f"{ts.per_trial['wall']:.2f}" if "wall" in ts.per_trial else "-"])
+        rows.append([LABELS[part], fmt(float(ts.seconds[part])), percent(ts.shares[part]),
+                     "-" if per is None else fmt(float(per), 2)])
+    rows.append(["wall time", fmt(float(ts.wall_s)), "100.0%",
+                 fmt(float(ts.per_trial['wall']), 2) if "wall" in ts.per_trial else "-"])
     zyg = (f"; start-up holds {len(ts.zygote_starts_s)} zygote start(s) of "
            + ", ".join(f"{s:.1f}" for s in ts.zygote_starts_s) + " s") if ts.zygote_starts_s else ""
     note = (f"{ts.trials} trial(s); per trial: mean seconds from launch to exit (docs/trials.md defines each "

@@ -13,7 +13,7 @@ from rich.table import Table
 from gpuvs import environments
 from gpuvs.analysis import stats
 from gpuvs.report import tables
-from gpuvs.report.numbers import fmt
+from gpuvs.report.numbers import fmt, fmt_all, scale_unit
 from gpuvs.safetext import safe_text
 from gpuvs.analysis.stats import SeriesSummary
 from gpuvs.trial.study import Look
@@ -25,6 +25,7 @@ CONFIG_LABELS = [
     ("warmup_steps", "Warm-up steps"), ("steps", "Timed steps"),
 ]
 RULE = "-" * 64
+LABEL_WIDTH = 15  # 'Warm-up steps:' and a space: a label never runs into its value
 
 
 class StepLog:
@@ -58,13 +59,13 @@ class StepLog:
         for key, label in CONFIG_LABELS:
             if key in items:
                 suffix = " global" if key == "batch_size_global" else (" per device" if key == "batch_size_per_device" else "")
-                self.console.print(safe_text(f"{(label + ':') if label else '':<14}{items[key]}{suffix}"),
+                self.console.print(safe_text(f"{(label + ':') if label else '':<{LABEL_WIDTH}}{items[key]}{suffix}"),
                                    markup=False, highlight=False)
                 shown.add(key)
         for key, value in items.items():
             if key not in shown:
-                self.console.print(safe_text(f"{key.replace('_', ' ').capitalize() + ':':<14}{value}"), markup=False,
-                                   highlight=False)
+                self.console.print(safe_text(f"{key.replace('_', ' ').capitalize() + ':':<{LABEL_WIDTH - 1}} {value}"),
+                                   markup=False, highlight=False)
         self.console.print("=" * 10, highlight=False)
 
     def sample(self, event: dict[str, Any]) -> None:
@@ -107,7 +108,9 @@ def _trial_line(result) -> str:
     if not result.ok:
         return f"{head}: {result.status.upper()}: {result.error}"
     main = result.primary() or SeriesSummary()
-    text = f"{head}: {fmt(main.value)} {main.unit} +/- {fmt(main.pm)} (jitter = {fmt(main.jitter)})"
+    k, unit = scale_unit([main.value], main.unit)
+    value, pm, jitter = (fmt(None if x is None else x * k) for x in (main.value, main.pm, main.jitter))
+    text = f"{head}: {value} {unit} +/- {pm} (jitter = {jitter})"
     start = result.startup
     parts = [f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f} s" for k, v in start.items()
              if k in ("first_step_s", "launch_to_timed_s")]
@@ -148,11 +151,12 @@ def arm_table(results: Iterable, title: str = "Summary across trials") -> Table:
         ok = [r for r in rs if r.ok and series in r.summary]
         values = [r.summary[series].value for r in ok]
         s = stats.summarize_trials(values)
-        unit = ok[0].summary[series].unit if ok else ""
-        ci = f"{fmt(s.ci_low)} … {fmt(s.ci_high)}" if s.n > 1 else "-"
-        table.add_row(*safe_cells(arm, series), f"{len(ok)}/{len(rs)}", fmt(s.mean), ci,
-                      f"{fmt(s.min)} … {fmt(s.max)}" if ok else "-", f"{100 * (s.cv or 0):.2f}%" if s.n > 1 else "-",
-                      safe_text(unit))
+        k, unit = scale_unit([s.mean, s.min, s.max], ok[0].summary[series].unit if ok else "")
+        x = (lambda v: None if v is None else v * k)
+        ci = tables.interval(x(s.ci_low), x(s.ci_high), 1, positive=(s.min or 0) >= 0) if s.n > 1 else "-"
+        mean, low, high = fmt_all([x(s.mean), x(s.min), x(s.max)])
+        table.add_row(*safe_cells(arm, series), f"{len(ok)}/{len(rs)}", mean, ci, f"{low} … {high}" if ok else "-",
+                      f"{100 * (s.cv or 0):.2f}%" if s.n > 1 else "-", safe_text(unit))
     return table
 
 

@@ -1,0 +1,29 @@
+"""Figures are written by significant figures, never rounded to nothing (the issue's cases, as they read)."""
+
+from __future__ import annotations
+
+from gpuvs.report import numbers, tables
+
+
+def test_small_figures_keep_their_significant_digits_and_big_ones_their_integer_digits():
+    assert [numbers.fmt(x) for x in (0.192, 0.235, 0.0123)] == ["0.192", "0.235", "0.0123"]  # not 0.2, 0.2, 0.0
+    assert numbers.fmt(1048576.0) == "1,048,576"  # not 1.04858e+06
+    assert numbers.fmt(3.46e6) == "3,460,000" and numbers.fmt(78861.6) == "78,861.6"
+    assert numbers.fmt(1204.51) == "1,204.5" and numbers.fmt(None) == "-" and numbers.fmt(float("nan")) == "-"
+
+
+def test_figures_side_by_side_get_the_digits_that_tell_them_apart():
+    assert numbers.fmt_all([0.19231, 0.19249]) == ["0.1923", "0.1925"]  # both 0.192 alone
+    assert numbers.fmt_all([244.61, 114.94]) == ["244.6", "114.9"]
+
+
+def test_seconds_below_one_are_scaled_to_ms_or_us():
+    assert numbers.scale_unit([0.192, 0.235], "s") == (1e3, "ms")
+    assert numbers.fmt_unit(0.000123, "s") == "123.0 µs"
+    assert numbers.scale_unit([1.5, 0.2], "s") == (1.0, "s") and numbers.scale_unit([0.2], "images/sec")[1] == "images/sec"
+
+
+def test_an_interval_of_a_positive_quantity_is_clipped_at_zero_and_marked():
+    assert tables.interval(0.192, 0.235, 1) == "0.192–0.235"  # not 0.2–0.2
+    assert tables.interval(-1.0, 5.2, 1, positive=True) == "0†–5.20"
+    assert tables.interval(-1.0, 5.2, 1) == "-1.00 … 5.20"  # a quantity that may be negative keeps its sign
