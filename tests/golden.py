@@ -110,9 +110,10 @@ def _capture(argv: list[str]) -> tuple[int, bytes, bytes]:
     return code, streams[0].buffer.getvalue(), streams[1].buffer.getvalue()
 
 
-def render(store: Path, out: Path) -> list[str]:
-    """Every command on a copy of `store` (opening a store may write to it), one file each in `out`."""
-    os.environ.update(ENV)
+def render(store: Path, out: Path, columns: int = 160) -> list[str]:
+    """Every command on a copy of `store` (opening a store may write to it), one file each in `out`; at
+    `columns` (the golden outputs: 160; tests/test_widths.py renders them at 60 and 80 too)."""
+    os.environ.update(ENV, COLUMNS=str(columns))
     for name in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         os.environ.pop(name, None)
     time.tzset()
@@ -135,9 +136,9 @@ def render(store: Path, out: Path) -> list[str]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4 or sys.argv[1] != "render":
-        sys.exit("usage: python tests/golden.py render STORE OUT")
+    if len(sys.argv) not in (4, 5) or sys.argv[1] != "render":
+        sys.exit("usage: python tests/golden.py render STORE OUT [COLUMNS]")
     if os.environ.get("PYTHONHASHSEED") != "0":  # fixed at the interpreter's start: start again with it
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})
-    names = render(Path(sys.argv[2]).resolve(), Path(sys.argv[3]).resolve())
+    names = render(Path(sys.argv[2]).resolve(), Path(sys.argv[3]).resolve(), *map(int, sys.argv[4:]))
     print(f"{len(names)} outputs in {sys.argv[3]}")

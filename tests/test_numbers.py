@@ -26,4 +26,4 @@ def test_seconds_below_one_are_scaled_to_ms_or_us():
 def test_an_interval_of_a_positive_quantity_is_clipped_at_zero_and_marked():
     assert tables.interval(0.192, 0.235, 1) == "0.192–0.235"  # not 0.2–0.2
     assert tables.interval(-1.0, 5.2, 1, positive=True) == "0†–5.20"
-    assert tables.interval(-1.0, 5.2, 1) == "-1.00 … 5.20"  # a quantity that may be negative keeps its sign
+    assert tables.interval(-1.0, 5.2, 1) == "-1.00 to 5.20"  # a quantity that may be negative keeps its sign

@@ -4,10 +4,11 @@ own help."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Sequence
 
 from rich.console import Console
-from rich.table import Table
+from gpuvs.report.fit import Table
 
 from gpuvs import workloads
 from gpuvs.cli.command import Command
@@ -27,6 +28,14 @@ def options_table(title: str, params: Sequence[Param]) -> Table:
     return t
 
 
+def usage(prefix: str, line: str, width: int) -> str:
+    """A usage line wrapped at the page's width between its words, never inside one (an option's syntax is
+    what the user types), the rest indented under the command's arguments."""
+    indent = " " * min(len(prefix), width // 2)
+    return "\n".join(textwrap.wrap(prefix + line, max(width, 20), subsequent_indent=indent,
+                                   break_long_words=False, break_on_hyphens=False))
+
+
 def param_table(w: workloads.Workload) -> Table:
     """A workload's parameters."""
     return options_table(f"{w.name}: {w.summary}", w.params)
@@ -44,7 +53,8 @@ def command_help(cmd: Command, path: str, workload: workloads.Workload | None = 
     if cmd.subcommands and cmd.run is None:
         return group_help(cmd, path, out)
     lines = cmd.usage_lines() + [f"{sub.name} {sub.usage_lines()[0]}" for sub in cmd.subcommands]
-    out.print("usage: " + "\n".join(("" if i == 0 else "       ") + f"{path} {line}" for i, line in enumerate(lines)))
+    out.print("\n".join(usage(("usage: " if i == 0 else "       ") + f"{path} ", line, out.width)
+                        for i, line in enumerate(lines)))
     out.print(cmd.summary)
     if cmd.notes:
         out.print(cmd.notes)

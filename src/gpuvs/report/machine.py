@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.table import Table
+from gpuvs.report.fit import Table
 
 from gpuvs.probes import checkup
 from gpuvs.safetext import safe_text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from rich.table import Table
+from gpuvs.report.fit import Table
 
 from gpuvs.report.numbers import fmt
 from gpuvs.report.terminal import safe_cells

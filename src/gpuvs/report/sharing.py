@@ -4,7 +4,7 @@ interval and verdict."""
 
 from __future__ import annotations
 
-from rich.table import Table
+from gpuvs.report.fit import Table
 
 from gpuvs.report.numbers import fmt
 from gpuvs.sharing import stats as sharestats
@@ -106,7 +106,7 @@ def capacity_table(base: RunSpec, so, sweeps: list[studies.CapacitySweep], total
     """gpuvs share --capacity's table: instances added one at a time until one fails."""
     t = Table(title=f"capacity: {base.workload} instances added one at a time ({so['duration']:g} s window each)",
               title_justify="left")
-    for col in ("unit", "arm", "instances", "GPU memory MiB", "per instance: ms per step (mean, min … max)",
+    for col in ("unit", "arm", "instances", "GPU memory MiB", "per instance: ms per step (mean, min–max)",
                 "aggregate", "vs 1 instance", "MPS clients"):
         t.add_column(col, justify="left" if col in ("unit", "arm") else "right")
     unit_name = ""
@@ -117,7 +117,7 @@ def capacity_table(base: RunSpec, so, sweeps: list[studies.CapacitySweep], total
             unit_name = unit_name or st.unit
             ms = [1e3 / r for r in st.rates if r]
             t.add_row(unit, arm.label, str(st.count), memory_text(st, total),
-                      f"{fmt(sum(ms) / len(ms), 2)} ({fmt(min(ms), 2)} … {fmt(max(ms), 2)})" if ms else "-",
+                      f"{fmt(sum(ms) / len(ms), 2)} ({fmt(min(ms), 2)}–{fmt(max(ms), 2)})" if ms else "-",
                       fmt(st.aggregate), fmt(st.aggregate / first, 3) if first else "-",
                       "-" if st.clients_attached is None else str(st.clients_attached))
         stop = (f"instance {cap.failed_at} failed (below)" if cap.failed_at is not None

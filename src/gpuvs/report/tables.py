@@ -36,8 +36,13 @@ def interval(low: float | None, high: float | None, digits: int = 3, positive: b
     lo, hi = fmt_all([0.0 if clipped else low, high], digits)
     if clipped:
         lo = "0†"
-    sep = "–" if low >= 0 or clipped else " … "  # a dash between numbers that may be negative would read as a minus
-    return f"{lo}{sep}{hi}"
+    return f"{lo}–{hi}" if low >= 0 or clipped else span(lo, hi)
+
+
+def span(low: str, high: str) -> str:
+    """'6.24–38.8'; 'a to b' where an end is negative (a dash before a minus would read as one). Never '…',
+    which is what a cut cell ends with."""
+    return f"{low} to {high}" if low.startswith("-") or high.startswith("-") else f"{low}–{high}"
 
 
 CLIPPED_NOTE = ("0†: the interval of the mean reached below zero, which a positive quantity cannot; shown from 0 "
@@ -118,12 +123,12 @@ def arm_table(a: Analysis) -> Table | None:
             mean, low, high = fmt_all([x(s.mean), x(s.min), x(s.max)])
             rows.append([arm.name, m.name, arm.device + (f" x{arm.num_gpus}" if arm.num_gpus > 1 else ""), arm.env,
                          f"{n}/{arm.n_total}", mean, interval(x(s.ci_low), x(s.ci_high), 1, positive) if n > 1 else "-",
-                         f"{low} … {high}" if n else "-", f"{100 * (s.cv or 0):.2f}%" if n > 1 else "-",
+                         span(low, high) if n else "-", f"{100 * (s.cv or 0):.2f}%" if n > 1 else "-",
                          unit])
     if not rows:
         return None
     return Table("arms", "Summary per arm (mean of per-trial figures)",
-                 ["arm", "metric", "device", "env", "trials ok", "mean", f"{100 * a.confidence:g}% CI", "min … max",
+                 ["arm", "metric", "device", "env", "trials ok", "mean", f"{100 * a.confidence:g}% CI", "min–max",
                   "CV", "unit"], rows, CLIPPED_NOTE if clipped else "", right={4, 5, 6, 7, 8})
 
 
@@ -163,7 +168,7 @@ def scaling_table(a: Analysis) -> Table | None:
         return None
     unit = a.scaling[0].unit
     rows = [[r.arm, str(r.num_gpus), fmt(r.mean), f"{r.speedup:.2f}×", f"{r.ideal:g}×", f"{100 * r.efficiency:.1f}%",
-             "-" if r.eff_low is None else f"{100 * r.eff_low:.1f}% … {100 * r.eff_high:.1f}%"] for r in a.scaling]
+             "-" if r.eff_low is None else f"{100 * r.eff_low:.1f}%–{100 * r.eff_high:.1f}%"] for r in a.scaling]
     return Table("scaling", f"Scaling: N-GPU throughput / (N x {a.scaling[0].baseline})",
                  ["arm", "GPUs", unit, "speed-up", "ideal", "scaling efficiency", f"{100 * a.confidence:g}% CI"],
                  rows, right={1, 2, 3, 4, 5, 6})
@@ -228,7 +233,7 @@ def all_tables(a: Analysis) -> list[Table]:
 
 
 def headline_sentence(a: Analysis) -> str:
-    """One line a person can quote: 'nhwc is 1.031× nchw (95% CI 1.012 … 1.050): faster'."""
+    """One line a person can quote: 'nhwc is 1.031× nchw (95% CI 1.012–1.050): faster'."""
     vs = a.headline_verdicts()
     if not vs:
         return ""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from rich.console import Console
-from rich.table import Table
+from gpuvs.report.fit import Table
 
 from gpuvs import environments
 from gpuvs.analysis import stats
@@ -145,7 +145,7 @@ def arm_table(results: Iterable, title: str = "Summary across trials") -> Table:
         for series in (r.summary or {"main": None}):
             groups.setdefault((r.spec.arm, series), []).append(r)
     table = Table(title=title, title_justify="left")
-    for col in ("arm", "series", "trials ok", "mean", "95% CI", "min … max", "CV", "unit"):
+    for col in ("arm", "series", "trials ok", "mean", "95% CI", "min–max", "CV", "unit"):
         table.add_column(col, justify="right" if col not in ("arm", "series", "unit") else "left")
     for (arm, series), rs in groups.items():
         ok = [r for r in rs if r.ok and series in r.summary]
@@ -155,7 +155,7 @@ def arm_table(results: Iterable, title: str = "Summary across trials") -> Table:
         x = (lambda v: None if v is None else v * k)
         ci = tables.interval(x(s.ci_low), x(s.ci_high), 1, positive=(s.min or 0) >= 0) if s.n > 1 else "-"
         mean, low, high = fmt_all([x(s.mean), x(s.min), x(s.max)])
-        table.add_row(*safe_cells(arm, series), f"{len(ok)}/{len(rs)}", mean, ci, f"{low} … {high}" if ok else "-",
+        table.add_row(*safe_cells(arm, series), f"{len(ok)}/{len(rs)}", mean, ci, tables.span(low, high) if ok else "-",
                       f"{100 * (s.cv or 0):.2f}%" if s.n > 1 else "-", safe_text(unit))
     return table
 

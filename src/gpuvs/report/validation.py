@@ -70,7 +70,7 @@ def to_dict(exp: ExperimentRecord) -> dict[str, Any]:
                                                                    for k, (u, b) in FIGURES.items()}}
 
 
-def render(fmt_name: str, exp: ExperimentRecord) -> str:
+def render(fmt_name: str, exp: ExperimentRecord, width: int = 160) -> str:
     if fmt_name == "json":
         return json.dumps(to_dict(exp), indent=2, default=str) + "\n"
     if fmt_name == "csv":
@@ -89,12 +89,12 @@ def render(fmt_name: str, exp: ExperimentRecord) -> str:
 
         return environment().get_template("validation.html.j2").render(
             exp=exp, verdict=verdict(exp), header=header(exp), t=table(exp))
-    return terminal(exp)
+    return terminal(exp, width)
 
 
 def terminal(exp: ExperimentRecord, width: int = 160) -> str:
     from rich.console import Console
-    from rich.table import Table
+    from gpuvs.report.fit import Table
 
     from gpuvs.report.terminal import safe_cells
     from gpuvs.safetext import safe_text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rich.table import Table
+from gpuvs.report.fit import Table
 
 from gpuvs.workloads import Workload
 

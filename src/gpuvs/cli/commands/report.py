@@ -59,13 +59,14 @@ def report(args: Args) -> None:
     with open_store(store) as st:
         exp_id = experiment_of(st, ident)
         exp = st.experiment(exp_id)
+        page = {} if output or fmt != "term" else {"width": Console().width}  # on the terminal: its width
         if exp.kind == validation.KIND:
-            return _write(validation.render(fmt, exp), output, exp_id)
+            return _write(validation.render(fmt, exp, **page), output, exp_id)
         if exp.meta.fleet:  # a gpuvs fleet run: its own report (one row per node)
             from gpuvs.fleet.result import FleetResult
             from gpuvs.report import fleet as fleet_report
 
-            return _write(fleet_report.render(fmt, FleetResult.from_dict(exp.meta.fleet)), output, exp_id)
+            return _write(fleet_report.render(fmt, FleetResult.from_dict(exp.meta.fleet), **page), output, exp_id)
         analysis = comparison.from_store(st, exp_id, with_steps=fmt == "html")
         trials = st.trials(exp_id) if fmt == "csv" else []
     if fmt == "term" and not output:
