@@ -270,3 +270,50 @@ def test_compare_stored_gives_the_same_verdicts_marked_not_interleaved(cli, tmp_
     assert r.returncode == 2 and "--stored needs two experiments" in r.stderr and "Traceback" not in r.stderr
     r = cli("compare", "--stored", ids[0], ids[0] + ":nope")
     assert r.returncode == 2 and "has no arm 'nope'" in r.stderr
+
+
+# -- the verdict in words -----------------------------------------------------------------------------------
+
+def _row(a, b, **kw):
+    from gpuvs.analysis.family import MetricVerdict
+
+    return MetricVerdict.of(stats.compare_arms(a, b, **kw), metric="main", unit="images/sec", arm="container",
+                            baseline="host", headline=True)
+
+
+class _Arm:
+    def __init__(self, name, values):
+        self.name, self.summaries = name, {"main": stats.summarize_trials(values)}
+
+
+class _Analysis:
+    def __init__(self, *arms):
+        self.arms = list(arms)
+
+
+def test_the_sentence_names_the_metric_as_users_do_and_says_what_to_do():
+    host, container = [1000.0, 1010.0, 990.0], [760.0, 750.0, 752.0]
+    v = _row(host, container)
+    text = tables.verdict_sentence(v, _Analysis(_Arm("host", host), _Arm("container", container)))
+    assert text.startswith("container is 24.") and "% slower than host [" in text
+    assert "on images/sec, 3 trials each" in text and "main" not in text
+    same = _row([1000.0, 1001.0, 999.0], [1000.5, 1000.0, 1001.0])
+    assert tables.verdict_sentence(same, _Analysis()).startswith("container and host: no difference beyond ±2% on "
+                                                                  "images/sec")
+    noisy_a, noisy_b = [100.0, 300.0, 40.0], [120.0, 30.0, 260.0]
+    noisy = _row(noisy_a, noisy_b)
+    text = tables.verdict_sentence(noisy, _Analysis(_Arm("host", noisy_a), _Arm("container", noisy_b)))
+    assert text.startswith("can't tell yet whether container differs from host on images/sec")
+    assert "trial-to-trial noise is" in text and "(CV)" in text and "reduce the noise first" in text
+
+
+def test_the_sentence_says_both_when_a_small_difference_is_real():
+    rng = np.random.default_rng(3)
+    a = list(1000 * (1 + 0.0005 * rng.standard_normal(6)))
+    b = list(957 * (1 + 0.0005 * rng.standard_normal(6)))
+    v = _row(a, b, margin=0.05)
+    text = tables.verdict_sentence(v, _Analysis())
+    assert v.verdict == "slower-within-margin"
+    assert text.startswith("container is 4.3% slower than host [") and "within the ±5% you allow" in text
+    low, high = sorted(abs(c - 1) for c in (v.ci_low, v.ci_high))  # the interval shown is inside the margin
+    assert 0 < low < high < 0.05

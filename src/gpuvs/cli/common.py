@@ -24,7 +24,6 @@ from gpuvs.report import tables, terminal
 from gpuvs.trial import plan
 from gpuvs.trial.runner import Experiment, TrialResult
 from gpuvs.trial.study import Hooks, Ran, run_trials
-from gpuvs.safetext import safe_text
 from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store.db import Store, StoreError
 
@@ -101,8 +100,8 @@ def trial_hooks(console: Console, quiet: bool, progress: bool = False) -> Hooks:
         log.start_trial()
         if bar:
             bar.start(spec, i, n)
-        console.rule(safe_text(f"trial {i + 1}/{n}: arm {spec.arm}, {spec.workload} on {spec.device} "
-                               f"({environments.label(spec.env)})"), style="dim")
+        terminal.heading(console, f"trial {i + 1}/{n}: arm {spec.arm}, {spec.workload} on {spec.device} "
+                                  f"({environments.label(spec.env)})")
 
     def on_end(result: TrialResult) -> None:
         if not quiet:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuvs.analysis import stats
 from gpuvs.analysis.comparison import Analysis, fingerprint_rows
 from gpuvs.analysis.family import MetricVerdict
 from gpuvs.report.numbers import fmt, fmt_all, percent, scale_unit
@@ -232,20 +233,60 @@ def all_tables(a: Analysis) -> list[Table]:
     return [t for t in (m(a) for m in makers) if t is not None]
 
 
+def metric_name(v: MetricVerdict) -> str:
+    """The headline as the workload's users name it: cnn-train's 'main' series is its images/sec."""
+    return (v.unit or v.metric) if v.metric == "main" else v.metric
+
+
+def _trials(v: MetricVerdict) -> str:
+    return f"{v.n_a} trials each" if v.n_a == v.n_b else f"{v.n_b} and {v.n_a} trials"
+
+
+def _pct(x: float) -> str:
+    return fmt(100 * x, 1, 2)
+
+
+def verdict_sentence(v: MetricVerdict, a: Analysis) -> str:
+    """One arm's headline in one sentence a person can act on: 'container is 24.6% slower than host
+    [20.2%–28.7%] on images/sec, 3 trials each'; 'no difference beyond ±2%'; 'can't tell yet: trial-to-trial
+    noise is 65% (CV); about 720 trials per arm would settle ±2% — reduce the noise first'."""
+    name, margin = metric_name(v), f"±{100 * v.margin:g}%"
+    if v.ratio is None:
+        return f"{v.arm} against {v.baseline} on {name}: no verdict — {v.reason or 'no figures'}"
+    word = stats.direction(v.verdict)
+    off = abs(v.ratio - 1)
+    ends = sorted(abs(c - 1) for c in (v.ci_low, v.ci_high)) if v.ci_low is not None else None
+    band = f" [{_pct(ends[0])}%–{_pct(ends[1])}%]" if ends else ""
+    if v.verdict == "equivalent":
+        return (f"{v.arm} and {v.baseline}: no difference beyond {margin} on {name} "
+                f"({_pct(off)}% apart, {_trials(v)})")
+    if stats.within_margin(v.verdict):
+        return (f"{v.arm} is {_pct(off)}% {word} than {v.baseline}{band} on {name}, within the {margin} you "
+                f"allow ({_trials(v)})")
+    if v.verdict in v.words:
+        return f"{v.arm} is {_pct(off)}% {word} than {v.baseline}{band} on {name}, {_trials(v)}"
+    if v.verdict != "inconclusive":
+        return f"{v.arm} against {v.baseline} on {name}: {v.verdict}"
+    if v.reason.startswith("needs"):
+        more = f" ({v.more_trials} more)" if v.more_trials else ""
+        return (f"can't tell yet whether {v.arm} differs from {v.baseline} on {name}: 2 or more successful "
+                f"trials per arm are needed{more}")
+    cvs = [s.cv for arm in a.arms if arm.name in (v.arm, v.baseline)
+           for s in [arm.summaries.get(v.metric)] if s is not None and s.cv is not None]
+    noise = f"trial-to-trial noise is {_pct(max(cvs))}% (CV); " if cvs else ""
+    if v.trials_needed is not None:
+        settle = f"about {v.trials_needed:,} trials per arm would settle {margin}"
+    else:
+        settle = f"more than 10,000 trials per arm would be needed to settle {margin}"
+    first = " — reduce the noise first" if cvs and (v.trials_needed is None or v.trials_needed > 50) else ""
+    return (f"can't tell yet whether {v.arm} differs from {v.baseline} on {name} ({_pct(off)}% apart so far): "
+            f"{noise}{settle}{first}")
+
+
 def headline_sentence(a: Analysis) -> str:
-    """One line a person can quote: 'nhwc is 1.031× nchw (95% CI 1.012–1.050): faster'."""
-    vs = a.headline_verdicts()
-    if not vs:
-        return ""
-    parts = []
-    for v in vs:
-        if v.ratio is None:
-            parts.append(f"{v.arm} vs {v.baseline}: {v.verdict} ({v.reason})")
-            continue
-        ci = f" ({100 * a.confidence:g}% CI {interval(v.ci_low, v.ci_high)})" if v.ci_low is not None else ""
-        parts.append(f"{v.arm} vs {v.baseline}: {ratio(v.ratio)} {v.metric}{ci}: {verdict_word(v)}"
-                     + (f", {to_settle(v)}" if v.verdict == "inconclusive" else ""))
-    return "; ".join(parts)
+    """The comparison's answer, led with in every format: one sentence per arm against the baseline
+    (verdict_sentence), joined by '; '."""
+    return "; ".join(verdict_sentence(v, a) for v in a.headline_verdicts())
 
 
 def header_lines(a: Analysis) -> list[tuple[str, str]]:

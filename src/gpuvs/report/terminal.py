@@ -269,18 +269,30 @@ def rich_table(t, no_wrap: Iterable[int] = (), fold: bool = False) -> Table:
 
 
 def comparison(console: Console, analysis, keys: tuple[str, ...] | None = None) -> None:
-    """A comparison's report on the terminal: the answer, flags, then its tables (all, or `keys`)."""
+    """A comparison's report on the terminal: the answer first, what was compared, its tables (all, or
+    `keys`), flags."""
+    answer = tables.headline_sentence(analysis)
+    if answer:
+        console.print(safe_text(answer), style="bold", highlight=False, markup=False, emoji=False)
     if keys is None:
         for label, value in tables.header_lines(analysis):
-            console.print(safe_text(f"{label + ':':<18}{value}"), highlight=False, markup=False)
+            console.print(safe_text(f"{label + ':':<18}{value}"), highlight=False, markup=False, emoji=False)
     for t in tables.all_tables(analysis):
         if keys is None or t.key in keys:
             console.print(rich_table(t))
     for flag in analysis.flags:
         console.print(f"warning: {safe_text(flag)}", style="yellow", highlight=False, markup=False)
-    answer = tables.headline_sentence(analysis)
-    if answer:
-        console.print(safe_text(answer), style="bold", highlight=False, markup=False)
+
+
+def heading(console: Console, text: str) -> None:
+    """A section's heading: a rule with the text in it where it fits the page, else the whole text (wrapped)
+    over a plain rule; never a title cut short. What a job named (an arm, a workload) is shown escaped."""
+    text = safe_text(text)
+    if len(text) + 8 <= console.width:
+        console.rule(text, style="dim")
+    else:
+        console.print(text, style="dim", highlight=False, markup=False, emoji=False)
+        console.rule(style="dim")
 
 
 def look_line(look: Look) -> tuple[str, str]:

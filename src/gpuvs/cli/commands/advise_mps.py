@@ -15,7 +15,7 @@ from gpuvs.cli.command import Group as Options
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
 from gpuvs.store.records import ExperimentMeta
-from gpuvs.report import sharing
+from gpuvs.report import sharing, terminal
 from gpuvs.report.sharing import ratio_text
 from gpuvs.trial.runner import Runner, validate_spec
 from gpuvs.safetext import safe_text
@@ -75,7 +75,7 @@ def advise_mps(args: Args) -> None:
         coord = Coordinator(runner, ao["duration"], say=lambda s: console.print("  " + safe_text(s)))
         save = (lambda: _write_json(ao["json"], pairs, total, ao["margin"])) if ao["json"] else (lambda: None)
         measure(coord, specs, pairs, ao["repeats"], device.startswith("cuda"), save, ao["predict_only"],
-                heading=lambda text: console.rule(text, style="dim"))
+                heading=lambda text: terminal.heading(console, text))
     if len(pairs) == 1:
         _one_pair(console, pairs[0], total, ao["margin"])
     else:

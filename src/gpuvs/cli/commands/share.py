@@ -11,7 +11,7 @@ from gpuvs.cli.command import Group as Options
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
 from gpuvs.store.records import ExperimentMeta
-from gpuvs.report import sharing
+from gpuvs.report import sharing, terminal
 from gpuvs.report.numbers import fmt
 from gpuvs.trial.runner import Runner, validate_spec
 from gpuvs.safetext import safe_text
@@ -81,7 +81,7 @@ def share(args: Args) -> None:
         total = gpu_memory_total_mib(base.device)
 
         def heading(text: str) -> None:
-            console.rule(text, style="dim")
+            terminal.heading(console, text)
 
         if so["capacity"]:
             sweeps = studies.capacity(coord, base, arms, so["max_workers"], so["also_host"], heading)

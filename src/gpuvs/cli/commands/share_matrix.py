@@ -12,6 +12,7 @@ from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.params import Param
 from gpuvs.store.records import ExperimentMeta
+from gpuvs.report import terminal
 from gpuvs.report.sharing import matrix_table
 from gpuvs.trial.runner import Runner, validate_spec
 from gpuvs.safetext import safe_text
@@ -52,7 +53,7 @@ def share_matrix(args: Args) -> None:
     with Store(store) as st:
         st.create_experiment(exp_id, data.get("name") or Path(file).stem, "share-matrix", ExperimentMeta(file=data))
         coord = Coordinator(Runner(st), window, say=lambda s: console.print("  " + safe_text(s)))
-        rows = matrix.measure(coord, cases, modes, key, heading=lambda text: console.rule(text, style="dim"))
+        rows = matrix.measure(coord, cases, modes, key, heading=lambda text: terminal.heading(console, text))
     console.print(matrix_table(data.get('name', Path(file).stem), window, key, rows))
     console.print(f"stored as experiment {exp_id} in {store}", style="dim")
 
