@@ -27,3 +27,44 @@ def test_an_interval_of_a_positive_quantity_is_clipped_at_zero_and_marked():
     assert tables.interval(0.192, 0.235, 1) == "0.192–0.235"  # not 0.2–0.2
     assert tables.interval(-1.0, 5.2, 1, positive=True) == "0†–5.20"
     assert tables.interval(-1.0, 5.2, 1) == "-1.00 to 5.20"  # a quantity that may be negative keeps its sign
+
+
+def test_small_things_read_right(tmp_path):
+    """'Warm-up steps: 2' (a space after the longest label); CSV trials count from 1 as the reports do;
+    `results show PREFIX` titles its table with the whole experiment id; the baseline's row comes first
+    whatever order the trials ran in."""
+    import io
+    import subprocess
+    import sys
+
+    from rich.console import Console
+
+    import golden
+    from conftest import SRC, gpuvs_env
+    from gpuvs.report import terminal
+
+    console = Console(width=100, file=io.StringIO(), record=True)
+    terminal.StepLog(console).config_block({"model": "resnet50", "warmup_steps": 2, "steps": 10})
+    text = console.export_text()
+    assert "Warm-up steps: 2" in text and "Timed steps:   10" in text
+
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(golden.HERE / "golden.py"), "render", str(golden.STORE), str(out)],
+                       capture_output=True, text=True, timeout=600, env=gpuvs_env(PYTHONPATH=str(SRC)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    ids = golden.experiments(golden.STORE)
+    csv_rows = (out / "compare-2arms.export.csv").read_text().split("[stdout]\n")[1].splitlines()[1:]
+    assert sorted({row.split(",")[3] for row in csv_rows if row.count(",") > 10}) == ["1", "2", "3"]
+    show = (out / "trial-by-number.show").read_text()
+    assert f"trial 1 of {ids['golden-run-spin']}" in show
+
+    class Spec:
+        def __init__(self, arm):
+            self.arm, self.trial = arm, 0
+
+    class Result:
+        def __init__(self, arm):
+            self.spec, self.ok, self.summary = Spec(arm), False, {}
+
+    table = terminal.arm_table([Result("b"), Result("a")], arms=["a", "b"])
+    assert list(table.columns[0].cells) == ["a", "b"]

@@ -298,7 +298,7 @@ def test_the_sentence_names_the_metric_as_users_do_and_says_what_to_do():
     assert text.startswith("container is 24.") and "% slower than host [" in text
     assert "on images/sec, 3 trials each" in text and "main" not in text
     same = _row([1000.0, 1001.0, 999.0], [1000.5, 1000.0, 1001.0])
-    assert tables.verdict_sentence(same, _Analysis()).startswith("container and host: no difference beyond ±2% on "
+    assert tables.verdict_sentence(same, _Analysis()).startswith("host and container: no difference beyond ±2% on "
                                                                   "images/sec")
     noisy_a, noisy_b = [100.0, 300.0, 40.0], [120.0, 30.0, 260.0]
     noisy = _row(noisy_a, noisy_b)

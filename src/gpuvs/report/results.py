@@ -25,7 +25,14 @@ def experiments_table(store, found: list[ExperimentRecord]) -> Table:
 
 
 def trials_table(ident: str, trials: list[TrialRecord]) -> Table:
-    table = Table(title=safe_text(f"trials of {ident}"), title_justify="left")
+    """The trials `ident` named, titled with what they are: the experiment's whole id (not the prefix typed),
+    or the one trial and its experiment."""
+    experiments = sorted({t.experiment_id for t in trials})
+    if len(trials) == 1 and ident == str(trials[0].id):
+        title = f"trial {ident} of {trials[0].experiment_id}"
+    else:
+        title = f"trials of {', '.join(experiments) or ident}"
+    table = Table(title=safe_text(title), title_justify="left")
     for col in ("trial id", "arm", "#", "status", "device", "env", "value", "+/-", "jitter", "unit",
                 "first step s", "GPU", "error"):
         table.add_column(col)
@@ -34,5 +41,5 @@ def trials_table(ident: str, trials: list[TrialRecord]) -> Table:
         table.add_row(*safe_cells(t.id, t.arm, t.trial + 1, t.status, t.spec.device if t.spec else "-",
                                   t.spec.env.kind if t.spec else "-", fmt(main.value), fmt(main.pm),
                                   fmt(main.jitter), main.unit, fmt(t.startup.get("first_step_s"), 3),
-                                  t.fingerprint.get("gpu_name") or "cpu", (t.error or "")[:120]))
+                                  t.fingerprint.get("gpu_name") or "cpu", t.error or ""))
     return table

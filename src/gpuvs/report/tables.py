@@ -22,6 +22,7 @@ class Table:
     note: str = ""
     right: set[int] = field(default_factory=set)  # column indexes aligned right (numbers)
     marked: set[int] = field(default_factory=set)  # row indexes to highlight (fingerprint differences)
+    whole: set[int] = field(default_factory=set)  # columns of names and ids people copy: never folded
 
 
 def ratio(value: float | None) -> str:
@@ -108,7 +109,7 @@ def verdict_table(a: Analysis) -> Table | None:
                ". Not interleaved: drift between the two experiments cannot be told apart from the change"))
     return Table("verdicts", f"Verdict: each arm against {a.arms[0].name}",
                  ["metric", "arm", f"{a.arms[0].name} mean", "arm mean", "ratio", "CI", "verdict", "tested as",
-                  "trials to settle"], rows, note, right={2, 3, 4, 5})
+                  "trials to settle"], rows, note, right={2, 3, 4, 5}, whole={1})
 
 
 def arm_table(a: Analysis) -> Table | None:
@@ -130,7 +131,7 @@ def arm_table(a: Analysis) -> Table | None:
         return None
     return Table("arms", "Summary per arm (mean of per-trial figures)",
                  ["arm", "metric", "device", "env", "trials ok", "mean", f"{100 * a.confidence:g}% CI", "min–max",
-                  "CV", "unit"], rows, CLIPPED_NOTE if clipped else "", right={4, 5, 6, 7, 8})
+                  "CV", "unit"], rows, CLIPPED_NOTE if clipped else "", right={4, 5, 6, 7, 8}, whole={0})
 
 
 def per_trial_table(a: Analysis) -> Table | None:
@@ -258,7 +259,7 @@ def verdict_sentence(v: MetricVerdict, a: Analysis) -> str:
     ends = sorted(abs(c - 1) for c in (v.ci_low, v.ci_high)) if v.ci_low is not None else None
     band = f" [{_pct(ends[0])}%–{_pct(ends[1])}%]" if ends else ""
     if v.verdict == "equivalent":
-        return (f"{v.arm} and {v.baseline}: no difference beyond {margin} on {name} "
+        return (f"{v.baseline} and {v.arm}: no difference beyond {margin} on {name} "
                 f"({_pct(off)}% apart, {_trials(v)})")
     if stats.within_margin(v.verdict):
         return (f"{v.arm} is {_pct(off)}% {word} than {v.baseline}{band} on {name}, within the {margin} you "

@@ -5,7 +5,7 @@ markup off."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from rich.console import Console
 from gpuvs.report.fit import Table
@@ -138,9 +138,17 @@ def safe_cells(*cells: object) -> list[str]:
     return [safe_text(c) for c in cells]
 
 
-def arm_table(results: Iterable, title: str = "Summary across trials") -> Table:
-    """One row per arm and series: mean of per-trial figures, 95% CI, range, CV."""
+def _in_order(arms: Sequence[str]):
+    """A sort key: the experiment's arms in their declared order (the baseline first), whatever order the
+    trials ran in; an arm not declared after them."""
+    return lambda arm: arms.index(arm) if arm in arms else len(arms)
+
+
+def arm_table(results: Iterable, title: str = "Summary across trials", arms: Sequence[str] = ()) -> Table:
+    """One row per arm and series: mean of per-trial figures, 95% CI, range, CV; arms in `arms`' order
+    (the baseline first), not the order the first trials happened to run in."""
     groups: dict[tuple[str, str], list] = {}
+    results = sorted(results, key=lambda r: _in_order(list(arms))(r.spec.arm))
     for r in results:
         for series in (r.summary or {"main": None}):
             groups.setdefault((r.spec.arm, series), []).append(r)
@@ -160,10 +168,10 @@ def arm_table(results: Iterable, title: str = "Summary across trials") -> Table:
     return table
 
 
-def startup_table(results: Iterable) -> Table | None:
-    """Start-up costs per arm (mean over ok trials), kept apart from throughput."""
+def startup_table(results: Iterable, arms: Sequence[str] = ()) -> Table | None:
+    """Start-up costs per arm (mean over ok trials), kept apart from throughput; arms in `arms`' order."""
     groups: dict[str, dict[str, list[float]]] = {}
-    for r in results:
+    for r in sorted(results, key=lambda r: _in_order(list(arms))(r.spec.arm)):
         if r.ok:
             for k, v in r.startup.items():
                 groups.setdefault(r.spec.arm, {}).setdefault(k, []).append(v)
@@ -259,7 +267,7 @@ def rich_table(t, no_wrap: Iterable[int] = (), fold: bool = False) -> Table:
     cut (ids people copy); `fold`: a long word in the others wraps instead of ending in an ellipsis."""
     table = Table(title=safe_text(t.title), title_justify="left", caption=safe_text(t.note) if t.note else None,
                   caption_justify="left")
-    keep = set(no_wrap)
+    keep = set(no_wrap) | set(getattr(t, "whole", ()))
     for i, col in enumerate(t.columns):
         table.add_column(safe_text(col), justify="right" if i in t.right else "left", no_wrap=i in keep,
                          overflow="fold" if fold else "ellipsis")

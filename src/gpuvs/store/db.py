@@ -436,7 +436,8 @@ def _json(value: Any) -> str:
 
 
 def trials_csv(trials: Iterable[TrialRecord]) -> str:
-    """One row per trial and series: the columns people put in spreadsheets."""
+    """One row per trial and series: the columns people put in spreadsheets; `trial` counts from 1, as every
+    report does (trial 1 is the first)."""
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["trial_id", "experiment_id", "arm", "trial", "workload", "status", "device", "env", "series",
@@ -446,6 +447,6 @@ def trials_csv(trials: Iterable[TrialRecord]) -> str:
         env = t.spec.env.kind if t.spec else ""
         for series, s in list(t.summary.items()) or [("", None)]:
             figures = [s.value, s.unit, s.pm, s.jitter, s.n] if s else [None] * 5
-            w.writerow([t.id, t.experiment_id, t.arm, t.trial, t.workload, t.status, device, env, series, *figures,
+            w.writerow([t.id, t.experiment_id, t.arm, t.trial + 1, t.workload, t.status, device, env, series, *figures,
                         t.fingerprint.get("gpu_name"), t.error or ""])
     return buf.getvalue()
