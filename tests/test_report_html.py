@@ -1,8 +1,9 @@
-"""The HTML report opened in real headless Chromium: it renders, shows the verdict table, the bar
-chart, per-step lines and telemetry charts (screenshot checked), and names users supply are
+"""The HTML report opened in real headless Chromium: it renders, shows the verdict table, the ratio
+chart with the margin band, the trials in run order, the start-up chart, per-step lines and telemetry charts (screenshot checked), and names users supply are
 escaped. The experiment is written through the real store API with telemetry rows (no GPU here)."""
 
 import math
+import re
 
 from gpuvs import events
 from gpuvs.analysis import comparison
@@ -57,11 +58,23 @@ def test_html_report_renders_in_chromium_with_charts_verdicts_and_escaped_names(
     dom = chromium_dom(path, tmp_path)
     assert "<script" not in dom and "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
     assert '<table id="verdicts">' in dom and "v-faster" in dom and f"{v.ratio:.3f}×" in dom
-    assert dom.count('class="chart bars"') == 1 and dom.count('class="chart steps"') == 1
+    # the picture of the verdict: the arm's ratio with its interval, a line at 1, the ±2% band; no bars from zero
+    assert dom.count('class="chart ratios"') == 1 and dom.count('class="chart bars"') == 0
+    assert dom.count('class="chart trials"') == 1 and dom.count('class="chart startup"') == 1
+    assert dom.count('class="chart steps"') == 1
     assert dom.count('class="chart telemetry"') == 5  # utilisation, memory, power, SM clock, temperature
-    assert dom.count("<polyline") == 6 + 5 * 6  # 6 trials per step; 6 trials x 5 telemetry charts
+    # 6 trials per step; a line of trials per arm in run order; 6 trials x 5 telemetry charts
+    assert dom.count("<polyline") == 6 + 2 + 5 * 6
     assert "driver (580.65 vs 575.51)" in dom and '<tr class="differs">' in dom
+    ratios = dom.split('class="chart ratios"')[1].split("</svg>")[0]
+    band = re.search(r'class="margin-band" x="([\d.]+)" y="[\d.]+" width="([\d.]+)"', ratios)
+    one = float(re.search(r'class="one" x1="([\d.]+)"', ratios).group(1))
+    point = float(re.search(r'<circle cx="([\d.]+)"', ratios).group(1))
+    low, width = float(band.group(1)), float(band.group(2))
+    assert low < one < low + width < point  # 1.1x: right of the band, which holds the line at 1
+    assert f"{v.ratio:.3f}× [" in ratios and "faster" in ratios  # the figures beside the axis, in words
 
     png = chromium_screenshot(path, tmp_path, size="1280,3600")
     assert distinct_colours(png) > 50
-    assert pixels_of(png, (0x4e, 0x79, 0xa7)) > 2000 and pixels_of(png, (0xf2, 0x8e, 0x2b)) > 2000  # the two bars
+    assert pixels_of(png, (221, 237, 221), tolerance=4) > 3000  # the shaded margin band
+    assert pixels_of(png, (0x4e, 0x79, 0xa7)) > 300 and pixels_of(png, (0xf2, 0x8e, 0x2b)) > 300  # both arms drawn

@@ -96,13 +96,18 @@ def bar_chart(a: Analysis, metric: str) -> dict[str, Any] | None:
 
 
 def line_chart(title: str, ylabel: str, xlabel: str, lines: list[dict[str, Any]], width: int = W,
-               height: int = H) -> dict[str, Any] | None:
-    """lines: [{'name', 'colour', 'points': [(x, y)]}] -> polylines in one frame."""
+               height: int = H, zero: bool = True) -> dict[str, Any] | None:
+    """lines: [{'name', 'colour', 'points': [(x, y)]}] -> polylines in one frame; zero: the y axis starts at
+    0 (else it is fitted to the figures)."""
     pts = [p for line in lines for p in line["points"]]
     if not pts:
         return None
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-    yticks = nice_ticks(min(0.0, min(ys)), max(ys) * 1.05 if max(ys) > 0 else 1.0)
+    if zero:
+        yticks = nice_ticks(min(0.0, min(ys)), max(ys) * 1.05 if max(ys) > 0 else 1.0)
+    else:
+        pad = (max(ys) - min(ys)) * 0.08 or abs(max(ys)) * 0.01 or 1.0
+        yticks = nice_ticks(min(ys) - pad, max(ys) + pad)
     xticks = nice_ticks(min(xs), max(xs), 6)
     frame = _Frame(xticks[0], xticks[-1], yticks[0], yticks[-1], width, height)
     out_lines = []
@@ -151,3 +156,98 @@ def telemetry_charts(a: Analysis) -> list[dict[str, Any]]:
         if chart:
             charts.append(chart)
     return charts
+
+
+RATIO_ROW = 34  # pixels per arm in a ratio chart
+
+
+def ratio_chart(a: Analysis, metric: str) -> dict[str, Any] | None:
+    """What the verdict is about, per metric: each arm's ratio to the baseline as a point with its interval
+    (at the level its verdict was made), a line at 1 and the ±margin band shaded, so a 1% question is drawn
+    at the scale of 1% (never bars from zero). The figures are written beside the axis, not on the whiskers."""
+    rows = [v for v in a.verdicts if v.metric == metric and v.ratio is not None]
+    if not rows:
+        return None
+    lo_m, hi_m = 1 - a.margin, 1 + a.margin
+    ends = [x for v in rows for x in (v.ratio, v.ci_low, v.ci_high) if x is not None and math.isfinite(x)]
+    low, high = min(ends + [lo_m]), max(ends + [hi_m])
+    pad = (high - low) * 0.06 or 0.01
+    xticks = nice_ticks(max(low - pad, 0.0), high + pad, 6)
+    height = TOP + BOTTOM + RATIO_ROW * len(rows)
+    left, right_text = 150, 230  # arm names on the left; the figures in words on the right
+    width = W + right_text
+    frame = _Frame(xticks[0], xticks[-1], 0, 1, width - right_text + (LEFT - left), height)
+    shift = left - LEFT
+
+    def x(v: float) -> float:
+        return round(frame.x(v) + shift, 1)
+
+    index = {arm.name: i for i, arm in enumerate(a.arms)}
+    out = []
+    for k, v in enumerate(rows):
+        y = TOP + RATIO_ROW * k + RATIO_ROW / 2
+        shown = v.ci_low is not None and v.ci_high is not None
+        out.append({"name": v.arm, "y": round(y, 1), "x": x(v.ratio), "colour": colour(index.get(v.arm, 0)),
+                    "x1": x(max(v.ci_low, xticks[0])) if shown else None,
+                    "x2": x(min(v.ci_high, xticks[-1])) if shown else None,
+                    "text": f"{v.ratio:.3f}× [{fmt(v.ci_low, 3)}–{fmt(v.ci_high, 3)}] {v.verdict}" if shown
+                    else f"{v.ratio:.3f}× {v.verdict}"})
+    bottom = height - BOTTOM
+    return {"width": width, "height": height, "left": left, "right": x(xticks[-1]), "top": TOP, "bottom": bottom,
+            "text_x": x(xticks[-1]) + 10, "one": x(1.0), "band": {"x": x(lo_m), "width": round(x(hi_m) - x(lo_m), 1)},
+            "xticks": [{"x": x(t), "label": f"{t:g}"} for t in xticks], "rows": out,
+            "title": f"{metric}: each arm / {a.arms[0].name} with its interval; shaded: the ±{100 * a.margin:g}% "
+                     "margin; the line: no difference",
+            "xlabel": f"ratio to {a.arms[0].name}"}
+
+
+def trials_chart(a: Analysis) -> dict[str, Any] | None:
+    """The headline's figure of every trial in the order the trials ran, one line of points per arm, on an
+    axis fitted to the figures (not from zero): drift over the run shows as a slope."""
+    head = a.headline
+    done = sorted((t for t in a.trials if t.value is not None), key=lambda t: (t.id is None, t.id or 0))
+    if head is None or len(done) < 2:
+        return None
+    order = {id(t): k + 1 for k, t in enumerate(done)}
+    index = {arm.name: i for i, arm in enumerate(a.arms)}
+    lines = [{"name": arm.name, "colour": colour(i),
+              "points": [(float(order[id(t)]), float(t.value)) for t in done if t.arm == arm.name]}
+             for arm, i in ((arm, index[arm.name]) for arm in a.arms)]
+    chart = line_chart(f"{head.name} of every trial, in the order they ran", head.unit, "trial (run order)",
+                       lines, zero=False)
+    if chart:
+        chart["dots"] = [{"cx": p.split(",")[0], "cy": p.split(",")[1], "colour": line["colour"]}
+                         for line in chart["lines"] for p in line["points"].split()]
+    return chart
+
+
+def startup_chart(a: Analysis) -> dict[str, Any] | None:
+    """Start-up as a chart: per arm, each milestone's mean seconds from launch as a bar, one row per arm and
+    milestone, so where start-up goes is seen side by side."""
+    keys = sorted({k for arm in a.arms for k in arm.startup})
+    if not keys:
+        return None
+    top = max(v for arm in a.arms for v in arm.startup.values())
+    xticks = nice_ticks(0.0, top * 1.05 or 1.0, 6)
+    rows, k = [], 0
+    bar_h = 12
+    for key in keys:
+        for i, arm in enumerate(a.arms):
+            if key in arm.startup:
+                rows.append({"label": f"{key.removesuffix('_s')} · {arm.name}", "colour": colour(i),
+                             "value": fmt(arm.startup[key], 3), "seconds": arm.startup[key], "k": k})
+                k += 1
+    height = TOP + BOTTOM + (bar_h + 6) * len(rows)
+    left = 230
+    frame = _Frame(xticks[0], xticks[-1], 0, 1, W + LEFT - left, height)  # the axis ends at W - RIGHT
+    shift = left - LEFT
+    for r in rows:
+        r["y"] = TOP + r.pop("k") * (bar_h + 6)
+        r["x"] = left
+        r["width"] = round(frame.x(r.pop("seconds")) + shift - left, 1)
+        r["h"] = bar_h
+    return {"width": W + 90, "height": height, "left": left, "right": round(frame.x(xticks[-1]) + shift, 1),
+            "top": TOP, "bottom": height - BOTTOM, "rows": rows,
+            "xticks": [{"x": round(frame.x(t) + shift, 1), "label": tick_label(t)} for t in xticks],
+            "title": "Start-up: mean seconds from launch to each milestone, per arm (never part of throughput)",
+            "xlabel": "seconds from launch"}

@@ -1,6 +1,7 @@
 """The HTML report: one self-contained file (inline CSS and SVG, no script, nothing fetched), with
-the verdict table, a bar chart per arm with confidence-interval whiskers, per-step figures of every
-trial, NVML telemetry over time where it was recorded, and fingerprints side by side. Every name a
+the verdict table, per metric each arm's ratio to the baseline with its interval against a line at 1 and
+the shaded ±margin band (a run of one arm: a bar per arm instead), the headline of every trial in run
+order (drift shows), the start-up milestones as a chart, per-step figures of every trial, NVML telemetry over time where it was recorded, and fingerprints side by side. Every name a
 user supplied goes through the template's autoescaping, and every text shown has its control characters escaped
 (safetext.py: a job's output in an error, a name a job declared), the page's own markup excepted."""
 
@@ -35,8 +36,10 @@ def environment() -> jinja2.Environment:
 
 def render(a: Analysis) -> str:
     env = environment()
-    bars = [c for c in (charts.bar_chart(a, m.name) for m in a.metrics) if c]
+    ratios = [c for c in (charts.ratio_chart(a, m.name) for m in a.metrics) if c]
+    bars = [] if ratios else [c for c in (charts.bar_chart(a, m.name) for m in a.metrics) if c]  # one arm
     return env.get_template("report.html.j2").render(
         a=a, version=__version__, answer=tables.headline_sentence(a), header=tables.header_lines(a),
-        tables=tables.all_tables(a), bars=bars, legend=charts.legend(a), steps=charts.step_chart(a),
+        tables=tables.all_tables(a), ratios=ratios, bars=bars, legend=charts.legend(a),
+        trials=charts.trials_chart(a), startup=charts.startup_chart(a), steps=charts.step_chart(a),
         telemetry=charts.telemetry_charts(a))
