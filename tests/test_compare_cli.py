@@ -222,3 +222,32 @@ def test_compare_help_states_the_trials_it_really_uses(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm, COUNT(*) FROM trials GROUP BY arm").fetchall()
     assert sorted(rows) == [("a", 3), ("b", 3)]
+
+
+def test_a_small_real_difference_on_a_real_run_is_named_said_and_drawn(cli, tmp_path):
+    """A real CPU compare where one arm's steps take 4% longer, at a ±10% margin: the verdict is
+    slower-within-margin (never plain equivalent) in the JSON, the terminal leads with the sentence that says
+    both, and the HTML draws the ratio inside the shaded band, left of the line at 1 (checked in Chromium)."""
+    import re
+
+    from report_browser import chromium_dom
+
+    r = cli("compare", "selftest", "--device", "cpu", "--steps", "20", "--step-seconds", "0.01",
+            "--arm", "host:step_seconds=0.01", "--arm", "container:step_seconds=0.0104", "--trials", "4",
+            "--margin", "0.1", "--order-seed", "3", "--quiet", COLUMNS="80")
+    assert r.returncode == 0, r.stderr
+    ident = exp_id(r.stdout)
+    assert "…" not in r.stdout
+    assert re.search(r"container is [345]\.\d% slower than host \[\d\.\d+%–\d\.\d+%\] on steps/sec, within the\s+"
+                     r"±10% you\s+allow", r.stdout), r.stdout[-3000:]
+    data = json.loads(cli("report", ident, "--format", "json").stdout)
+    (v,) = [v for v in data["verdicts"] if v["headline"]]
+    assert v["verdict"] == "slower-within-margin" and 0.9 < v["ci_low"] < v["ci_high"] < 1.0
+    assert cli("report", ident, "--format", "html", "-o", "r.html").returncode == 0
+    dom = chromium_dom(tmp_path / "r.html", tmp_path)
+    ratios = dom.split('class="chart ratios"')[1].split("</svg>")[0]
+    band = re.search(r'class="margin-band" x="([\d.]+)" y="[\d.]+" width="([\d.]+)"', ratios)
+    one = float(re.search(r'class="one" x1="([\d.]+)"', ratios).group(1))
+    point = float(re.search(r'<circle cx="([\d.]+)"', ratios).group(1))
+    assert float(band.group(1)) < point < one < float(band.group(1)) + float(band.group(2))
+    assert "slower-within-margin" in ratios and 'class="chart trials"' in dom and 'class="chart startup"' in dom

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 from rich.console import Console
 
 from gpuvs import events, workloads
@@ -317,3 +319,31 @@ def test_the_sentence_says_both_when_a_small_difference_is_real():
     assert text.startswith("container is 4.3% slower than host [") and "within the ±5% you allow" in text
     low, high = sorted(abs(c - 1) for c in (v.ci_low, v.ci_high))  # the interval shown is inside the margin
     assert 0 < low < high < 0.05
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=hs.integers(0, 10_000), shift=hs.floats(0.9, 1.1), cv=hs.floats(0.001, 0.05), n=hs.integers(3, 8),
+       margin=hs.sampled_from([0.02, 0.05, 0.1]))
+def test_a_shown_interval_never_contradicts_its_verdict(seed, shift, cv, n, margin):
+    """Settled different: the interval shown excludes 1. Equivalent or within the margin: the interval shown is
+    inside the margin, or the table's note names the row with the level and the interval that decided it."""
+    from gpuvs.analysis.family import MetricVerdict
+
+    rng = np.random.default_rng(seed)
+    a = list(1000 * (1 + cv * rng.standard_normal(n)))
+    b = list(1000 * shift * (1 + cv * rng.standard_normal(n)))
+    v = MetricVerdict.of(stats.compare_arms(a, b, margin=margin), metric="main", unit="x", arm="b", baseline="a",
+                         headline=True)
+    if v.ci_low is None or v.verdict == "inconclusive":
+        return
+    if v.verdict in ("faster", "slower") or stats.within_margin(v.verdict):
+        assert v.ci_low > 1 or v.ci_high < 1
+    if v.verdict == "equivalent" or stats.within_margin(v.verdict):
+        eq = stats.equivalence_interval(v)
+        assert 1 - margin <= eq[0] and eq[1] <= 1 + margin
+        inside = 1 - margin <= v.ci_low and v.ci_high <= 1 + margin
+
+        class A:
+            verdicts = [v]
+
+        assert inside or "b on main: equivalence was tested" in tables.agreement_note(A())

@@ -269,6 +269,16 @@ def compare_arms(a, b, *, better: str | None = "higher", words: tuple[str, str] 
     return decide(out, level, level_eq, estimate)
 
 
+def equivalence_interval(c: Comparison) -> tuple[float, float] | None:
+    """The interval that equivalence was decided on: two one-sided tests at level_eq each hold exactly when
+    the 1 - 2 level_eq interval lies inside the margin (the interval shown is at 1 - level: wider, and may
+    reach past the margin of a row found equivalent)."""
+    if not c.se_log or c.log_r is None or c.df is None:
+        return None
+    half = min(_t_quantile(1 - c.level_eq, c.df) * c.se_log, 700.0)
+    return math.exp(c.log_r - half), math.exp(min(c.log_r + half, 700.0))
+
+
 WITHIN_MARGIN = "-within-margin"
 
 

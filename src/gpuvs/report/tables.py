@@ -86,6 +86,26 @@ def tested_as(v: MetricVerdict) -> str:
     return f"{short}; {how}"
 
 
+def agreement_note(a: Analysis) -> str:
+    """Where a row found equivalent (or within the margin) shows an interval that reaches past the margin:
+    the level its equivalence was tested at and the interval that decided it, so the table never shows an
+    interval that seems to contradict its verdict."""
+    parts = []
+    for v in a.verdicts:
+        if v.verdict != "equivalent" and not stats.within_margin(v.verdict):
+            continue
+        if v.ci_low is None or (1 - v.margin <= v.ci_low and v.ci_high <= 1 + v.margin):
+            continue
+        eq = stats.equivalence_interval(v)
+        if eq is None:
+            continue
+        parts.append(f"{v.arm} on {v.metric}: equivalence was tested by two one-sided tests at "
+                     f"{fmt(v.level_eq, 3, 2)} each, which hold exactly when the {fmt(100 * (1 - 2 * v.level_eq), 1, 3)}% "
+                     f"interval, {interval(*eq)}, lies inside ±{100 * v.margin:g}%; the "
+                     f"{fmt(100 * (1 - v.level), 1, 3)}% interval shown is wider")
+    return "; ".join(parts)
+
+
 def verdict_table(a: Analysis) -> Table | None:
     if len(a.arms) < 2 or not a.verdicts:
         return None
@@ -107,6 +127,9 @@ def verdict_table(a: Analysis) -> Table | None:
             + "families: " + "; ".join(fams)
             + ("" if a.meta.interleaved is not False else
                ". Not interleaved: drift between the two experiments cannot be told apart from the change"))
+    agree = agreement_note(a)
+    if agree:
+        note += ". " + agree
     return Table("verdicts", f"Verdict: each arm against {a.arms[0].name}",
                  ["metric", "arm", f"{a.arms[0].name} mean", "arm mean", "ratio", "CI", "verdict", "tested as",
                   "trials to settle"], rows, note, right={2, 3, 4, 5}, whole={1})
