@@ -68,3 +68,11 @@ def test_small_things_read_right(tmp_path):
 
     table = terminal.arm_table([Result("b"), Result("a")], arms=["a", "b"])
     assert list(table.columns[0].cells) == ["a", "b"]
+
+
+def test_a_limit_reads_as_people_type_it():
+    from gpuvs.params import Param
+
+    assert Param("x", int, 1, min=1, max=1048576).describe_allowed() == "an integer from 1 to 1,048,576"
+    assert Param("x", int, 1, min=1, max=4096).describe_allowed() == "an integer from 1 to 4096"
+    assert Param("x", float, 0.1, min=0, max=0.5).describe_allowed() == "a number from 0 to 0.5"

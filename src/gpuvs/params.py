@@ -16,6 +16,13 @@ INT_LIMIT = 2 ** 63 - 1
 SHOWN_CHARS = 40  # a refused value is shown this long at most: the message stays one line
 
 
+def _limit(v: float) -> str:
+    """A limit as people read it: 4096, 1,048,576 (never 1.04858e+06), 0.5."""
+    if float(v).is_integer():
+        return f"{int(v):,}" if abs(v) >= 1e5 else str(int(v))
+    return f"{v:g}"
+
+
 @dataclass(frozen=True)
 class Param:
     name: str
@@ -49,7 +56,7 @@ class Param:
         return word
 
     def _bound(self, value: float) -> str:
-        return str(int(value)) if self.type is int else f"{value:g}"
+        return _limit(int(value) if self.type is int else value)
 
     def coerce(self, raw: Any) -> Any:
         """Typed, checked value; UsageError naming the option and what is allowed."""
