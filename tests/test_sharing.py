@@ -204,8 +204,8 @@ def test_mps_prediction_without_gpm_says_so():
 def test_sharing_figures_and_mps_verdict_words():
     f = sharestats.figure([10.0, 12.0, None, 11.0])
     assert f.mean == pytest.approx(11.0) and f.low < 11.0 < f.high and figure_text(f) == \
-        f"11.0 [{f.low:.1f}, {f.high:.1f}]"
-    assert figure_text(sharestats.figure([5.0])) == "5.0" and figure_text(sharestats.figure([])) == "-"
+        f"11.0 [{f.low:.2f}, {f.high:.1f}]"  # three significant figures: 8.52, 13.5
+    assert figure_text(sharestats.figure([5.0])) == "5.00" and figure_text(sharestats.figure([])) == "-"
     sliced = [1.00, 1.01, 0.99, 1.00]
     helps = sharestats.mps_verdict(sliced, [1.30, 1.28, 1.31, 1.29], 0.05)
     assert helps.words == "mps helps" and helps.verdict == "faster" and helps.ratio == pytest.approx(1.295, rel=0.01)
