@@ -202,7 +202,8 @@ def test_cnn_train_nchw_vs_nhwc_on_cpu_with_markdown_and_html_reports(cli, tmp_p
     html = tmp_path / "report.html"
     dom = chromium_dom(html, tmp_path)
     assert 'id="verdicts"' in dom and ">nhwc<" in dom and "images/sec" in dom
-    assert dom.count("<polyline") == 4  # one per-step line per trial
+    assert dom.count("<polyline") == 4 + 2  # one per-step line per trial; one line of trials per arm in run order
+    assert dom.count('class="chart ratios"') == 1 and 'class="margin-band"' in dom
     # Live figures on a shared CPU say nothing sure about bar lengths (a busy machine can make one arm ten
     # times slower): the pixels of each bar are checked on a stored experiment with known figures
     # (test_report_html.py). Here: the page of a real run renders, both arms drawn.
