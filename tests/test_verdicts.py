@@ -347,3 +347,17 @@ def test_a_shown_interval_never_contradicts_its_verdict(seed, shift, cv, n, marg
             verdicts = [v]
 
         assert inside or "b on main: equivalence was tested" in tables.agreement_note(A())
+
+
+def test_the_fleet_summary_names_a_node_slower_within_the_margin():
+    from gpuvs.fleet.result import FleetResult, NodeRow
+    from gpuvs.report import fleet as fleet_report
+
+    rows = [NodeRow("n1", "equivalent", n_ok=8, n_trials=8, speed=1.0, speed_low=0.99, speed_high=1.01),
+            NodeRow("n2", "slower-within-margin", n_ok=8, n_trials=8, speed=0.957, speed_low=0.949, speed_high=0.964)]
+    res = FleetResult(id="x", workload="spin", unit="ops/sec", higher_is_better=True, margin=0.05, confidence=0.95,
+                      plan=None, control=None, looks_used=1, rows=rows)
+    line = fleet_report.summary_line(res)
+    assert line == ("no node of 2 measured is slower than the fleet beyond the margin; slower but within the ±5% "
+                    "allowed: n2 at 0.957× the fleet [0.949–0.964]")
+    assert "4.3% slower, within the ±5% allowed" == fleet_report.verdict_text(rows[1], 0.05)

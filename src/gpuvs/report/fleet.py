@@ -97,10 +97,14 @@ def tables(res: FleetResult) -> list[Table]:
 def summary_line(res: FleetResult) -> str:
     slow = [r for r in res.rows if r.verdict == "slower"]
     measured = res.measured()
+    small = [r for r in res.rows if r.verdict == "slower-within-margin" and r.speed is not None]
+    within = ("; slower but within the ±" + f"{100 * res.margin:g}% allowed: "
+              + ", ".join(f"{r.node} at {r.speed:.3f}× the fleet [{interval(r.speed_low, r.speed_high)}]"
+                          for r in small)) if small else ""
     if slow:
         named = ", ".join(f"{r.node} at {r.speed:.3f}× the fleet" for r in slow)
-        return f"{len(slow)} of {len(measured)} measured node(s) slower than the fleet: {named}"
-    return f"no node of {len(measured)} measured is slower than the fleet"
+        return f"{len(slow)} of {len(measured)} measured node(s) slower than the fleet: {named}{within}"
+    return f"no node of {len(measured)} measured is slower than the fleet beyond the margin{within}"
 
 
 def render_markdown(res: FleetResult) -> str:
