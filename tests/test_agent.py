@@ -739,7 +739,7 @@ def test_the_status_page_is_rendered_once_between_runs(tmp_path):
 
 
 def test_gpuvs_deploy_adds_a_random_token_secret_before_the_deployment_and_the_deployment_mounts_it():
-    from gpuvs.kube import deploy
+    from gpuvs.agent import deploy
 
     objs = deploy.manifests()
     a, b = deploy.with_token(objs), deploy.with_token(objs)

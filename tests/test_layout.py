@@ -20,7 +20,8 @@ COMMANDS = "gpuvs.cli.commands"  # the package of command modules, one per comma
 # and no two packages import each other. Each entry is a package (or one of the few modules at the top);
 # a floor may hold several that do not import each other.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("gpuvs", "gpuvs.errors", "gpuvs.events", "gpuvs.registry", "gpuvs.spawn"),  # the shared vocabulary
+    ("gpuvs", "gpuvs.errors", "gpuvs.events", "gpuvs.registry", "gpuvs.safetext", "gpuvs.spawn"),  # the shared vocabulary
+    ("gpuvs.contain",),  # a job's whole process tree held (spawn's process groups, a subreaper, a cgroup)
     ("gpuvs.params", "gpuvs.spec"),
     ("gpuvs.probes", "gpuvs.store", "gpuvs.kube"),  # what a machine is; what is kept; the cluster's client
     ("gpuvs.nlp",),
@@ -33,7 +34,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("gpuvs.report",),  # every table, page and picture
     ("gpuvs.agent",),  # the in-cluster service: calls the library
     ("gpuvs.cli",),  # parses, calls the library, renders through report/
-    ("gpuvs.__main__",),
+    ("gpuvs.__main__", "gpuvs.worker", "gpuvs.inside", "gpuvs.zygote"),  # the entry points (three kept for a release)
 )
 
 
@@ -245,8 +246,8 @@ def test_few_modules_are_left_at_the_top():
     """The top holds the shared vocabulary and the entry points kept for one release (`python -m gpuvs.worker`,
     `gpuvs.inside`, `gpuvs.zygote`: each only runs its module in gpuvs.trial)."""
     top = sorted(p.stem for p in (SRC / "gpuvs").glob("*.py"))
-    assert top == ["__init__", "__main__", "errors", "events", "inside", "params", "registry", "spawn", "spec",
-                   "worker", "zygote"]
+    assert top == ["__init__", "__main__", "contain", "errors", "events", "inside", "params", "registry", "safetext",
+                   "spawn", "spec", "worker", "zygote"]
     for shim in ("worker", "inside", "zygote"):
         text = (SRC / "gpuvs" / f"{shim}.py").read_text()
         assert f'runpy.run_module("gpuvs.trial.{shim}"' in text and "import gpuvs" not in text
@@ -332,3 +333,26 @@ def test_low_modules_import_no_renderer_at_run_time(module):
                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_entry_points_images_and_pods_name_still_run():
+    """`python -m gpuvs.worker`, `gpuvs.inside` and `gpuvs.zygote` (what images, pods and scripts written for the
+    release before the packages name) run their modules in gpuvs.trial: a worker runs a trial and reports it, the
+    probe prints what it sees, the zygote refuses to start without its socket, as the new names do."""
+    import json
+    import subprocess
+    import sys
+
+    from gpuvs.environments.host import worker_env
+    from gpuvs.spec import RunSpec
+
+    env = {**worker_env(RunSpec(workload="selftest", device="cpu", params={"steps": 2})), "PYTHONPATH": str(SRC)}
+    out = subprocess.run([sys.executable, "-m", "gpuvs.worker"], capture_output=True, text=True, timeout=120, env=env)
+    kinds = [json.loads(line)["type"] for line in out.stdout.splitlines() if line.startswith("{")]
+    assert out.returncode == 0 and kinds.count("sample") >= 2 and kinds[-1] == "summary", out.stderr
+    probe = subprocess.run([sys.executable, "-m", "gpuvs.inside", "--probe"], capture_output=True, text=True,
+                           timeout=120, env={**env, "GPUVS_SPEC": ""})
+    assert probe.returncode == 0 and "python" in json.loads(probe.stdout.strip().splitlines()[-1]), probe.stderr
+    for name in ("gpuvs.zygote", "gpuvs.trial.zygote"):
+        z = subprocess.run([sys.executable, "-m", name], capture_output=True, text=True, timeout=120, env=env)
+        assert z.returncode != 0 and "--connect SOCKET is required" in z.stderr, z.stderr

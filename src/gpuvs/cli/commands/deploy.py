@@ -24,7 +24,7 @@ DEPLOY_OPTIONS = (
 
 
 def deploy(args: Args) -> None:
-    from gpuvs.kube import deploy as manifests
+    from gpuvs.agent import deploy as manifests
 
     if args["dry_run"] and args["delete"]:
         raise UsageError("--dry-run and --delete: give one of them")
