@@ -213,6 +213,16 @@ def test_workload_specs_and_bad_input_are_one_line_and_exit_2(tmp_path):
         assert len(lines) == 1 and words in lines[0] and "Traceback" not in r.stderr, (args, r.stderr)
 
 
+@pytest.mark.parametrize("option, value", [("min-interval", "1" * 400), ("every", "9" * 400 + "d"),
+                                           ("first-after", "99999999999999999999h"), ("stale-after", "400d")])
+def test_a_duration_that_is_not_finite_or_past_a_year_is_one_line_and_exit_2(tmp_path, option, value):
+    """400 digits were read as inf: --min-interval so set made every POST /runs a 500 (math.ceil(inf))."""
+    r = run_cli("agent", f"--{option}", value, "--listen", f"127.0.0.1:{free_port()}", cwd=tmp_path, timeout=20)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"--{option}" in lines[0] and "at most 365d (a year)" in lines[0] and len(lines[0]) < 300, lines[0]
+
+
 # -- faults, for real -----------------------------------------------------------------------------------------
 
 def test_api_server_unreachable_backs_off_metrics_say_stale_and_nothing_is_lost(tmp_path):

@@ -146,3 +146,18 @@ def test_a_timeout_or_sigterm_leaves_no_pod(tmp_path, kube, how):
     if how == "timeout":
         assert "timed out after 8 s" in err, err
     assert pods(cluster) == []
+
+
+def test_a_bare_pods_last_line_without_a_newline_is_its_figure(cli, tmp_path, kube):
+    """A bare pod whose last output has no trailing newline: that line is the job's last figure, never an earlier
+    one (it is left over in the followed stream when the log ends, and read from the whole log)."""
+    cluster, _ = kube
+    r = cli("run", "command", "--device", "cpu", "--trials", "1", "--env", "pod", "--image", PYTHON_IMAGE, "--bare",
+            "--image-pull-policy", "Never", "--kubeconfig", str(cluster.kubeconfig), "--namespace", NS,
+            "--metric", "rate=rate ([0-9]+),higher", "--", "sh", "-c",
+            "echo 'progress rate 1'; sleep 1; echo 'progress rate 2'; sleep 1; printf 'final rate 300'")
+    assert r.returncode == 0, r.stderr
+    import sqlite3
+
+    status, summary = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT status, summary FROM trials").fetchone()
+    assert status == "ok" and json.loads(summary)["rate"]["value"] == 300, summary

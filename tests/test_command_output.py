@@ -126,3 +126,21 @@ def test_a_regex_that_backtracks_is_stopped_within_its_budget_and_named(cli, tmp
     assert (t["status"], t["kind"]) == ("failed", "input")
     assert t["error"].startswith("metric x: its regex '(a|a)*b(1)' took over 1 s of CPU on stdout line 1 "
                                  f"({len(line)} characters) and was stopped: it backtracks")
+
+
+@pytest.mark.parametrize("parser, text, printed", [
+    (["--metric", r"rate=rate (\S+),higher"], "final rate nan", "'nan'"),
+    (["--metric", r"rate=rate (\S+),higher"], "final rate -inf", "'-inf'"),
+    (["--parser", "jsonl"], '{"gpuvs": "rate", "value": NaN}', "NaN"),
+    (["--parser", "jsonl"], '{"gpuvs": "rate", "value": 1e400}', "1e400"),
+])
+def test_a_figure_that_is_not_a_finite_number_fails_the_trial_naming_it(cli, tmp_path, parser, text, printed):
+    """The job's last figure is nan (or an infinity): never replaced by an earlier line's figure, the trial fails
+    saying which metric printed what."""
+    first = '{"gpuvs": "rate", "value": 5, "better": "higher"}' if "jsonl" in parser else "progress rate 5"
+    r = cli("run", "command", "--device", "cpu", "--trials", "1", "--retries", "0", *parser, "--",
+            "printf", "%s\\n%s\\n", first, text)
+    assert r.returncode != 0
+    [t] = stored(tmp_path)
+    assert t["status"] == "failed", t  # a failed trial: its figures never count (what was read is kept)
+    assert "not a finite number" in t["error"] and printed in t["error"] and "rate" in t["error"], t["error"]

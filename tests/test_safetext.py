@@ -161,3 +161,30 @@ def test_the_markdown_reports_command_line_keeps_backticks_in_its_code_span(tmp_
     command = as_json["meta"]["command"]  # as stored: `gpuvs compare` and its argv, shell-quoted
     assert "`date`" in command and "``two``" in command
     assert code_of(line) == [command]
+
+
+def test_csv_exports_show_a_jobs_controls_escaped_and_json_keeps_them(tmp_path):
+    """`report --format csv` and `results export --format csv` print a job's text escaped (its error, the unit it
+    declared on a JSON line); the JSON export keeps the text as stored (JSON writes controls as \\u escapes)."""
+    script = ("import json, sys\n"
+              "print(json.dumps({'gpuvs': 'rate', 'value': 5, 'better': 'higher', 'unit': 'r/s\\x1b[2J\\x00'}))\n"
+              "sys.stdout.write('dying \\x1b]0;TITLE\\x07 nul:\\x00\\n')\n"
+              "sys.exit(3)\n")
+    (tmp_path / "job.py").write_text(script)
+    store = tmp_path / "s.db"
+    r = gpuvs("run", "command", "--device", "cpu", "--store", store, "--retries", "0", "--parser", "jsonl", "--",
+              sys.executable, "job.py", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr.decode(errors="replace")
+    ident = re.search(rb"stored as experiment (\S+)", r.stdout).group(1).decode()
+    with sqlite3.connect(store) as db:  # an error stored raw, as an engine's or a pod's message would be kept
+        db.execute("update trials set error = error || ?", (" pod said \x1b]0;TITLE\x07\x00",))
+    for args in (["report", ident, "--format", "csv"], ["results", "export", "--format", "csv"]):
+        out = gpuvs(*args, "--store", store, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert_no_raw_controls(out.stdout, " ".join(args))
+        assert rb"r/s\x1b[2J\x00" in out.stdout and rb"pod said \x1b]0;TITLE\x07\x00" in out.stdout, out.stdout
+    out = gpuvs("results", "export", "--format", "json", "--store", store, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert_no_raw_controls(out.stdout, "results export --format json")  # JSON escapes them itself
+    text = json.dumps(json.loads(out.stdout))  # read back: the text as stored, written again
+    assert '"r/s\\u001b[2J\\u0000"' in text and "pod said \\u001b]0;TITLE\\u0007\\u0000" in text, text[:3000]

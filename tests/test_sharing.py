@@ -345,12 +345,22 @@ def test_share_matrix_runs_pairs_over_a_sweep(cli, tmp_path):
     ('pairs: [["selftest", "selftest"]]\ntimeout_s: .nan\n', "bad.yaml: timeout_s: nan is not allowed; expected a number "
      ">= 0.001 (NaN and infinities are not allowed)"),
     ('pairs: [["selftest", "selftest"]]\nduration: .inf\n', "bad.yaml: duration: inf is not allowed"),
+    # the experiment file's loader: a job given as a list, a bad pair and an alias bomb say FILE:LINE in one line
+    ('name: x\npairs:\n  - [[a], "selftest"]\n', 'bad.yaml:3: a job is a quoted string such as "selftest --noise", '
+     "not a list"),
+    ('pairs:\n  - ["selftest", "selftest"]\n  - "selftest"\n', "bad.yaml:3: 'pairs' must be a list of [JOB_A, "
+     "JOB_B] pairs"),
+    ("a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\npairs: [[*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]]\n",
+     "bad.yaml:4: the file holds more than 10000 values, aliases (*NAME) counted at every use; a pairs file takes at "
+     "most 10000"),
 ])
 def test_share_matrix_bad_files(cli, tmp_path, text, message):
     f = tmp_path / "bad.yaml"
     f.write_text(text)
     r = cli("share-matrix", f, "--device", "cpu")
-    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_capacity_with_containers_as_the_unit_and_processes_beside(cli, tmp_path):

@@ -199,6 +199,8 @@ class _Loader(yaml.SafeLoader):
     (`command: [true, no, 010, ~]` is not True, False, 8, None); and that keeps an integer too long for Python's
     int() as its text (the setting then refuses it with its range)."""
 
+    kind = "experiment file"  # what the file is, for the refusal
+
     def __init__(self, stream):
         super().__init__(stream)
         self._sizes: dict[int, int] = {}  # id(node) -> values it holds, aliases expanded
@@ -226,7 +228,7 @@ class _Loader(yaml.SafeLoader):
         if self._values > MAX_VALUES:
             raise _FileError(line, f"the file holds more than {MAX_VALUES} values" + (
                 ", aliases (*NAME) counted at every use" if alias or self._values > len(self._sizes) else "")
-                + f"; an experiment file takes at most {MAX_VALUES}")
+                + f"; {_article(self.kind)} takes at most {MAX_VALUES}")
         return node
 
     def construct_yaml_int(self, node):
@@ -234,6 +236,10 @@ class _Loader(yaml.SafeLoader):
         if len(digits) > LONGEST_INT:
             return node.value
         return super().construct_yaml_int(node)
+
+
+def _article(kind: str) -> str:
+    return ("an " if kind[:1] in "aeiou" else "a ") + kind
 
 
 def _words(loader: _Loader, node: yaml.Node) -> Any:
@@ -291,17 +297,20 @@ class _FileError(Exception):
         self.line, self.message = line, message
 
 
-def read_file(path: str | Path) -> _Map:
-    """The file's top-level mapping, with line numbers; UsageError naming the file otherwise."""
+def load_yaml(path: str | Path, kind: str = "experiment file") -> Any:
+    """A YAML file (an experiment file, a pairs file) read with the bounded loader above: its document, mappings as
+    _Map and lists as _List with their lines; UsageError naming FILE:LINE otherwise (`kind` says what the file is)."""
     path = Path(path)
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise UsageError(f"experiment file {path} not found") from None
+        raise UsageError(f"{kind} {path} not found") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read experiment file {path}: {exc}") from None
+        raise UsageError(f"cannot read {kind} {path}: {exc}") from None
+    loader = _Loader(text)
+    loader.kind = kind
     try:
-        doc = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        return loader.get_single_data()  # what yaml.load does, with the loader told what the file is
     except _FileError as exc:
         raise UsageError(f"{path}:{exc.line}: {exc.message}") from None
     except yaml.MarkedYAMLError as exc:
@@ -310,6 +319,13 @@ def read_file(path: str | Path) -> _Map:
         raise UsageError(f"{path}:{line}: not valid YAML: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise UsageError(f"{path}: not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+def read_file(path: str | Path) -> _Map:
+    """The file's top-level mapping, with line numbers; UsageError naming the file otherwise."""
+    doc = load_yaml(path)
     if not isinstance(doc, _Map):
         raise UsageError(f"{path}:1: an experiment file is a mapping (name:, workload:, arms: ...)")
     return doc

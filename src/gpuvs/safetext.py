@@ -47,3 +47,9 @@ def safe_text(text: Any, lines: bool = False) -> str:
     elif not isinstance(text, str):
         text = str(text)
     return text.translate(_LINES if lines else _ONE_LINE)
+
+
+def safe_row(cells: Any) -> list[Any]:
+    """A CSV row to print: its text cells through safe_text (a CSV goes to a terminal as often as to a file), its
+    numbers and None as they are. JSON needs none of this: it writes every control as a \\u escape itself."""
+    return [safe_text(c) if isinstance(c, (str, bytes)) else c for c in cells]

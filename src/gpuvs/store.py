@@ -34,6 +34,7 @@ from gpuvs.records import (
     TrialRecord,
     json_value,
 )
+from gpuvs.safetext import safe_row
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS experiments (
@@ -446,6 +447,6 @@ def trials_csv(trials: Iterable[TrialRecord]) -> str:
         env = t.spec.env.kind if t.spec else ""
         for series, s in list(t.summary.items()) or [("", None)]:
             figures = [s.value, s.unit, s.pm, s.jitter, s.n] if s else [None] * 5
-            w.writerow([t.id, t.experiment_id, t.arm, t.trial, t.workload, t.status, device, env, series, *figures,
-                        t.fingerprint.get("gpu_name"), t.error or ""])
+            w.writerow(safe_row([t.id, t.experiment_id, t.arm, t.trial, t.workload, t.status, device, env, series,
+                                 *figures, t.fingerprint.get("gpu_name"), t.error or ""]))
     return buf.getvalue()

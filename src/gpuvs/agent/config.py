@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -9,15 +10,23 @@ from gpuvs.errors import UsageError
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)?$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+MAX_DURATION_S = 365 * 86400.0  # the longest duration an agent setting takes
 _KEY = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
 def duration(option: str, text: str | float) -> float:
-    """'90', '90s', '15m', '6h', '1d' as seconds."""
+    """'90', '90s', '15m', '6h', '1d' as seconds, at most a year: 400 digits read as inf (a --min-interval of inf
+    made every POST /runs fail), and no agent setting means more than a year."""
+    shown = str(text).strip()
+    shown = repr(shown if len(shown) <= 40 else shown[:40] + "...")
     m = _DURATION.match(str(text).strip())
     if not m:
-        raise UsageError(f"--{option} {text!r}: expected a duration like 90s, 15m, 6h or 1d (seconds if no unit)")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+        raise UsageError(f"--{option} {shown}: expected a duration like 90s, 15m, 6h or 1d (seconds if no unit)")
+    seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if not math.isfinite(seconds) or seconds > MAX_DURATION_S:
+        raise UsageError(f"--{option} {shown}: at most 365d (a year); expected a duration like 90s, 15m, 6h or 1d "
+                         "(seconds if no unit)")
+    return seconds
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,7 @@ class PodLaunched(WorkerStream):
         self._deleting = False
         self._done = threading.Event()
         self._count = 0  # protocol lines handed on
+        self._partial = b""  # what the followed log held after its last newline when the stream ended
         self._saw_error = False
         self._log_response: Any = None
         self._code: int | None = None
@@ -360,7 +361,9 @@ class PodLaunched(WorkerStream):
             self._outside_faults(pod)
             cs = _container_status(pod) if pod is not None else None
             if cs is not None and cs.state and cs.state.terminated:
-                if broke:  # the container ended while the stream was broken: what it wrote last is read whole
+                # the container ended while the stream was broken, or its last line had no newline (left over in
+                # the stream): what it wrote last is read whole, and a log that cannot be read fails the trial
+                if broke or self._partial:
                     self._read_rest()
                 return
             self._stop.wait(0.5)
@@ -387,6 +390,7 @@ class PodLaunched(WorkerStream):
         self._log_response = resp
         seen = 0
         buf = b""
+        self._partial = b""
         try:
             # what has arrived, as it arrives (stream(64 KiB) would wait for 64 KiB); urllib3 1.x has no read1
             chunks = iter(lambda: resp.read1(64 * 1024), b"") if hasattr(resp, "read1") else resp.stream(1)
@@ -398,6 +402,7 @@ class PodLaunched(WorkerStream):
                     if seen > self._count:
                         self._line(raw.decode(errors="replace"))
         finally:
+            self._partial = buf  # a last line without its newline: handed on from the whole log (_read_rest)
             self._log_response = None
             resp.release_conn()
 

@@ -6,6 +6,7 @@ nothing but Python."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,11 +130,15 @@ class OutputError(WorkloadError):
 
 
 def number(text: str, what: str) -> float:
-    """A printed figure as a float (Python's float syntax: 12, 1.5e-3, nan), or OutputError naming `what`."""
+    """A printed figure as a finite float (Python's float syntax: 12, 1.5e-3), or OutputError naming `what`: nan and
+    the infinities are refused, so a job's last figure is never replaced by an earlier one (the summary skips none)."""
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise OutputError(f"{what}: {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise OutputError(f"{what}: the command printed {text!r}, not a finite number")
+    return value
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ must appear (comma-separated), so that a run without them fails."""
 from __future__ import annotations
 
 import json
+import math
 
 from gpuvs.errors import UsageError
 from gpuvs.outputs import register
@@ -72,6 +73,12 @@ class JsonLines(Parser):
         value = obj.get("value")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad('"value" must be a number')
+        try:
+            value = float(value)
+        except OverflowError:  # an integer too long for a float
+            value = math.inf
+        if not math.isfinite(value):  # NaN, Infinity, 1e400: never a figure (an earlier line's would stand in)
+            raise bad('the command printed a "value" that is not a finite number')
         step = obj.get("step")
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             raise bad('"step" must be a whole number >= 0')
@@ -99,4 +106,4 @@ class JsonLines(Parser):
             raise bad(f'metric {name} was declared "kind": "{known.kind}" on its first line')
         elif (step is not None) != known.per_step:
             raise bad(f"metric {name} was first printed {'with' if known.per_step else 'without'} a step")
-        return [self.reading(name, float(value), line, step)]
+        return [self.reading(name, value, line, step)]

@@ -16,7 +16,7 @@ from gpuvs.fleet import fingerprints
 from gpuvs.fleet.result import FleetResult, NodeRow
 from gpuvs.report import markdown
 from gpuvs.report.tables import Table, interval
-from gpuvs.safetext import safe_text
+from gpuvs.safetext import safe_row, safe_text
 
 COLUMNS = ["node", "verdict", "speed vs fleet", "interval", "trials ok", "mean", "compared with", "notes"]
 FORMATS = ("term", "md", "html", "json", "csv")
@@ -121,9 +121,9 @@ def render_csv(res: FleetResult) -> str:
     w.writerow(["experiment_id", "node", "verdict", "speed", "speed_low", "speed_high", "ratio", "mean", "unit",
                 "n_ok", "n_trials", "p_adjusted", "reference", "differs", "reason"])
     for r in res.rows:
-        w.writerow([res.id, r.node, r.verdict, r.speed, r.speed_low, r.speed_high, r.ratio, r.mean, res.unit, r.n_ok,
-                    r.n_trials, r.p_adjusted, " ".join(r.reference),
-                    "; ".join(f"{k}={v[0]}" for k, v in r.differs.items()), r.reason])
+        w.writerow(safe_row([res.id, r.node, r.verdict, r.speed, r.speed_low, r.speed_high, r.ratio, r.mean, res.unit,
+                             r.n_ok, r.n_trials, r.p_adjusted, " ".join(r.reference),
+                             "; ".join(f"{k}={v[0]}" for k, v in r.differs.items()), r.reason]))
     return buf.getvalue()
 
 

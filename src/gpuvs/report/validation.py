@@ -12,6 +12,7 @@ from typing import Any
 from gpuvs.records import ExperimentRecord
 from gpuvs.report import markdown, tables
 from gpuvs.report.numbers import fmt
+from gpuvs.safetext import safe_row
 from gpuvs.validate.suite import FAIL, FIGURES, NOT_RUN, PASS, SHARED, Row, Settings
 
 KIND = "validate"
@@ -71,7 +72,7 @@ def render(fmt_name: str, exp: ExperimentRecord) -> str:
         w = csv.writer(buf)
         w.writerow(["experiment_id", "suite", "check", "status", "seconds", "recovery_s", "detail"])
         for r in rows_of(exp):
-            w.writerow([exp.id, r.suite, r.check, r.status, r.seconds, r.recovery_s, r.detail])
+            w.writerow(safe_row([exp.id, r.suite, r.check, r.status, r.seconds, r.recovery_s, r.detail]))
         return buf.getvalue()
     if fmt_name == "md":
         lines = [f"## {markdown.cell(exp.name)}", "", f"**{markdown.cell(verdict(exp))}**", ""]

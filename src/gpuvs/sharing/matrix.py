@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
 from gpuvs.errors import UsageError
+from gpuvs.experiment import load_yaml
 from gpuvs.params import Param
 from gpuvs.sharing.group import Coordinator, Group
 from gpuvs.spec import RunSpec
@@ -26,18 +25,23 @@ def load(path: str) -> dict:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"{path}: no such file")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    data = load_yaml(p, "pairs file")  # the experiment file's bounded loader: aliases counted, FILE:LINE refusals
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping with keys {', '.join(sorted(KEYS))}")
     unknown = set(data) - KEYS
     if unknown:
         raise UsageError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(KEYS))}")
     pairs = data.get("pairs")
-    if not isinstance(pairs, list) or not pairs or not all(isinstance(x, list) and len(x) == 2 for x in pairs):
-        raise UsageError(f"{path}: 'pairs' must be a list of [JOB_A, JOB_B] pairs of quoted jobs")
+    where = f"{path}:{data.lines['pairs']}" if "pairs" in data else path
+    if not isinstance(pairs, list) or not pairs:
+        raise UsageError(f"{where}: 'pairs' must be a list of [JOB_A, JOB_B] pairs of quoted jobs")
+    for pair, line in zip(pairs, pairs.lines):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise UsageError(f"{path}:{line}: 'pairs' must be a list of [JOB_A, JOB_B] pairs of quoted jobs")
+        for job, job_line in zip(pair, pair.lines):
+            if not isinstance(job, str):
+                raise UsageError(f"{path}:{job_line}: a job is a quoted string such as \"selftest --noise\", not "
+                                 f"{_kind(job)}")
     sweep = data.get("sweep") or {}
     if not isinstance(sweep, dict) or len(sweep) > 1 or not all(isinstance(v, list) and v for v in sweep.values()):
         raise UsageError(f"{path}: 'sweep' must be one parameter with a list of values, e.g. sweep: {{scale: [small, full]}}")
@@ -50,6 +54,11 @@ def load(path: str) -> dict:
             except UsageError as exc:  # '--timeout-s: nan is not ...' -> 'timeout_s: nan is not ...'
                 raise UsageError(f"{path}: {p.name}:{str(exc).partition(':')[2]}") from None
     return data
+
+
+def _kind(value: Any) -> str:
+    return ("a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict)
+            else "nothing" if value is None else f"{value!r}")
 
 
 def mps_modes(choice: str) -> list[bool]:
