@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpuvs.errors import UsageError
-from gpuvs.experiment import load_yaml
+from gpuvs.trial.plan import load_yaml
 from gpuvs.params import Param
 from gpuvs.sharing.group import Coordinator, Group
 from gpuvs.spec import RunSpec

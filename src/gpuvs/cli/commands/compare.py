@@ -21,7 +21,7 @@ from gpuvs.trial import plan as experiment
 from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Form, Group, Positional
 from gpuvs.errors import UsageError
-from gpuvs.experiment import STUDY_PARAMS, Study
+from gpuvs.trial.plan import STUDY_PARAMS, Study
 from gpuvs.params import Param
 from gpuvs.report import terminal
 from gpuvs.trial.study import Look, Ran, run_comparison
