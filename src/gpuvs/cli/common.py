@@ -118,8 +118,8 @@ def render_ran(console: Console, ran: Ran, store_path: str) -> None:
     results = ran.results
     total = len(ran.experiment.arms) * ran.planned
     if total > 1 or any(len(r.summary) > 1 for r in results):
-        console.print(terminal.arm_table(results, arms=[a.name for a in exp.arms]))
-    for table in (terminal.startup_table(results, [a.name for a in exp.arms]), terminal.metrics_table(results)):
+        console.print(terminal.arm_table(results, arms=[a.name for a in ran.experiment.arms]))
+    for table in (terminal.startup_table(results, [a.name for a in ran.experiment.arms]), terminal.metrics_table(results)):
         if table is not None and total > 1:
             console.print(table)
     for table in (terminal.series_table(results), terminal.telemetry_table(results)):
