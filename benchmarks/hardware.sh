@@ -68,7 +68,9 @@ import json, math, os, statistics, sys, time
 part, device, db = sys.argv[1], sys.argv[2], sys.argv[3]
 cuda = device.startswith("cuda")
 import torch
-from gpuvs import events, peaks, stats, telemetry
+from gpuvs import events
+from gpuvs.analysis import stats
+from gpuvs.probes import peaks, telemetry
 from gpuvs.store.db import Store
 from gpuvs.spec import RunSpec
 
@@ -92,7 +94,7 @@ def gpu_name():
 
 def in_process(spec):
     """The whole worker path (fingerprint, telemetry sampler, workload), in this process."""
-    from gpuvs import worker
+    from gpuvs.trial import worker
     out = []
     worker.run_events(spec, out.append)
     return next(e for e in out if e["type"] == "summary")["data"]
@@ -347,7 +349,7 @@ fi
   echo "# gpuvs hardware proof ($(date -u +%Y-%m-%dT%H:%MZ), device $DEVICE)"
   echo
   "$PY" - <<'PY' 2>/dev/null || echo "(fingerprint unavailable)"
-from gpuvs import fingerprint
+from gpuvs.probes import fingerprint
 fp = fingerprint.take()
 print(f"GPU: {fp.get('gpu_name')}; driver {fp.get('driver')}; torch {fp.get('torch')} (CUDA {fp.get('cuda')}); "
       f"CPU: {fp.get('cpu_model')} x{fp.get('cpu_usable')}")
