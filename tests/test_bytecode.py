@@ -16,7 +16,7 @@ from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store.db import Store
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
-PROBE = "from gpuvs import bytecode; print(bytecode.keep(['slowpkg'])); import slowpkg; print(slowpkg.X)"
+PROBE = "from gpuvs.trial import bytecode; print(bytecode.keep(['slowpkg'])); import slowpkg; print(slowpkg.X)"
 
 
 def _package(root: Path) -> Path:

@@ -289,7 +289,7 @@ class NoNumpy:  # the user's image: Python and nothing else
         if name == "numpy" or name.startswith("numpy."):
             raise ModuleNotFoundError("No module named 'numpy' (this test's image has none)")
 sys.meta_path.insert(0, NoNumpy())
-from gpuvs import worker
+from gpuvs.trial import worker
 from gpuvs.spec import RunSpec
 spec = RunSpec(workload="command", device="cpu", params={"argv": ["sh", "-c", "echo 'speed: 5'; echo 'speed: 7'"],
                "step_metric": ["speed=speed: ([0-9]+),rate"], "headline": "speed"})

@@ -143,7 +143,7 @@ def test_an_alias_bomb_is_refused_at_once_in_little_memory(tmp_path, cli):
     assert path.stat().st_size < 700
     script = ("import json, resource, sys, time\n"
               "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
-              "from gpuvs import experiment\n"
+              "from gpuvs.trial import plan as experiment\n"
               "from gpuvs.errors import UsageError\n"
               "t0 = time.perf_counter()\n"
               "try:\n"

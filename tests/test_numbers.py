@@ -46,7 +46,7 @@ def test_small_things_read_right(tmp_path):
     console = Console(width=100, file=io.StringIO(), record=True)
     terminal.StepLog(console).config_block({"model": "resnet50", "warmup_steps": 2, "steps": 10})
     text = console.export_text()
-    assert "Warm-up steps: 2" in text and "Timed steps:   10" in text
+    assert "Warm-up steps: 2" in text and "Timed steps:  10" in text
 
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, str(golden.HERE / "golden.py"), "render", str(golden.STORE), str(out)],

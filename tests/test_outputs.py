@@ -213,7 +213,7 @@ def test_headline_and_wall_time():
 # -- the registry: one module per parser ---------------------------------------------------------------------------
 
 def test_every_parser_module_registers_one_parser_that_declares_its_headline():
-    package = ROOT / "src" / "gpuvs" / "outputs"
+    package = ROOT / "src" / "gpuvs" / "workloads" / "command" / "outputs"
     modules = {p.stem for p in package.glob("*.py") if not p.stem.startswith("_")} - {"base", "budget", "patterns", "reader"}
     assert {n.replace("-", "_") for n in outputs.names()} == modules
     for name in outputs.names():
@@ -236,7 +236,7 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split(".")[0] not in sys.stdlib_module_names and name.split(".")[0] != "gpuvs":
             raise ModuleNotFoundError(f"No module named {name!r}")
 sys.meta_path.insert(0, Block())
-from gpuvs import outputs
+from gpuvs.workloads.command import outputs
 jobs = %r
 made = [outputs.create(name, outputs.Job(jobs.get(name, ()))) for name in outputs.names()]
 reader = outputs.Reader(made + [outputs.PatternParser.from_specs(["x=x (\\d+),higher"])])

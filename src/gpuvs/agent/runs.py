@@ -205,7 +205,8 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
     telemetry_interval, pod options, the workload's parameters; others are the agent's own (one line if given)."""
     from gpuvs import environments, workloads
     from gpuvs.fleet import run as fleet_run
-    from gpuvs.trial.plan import SPEC_PARAMS, STUDY_PARAMS
+    from gpuvs.trial.overrides import SPEC_PARAMS
+    from gpuvs.trial.plan import STUDY_PARAMS
 
     workload = workloads.get(w.name)
     argv = [w.name, "--image", image, "--image-pull-policy", c.pull_policy, "--nodes", ",".join(nodes), "--label",

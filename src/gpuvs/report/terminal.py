@@ -25,7 +25,7 @@ CONFIG_LABELS = [
     ("warmup_steps", "Warm-up steps"), ("steps", "Timed steps"),
 ]
 RULE = "-" * 64
-LABEL_WIDTH = 15  # 'Warm-up steps:' and a space: a label never runs into its value
+LABEL_WIDTH = 14  # tf_cnn_benchmarks' column; a label as long ('Warm-up steps:') still gets a space before its value
 
 
 class StepLog:
@@ -59,7 +59,7 @@ class StepLog:
         for key, label in CONFIG_LABELS:
             if key in items:
                 suffix = " global" if key == "batch_size_global" else (" per device" if key == "batch_size_per_device" else "")
-                self.console.print(safe_text(f"{(label + ':') if label else '':<{LABEL_WIDTH}}{items[key]}{suffix}"),
+                self.console.print(safe_text(f"{(label + ':') if label else '':<{LABEL_WIDTH - 1}} {items[key]}{suffix}"),
                                    markup=False, highlight=False)
                 shown.add(key)
         for key, value in items.items():
