@@ -6,9 +6,12 @@ Each match is given MATCH_CPU_S seconds of this thread's CPU time (CPU, not wall
 turn a fast regex into a slow one). In the main thread, inside watching() (the wrapped worker reads its job there),
 a match that runs past its budget is interrupted: a SIGALRM ticks every TICK_S while the job's output is read, and
 `re`'s matching loop runs signal handlers as it goes. Elsewhere (bare mode reads in a thread of gpuvs, where no
-signal can reach) the time is measured around the match and a match over its budget is reported once it returns.
+signal can reach) the same pattern is matched by the `regex` module (a declared dependency of gpuvs; the wrapped
+worker in a user's image never takes this path), which stops a match at its timeout and lets gpuvs's other threads
+run meanwhile (`concurrent`); where `regex` cannot take a pattern, the time is measured around the match and a
+match over its budget is reported once it returns.
 
-Standard library only: it runs inside the user's image."""
+Standard library only where it runs inside the user's image (the main thread's path)."""
 
 from __future__ import annotations
 
@@ -50,9 +53,33 @@ def watching() -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
+_BOUNDED: dict[tuple[str, int], object] = {}  # (pattern, flags) -> the same pattern compiled by `regex`, or None
+
+
+def _bounded(compiled):
+    """The pattern compiled by the `regex` module (whose matches stop at a timeout), or None where it cannot be."""
+    key = (compiled.pattern, compiled.flags)
+    if key not in _BOUNDED:
+        try:
+            import regex as bounded
+
+            flags = (compiled.flags & 0x7E) | (bounded.ASCII if compiled.flags & 256 else 0)  # re.A is 256 there
+            _BOUNDED[key] = bounded.compile(compiled.pattern, flags | bounded.VERSION0)
+        except Exception:  # not installed, or a pattern it reads otherwise: re, measured after the match
+            _BOUNDED[key] = None
+    return _BOUNDED[key]
+
+
 def search(regex, text: str, budget_s: float = MATCH_CPU_S):
     """regex.search(text) within its budget: the match (or None), or Overtime."""
     global _deadline
+    if threading.current_thread() is not threading.main_thread():
+        bounded = _bounded(regex)
+        if bounded is not None:
+            try:
+                return bounded.search(text, timeout=budget_s, concurrent=True)
+            except TimeoutError:
+                raise Overtime from None
     start = time.thread_time()
     _deadline = start + budget_s
     try:
