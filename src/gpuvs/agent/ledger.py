@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sqlite3
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
+
+from gpuvs.store.db import volume_state
 
 SCHEMA = """CREATE TABLE IF NOT EXISTS agent_runs (
   id TEXT PRIMARY KEY, trigger TEXT NOT NULL, status TEXT NOT NULL, queued_at REAL, started_at REAL,
@@ -27,15 +28,8 @@ class LedgerError(Exception):
 
 def volume(path: Path) -> str:
     """What is wrong with the store's volume, if it is plain: read-only, or no space left."""
-    try:
-        st = os.statvfs(path.parent if not path.is_dir() else path)
-    except OSError:
-        return ""
-    if st.f_flag & os.ST_RDONLY:
-        return " (its volume is mounted read-only)"
-    if st.f_bavail == 0:
-        return " (its volume is full: no space left)"
-    return ""
+    state = volume_state(path.parent if not path.is_dir() else path)
+    return {"read-only": " (its volume is mounted read-only)", "full": " (its volume is full: no space left)"}.get(state, "")
 
 
 @dataclass

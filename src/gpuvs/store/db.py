@@ -158,7 +158,7 @@ def _store_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
     if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in cause or "busy" in cause:
         return StoreError(f"store {path} is busy ({cause}): another gpuvs is writing it; wait for it, or use "
                           "--store with another file", "busy")
-    space = _volume(path)
+    space = volume_state(path.parent)
     if code == sqlite3.SQLITE_FULL or (code == sqlite3.SQLITE_IOERR and space == "full"):
         return StoreError(f"store {path} cannot be written: the disk is full ({cause}); what it holds is kept: "
                           "free some space, or run with --store on another disk", "full")
@@ -182,10 +182,11 @@ def _store_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
     return StoreError(f"store {path} cannot be used ({cause}); what it holds is kept: run with --store NEW.db")
 
 
-def _volume(path: Path) -> str:
-    """What the file system of the store's folder says of itself: "read-only", "full" or ""."""
+def volume_state(folder: Path) -> str:
+    """What the file system of a folder says of itself: "read-only", "full" or "" (the store's and the agent's
+    ledger's messages name it)."""
     try:
-        st = os.statvfs(path.parent)
+        st = os.statvfs(folder)
     except OSError:
         return ""
     if st.f_flag & os.ST_RDONLY:
