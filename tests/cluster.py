@@ -112,6 +112,15 @@ def _wait_for_background_setup() -> None:
 
 
 @pytest.fixture(scope="session")
+def k8s_build() -> Path:
+    """The folder of scripts/test-cluster build's binaries (kubectl 1.20 among them), for a test that needs them but
+    not the cluster: under .ci/run, once its background set-up has ended (conftest runs such tests last too)."""
+    if PENDING:
+        _wait_for_background_setup()
+    return BIN
+
+
+@pytest.fixture(scope="session")
 def cluster():
     started = False
     if PENDING:

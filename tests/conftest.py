@@ -127,6 +127,18 @@ class Pid(int):
     __str__ = int.__repr__  # f"/proc/{pid}" stays a path
 
 
+def _own_resource_tracker(proc: Path) -> bool:
+    """This test process's multiprocessing resource tracker: started once by the first spawn a test makes in-process
+    (the agent's library call in a child process, agent/child.py), it lives as long as the test process and ends
+    with it; it is not something gpuvs left behind."""
+    try:
+        cmd = (proc / "cmdline").read_bytes()
+        ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return False
+    return ppid == os.getpid() and b"multiprocessing.resource_tracker" in cmd
+
+
 def gpuvs_processes() -> list[int]:
     """PIDs of live processes started (directly or not) by this test session."""
     marker = f"GPUVS_TEST_TAG={TEST_TAG}".encode()
@@ -137,7 +149,7 @@ def gpuvs_processes() -> list[int]:
                 env = (d / "environ").read_bytes()
             except OSError:
                 continue
-            if marker in env.split(b"\0") and pid_alive(int(d.name)):
+            if marker in env.split(b"\0") and pid_alive(int(d.name)) and not _own_resource_tracker(d):
                 out.append(Pid(d.name))
     return out
 
@@ -161,7 +173,8 @@ def require(tool: str, what: str) -> str:
 
 
 def uses_cluster(item) -> bool:
-    return item.get_closest_marker("cluster") is not None or "cluster" in getattr(item, "fixturenames", ())
+    names = getattr(item, "fixturenames", ())
+    return item.get_closest_marker("cluster") is not None or "cluster" in names or "k8s_build" in names
 
 
 def pytest_collection_modifyitems(config, items):

@@ -21,6 +21,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from cluster import k8s_build  # noqa: F401  (a session fixture)
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -372,7 +374,7 @@ def test_the_wheel_carries_the_manifests_and_declares_the_kubectl_plugin(tmp_pat
     assert "kubectl-gpuvs = gpuvs.cli:main" in text and "gpuvs = gpuvs.cli:main" in text
 
 
-def test_kubectl_finds_and_runs_kubectl_gpuvs(tmp_path):
+def test_kubectl_finds_and_runs_kubectl_gpuvs(tmp_path, k8s_build):
     from cluster import BIN
 
     kubectl = BIN / "kubectl"

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from cluster import k8s_build  # noqa: F401  (a session fixture)
 from conftest import ROOT, missing_part, require
 from gpuvs.agent.ledger import FleetOutcome, RunRecord
 from gpuvs.agent.metrics import exposition, registry
@@ -239,7 +240,7 @@ def kubectls() -> dict[str, str]:
     return out
 
 
-def test_an_overlay_with_the_component_builds_deploy_and_the_monitoring_objects(tmp_path):
+def test_an_overlay_with_the_component_builds_deploy_and_the_monitoring_objects(tmp_path, k8s_build):
     """A user's overlay (outside deploy/, as kustomize wants) of deploy/ with the component: a current kubectl
     (1.21 or later) builds it into deploy/'s objects and these two; kubectl 1.20's kustomize (v2.0.3) refuses it
     with one line, as docs/deploy.md says. A current kubectl cannot be installed on CI's machine

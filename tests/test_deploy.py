@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cluster import BIN, cluster  # noqa: F401  (the session fixture)
+from cluster import BIN, cluster, k8s_build  # noqa: F401  (the session fixture)
 from pss import violations
 
 import gpuvs
@@ -266,7 +266,7 @@ def kubectls() -> list[tuple[str, str]]:
     return out
 
 
-def test_kubectl_kustomize_reads_it_on_1_20_and_on_a_current_kubectl():
+def test_kubectl_kustomize_reads_it_on_1_20_and_on_a_current_kubectl(k8s_build):
     """kubectl 1.20's kustomize (v2.0.3) and a current one read deploy/ into exactly the manifests. kubectl 1.20 is
     the test cluster's (missing: fails under CI). A current kubectl cannot be installed on CI's machine (no
     registry there has one): its part runs where one is on PATH, and the current API's fields are checked above

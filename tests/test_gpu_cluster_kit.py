@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster import k8s_build  # noqa: F401  (a session fixture)
+
 from conftest import ROOT, gpuvs_env, missing_part
 from gpuvs.fleet.adaptive import Plan
 from gpuvs.fleet.run import FleetResult, NodeRow
@@ -152,7 +154,7 @@ def test_runs_table_names_the_cotenant_the_wall_time_and_the_verdicts(tmp_path):
 
 # -- a dry run stopped by SIGTERM -----------------------------------------------------------------------------------------
 @pytest.mark.cluster
-def test_dry_run_stopped_by_sigterm_leaves_nothing_behind(tmp_path):
+def test_dry_run_stopped_by_sigterm_leaves_nothing_behind(tmp_path, k8s_build):
     """The kit's own cluster beside the test cluster, 2 kubelets whose device plugins run in --real mode over device
     nodes of the NVIDIA driver's numbers in the kit's own /dev (FAKE_GPUS: the real-GPU path, each node handing out its
     own GPU), SIGTERM to the kit's whole process group in the middle of its first fleet run: the markdown says so,

@@ -15,6 +15,7 @@ import tarfile
 import yaml
 
 import gpuvs
+from cluster import k8s_build  # noqa: F401  (a session fixture)
 from conftest import ROOT, gpuvs_env, missing_part
 
 MANIFEST = ROOT / "deploy/krew/gpuvs.yaml"
@@ -53,7 +54,7 @@ def test_the_committed_manifest_is_the_scripts_for_this_tree_and_valid_for_krew(
     assert len(seen) == len(spec["platforms"])  # one platform each
 
 
-def test_installed_as_krew_does_kubectl_finds_it_and_it_runs_gpuvs(tmp_path):
+def test_installed_as_krew_does_kubectl_finds_it_and_it_runs_gpuvs(tmp_path, k8s_build):
     from cluster import BIN
 
     kubectl = BIN / "kubectl"
