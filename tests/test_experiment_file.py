@@ -147,7 +147,7 @@ def test_an_alias_bomb_is_refused_at_once_in_little_memory(tmp_path, cli):
               "from gpuvs.errors import UsageError\n"
               "t0 = time.perf_counter()\n"
               "try:\n"
-              "    experiment.load(sys.argv[1], device_fallback='cpu')\n"
+              "    experiment.load(sys.argv[1], device_default=lambda env: 'cpu')\n"
               "    message = None\n"
               "except UsageError as exc:\n"
               "    message = str(exc)\n"

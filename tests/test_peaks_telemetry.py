@@ -104,7 +104,7 @@ def test_terminal_telemetry_table_shows_means_maxima_and_throttling():
     rows = {(cells[0], cells[1]): cells for cells in
             ([c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│"))}
     assert set(rows) == {("a", "0"), ("a", "1"), ("b", "0")}  # the CPU trial has no readings, no row
-    assert rows["a", "0"][2:] == ["10", "80.0 / 100", "8,024", "547.6 / 700.0", "1,851 (1,590)", "84",
+    assert rows["a", "0"][2:] == ["10", "80.0 / 100", "8,024", "547.6 / 700.0", "1,851 (1,590)", "84.0",
                                   "sw_power_cap 50%, sw_thermal 10%"]
     assert rows["a", "1"][-1] == "none" and rows["b", "0"][2] == "2" and rows["b", "0"][-1] == "none"
     assert terminal.telemetry_table(results[2:]) is None  # no readings, no table

@@ -224,7 +224,8 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
     o = fleet_run.FleetOptions(nodes=list(nodes), label=True, margin=c.margin, parallel=c.parallel, trials=c.trials,
                                max_trials=c.max_trials, name=f"agent {run.id} {w}", timeout_s=3600.0,
                                command="gpuvs fleet " + shlex.join(argv))
-    env: dict[str, Any] = {"env": "pod", "image": image, "image_pull_policy": c.pull_policy,
+    kind = fleet_run.node_kinds()[0]  # the kind that places a worker on a named node (the pod), as gpuvs fleet's
+    env: dict[str, Any] = {"env": kind, "image": image, "image_pull_policy": c.pull_policy,
                            "priority_class": c.priority_class, "pod_security": c.pod_security, "package": c.package,
                            "python": c.python, "gpu_resource": c.gpu_resource, "namespace": namespace,
                            "kubeconfig": c.kubeconfig, "context": c.context}
@@ -234,7 +235,7 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
     run_params = {p.name: p for p in STUDY_PARAMS if p.name in ("trials", "order_seed")}
     spec_keys = {"device": "device", "num_gpus": "num_gpus", "timeout": "timeout_s",
                  "telemetry_interval": "telemetry_interval_s"}
-    pod = {p.name: p for p in environments.kind("pod").params}
+    pod = {p.name: p for p in environments.kind(kind).params}
     names = {p.name for p in workload.params}
     for key, value in w.options:
         k = key.replace("-", "_")
@@ -292,6 +293,6 @@ def _fleet(ctx: Context, run: RunRecord, namespace: str, image: str, nodes: list
         outcome.status, outcome.error = "failed", _last_line(why) or f"gpuvs fleet exited {code}"
     log(f"run {run.id}: fleet {w} on {len(nodes)} node(s) exited {code}"
         + (f": {_last_line(why)}" if code else "")
-        + (f"; " + ", ".join(f"{r.node} {r.verdict} {r.speed:.3f}" for r in result.measured() if r.speed is not None)
+        + ("; " + ", ".join(f"{r.node} {r.verdict} {r.speed:.3f}" for r in result.measured() if r.speed is not None)
            if result else ""))
     return outcome
