@@ -29,6 +29,7 @@ from gpuvs.params import Param
 from gpuvs.spec import RunSpec
 from gpuvs.store.db import Store
 from gpuvs.store.records import ExperimentMeta
+from gpuvs.kube import package
 from gpuvs.trial.runner import Arm, Experiment, LiveTrial, Runner, TrialResult, validate_spec
 from gpuvs.store.db import StoreError
 
@@ -331,6 +332,8 @@ def run_fleet(base: RunSpec, store: str | Path, o: FleetOptions, hooks: FleetHoo
                             unit=workloads.get(base.workload).unit, on_end=hooks.on_trial_end)
         finally:
             kube.sweep(cluster, exp.id)
+            package.release()  # the run's mark on gpuvs's package ConfigMap: the last user deletes it (the agent's
+            # child and the command line release at exit too; a caller in a long-lived process, at the end of the run)
         if o.label:
             changes = labels.plan(result.rows, experiment_id=exp.id, workload=base.workload)
             outcome = ([(c.node, "dry run: not written") for c in changes] if o.dry_run
