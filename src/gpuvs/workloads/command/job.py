@@ -41,7 +41,7 @@ from typing import Any, Iterator
 from gpuvs import contain, events
 from gpuvs.workloads.command import outputs
 from gpuvs.errors import WorkloadError
-from gpuvs.workloads.command.outputs import WALL_TIME, Metric, Reading, budget
+from gpuvs.workloads.command.outputs import Metric, Reading, budget
 from gpuvs.safetext import safe_text
 
 HEAD = 16 * 1024  # bytes of a stream kept from its start
@@ -462,8 +462,8 @@ def unread_text(held: list[str], wall_s: float | None) -> str:
     after = f" after {wall_s:.3g} s" if wall_s is not None else ""
     held = sorted(held, key=lambda s: (s != "stdout", s))
     return (f"gpuvs could not read the command's output to its end: the command exited{after}, but its "
-            f"{' and '.join(held)} stayed open and silent {AFTER_EXIT_S:g} s later (a process it started still "
-            "holds it: one left in the background?); its figures may miss lines, so the trial is not kept as a "
+            f"{' and '.join(held)} stayed open and silent {AFTER_EXIT_S:g} s later (a process outside its tree "
+            "holds it: what the command left behind was ended at its exit); its figures may miss lines, so the trial is not kept as a "
             "result")
 
 
