@@ -23,6 +23,8 @@
 #   UP_S=180 VALIDATE_S=300 FLEET_S=150 (each fleet run) SCALING_S=300 COMMAND_S=330: each part's own limit, never
 #                  past TOTAL_S;  CMD_TRIALS=3 CMD_STEPS=60: the command part's trials per arm and timed steps
 #   FLEET="cnn-train gemm"  TRIALS=4 MAX_TRIALS=4  SLOW_NODE=N (index; default the last)  SC_TRIALS=3 (cpu: 2)
+#   COTENANT_BUSY=1  the co-tenant's share of each 100 ms spent computing (0.05: a light co-tenant, busy 5% of the
+#                  time, its measured share in its rate lines); COTENANT_SIZE=8192 its products' N
 #   KIT_DIR=/tmp/gpukit KIT_NAME=gpukit PORT_OFFSET=0 (DEVICE=cpu: 1000)  PYTHON=python3 (with torch, grpcio)
 #   DEVICE=cpu     dry run on a machine without a GPU: fake device plugin (one fake GPU a node), tiny CPU workloads
 #                  (spin and gemm), the co-tenant replaced by a CPU quota on the node's cgroup root (`kit slow`), in
@@ -49,6 +51,8 @@ K=${KIT_DIR:-/tmp/gpukit}; NAME=${KIT_NAME:-gpukit}
 case "$NAME" in ''|*[!abcdefghijklmnopqrstuvwxyz0123456789]*) bad "KIT_NAME=$NAME: lower-case letters and digits";; esac
 TOTAL_S=${TOTAL_S:-540}; UP_S=${UP_S:-180}; VALIDATE_S=${VALIDATE_S:-300}; FLEET_S=${FLEET_S:-150}
 SCALING_S=${SCALING_S:-300}; TRIALS=${TRIALS:-4}; MAX_TRIALS=${MAX_TRIALS:-4}
+COTENANT_BUSY=${COTENANT_BUSY:-1}; COTENANT_SIZE=${COTENANT_SIZE:-8192}
+case "$COTENANT_BUSY" in 1|1.0|0.[0-9]*|.[0-9]*) ;; *) bad "COTENANT_BUSY=$COTENANT_BUSY: a share above 0, at most 1";; esac
 COMMAND_S=${COMMAND_S:-330}; CMD_TRIALS=${CMD_TRIALS:-3}; CMD_STEPS=${CMD_STEPS:-60}
 if [ "$DEVICE" = cpu ]; then  # 2 trials per arm of the scaling check: a CPU trial there costs 20-40 s
   NODES=${NODES:-3}; PORT_OFFSET=${PORT_OFFSET:-1000}; FLEET=${FLEET:-spin gemm}; SC_TRIALS=${SC_TRIALS:-2}
@@ -56,7 +60,7 @@ else
   NODES=${NODES:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}; PORT_OFFSET=${PORT_OFFSET:-0}
   FLEET=${FLEET:-cnn-train gemm}; SC_TRIALS=${SC_TRIALS:-3}
 fi
-for v in TOTAL_S UP_S VALIDATE_S FLEET_S SCALING_S COMMAND_S CMD_TRIALS CMD_STEPS TRIALS MAX_TRIALS SC_TRIALS NODES PORT_OFFSET; do number "$v" "${!v}"; done
+for v in TOTAL_S UP_S VALIDATE_S FLEET_S SCALING_S COMMAND_S CMD_TRIALS CMD_STEPS TRIALS MAX_TRIALS SC_TRIALS NODES PORT_OFFSET COTENANT_SIZE; do number "$v" "${!v}"; done
 [ "$NODES" -ge 1 ] || bad "NODES=0: one kubelet at least (DEVICE=cuda: none without a GPU nvidia-smi lists)"
 if [ "$NODES" -ge 2 ]; then PARTS=${PARTS:-fleet,scaling}; else PARTS=${PARTS:-validate}; fi
 for p in ${PARTS//,/ }; do
@@ -262,7 +266,8 @@ cotenant_start() {  # INDEX: slow that node's GPU from outside Kubernetes; its G
     return
   fi
   local uuid=${GPU_OF[$i]%% *}
-  CUDA_VISIBLE_DEVICES=$uuid "$PY" benchmarks/gpu_cotenant.py --seconds "$(left)" > "$K/cotenant.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=$uuid "$PY" benchmarks/gpu_cotenant.py --seconds "$(left)" --busy "$COTENANT_BUSY" \
+    --size "$COTENANT_SIZE" > "$K/cotenant.log" 2>&1 &
   COTENANT_PID=$!
   local t=$(( $(date +%s) + 90 ))
   until grep -q '^cotenant running' "$K/cotenant.log"; do

@@ -2,12 +2,14 @@
 on one GPU, so that the pods that GPU's node runs share its multiprocessors with it. It only computes: it never
 changes clocks, power limits, compute mode or MIG.
 
-    CUDA_VISIBLE_DEVICES=GPU-<uuid> python benchmarks/gpu_cotenant.py [--size 8192] [--seconds 600]
+    CUDA_VISIBLE_DEVICES=GPU-<uuid> python benchmarks/gpu_cotenant.py [--size 8192] [--seconds 600] [--busy 0.05]
 
 Prints one line `cotenant running gpu=NAME uuid=UUID` once its first products are done (the kit waits for it), then
 `cotenant rate=X TFLOP/s` every few seconds, and `cotenant stopped after S s, N products` when SIGTERM/SIGINT or
 --seconds (a backstop, should whoever started it be killed outright) ends it. --device cpu runs the same loop on the
-CPU (to test the script on a machine without a GPU)."""
+CPU (to test the script on a machine without a GPU). --busy SHARE makes it a light co-tenant: in every --period
+(100 ms) it runs products for SHARE of the period and then sleeps, and its rate lines say the share it was busy
+(time inside products over wall time), measured, not the share asked for."""
 
 from __future__ import annotations
 
@@ -24,9 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=600.0, help="stop by itself after this long")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--every", type=float, default=5.0, help="seconds between rate lines")
+    ap.add_argument("--busy", type=float, default=1.0, help="share of each period spent computing (0 < SHARE <= 1)")
+    ap.add_argument("--period", type=float, default=0.1, help="seconds of one busy-then-idle cycle (with --busy)")
     args = ap.parse_args(argv)
-    if args.size < 1 or args.seconds <= 0 or args.every <= 0:
-        print("cotenant: --size, --seconds and --every must be above 0", file=sys.stderr)
+    if args.size < 1 or args.seconds <= 0 or args.every <= 0 or args.period <= 0:
+        print("cotenant: --size, --seconds, --every and --period must be above 0", file=sys.stderr)
+        return 2
+    if not 0 < args.busy <= 1:
+        print(f"cotenant: --busy {args.busy}: a share of the time, above 0 and at most 1", file=sys.stderr)
         return 2
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -57,16 +64,27 @@ def main(argv: list[str] | None = None) -> int:
         print("cotenant running gpu=cpu uuid=-", flush=True)
     t0 = last = time.monotonic()
     total = since = 0
+    busy_s = 0.0  # time inside products since the last rate line
+    batch = 8 if args.busy >= 1 else 1  # a light co-tenant looks at the clock after every product
     while not done.is_set() and time.monotonic() - t0 < args.seconds:
-        for _ in range(8):  # a batch of products between looks at the clock: the GPU never runs dry
-            torch.matmul(a, b, out=c)
-        sync()
-        total += 8
-        since += 8
+        cycle = time.monotonic()
+        while True:  # busy for its share of the period (the whole of it at --busy 1)
+            for _ in range(batch):  # a batch of products between looks at the clock: the GPU never runs dry
+                torch.matmul(a, b, out=c)
+            sync()
+            total += batch
+            since += batch
+            if args.busy >= 1 or time.monotonic() - cycle >= args.busy * args.period or done.is_set():
+                break
         now = time.monotonic()
+        busy_s += now - cycle
+        if args.busy < 1:
+            done.wait(max(0.0, cycle + args.period - now))
+            now = time.monotonic()
         if now - last >= args.every:
-            print(f"cotenant rate={since * flop / (now - last) / 1e12:.1f} TFLOP/s", flush=True)
-            last, since = now, 0
+            print(f"cotenant rate={since * flop / (now - last) / 1e12:.3g} TFLOP/s busy={busy_s / (now - last):.3f}",
+                  flush=True)
+            last, since, busy_s = now, 0, 0.0
     print(f"cotenant stopped after {time.monotonic() - t0:.1f} s, {total} products", flush=True)
     return 0
 

@@ -44,6 +44,8 @@ def kit(env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
     ({"DEVICE": "cpu", "NODES": "3", "SLOW_NODE": "4"}, "SLOW_NODE=4: a node's index, 1 to 3"),
     ({"DEVICE": "cpu", "TOTAL_S": "9m"}, "TOTAL_S=9m: a whole number"),
     ({"DEVICE": "cpu", "KIT_NAME": "Gpu_Kit"}, "KIT_NAME=Gpu_Kit: lower-case letters and digits"),
+    ({"DEVICE": "cpu", "COTENANT_BUSY": "5%"}, "COTENANT_BUSY=5%: a share above 0, at most 1"),
+    ({"DEVICE": "cpu", "COTENANT_SIZE": "big"}, "COTENANT_SIZE=big: a whole number"),
     ({"DEVICE": "cuda", "NODES": "2", "FAKE_GPUS": "1"}, "FAKE_GPUS=1 applies to DEVICE=cpu (a machine without GPUs)"),
 ])
 def test_bad_input_is_one_line_and_starts_nothing(tmp_path, env, said):
@@ -72,8 +74,8 @@ def test_cotenant_says_what_it_runs_on_reports_its_rate_and_stops_on_sigterm():
         first = p.stdout.readline().strip()
         assert first == "cotenant running gpu=cpu uuid=-", first + p.stderr.read()
         rate = p.stdout.readline().strip()
-        assert rate.startswith("cotenant rate=") and rate.endswith(" TFLOP/s")
-        assert float(rate.split("=")[1].split()[0]) >= 0
+        assert rate.startswith("cotenant rate=") and " TFLOP/s busy=" in rate
+        assert float(rate.split("=")[1].split()[0]) >= 0 and 0.9 <= float(rate.split("busy=")[1]) <= 1.0
         p.send_signal(signal.SIGTERM)
         rest = p.communicate(timeout=30)[0].strip().splitlines()
     finally:
@@ -89,9 +91,22 @@ def test_cotenant_stops_by_itself_after_its_seconds():
     assert 0.5 <= float(out[-1].split()[3]) < 5
 
 
+def test_a_light_cotenant_is_busy_about_its_share_of_the_time_and_says_what_it_measured():
+    """--busy 0.2: in each 100 ms it computes about 20 ms (products of 64 x 64 take microseconds, so the share is
+    held to within a few percent; the machine's load can only stretch a product, so the bound above is looser)."""
+    p = cotenant("--busy", "0.2", "--every", "0.5", "--seconds", "2.2")
+    out = p.communicate(timeout=60)[0].strip().splitlines()
+    shares = [float(line.split("busy=")[1]) for line in out if line.startswith("cotenant rate=")]
+    assert p.returncode == 0 and len(shares) >= 3, out
+    assert all(0.19 <= s <= 0.35 for s in shares), shares
+
+
 def test_cotenant_bad_input_is_one_line():
     r = subprocess.run([sys.executable, str(COTENANT), "--size", "0"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.strip() == "cotenant: --size, --seconds and --every must be above 0"
+    assert r.returncode == 2
+    assert r.stderr.strip() == "cotenant: --size, --seconds, --every and --period must be above 0"
+    r = subprocess.run([sys.executable, str(COTENANT), "--busy", "1.5"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == "cotenant: --busy 1.5: a share of the time, above 0 and at most 1"
 
 
 # -- the tables, from a real store --------------------------------------------------------------------------------------
