@@ -134,7 +134,7 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
                           + (f" ({'; '.join(f'{k}: {v}' for k, v in sorted(run.skipped.items()))})"
                              if run.skipped else ""))
             return
-        for w in c.workloads:
+        for w in c.workloads_for(has_gpus):
             run.fleets.append(_fleet(ctx, run, cluster.namespace, image, free, w))
             save(run)
         bad = [f for f in run.fleets if f.status != "ok"]
