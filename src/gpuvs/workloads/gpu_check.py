@@ -222,7 +222,6 @@ class GpuCheck(Workload):
             same(got, payload, "the device-to-device copy")
 
         yield from figure("d2d_copy", copy, 2 * size / 1e9, "GB/s", copy_check, peak.memory_gbps)
-        del payload
 
         # host <-> device over pinned memory: what arrives is what was sent, both ways
         n = p["transfer_mib"] * MIB
