@@ -195,7 +195,7 @@ w = workloads.get("gpu-check")
 spec = RunSpec(workload="gpu-check", params={"steps": 3, "block_ms": 5.0, "copy_mib": 64}, device="cuda")
 evs = list(w.run(RunContext(spec=spec, params=w.validate(spec.params, "cuda"))))
 maps = open("/proc/self/maps").read()
-libs = sorted({line.split()[-1].rsplit("/", 1)[-1] for line in maps.splitlines() if ".so" in line})
+libs = sorted({line.split()[-1].rsplit("/", 1)[-1] for line in maps.splitlines() if ".so" in line.split()[-1]})
 print(json.dumps({"events": evs, "libs": libs, "modules": sorted(m for m in sys.modules if m.split(".")[0] in
                   ("torch", "cupy", "cuda", "numba", "pycuda"))}))
 """
@@ -213,7 +213,7 @@ def test_on_a_gpu_every_figure_is_measured_and_checked_with_only_the_driver(tmp_
     cc = next(e for e in out["events"] if e["type"] == "config")["items"]["compute_capability"]
     assert got == set(SERIES) - (set() if float(cc) >= 8.0 else {"fp16_mma"}), got
     assert all(e["value"] > 0 for e in samples) and len(samples) == 3 * len(got)
-    assert "libcuda.so.1" in out["libs"] and out["modules"] == [], out
+    assert any(lib.startswith("libcuda.so") for lib in out["libs"]) and out["modules"] == [], out
     bad = [lib for lib in out["libs"] if lib.startswith(("libcudart", "libnvrtc", "libtorch", "libcublas"))]
     assert bad == [], bad
 

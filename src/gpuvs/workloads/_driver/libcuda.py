@@ -205,12 +205,17 @@ class Gpu:
         """A function of no arguments that launches fn as launch() does, its argument array built once (the launch
         latency measured is the driver's, not the building of ctypes arrays)."""
         params = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(a) for a in args])
-        call, stream, name = self.lib.gpuvs_cuLaunchKernel, self.stream, "cuLaunchKernel"
+        # the function without argtypes, called with its arguments made once as ctypes values: ctypes converts
+        # nothing per call (with argtypes, the conversions cost microseconds a launch)
+        raw = self.lib._FuncPtr(("cuLaunchKernel", self.lib))
+        raw.restype = ctypes.c_int
+        one, zero = ctypes.c_uint(1), ctypes.c_uint(0)
+        argv = (fn, ctypes.c_uint(grid), one, one, ctypes.c_uint(block), one, one, zero, self.stream, params, None)
 
         def go() -> None:
-            status = call(fn, grid, 1, 1, block, 1, 1, 0, stream, params, None)
+            status = raw(*argv)
             if status:
-                raise DriverError(name, status, self.error_name(status))
+                raise DriverError("cuLaunchKernel", status, self.error_name(status))
 
         go.keep = (params, args)  # type: ignore[attr-defined]
         return go
