@@ -62,6 +62,12 @@ class WorkloadSpec:
         return self.name + (":" + ",".join(f"{k}={v}" for k, v in self.options) if self.options else "")
 
 
+# What the agent runs where no --workload is given: the driver-only GPU check where the nodes advertise GPUs (it needs
+# nothing but the driver's libcuda.so.1, so it runs in gpuvs's own image), CPU arithmetic where none do
+GPU_DEFAULT = WorkloadSpec("gpu-check", (("device", "cuda"),))
+CPU_DEFAULT = WorkloadSpec("spin")
+
+
 @dataclass
 class AgentConfig:
     store: str = "gpuvs.db"
@@ -69,7 +75,7 @@ class AgentConfig:
     port: int = 8080
     every_s: float = 6 * 3600.0
     first_after_s: float = 300.0
-    workloads: list[WorkloadSpec] = field(default_factory=lambda: [WorkloadSpec("spin")])
+    workloads: list[WorkloadSpec] = field(default_factory=list)  # none: the default by node (workloads_for)
     device: str = "cpu"
     image: str | None = None  # None: the agent's own image (read from its own pod)
     pull_policy: str = "IfNotPresent"
@@ -94,6 +100,15 @@ class AgentConfig:
     min_interval_s: float = 120.0  # a run asked for through the API starts at least this long after the last ended
     http_timeout_s: float = 10.0  # the most one HTTP connection may take, from accept to close
 
+    def workloads_for(self, has_gpus: bool) -> list[WorkloadSpec]:
+        """The --workload list, or where none was given the default: gpu-check on the GPU where the nodes advertise
+        GPUs (--gpu-resource allocatable), spin on the CPU where none do."""
+        return list(self.workloads) or [GPU_DEFAULT if has_gpus else CPU_DEFAULT]
+
+    def describe_workloads(self) -> str:
+        return ", ".join(map(str, self.workloads)) or (f"{GPU_DEFAULT.name} where nodes advertise {self.gpu_resource}, "
+                                                       f"else {CPU_DEFAULT.name}")
+
     def stale_after(self) -> float:
         return self.stale_after_s if self.stale_after_s is not None else 2 * self.every_s
 
@@ -108,8 +123,6 @@ class AgentConfig:
             raise UsageError(f"--min-interval {self.min_interval_s:g} s: at least 10 s")
         if not 1 <= self.http_timeout_s <= 300:
             raise UsageError(f"--http-timeout {self.http_timeout_s:g}: expected 1 to 300 seconds")
-        if not self.workloads:
-            raise UsageError("--workload: at least one")
 
 
 def listen(text: str) -> tuple[str, int]:

@@ -77,6 +77,12 @@ def _last_line(text: str) -> str:
     return lines[-1][:500] if lines else ""
 
 
+def has_gpus(nodes: list[Any], resource: str) -> bool:
+    """Whether any node advertises the GPU resource (allocatable): the fleet then runs on GPU nodes, and the
+    default workload is the GPU check."""
+    return any(n.gpus(resource) > 0 for n in nodes)
+
+
 def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> None:
     """Run `run` to its end: its status, reason and findings are set on it (and saved as they change)."""
     from gpuvs.fleet import kube as fleet_kube
@@ -102,8 +108,8 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
         run.reached = True
         state.nodes_now({n.name for n in found})
         run.gone = sorted(state.gone)
-        has_gpus = any(n.gpus(c.gpu_resource) > 0 for n in found)
-        chosen, excluded = fleet_nodes.select(found, gpu_resource=c.gpu_resource, need_gpus=has_gpus,
+        gpu_nodes = has_gpus(found, c.gpu_resource)
+        chosen, excluded = fleet_nodes.select(found, gpu_resource=c.gpu_resource, need_gpus=gpu_nodes,
                                               tolerations=[])
         run.skipped = {e.node: e.reason for e in excluded}
         image = ctx.image()
@@ -134,7 +140,7 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
                           + (f" ({'; '.join(f'{k}: {v}' for k, v in sorted(run.skipped.items()))})"
                              if run.skipped else ""))
             return
-        for w in c.workloads:
+        for w in c.workloads_for(gpu_nodes):
             run.fleets.append(_fleet(ctx, run, cluster.namespace, image, free, w))
             save(run)
         bad = [f for f in run.fleets if f.status != "ok"]

@@ -273,7 +273,7 @@ class Agent:
         self.schedule.start(time.time())
         self.server.start()
         log(f"listening on {c.host}:{self.server.port}; store {c.store}; every {c.every_s:g} s, first run in "
-            f"{c.first_after_s:g} s; workloads {', '.join(map(str, c.workloads))}")
+            f"{c.first_after_s:g} s; workloads {c.describe_workloads()}")
         if self.token.read() is None:
             log("POST /runs is refused: " + (f"{c.token_file} holds no token (yet)" if c.token_file else
                                              "no --token-file") + "; scheduled runs go on")

@@ -14,7 +14,8 @@ AGENT_OPTIONS = (
     Param("every", str, "6h", "how often a run starts (90s, 15m, 6h, 1d)"),
     Param("first_after", str, "5m", "when the first scheduled run starts after the agent does (0: at once)"),
     Param("workload", str, None, "a workload to run as a fleet, NAME[:KEY=VALUE,...] with fleet options as KEY "
-          "(e.g. spin:steps=10,ops=3000000; may be repeated; default: spin on the CPU)", multiple=True),
+          "(e.g. spin:steps=10,ops=3000000; may be repeated; default: gpu-check on the GPU where the nodes advertise "
+          "GPUs, spin on the CPU where none do)", multiple=True),
     Param("device", str, "cpu", "the workloads' device unless a --workload names its own (cpu, cuda)"),
     Param("validate", bool, True, "run the functional validate suite on a free node in each run "
           "(--validate false: fleets only)"),
@@ -60,7 +61,7 @@ def agent(args: Args) -> int:
     from gpuvs.agent.service import Agent
 
     host, port = listen(args["listen"])
-    specs = [WorkloadSpec.parse(w) for w in args["workload"] or []] or [WorkloadSpec("spin")]
+    specs = [WorkloadSpec.parse(w) for w in args["workload"] or []]  # none: the default by node (workloads_for)
     config = AgentConfig(
         store=args["store"], host=host, port=port, every_s=duration("every", args["every"]),
         first_after_s=duration("first-after", args["first_after"]), workloads=specs, device=args["device"],
