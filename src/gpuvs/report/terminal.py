@@ -45,7 +45,9 @@ class StepLog:
     def __call__(self, result, event: dict[str, Any]) -> None:
         kind = event["type"]
         if kind == "log":
-            self.console.print(safe_text(event["message"], lines=True), style="dim", markup=False, highlight=False)
+            message = event["message"]
+            self.console.print(safe_text(message, lines=True), style="yellow" if message.startswith("warning:") else
+                               "dim", markup=False, highlight=False)
         if self.quiet:
             return
         if kind == "config" and self.show_config:
