@@ -75,7 +75,8 @@ def another_python(folder: Path) -> Path:
 def test_two_pythons_warn_beside_the_verdict_and_strict_refuses_keeping_every_trial(cli, tmp_path, tools):
     (tmp_path / "s.py").write_text(SCRIPT)
     ours = another_python(tmp_path / "bin")
-    arms = ["--arm", "host:env=host", "--arm", f"ctr:env=container,engine=podman,rootfs=/:O,mount={tmp_path}:{tmp_path}"]
+    arms = ["--arm", "host:env=host",
+            "--arm", f"ctr:env=container,engine=podman,rootfs=/:O,mount={tmp_path}:{tmp_path}"]
     r = cli("compare", "command", "--device", "cpu", "--trials", "2", "--metric", RATE, "--strict", *arms, "--",
             "python3", "s.py", PATH=f"{ours.parent}:{DEFAULT_PATH}")
     # no verdict: one line, exit status 1

@@ -92,7 +92,7 @@ class ContainerJob(RawProcess):
         the container's own PATH from its working directory, in its root (a --rootfs folder, or the stopped
         container's files, which podman as root mounts) and its bind mounts. Its --version is not run: a bare
         image runs nothing but the job."""
-        from gpuvs.workloads.command import program
+        from gpuvs.probes import program
 
         eng = self.environment.engine()
         s = self.environment.settings

@@ -13,7 +13,7 @@ What a RawJob gives, all seen from outside the job:
     facts()      what could be read about where it ran without running anything in it (a fingerprint)
     failure()    the environment's own reason when the job could not run or was stopped from outside
     events()     protocol events the environment reports itself (a pod's start-up breakdown)
-    program()    what the command ran, read from outside once it ended (workloads/command/program.py), or None
+    program()    what the command ran, read from outside once it ended (probes/program.py), or None
                  where its files cannot be read from here
     kill() / close()   stop it / clean up after it: nothing it started is left"""
 
@@ -232,7 +232,7 @@ class HostJob(RawProcess):
         return [events.config(containment=self.proc.containment)]
 
     def program(self, argv: list[str]) -> dict[str, Any] | None:
-        from gpuvs.workloads.command import program
+        from gpuvs.probes import program
 
         return program.describe(argv, self.workdir, self.env)
 

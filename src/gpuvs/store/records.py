@@ -160,7 +160,7 @@ class FileFacts:
 
 @dataclass(frozen=True)
 class ProgramRecord:
-    """What a command trial ran (workloads/command/program.py, the configuration item `program`): argv[0] as
+    """What a command trial ran (probes/program.py, the configuration item `program`): argv[0] as
     given, the executable it resolved to there, its --version's first line, an interpreter's script, the working
     directory it started in; `unresolved` says why the executable is not known. Trials of earlier versions (and of
     other workloads) have none: TrialRecord.program is None."""

@@ -21,8 +21,8 @@ chunks, then back-pressure on the job's pipe); a pipe that something the job lef
 Each stream's text is kept for the store, capped at OUTPUT_CAP bytes (its first HEAD and last TAIL bytes, and how
 much was cut between them) and shown by `gpuvs results show ID --log`.
 
-Standard library only (with gpuvs.workloads.command.outputs and .program, gpuvs.events and gpuvs.contain): it runs
-inside the user's image."""
+Standard library only (with gpuvs.workloads.command.outputs, gpuvs.probes.program, gpuvs.events and gpuvs.contain):
+it runs inside the user's image."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from gpuvs import contain, events
-from gpuvs.workloads.command import outputs, program
+from gpuvs.workloads.command import outputs
+from gpuvs.probes import program
 from gpuvs.errors import WorkloadError
 from gpuvs.workloads.command.outputs import Metric, Reading, budget
 from gpuvs.safetext import safe_text

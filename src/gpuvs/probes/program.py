@@ -1,7 +1,8 @@
-"""What a command job actually ran, read where it ran: by the job's wrapper inside the environment (wrapped: the
-worker, on the host, in a container or a pod), or by gpuvs beside a bare job on the host. Recorded per trial as the
-configuration item `program` (store/records.py reads it as a ProgramRecord), so that a comparison can tell when two
-arms that ran "the same command" ran two different programs (analysis/programs.py).
+"""What a command job actually ran (the `command` workload's probe), read where it ran: by the job's wrapper inside
+the environment (wrapped: the worker, on the host, in a container or a pod), by gpuvs beside a bare job on the host,
+or from outside a stopped bare container (its --rootfs folder or its mounted files, and its bind mounts). Recorded
+per trial as the configuration item `program` (store/records.py reads it as a ProgramRecord), so that a comparison
+can tell when two arms that ran "the same command" ran two different programs (analysis/programs.py).
 
 - the executable: argv[0] resolved as exec resolves it there (a name with a `/` from the working directory, else
   the first executable file of that name on the job's own PATH), its size and content hash (sha256), and the file a
