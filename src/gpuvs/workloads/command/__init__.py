@@ -145,7 +145,7 @@ class Command(Workload):
         settings = self.settings(spec.params)
         stream = bare.start(spec, environment, settings) if settings.bare else environment.launch(spec)
         note = environment.workdir_note(settings.workdir)
-        if note:  # said in the run's output, and kept with the trial
+        if note:  # said in the run's output (the trial records its working directory: its `program` item)
             stream.put(events.encode(events.log(note)) + "\n")
         return stream
 
