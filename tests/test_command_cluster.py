@@ -108,10 +108,15 @@ def test_a_wrapped_command_in_a_pod_streams_its_figures(cli, tmp_path, kube):
     assert r.returncode == 0, r.stderr
     import sqlite3
 
-    row = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT summary, fingerprint FROM trials").fetchone()
-    summary, fp = json.loads(row[0]), json.loads(row[1])
+    row = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT summary, fingerprint, config FROM trials").fetchone()
+    summary, fp, config = json.loads(row[0]), json.loads(row[1]), json.loads(row[2])
     assert summary["loss"]["n"] == 3 and abs(summary["loss"]["value"] - (1 + 1 / 2 + 1 / 3) / 3) < 1e-9
     assert fp["in_pod"] and fp["node_name"] in cluster.nodes and fp["taken_by"] != ""  # taken inside, by the worker
+    # what it ran, resolved in the pod on the image's PATH (docs/command.md, "What ran")
+    ran = config["program"]
+    assert ran["argv0"] == "python3" and os.path.basename(ran["executable"]["path"]) == "python3", ran
+    assert len(ran["executable"]["sha256"]) == 64 and ran["executable"]["size"] > 0
+    assert ran["version"] == f"Python {fp['python']}" and ran["workdir"].startswith("/")
 
 
 def test_an_executable_missing_in_a_pods_image_is_the_trials_reason(cli, tmp_path, kube):

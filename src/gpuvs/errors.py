@@ -21,6 +21,12 @@ class RunFailed(GpuvsError):
     exit_code = 1
 
 
+class NoVerdict(GpuvsError):
+    """Everything measured is stored, but no verdict is given (compare --strict: arms ran different programs)."""
+
+    exit_code = 1
+
+
 class Stopped(KeyboardInterrupt):
     """gpuvs was told to stop from outside (SIGTERM from Kubernetes, Slurm or `timeout`; SIGHUP when its
     terminal went away). A KeyboardInterrupt, so that every clean-up path of Ctrl-C runs for it too."""

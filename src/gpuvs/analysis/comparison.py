@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from gpuvs import environments
-from gpuvs.analysis import family
+from gpuvs.analysis import family, programs
 from gpuvs.probes import fingerprint
 from gpuvs.analysis import stats
 from gpuvs.analysis import timeshare
@@ -169,6 +169,7 @@ class Analysis:
     failures: list[Failure]
     trials: list[TrialFigure]
     time: TimeShares | None = None  # where the wall time went (timeshare.py); None where it is not known
+    programs: programs.ProgramCheck | None = None  # what a command's arms ran (programs.py); None: not recorded
 
     @property
     def headline(self) -> Metric | None:
@@ -197,6 +198,9 @@ class Analysis:
                 out[f.name] = [asdict(x) for x in value]
             elif f.name == "time":
                 out["time"] = None if value is None else asdict(value)
+            elif f.name == "programs":  # only where the arms recorded what they ran (a command's, this version on)
+                if value is not None:
+                    out["programs"] = value.to_dict()
             else:
                 out[f.name] = json_value(value)
         return out
@@ -286,11 +290,13 @@ def analyse(exp: ExperimentRecord, records: list[TrialRecord]) -> Analysis:
                                   [(s.step, s.value) for s in r.samples or []
                                    if head and s.series == head.name and s.value is not None],
                                   list(r.telemetry or [])))
+    ran = programs.check([a.name for a in arms], records, varied_keys(arms))
     return Analysis(id=exp.id, name=exp.name, kind=exp.kind, workload=workload, created=exp.created or 0.0,
                     meta=meta, margin=margin, confidence=confidence, metrics=metrics, arms=arms, verdicts=verdicts,
                     speedup=_speedup(arms, head, confidence), scaling=_scaling(arms, head, confidence),
-                    flags=_flags(arms, records), failures=failures, trials=trials,
-                    time=timeshare.from_records(attempts, timeshare.wall_of(exp, attempts), meta.timing))
+                    flags=(ran.lines() if ran else []) + _flags(arms, records), failures=failures, trials=trials,
+                    time=timeshare.from_records(attempts, timeshare.wall_of(exp, attempts), meta.timing),
+                    programs=ran)
 
 
 def _declarations(workload: str, params: dict[str, Any] | None = None):

@@ -242,6 +242,11 @@ class Environment:
         process, without gpuvs's worker; a RawJob (environments/rawjob.py). Kinds that cannot, refuse."""
         raise UsageError(f"--bare: {self.noun or self.kind} cannot run a command bare")
 
+    def workdir_note(self, workdir: str | None) -> str | None:
+        """A warning where a command without --workdir starts elsewhere than in gpuvs's working directory (where a
+        host arm starts it) and relative paths differ; None where it starts there (or was given one)."""
+        return None
+
     def missing_executable(self, spec: RunSpec, name: str, workdir: str | None) -> str | None:
         """Why the command's executable cannot be found where the worker runs, in one line; None where it is
         found, or where that cannot be told before the trial (inside an image)."""

@@ -286,6 +286,40 @@ class ContainerEnvironment(Environment):
             return sys.executable  # an overlay of this host: the interpreter gpuvs runs under is there
         return "python3"
 
+    def here_inside(self) -> str | None:
+        """gpuvs's working directory as the container sees it, where it sees it: through a --mount of it or of a
+        folder above it (DST and the rest of the path), or at the same path in a --rootfs folder with no mount point
+        between them (an overlay of a folder holds that filesystem only). None where the container cannot see it
+        (an image without such a mount)."""
+        s = self.settings
+        cwd = os.getcwd()
+        for m in s.mounts:
+            src, dst = (os.path.realpath(p) if i == 0 else p for i, p in enumerate(m.split(":")[:2]))
+            if cwd == src or cwd.startswith(src.rstrip("/") + "/"):
+                return (dst.rstrip("/") + cwd[len(src.rstrip("/")):]) or "/"
+        top = s.rootfs_dir
+        if top:
+            top = os.path.realpath(top)
+            here = os.path.join(top, cwd.lstrip("/")).rstrip("/") or "/"
+            if os.path.isdir(here) and os.path.realpath(here) == here:
+                path = here
+                while path != top and path != "/":
+                    if os.path.ismount(path):
+                        return None
+                    path = os.path.dirname(path)
+                return cwd
+        return None
+
+    def workdir_note(self, workdir: str | None) -> str | None:
+        """Where a command without --workdir cannot start in the folder a host arm starts in: a warning saying so
+        and how to fix it."""
+        if workdir or self.here_inside() is not None:
+            return None
+        cwd = os.getcwd()
+        return (f"warning: the container ({self.settings.where()}) cannot see this folder ({cwd}): the command starts "
+                f"in the image's working directory, while on the host it starts here, so relative paths differ; "
+                f"give --workdir DIR (workdir= in an arm), with --mount {cwd}:DIR to bring this folder in")
+
     def container_name(self, spec: RunSpec) -> str:
         return f"gpuvs-{spec.run_id}"
 
@@ -321,6 +355,7 @@ class ContainerEnvironment(Environment):
             args += ["--ulimit", f"{name}={value}"]
         if bare is None:
             args += ["-v", f"{Path(gpuvs.__file__).resolve().parent}:{PKG_INSIDE}/gpuvs:ro"]
+        workdir = workdir or self.here_inside()  # where a host arm starts, where the container can see it
         if workdir:
             args += ["-w", workdir]
         for m in s.mounts:

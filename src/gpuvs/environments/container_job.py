@@ -87,6 +87,42 @@ class ContainerJob(RawProcess):
             fp["cgroup_cpu_limit"] = s.cpus
         return fp
 
+    def program(self, argv: list[str]) -> dict[str, Any] | None:
+        """What the command ran, read from outside once the container has ended (before it is removed): argv[0] on
+        the container's own PATH from its working directory, in its root (a --rootfs folder, or the stopped
+        container's files, which podman as root mounts) and its bind mounts. Its --version is not run: a bare
+        image runs nothing but the job."""
+        from gpuvs.probes import program
+
+        eng = self.environment.engine()
+        s = self.environment.settings
+        try:
+            r = eng.call("inspect", "--type", "container", "--format", "{{json .Config}}", self.name, timeout=30)
+            config = json.loads(r.stdout or "{}") if r.returncode == 0 else {}
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            config = {}
+        env = dict(str(i).partition("=")[::2] for i in config.get("Env") or [])
+        cwd = config.get("WorkingDir") or "/"
+        mounts = [(m.split(":")[1], m.split(":")[0]) for m in s.mounts]
+        if s.rootfs_dir:
+            return program.describe(argv, cwd, env, with_version=False, root=program.Root(s.rootfs_dir, mounts))
+        if eng.name != "podman" or eng.rootless:
+            return {"argv0": argv[0], "workdir": cwd, "unresolved": f"{eng.name} as this user cannot show a stopped "
+                    "container's files to gpuvs: what it ran is not known"}
+        try:
+            r = eng.call("mount", self.name, timeout=60)
+            top = r.stdout.strip() if r.returncode == 0 else ""
+            if not top:
+                return {"argv0": argv[0], "workdir": cwd, "unresolved": "podman could not mount the stopped container"}
+            return program.describe(argv, cwd, env, with_version=False, root=program.Root(top, mounts))
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        finally:
+            try:
+                eng.call("unmount", self.name, timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+
     def failure(self, code: int | None) -> tuple[str, str] | None:
         if code in (None, 0):
             return None

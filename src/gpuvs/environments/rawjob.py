@@ -13,6 +13,8 @@ What a RawJob gives, all seen from outside the job:
     facts()      what could be read about where it ran without running anything in it (a fingerprint)
     failure()    the environment's own reason when the job could not run or was stopped from outside
     events()     protocol events the environment reports itself (a pod's start-up breakdown)
+    program()    what the command ran, read from outside once it ended (probes/program.py), or None
+                 where its files cannot be read from here
     kill() / close()   stop it / clean up after it: nothing it started is left"""
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ class RawJob:
 
     def events(self) -> list[dict[str, Any]]:
         return []
+
+    def program(self, argv: list[str]) -> dict[str, Any] | None:
+        return None
 
     def kill(self) -> None:
         raise NotImplementedError
@@ -195,8 +200,10 @@ class HostJob(RawProcess):
     def __init__(self, argv: list[str], workdir: str | None, extra_env: dict[str, str]):
         from gpuvs.errors import EnvironmentUnavailable
 
+        self.workdir = os.path.abspath(workdir or os.getcwd())
+        self.env = job_env(extra_env)
         try:
-            super().__init__(argv, env=job_env(extra_env), cwd=workdir)
+            super().__init__(argv, env=self.env, cwd=workdir)
         except FileNotFoundError:
             raise EnvironmentUnavailable(f"the command's executable {argv[0]!r} is not here (or its working "
                                          f"directory {workdir} is missing)") from None
@@ -223,6 +230,11 @@ class HostJob(RawProcess):
         from gpuvs import events
 
         return [events.config(containment=self.proc.containment)]
+
+    def program(self, argv: list[str]) -> dict[str, Any] | None:
+        from gpuvs.probes import program
+
+        return program.describe(argv, self.workdir, self.env)
 
     def wall_s(self) -> float | None:
         """The keeper's clock, from its fork of the job to reaping it (gpuvs's, where the keeper never said)."""

@@ -1,2 +1,2 @@
-"""What a machine is: its fingerprint, software versions, NVML telemetry, datasheet peaks, precision checks,
-failure classes and the environment checkup."""
+"""What a machine is: its fingerprint, software versions, what a command ran, NVML telemetry, datasheet peaks,
+precision checks, failure classes and the environment checkup."""

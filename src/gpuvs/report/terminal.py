@@ -45,7 +45,9 @@ class StepLog:
     def __call__(self, result, event: dict[str, Any]) -> None:
         kind = event["type"]
         if kind == "log":
-            self.console.print(safe_text(event["message"], lines=True), style="dim", markup=False, highlight=False)
+            message = event["message"]
+            self.console.print(safe_text(message, lines=True), style="yellow" if message.startswith("warning:") else
+                               "dim", markup=False, highlight=False)
         if self.quiet:
             return
         if kind == "config" and self.show_config:
@@ -282,6 +284,9 @@ def comparison(console: Console, analysis, keys: tuple[str, ...] | None = None) 
     answer = tables.headline_sentence(analysis)
     if answer:
         console.print(safe_text(answer), style="bold", highlight=False, markup=False, emoji=False)
+    beside = analysis.programs.said() if analysis.programs else []
+    for level, text in beside:  # what the arms ran, beside the verdict (analysis/programs.py)
+        console.print(f"{level}: {safe_text(text)}", style="yellow", highlight=False, markup=False, emoji=False)
     if keys is None:
         for label, value in tables.header_lines(analysis):
             console.print(safe_text(f"{label + ':':<18}{value}"), highlight=False, markup=False, emoji=False)
@@ -289,7 +294,8 @@ def comparison(console: Console, analysis, keys: tuple[str, ...] | None = None) 
         if keys is None or t.key in keys:
             console.print(rich_table(t))
     for flag in analysis.flags:
-        console.print(f"warning: {safe_text(flag)}", style="yellow", highlight=False, markup=False)
+        if flag not in {text for _, text in beside}:
+            console.print(f"warning: {safe_text(flag)}", style="yellow", highlight=False, markup=False)
 
 
 def heading(console: Console, text: str) -> None:

@@ -138,6 +138,77 @@ class MetricValue:
         return cls(data.get("value"), data.get("unit", ""))
 
 
+@dataclass(frozen=True)
+class FileFacts:
+    """A file a command ran (its executable, an interpreter's script), as read where it ran: its path there, where
+    a link led (`real`), its size and sha256; `unread` says why the content could not be read."""
+
+    path: str
+    real: str | None = None
+    size: int | None = None
+    sha256: str | None = None
+    unread: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> FileFacts | None:
+        return cls(**_known(cls, data)) if isinstance(data, Mapping) and data.get("path") else None
+
+    def short(self) -> str:
+        """Its path and the start of its hash: `/usr/bin/python3 (sha256 a83c0370d915)`."""
+        return self.path + (f" (sha256 {self.sha256[:12]})" if self.sha256 else "")
+
+
+@dataclass(frozen=True)
+class ProgramRecord:
+    """What a command trial ran (probes/program.py, the configuration item `program`): argv[0] as
+    given, the executable it resolved to there, its --version's first line, an interpreter's script, the working
+    directory it started in; `unresolved` says why the executable is not known. Trials of earlier versions (and of
+    other workloads) have none: TrialRecord.program is None."""
+
+    argv0: str
+    workdir: str | None = None
+    executable: FileFacts | None = None
+    version: str | None = None
+    script: FileFacts | None = None
+    unresolved: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> ProgramRecord | None:
+        if not isinstance(data, Mapping) or "argv0" not in data:
+            return None
+        known = _known(cls, data)
+        known["executable"] = FileFacts.from_dict(data.get("executable"))
+        known["script"] = FileFacts.from_dict(data.get("script"))
+        return cls(**known)
+
+    @property
+    def known(self) -> bool:
+        return self.executable is not None
+
+    def same_as(self, other: ProgramRecord) -> bool:
+        """The same program: the same executable (its content; its path where the content was not read), the same
+        version where both said one (a pyenv shim is one script for every version), the same script."""
+        a, b = self.executable, other.executable
+        if a is None or b is None:
+            return a is b
+        if (a.sha256 or a.real or a.path) != (b.sha256 or b.real or b.path):
+            return False
+        if self.version and other.version and self.version != other.version:
+            return False
+        scripts = [(s.sha256 or s.path) if s else None for s in (self.script, other.script)]
+        return scripts[0] == scripts[1]
+
+    def describe(self, with_script: bool = True) -> str:
+        """`/usr/bin/python3 → /usr/bin/python3.11 (Python 3.11.2, sha256 a83c0370d915), script /code/train.py
+        (sha256 9feb65406a11)`."""
+        exe = self.executable
+        if exe is None:
+            return f"{self.argv0} (not known: {self.unresolved or 'not recorded'})"
+        said = ", ".join(x for x in (self.version, f"sha256 {exe.sha256[:12]}" if exe.sha256 else None) if x)
+        text = exe.path + (f" → {exe.real}" if exe.real else "") + (f" ({said})" if said else "")
+        return text + (f", script {self.script.short()}" if self.script and with_script else "")
+
+
 @dataclass
 class SampleRecord:
     """One step's figure of one series (the worker's sample event; trial_id once stored)."""
@@ -258,6 +329,11 @@ class TrialRecord:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def program(self) -> ProgramRecord | None:
+        """What a command trial ran (its configuration item `program`); None for other trials and earlier stores."""
+        return ProgramRecord.from_dict(self.config.get("program"))
 
     def primary(self) -> SeriesSummary | None:
         """The first series' summary (the headline figure)."""

@@ -5,7 +5,8 @@
     gpuvs compare --file experiments/X.yaml [--trials N] [--store PATH] [--quiet] [other options]
     gpuvs compare --stored BEFORE[:ARM] AFTER[:ARM] [--margin 0.02] [--confidence 0.95] [--store PATH]
 
-Exit status: 0 when every trial ran (whatever the verdict), 1 when a trial failed, 2 on bad input."""
+Exit status: 0 when every trial ran (whatever the verdict), 1 when a trial failed or --strict gave no verdict (arms
+ran different programs unasked), 2 on bad input."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from gpuvs.analysis import comparison
 from gpuvs.trial import plan as experiment
 from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Form, Group, Positional
-from gpuvs.errors import UsageError
+from gpuvs.errors import NoVerdict, UsageError
 from gpuvs.trial.plan import STUDY_PARAMS, Study
 from gpuvs.params import Param
 from gpuvs.report import terminal
@@ -32,6 +33,9 @@ COMPARE_OPTIONS = (
     Param("file", str, None, "an experiment file (YAML) that names the workload and the arms"),
     Param("stored", str, None, "two stored experiments, before and after: --stored A[:ARM] B[:ARM] (no trials run)",
           multiple=True),
+    Param("strict", bool, False, "no verdict where arms that did not ask to differ in the program ran different "
+          "programs (another executable or version, another script): one line, exit status 1; the trials stay "
+          "stored"),
 ) + tuple(p for p in STUDY_PARAMS if p.name in ("margin", "confidence", "until_confident", "max_trials"))
 
 # RUN_OPTIONS that an experiment file also knows (under its own key name).
@@ -126,7 +130,15 @@ def compare_stored(args: Args, console: Console) -> None:
         raise UsageError(f"--stored needs two experiments, before and after (EXPERIMENT[:ARM]), got {len(refs)}")
     with common.open_store(args["store"]) as st:
         analysis = comparison.from_stored(st, refs[0], refs[1], args["margin"], args["confidence"])
+    refuse_if_strict(args, analysis)
     terminal.comparison(console, analysis, keys=("verdicts", "arms", "per_trial", "failures", "fingerprints"))
+
+
+def refuse_if_strict(args: Args, analysis: comparison.Analysis, stored: str = "") -> None:
+    """--strict: no verdict where arms that did not ask to differ in the program ran different programs."""
+    ran = analysis.programs
+    if args["strict"] and ran is not None and ran.unasked:
+        raise NoVerdict(ran.refusal() + stored)
 
 
 def run(args: Args) -> None:
@@ -149,14 +161,16 @@ def run(args: Args) -> None:
 
     hooks.on_look, hooks.on_ran = look_hook(console), on_ran
     analysis = run_comparison(study, run["store"], hooks, timeout_s=run["timeout"])
+    refuse_if_strict(args, analysis, f"; every trial is stored as experiment {analysis.id} (gpuvs results show "
+                                     f"{analysis.id})")
     terminal.comparison(console, analysis, keys=SUMMARY_TABLES)
     console.print(f"experiment {analysis.id} (gpuvs report {analysis.id} --format html -o report.html)",
                   highlight=False)
     common.finish(ran[0].results)
 
 
-STORED = Form("stored", "--stored BEFORE[:ARM] AFTER[:ARM] [--margin M] [--confidence C] [--store PATH]",
-              options=("stored", "store", "margin", "confidence"), runs={"stored": 2})
+STORED = Form("stored", "--stored BEFORE[:ARM] AFTER[:ARM] [--margin M] [--confidence C] [--strict] [--store PATH]",
+              options=("stored", "store", "margin", "confidence", "strict"), runs={"stored": 2})
 FILE = Form("file", "--file experiments/X.yaml [options that replace the file's]", workload=file_workload)
 
 COMMAND = Command(

@@ -139,12 +139,15 @@ class Command(Workload):
             raise UsageError(why)
 
     def launch(self, spec: RunSpec, environment: Any) -> Any:
-        settings = self.settings(spec.params)
-        if not settings.bare:
-            return environment.launch(spec)
+        from gpuvs import events
         from gpuvs.workloads.command import bare
 
-        return bare.start(spec, environment, settings)
+        settings = self.settings(spec.params)
+        stream = bare.start(spec, environment, settings) if settings.bare else environment.launch(spec)
+        note = environment.workdir_note(settings.workdir)
+        if note:  # said in the run's output (the trial records its working directory: its `program` item)
+            stream.put(events.encode(events.log(note)) + "\n")
+        return stream
 
     def run(self, ctx: RunContext) -> Iterator[dict[str, Any]]:
         import time

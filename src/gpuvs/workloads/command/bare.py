@@ -54,6 +54,9 @@ class BareStream(WorkerStream):
                     self._emit(event)
             code = raw.wait(timeout=60)
             self._emit({"type": "fingerprint", "data": raw.facts()})  # once it ran: a pod's node is known then
+            ran = raw.program(session.settings.argv)  # what it ran, read where it can be from outside
+            if ran is not None:
+                self._emit(events.config(program=ran))
             timing = raw.timings()
             for name, seconds in timing.get("startup", {}).items():
                 self._emit(events.startup(name, seconds))

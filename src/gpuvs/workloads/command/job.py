@@ -21,7 +21,8 @@ chunks, then back-pressure on the job's pipe); a pipe that something the job lef
 Each stream's text is kept for the store, capped at OUTPUT_CAP bytes (its first HEAD and last TAIL bytes, and how
 much was cut between them) and shown by `gpuvs results show ID --log`.
 
-Standard library only (with gpuvs.workloads.command.outputs, gpuvs.events and gpuvs.contain): it runs inside the user's image."""
+Standard library only (with gpuvs.workloads.command.outputs, gpuvs.probes.program, gpuvs.events and gpuvs.contain):
+it runs inside the user's image."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from typing import Any, Iterator
 
 from gpuvs import contain, events
 from gpuvs.workloads.command import outputs
+from gpuvs.probes import program
 from gpuvs.errors import WorkloadError
 from gpuvs.workloads.command.outputs import Metric, Reading, budget
 from gpuvs.safetext import safe_text
@@ -415,9 +417,10 @@ def run(session: Session) -> Iterator[dict[str, Any]]:
     exit with nothing more arriving, the trial fails saying so (a partial read is never a result)."""
     settings = session.settings
     yield session.config("wrapped: gpuvs's worker runs the command as its child")
+    env = job_environment()
     try:
         proc = contain.popen(settings.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=settings.workdir,
-                             env=job_environment())
+                             env=env)
     except FileNotFoundError:
         where = "the working directory" if settings.workdir and not os.path.isdir(settings.workdir) else "PATH"
         what = (f"the working directory {settings.workdir} does not exist here" if where != "PATH" else
@@ -450,6 +453,8 @@ def run(session: Session) -> Iterator[dict[str, Any]]:
     pipes.close()
     wall_s = proc.wall_s if proc.wall_s is not None else wall_s  # the keeper's clock: the fork to reaping the job
     code = proc.returncode if proc.returncode is not None else code
+    # what it ran, read here where it ran, once it has ended (its --version never inside the measurement)
+    yield events.config(program=program.describe(settings.argv, os.path.abspath(settings.workdir or os.getcwd()), env))
     done, failure = session.ended(code, wall_s, signal_name(code) if code < 0 else None,
                                   unread=unread_text(held, wall_s) if held else None)
     yield from done
