@@ -168,3 +168,19 @@ def test_a_bare_containers_program_is_read_from_outside_and_a_folder_it_cannot_s
     assert host["version"].startswith("sysbench ")
     assert data["programs"]["differ"] == [] and ctr["workdir"] == "/"
     assert "warning: arms started in different working directories: host in " in out and "ctr in /;" in out
+
+
+def test_a_users_own_program_is_never_run_again_for_its_version(tmp_path):
+    """`EXE --version` is asked only of interpreters and known tools: a user's script given --version might simply
+    run again, with its side effects. Its hash tells it apart; python3's version is still read."""
+    from gpuvs.probes import program
+
+    marker = tmp_path / "ran"
+    job = tmp_path / "train.sh"
+    job.write_text(f"#!/bin/sh\necho ran >> {marker}\necho 'train 1.0'\n")
+    job.chmod(0o755)
+    got = program.describe([str(job)], str(tmp_path), dict(os.environ))
+    assert "version" not in got and not marker.exists(), got
+    assert got["executable"]["sha256"] == hashlib.sha256(job.read_bytes()).hexdigest()
+    got = program.describe([sys.executable, str(job)], str(tmp_path), dict(os.environ))
+    assert got["version"].startswith("Python 3.") and got["script"]["path"] == str(job) and not marker.exists()

@@ -7,7 +7,9 @@ can tell when two arms that ran "the same command" ran two different programs (a
 - the executable: argv[0] resolved as exec resolves it there (a name with a `/` from the working directory, else
   the first executable file of that name on the job's own PATH), its size and content hash (sha256), and the file a
   link points to;
-- its version where it says one: `EXE --version`, run after the job has ended (never inside the measurement),
+- its version where it says one: `EXE --version`, run after the job has ended (never inside the measurement), and
+  only for programs known to answer it without doing anything else (interpreters and the tools in KNOWN_TOOLS: a
+  user's own program given `--version` may just run again, with its side effects; its hash tells it apart),
   under a keeper that ends whatever it starts (contain.py), within VERSION_TIMEOUT_S; its first line, control
   characters escaped; nothing (None) where it printed nothing, failed or ran past its time. It never fails the
   trial;
@@ -32,6 +34,16 @@ VERSION_TIMEOUT_S = 3.0  # `EXE --version` gets this long (then it and what it s
 VERSION_BYTES = 4096  # of its output read, at most
 INTERPRETERS = re.compile(r"^(python|pypy|bash|sh|dash|zsh|ksh|fish|node|nodejs|deno|bun|perl|ruby|php|rscript|"
                           r"julia|lua|luajit|tclsh|wish)[0-9.]*$", re.I)
+# programs that print their version for --version and do nothing else (the parsers' own tools among them)
+KNOWN_TOOLS = re.compile(r"^(java|gcc|g\+\+|clang|clang\+\+|nvcc|nvidia-smi|sysbench|stress-ng|hyperfine|fio|iperf3|"
+                         r"ffmpeg|make|cmake|go|rustc|cargo|dotnet|torchrun|accelerate|deepspeed|mpirun|"
+                         r"all_reduce_perf|all_gather_perf|git|curl|wget|tar|gzip|xz|zstd|openssl)$", re.I)
+
+
+def says_version(exe: str) -> bool:
+    """Whether `EXE --version` is known to print a version and do nothing else."""
+    name = os.path.basename(exe)
+    return bool(INTERPRETERS.match(name) or KNOWN_TOOLS.match(name))
 
 
 class Root:
@@ -196,7 +208,7 @@ def _describe(argv: list[str], cwd: str, env: dict[str, str] | None, with_versio
         out["unresolved"] = f"{argv[0] if argv else ''!r} is not an executable file there (PATH={path or ''})"
         return out
     out["executable"] = file_facts(exe, root)
-    if with_version:
+    if with_version and says_version(exe):
         out["version"] = version(exe, env, cwd)
     script = script_of([argv[0], *argv[1:]], cwd, root)
     if script is not None:
