@@ -87,6 +87,16 @@ def test_cpu_defaults_apply_only_on_cpu_and_never_over_a_given_value():
     assert w.validate({"batch_size": 3}, "cpu")["batch_size"] == 3
 
 
+def test_an_unknown_name_is_answered_with_the_nearest_known_one():
+    from gpuvs.params import did_you_mean
+
+    assert did_you_mean("stepz", ["steps", "seed"]) == " (did you mean 'steps'?)"
+    assert did_you_mean("seed", ["stored", "order_seed"]) == ""  # not close enough to guess
+    with pytest.raises(UsageError, match=r"^cnn-train has no parameter 'batchsize' \(did you mean 'batch_size'\?\); "
+                                         "it takes: --model"):
+        workloads.get("cnn-train").param("batchsize")
+
+
 def test_unknown_workload_lists_known_ones():
     with pytest.raises(UsageError, match="known workloads: .*cnn-infer.*cnn-train"):
         workloads.get("resnet")

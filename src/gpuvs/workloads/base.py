@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator
 
 from gpuvs.errors import UsageError
-from gpuvs.params import Param
+from gpuvs.params import Param, did_you_mean
 from gpuvs.spec import RunSpec
 
 BETTER = ("higher", "lower", "neither")
@@ -195,7 +195,9 @@ class Workload:
         for p in self.params:
             if p.named(name):
                 return p
-        raise UsageError(f"{self.name} has no parameter {name!r}; it takes: {self.param_list()}")
+        known = [n for p in self.params for n in (p.name, *p.aliases) if len(n) > 1]
+        raise UsageError(f"{self.name} has no parameter {name!r}{did_you_mean(name, known)}; it takes: "
+                         f"{self.param_list()}")
 
     def param_list(self) -> str:
         return ", ".join(p.option for p in self.params) or "(none)"
