@@ -90,11 +90,11 @@ def prepare(args: Args, console: Console) -> Prepared:
     return Prepared(workload, base, args.group("run"))
 
 
-def trial_hooks(console: Console, quiet: bool, progress: bool = False) -> Hooks:
+def trial_hooks(console: Console, quiet: bool, progress: bool = False, up_to: int | None = None) -> Hooks:
     """The command line's hooks of a run of trials: the step log, a rule and a line per trial, and (progress)
-    a progress bar over the trials."""
+    a progress bar over the trials (`up_to`: the trials there may be in all, where more may be added)."""
     log = terminal.StepLog(console, quiet=quiet)
-    bar = terminal.TrialProgress(console) if progress else None
+    bar = terminal.TrialProgress(console, up_to) if progress else None
 
     def on_start(spec: RunSpec, i: int, n: int) -> None:
         log.start_trial()

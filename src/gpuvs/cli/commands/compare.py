@@ -142,7 +142,8 @@ def run(args: Args) -> None:
         study, run = study_from_args(args, console)
     exp = study.experiment
     exp.meta.command = "gpuvs compare " + shlex.join(args.argv)
-    hooks = common.trial_hooks(console, run["quiet"], progress=True)
+    up_to = study.max_trials * len(exp.arms) if study.until_confident and study.max_trials else None
+    hooks = common.trial_hooks(console, run["quiet"], progress=True, up_to=up_to)
     ran: list[Ran] = []
 
     def on_ran(r: Ran) -> None:  # the trials' own tables, before the verdicts
