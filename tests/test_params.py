@@ -85,6 +85,12 @@ def test_cpu_defaults_apply_only_on_cpu_and_never_over_a_given_value():
     assert w.validate({}, "cuda")["batch_size"] == 64
     assert w.validate({}, "cpu")["batch_size"] == 8
     assert w.validate({"batch_size": 3}, "cpu")["batch_size"] == 3
+    # the quick start's first command on a CPU: 96x96 images (224x224 took over two minutes on a busy 2-core
+    # machine), large enough for every model's smallest (inception3's 75); a GPU keeps the model's own
+    assert w.validate({}, "cpu")["image_size"] == 96 and w.validate({}, "cuda")["image_size"] == 224
+    assert w.validate({"model": "inception3"}, "cpu")["image_size"] == 96
+    assert w.validate({"model": "inception3"}, "cuda")["image_size"] == 299
+    assert w.validate({"image_size": 128}, "cpu")["image_size"] == 128
 
 
 def test_an_unknown_name_is_answered_with_the_nearest_known_one():

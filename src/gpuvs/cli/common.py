@@ -75,9 +75,10 @@ def cpu_note(workload: workloads.Workload, given: Mapping[str, Any], device: str
     """Say which CPU-sized defaults a run on the CPU took."""
     cpu_filled = {k: v for k, v in workload.cpu_defaults.items() if k not in given}
     if device == "cpu" and cpu_filled:
+        why = f"{workload.cpu_note}; " if workload.cpu_note else ""
         console.print("note: CPU-sized defaults: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
-                                                              cpu_filled.items()) + " (give them to override)",
-                      style="yellow")
+                                                              cpu_filled.items()) + f" ({why}give them to override)",
+                      style="yellow", highlight=False)
 
 
 def prepare(args: Args, console: Console) -> Prepared:

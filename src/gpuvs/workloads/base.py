@@ -157,6 +157,8 @@ class Workload:
     # Defaults that replace the GPU-sized ones when the device is the CPU (so a default run ends
     # in minutes there); a value the user gives always wins.
     cpu_defaults: ClassVar[dict[str, Any]] = {}
+    # What the CPU-sized defaults make of the job, in a few words for the CPU note ('' to say nothing).
+    cpu_note: ClassVar[str] = ""
     # The parameter that holds a command line given after `--` (`gpuvs run command -- ARGV...`), or None.
     argv_param: ClassVar[str | None] = None
     # Parameters an arm may not change: they say which figures a trial gives and how they are declared, and
