@@ -71,6 +71,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_started(cli, tmp_path, args, m
 @pytest.mark.parametrize("args, message", [
     (["nosuch"], "No such command 'nosuch'."),                                     # unknown command
     (["results", "nosuch"], "No such command 'nosuch'."),                          # unknown sub-command
+    (["comapre"], "No such command 'comapre' (did you mean 'compare'?)."),        # a slip of the keys
+    (["results", "shwo"], "No such command 'shwo' (did you mean 'show'?)."),
     (["results", "show"], "Missing argument 'ident'."),                            # missing argument
     (["serve-metrics"], "Missing option '--target'."),                             # missing required option
     (["results", "export", "--format"], "--format needs a value: a string"),       # option without its value
