@@ -18,6 +18,16 @@ from conftest import gpuvs_env, gpuvs_processes
     (["run", "cnn-train", "--batch-size", "0"], "--batch-size: '0' is not allowed; expected an integer from 1"),
     (["run", "cnn-train", "--batch-size", "-4"], "--batch-size: '-4' is not allowed"),
     (["run", "cnn-train", "--colour", "red"], "unknown option --colour for gpuvs run cnn-train; options: "),
+    (["run", "cnn-train", "--batchsize", "3"],
+     "unknown option --batchsize for gpuvs run cnn-train (did you mean '--batch-size'?); options: --device"),
+    # a command's own words and options without the -- before them: one line that says to put them after --
+    (["run", "command", "python3", "x.py", "--foo"],
+     "unknown option --foo for gpuvs run command: put the command after --, e.g. gpuvs run command -- python3 x.py "
+     "--foo"),
+    (["run", "command", "--trials", "2", "echo", "a b"], "unexpected argument 'echo' for gpuvs run command: put the "
+     "command after --, e.g. gpuvs run command --trials 2 -- echo 'a b'"),
+    (["run", "command", "--verbose", "--", "true"], "unknown option --verbose for gpuvs run command; if it is the "
+     "command's own, put the command after --: gpuvs run command [options] -- PROGRAM --verbose ...; options: "),
     (["run", "cnn-train", "--precision", "fp64"], "expected one of fp32, tf32, fp16, bf16"),
     (["run", "cnn-train", "--device", "cuda"], "device cuda asked for, but this machine has no usable NVIDIA GPU"),
     (["run", "cnn-train", "--device", "cuda", "--num-gpus", "4"], "no usable NVIDIA GPU"),
@@ -61,6 +71,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_started(cli, tmp_path, args, m
 @pytest.mark.parametrize("args, message", [
     (["nosuch"], "No such command 'nosuch'."),                                     # unknown command
     (["results", "nosuch"], "No such command 'nosuch'."),                          # unknown sub-command
+    (["comapre"], "No such command 'comapre' (did you mean 'compare'?)."),        # a slip of the keys
+    (["results", "shwo"], "No such command 'shwo' (did you mean 'show'?)."),
     (["results", "show"], "Missing argument 'ident'."),                            # missing argument
     (["serve-metrics"], "Missing option '--target'."),                             # missing required option
     (["results", "export", "--format"], "--format needs a value: a string"),       # option without its value

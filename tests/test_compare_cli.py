@@ -36,6 +36,27 @@ def exp_id(stdout: str) -> str:
     return line.split()[1]
 
 
+def test_an_aa_run_compares_a_setup_with_itself(cli, tmp_path):
+    """--aa alone: two arms, a and b, that run exactly alike, interleaved as any comparison (the standard check
+    of a measuring setup); the same from a file's aa: true, whose arms may then be alike."""
+    r = cli("compare", "selftest", "--device", "cpu", "--steps", "3", "--step-seconds", "0.005", "--aa", "--trials",
+            "2", "--quiet", "--order-seed", "3")
+    assert r.returncode == 0, r.stderr
+    assert "Verdict: each arm against a" in r.stdout
+    db = sqlite3.connect(tmp_path / "gpuvs.db")
+    (name, meta), = db.execute("SELECT name, meta FROM experiments").fetchall()
+    assert name == "selftest: a vs b (A/A)"
+    assert [(a["name"], a["overrides"]) for a in json.loads(meta)["arms"]] == [("a", {}), ("b", {})]
+    rows = db.execute("SELECT arm, status FROM trials ORDER BY id").fetchall()
+    assert sorted(rows) == [("a", "ok"), ("a", "ok"), ("b", "ok"), ("b", "ok")]
+    (tmp_path / "aa.yaml").write_text("workload: selftest\ndevice: cpu\nparams: {steps: 3, step_seconds: 0.005}\n"
+                                      "trials: 2\naa: true\narms: [{name: x}, {name: y}]\n")
+    r = cli("compare", "--file", "aa.yaml", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert "Verdict: each arm against x" in r.stdout
+    assert workers_left(tmp_path) == []
+
+
 def test_compare_selftest_then_report_in_every_format(cli, tmp_path):
     r = cli("compare", *FAST_SLOW, "--trials", "3")
     assert r.returncode == 0, r.stderr
@@ -104,9 +125,22 @@ def test_until_confident_adds_pairs_until_settled_or_the_cap(cli, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["compare", "selftest", "--device", "cpu", "--arm", "a:steps=2"], "needs two or more --arm"),
+    (["compare", "selftest", "--device", "cpu", "--arm", "a:steps=2"], "gpuvs compare needs two or more --arm "
+     "NAME:key=value[,key=value...], got 1; to compare a setup with itself (an A/A run), --aa alone"),
     (["compare", "selftest", "--device", "cpu", "--arm", "a:steps=2", "--arm", "b:steps=2"],
-     "arm 'b' runs exactly as arm 'a'"),
+     "--arm #2: arm 'b' runs exactly as arm 'a' (at --arm #1): arms must differ in something; to compare a setup "
+     "with itself (an A/A run) pass --aa"),
+    (["compare", "selftest", "--device", "cpu", "--aa", "--arm", "a:steps=2", "--arm", "b:steps=3"],
+     "--arm #2: arm 'b' does not run as arm 'a' (at --arm #1): an A/A run compares a setup with itself, its arms "
+     "alike; to compare arms that differ, leave out --aa"),
+    (["compare", "selftest", "--device", "cpu", "--arm", "a:steps=2,steps=3", "--arm", "b:steps=3"],
+     "--arm 'a:steps=2,steps=3': key 'steps' is given twice; give each key once"),
+    (["compare", "selftest", "--device", "cpu", "--arm", "a", "--arm", "b:steps=3", "--trails", "2"],
+     "unknown option --trails for gpuvs compare selftest (did you mean '--trials'?); options: --arm, "),
+    # a command's own options without the -- before them: say where the command goes, with the user's words
+    (["compare", "command", "--device", "cpu", "--arm", "a:timeout=50", "--arm", "b:timeout=60", "python3", "x.py",
+      "--epochs", "1"], "unknown option --epochs for gpuvs compare command: put the command after --, e.g. gpuvs "
+     "compare command --device cpu --arm a:timeout=50 --arm b:timeout=60 -- python3 x.py --epochs 1"),
     (["compare", "selftest", "--device", "cpu", "--arm", "a:stepz=2", "--arm", "b:steps=3"],
      "unknown key 'stepz' (did you mean 'steps'?)"),
     (["compare", "selftest", "--device", "cpu", "--arm", "a:steps=0", "--arm", "b:steps=3"],
@@ -119,7 +153,10 @@ def test_until_confident_adds_pairs_until_settled_or_the_cap(cli, tmp_path):
     (["compare", "--file", "nope.yaml"], "experiment file nope.yaml not found"),
     (["compare", "--file", "bad.yaml"], "bad.yaml:4: unknown key 'colour'"),
     (["compare", "--file", "ok.yaml", "--arm", "c:steps=2"], "--arm cannot be combined with --file"),
-    (["compare", "--file", "ok.yaml", "--stepz", "2"], "unknown option --stepz for gpuvs compare --file"),
+    (["compare", "--file", "ok.yaml", "--stepz", "2"],
+     "unknown option --stepz for gpuvs compare --file (did you mean '--steps'?)"),
+    (["compare", "--file", "ok.yaml", "--aa"], "ok.yaml:3: arm 'b' does not run as arm 'a' (at ok.yaml:3): an A/A "
+     "run compares a setup with itself, its arms alike; to compare arms that differ, leave out aa: true"),
     (["report", "x"], "no store at gpuvs.db"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_started(cli, tmp_path, args, message):

@@ -59,15 +59,27 @@ def test_command_line_values_replace_the_files_and_arms_still_apply(tmp_path):
 
 
 BAD = [
-    ("unknown top-level key", GOOD.replace("trials: 2", "trails: 2"), 5, "unknown key 'trails'"),
+    ("unknown top-level key", GOOD.replace("trials: 2", "trails: 2"), 5, "unknown key 'trails' (did you mean 'trials'?)"),
     ("unknown arm key", GOOD.replace("    step_seconds: 0.002", "    step_secs: 0.002"), 10,
      "arm 'slow': unknown key 'step_secs' (did you mean 'step_seconds'?)"),
     ("bad parameter value", GOOD.replace("{steps: 3}", "{steps: -3}"), 3, "steps: -3 is not allowed"),
-    ("unknown parameter", GOOD.replace("{steps: 3}", "{stepz: 3}"), 3, "selftest has no parameter 'stepz'"),
+    ("unknown parameter", GOOD.replace("{steps: 3}", "{stepz: 3}"), 3,
+     "selftest has no parameter 'stepz' (did you mean 'steps'?)"),
     ("bad arm value", GOOD.replace("step_seconds: 0.001", "step_seconds: fast"), 8,
      "arm 'fast': --step-seconds: 'fast' is not allowed"),
     ("arms that differ in nothing", GOOD.replace("step_seconds: 0.002", "step_seconds: 0.001"), 9,
-     "arm 'slow' runs exactly as arm 'fast'"),
+     "arm 'slow' runs exactly as arm 'fast' (at " + "{path}:8): arms must differ in something; to compare a setup "
+     "with itself (an A/A run) set aa: true (or pass --aa)"),
+    ("an A/A run whose arms differ", GOOD + "aa: true\n", 9,
+     "arm 'slow' does not run as arm 'fast' (at {path}:8): an A/A run compares a setup with itself, its arms alike; "
+     "to compare arms that differ, leave out aa: true"),
+    ("one key twice in an arm, spelt two ways", GOOD.replace("    step_seconds: 0.002", "    step_seconds: 0.002\n"
+     "    step-seconds: 0.003"), 11, "arm 'slow': key 'step_seconds' is given twice (as 'step_seconds' and "
+     "'step-seconds'); give each key once"),
+    ("one top-level key twice, spelt two ways", GOOD.replace("device: cpu", "timeout: 5\ndevice: cpu\ntimeout_s: 6"), 6,
+     "key 'timeout_s' is given twice (as 'timeout' and 'timeout_s'); give each key once"),
+    ("one parameter twice, spelt two ways", GOOD.replace("{steps: 3}", "{steps: 3, step-seconds: 1, step_seconds: 2}"),
+     3, "step_seconds: given twice (as 'step-seconds' and 'step_seconds'); give it once"),
     ("an arm equal to the base", GOOD.replace("{name: fast, step_seconds: 0.001}", "{name: fast, steps: 3}")
      .replace("    step_seconds: 0.002", "    steps: 3"), 9, "arms must differ in something"),
     ("missing workload", GOOD.replace("workload: selftest\n", ""), 1, "missing key 'workload'"),
@@ -75,7 +87,8 @@ BAD = [
     ("repeated arm name", GOOD.replace("name: slow", "name: fast"), 9, "arm name 'fast' is used twice"),
     ("repeated key", GOOD.replace("trials: 2", "trials: 2\ntrials: 3"), 6, "key 'trials' appears twice"),
     ("one arm", GOOD.split("  - name: slow")[0], 8, "needs at least two arms"),
-    ("no arms", GOOD.split("arms:")[0], 1, "missing key 'arms'"),
+    ("no arms", GOOD.split("arms:")[0], 1, "missing key 'arms' (a list of at least two mappings, each with a name); "
+     "or, to compare a setup with itself (an A/A run), aa: true"),
     ("arms not a list", GOOD.split("arms:")[0] + "arms: {a: 1}\n", 7, "arms must be a list"),
     ("arm without a name", GOOD.replace("name: slow", "label: slow"), 9, "this arm has no name"),
     ("arm not a mapping", GOOD.replace("  - {name: fast, step_seconds: 0.001}", "  - fast"), 8,
@@ -119,7 +132,7 @@ def test_bad_files_are_refused_with_file_line_and_what(tmp_path, what, text, lin
         experiment.load(path)
     text = str(info.value)
     assert text.startswith(f"{path}:{line}:"), text
-    assert message in text and "\n" not in text
+    assert message.replace("{path}", str(path)) in text and "\n" not in text, text
 
 
 def alias_bomb(levels: int = 9) -> str:
@@ -244,10 +257,32 @@ def test_parse_arm(text, name, overrides):
     ("a batch_size=2", r"name cannot hold spaces or '='.*did you mean 'a:batch_size=2'\?"),
     ("batch_size=2", r"name cannot hold spaces or '='; write NAME:key=value\[,key=value...\]$"),
     ("my arm:device=cpu", "name cannot hold spaces"),
+    # a key repeated inside one --arm is refused as it is in a file, not the last one silently kept
+    ("a:steps=2,steps=3", r"^--arm 'a:steps=2,steps=3': key 'steps' is given twice; give each key once$"),
+    ("a:timeout=2,timeout_s=3", r"key 'timeout_s' is given twice \(as 'timeout' and 'timeout_s'\)"),
+    ("a:batch-size=2,batch_size=3", r"key 'batch_size' is given twice \(as 'batch-size' and 'batch_size'\)"),
 ])
 def test_parse_arm_refuses(text, message):
     with pytest.raises(UsageError, match=message):
         experiment.parse_arm(text)
+
+
+def test_an_aa_run_makes_two_arms_alike_and_refuses_none(tmp_path):
+    """An A/A run (aa: true, or --aa) compares a setup with itself: without arms it makes two, a and b, that run
+    exactly alike; the name says A/A where the loader names the experiment."""
+    aa = GOOD.split("arms:")[0] + "aa: true\n"
+    exp = experiment.load(write(tmp_path, aa)).experiment
+    assert [a.name for a in exp.arms] == ["a", "b"] and all(not a.overrides for a in exp.arms)
+    assert exp.spec_for(exp.arms[0], 0).params == exp.spec_for(exp.arms[1], 0).params == exp.base.params
+    assert exp.trials == 2 and exp.name == "tiny"
+    same = GOOD.replace("step_seconds: 0.002", "step_seconds: 0.001") + "aa: true\n"
+    assert [a.name for a in experiment.load(write(tmp_path, same)).experiment.arms] == ["fast", "slow"]
+    doc = {"workload": "selftest", "device": "cpu", "aa": True}
+    assert experiment.study(doc).experiment.name == "selftest: a vs b (A/A)"
+    with pytest.raises(UsageError, match=r"--arm #2: arm 'b' runs exactly as arm 'a' \(at --arm #1\): arms must "
+                                         r"differ in something; to compare a setup with itself \(an A/A run\) "
+                                         r"pass --aa$"):
+        experiment.study({**doc, "aa": False, "arms": [{"name": "a"}, {"name": "b"}]})
 
 
 def test_build_arms_types_values_and_keeps_env_keys_apart():

@@ -76,3 +76,40 @@ def test_a_limit_reads_as_people_type_it():
     assert Param("x", int, 1, min=1, max=1048576).describe_allowed() == "an integer from 1 to 1,048,576"
     assert Param("x", int, 1, min=1, max=4096).describe_allowed() == "an integer from 1 to 4096"
     assert Param("x", float, 0.1, min=0, max=0.5).describe_allowed() == "a number from 0 to 0.5"
+
+
+def test_the_progress_counts_the_trials_left_and_says_up_to_while_more_may_come():
+    """No '0/None' before the first trial; the time left is the mean finished trial times the trials left (less
+    what the running one has taken), not the rate of the last seconds; --until-confident says 'up to N'."""
+    import io
+
+    from rich.console import Console
+
+    from gpuvs.report import terminal
+
+    now = [100.0]
+
+    class Spec:
+        arm = "a"
+
+    bar = terminal.TrialProgress(Console(file=io.StringIO(), width=120), up_to=20)
+    bar._clock = lambda: now[0]
+    task = bar.progress.tasks[0]
+    assert not task.visible and bar.count_text(0, None) == "0" and bar.left_text(0, None) == "ETA -"
+    bar.start(Spec(), 0, 6)
+    assert task.visible and bar.count_text(0, 6) == "0/6 (up to 20)" and bar.left_text(0, 6) == "ETA -"
+    for i in range(2):  # two trials of 30 s each
+        now[0] += 30
+        bar.done()
+        bar.start(Spec(), i + 1, 6)
+    now[0] += 10  # the third has run 10 s
+    assert bar.left_text(2, 6) == "ETA 1:50 to 8:50"  # 4 x 30 s - 10 s; up to 18 more trials
+    plain = terminal.TrialProgress(Console(file=io.StringIO()))
+    plain._clock = lambda: now[0]
+    plain.start(Spec(), 0, 4)
+    now[0] += 90
+    plain.done()
+    assert plain.count_text(1, 4) == "1/4" and plain.left_text(1, 4) == "ETA 4:30"
+    now[0] += 3600
+    assert plain.left_text(1, 4) == "ETA 0:00"  # a trial that overruns does not make the time left negative
+    assert terminal._clock_text(3723) == "1:02:03"

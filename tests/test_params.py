@@ -85,6 +85,22 @@ def test_cpu_defaults_apply_only_on_cpu_and_never_over_a_given_value():
     assert w.validate({}, "cuda")["batch_size"] == 64
     assert w.validate({}, "cpu")["batch_size"] == 8
     assert w.validate({"batch_size": 3}, "cpu")["batch_size"] == 3
+    # the quick start's first command on a CPU: 96x96 images (224x224 took over two minutes on a busy 2-core
+    # machine), large enough for every model's smallest (inception3's 75); a GPU keeps the model's own
+    assert w.validate({}, "cpu")["image_size"] == 96 and w.validate({}, "cuda")["image_size"] == 224
+    assert w.validate({"model": "inception3"}, "cpu")["image_size"] == 96
+    assert w.validate({"model": "inception3"}, "cuda")["image_size"] == 299
+    assert w.validate({"image_size": 128}, "cpu")["image_size"] == 128
+
+
+def test_an_unknown_name_is_answered_with_the_nearest_known_one():
+    from gpuvs.params import did_you_mean
+
+    assert did_you_mean("stepz", ["steps", "seed"]) == " (did you mean 'steps'?)"
+    assert did_you_mean("seed", ["stored", "order_seed"]) == ""  # not close enough to guess
+    with pytest.raises(UsageError, match=r"^cnn-train has no parameter 'batchsize' \(did you mean 'batch_size'\?\); "
+                                         "it takes: --model"):
+        workloads.get("cnn-train").param("batchsize")
 
 
 def test_unknown_workload_lists_known_ones():

@@ -339,7 +339,9 @@ def test_share_matrix_runs_pairs_over_a_sweep(cli, tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("pairs: []\n", "'pairs' must be a list of [JOB_A, JOB_B] pairs"),
-    ('pairs: [["selftest", "selftest"]]\ncolour: red\n', "unknown key(s) colour"),
+    ('pairs: [["selftest", "selftest"]]\ncolour: red\n', "bad.yaml:2: unknown key(s) colour; allowed: "),
+    ('pairs: [["selftest", "selftest"]]\ndurration: 3\n', "bad.yaml:2: unknown key(s) durration (did you mean "
+     "'duration'?); allowed: "),
     ('pairs: [["selftest", "selftest"]]\nsweep: {a: [1], b: [2]}\n', "'sweep' must be one parameter"),
     ('pairs: [["selftest", "nosuch"]]\n', "unknown workload 'nosuch'"),
     ("pairs: [\n", "not valid YAML"),

@@ -4,6 +4,7 @@ line before anything starts. Neutral: it imports nothing of gpuvs but its errors
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -136,3 +137,11 @@ def shown(raw: Any) -> str:
     if len(text) > SHOWN_CHARS:
         return f"{text[:SHOWN_CHARS]}... ({len(str(raw))} characters)"
     return text
+
+
+def did_you_mean(word: str, known) -> str:
+    """' (did you mean 'steps'?)' where one of the known names is close to the word given (difflib's ratio of
+    0.7 or more: 'stepz' and 'steps' are, 'seed' and 'stored' are not), else ''. Every refusal of an unknown
+    name says it: file keys, arm keys, parameters, options."""
+    close = difflib.get_close_matches(word, sorted(set(known)), n=1, cutoff=0.7)
+    return f" (did you mean {close[0]!r}?)" if close else ""

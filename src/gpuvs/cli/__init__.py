@@ -13,6 +13,7 @@ import sys
 from gpuvs.cli import commands, help, parser
 from gpuvs.cli.command import Command
 from gpuvs.errors import GpuvsError, Stopped, UsageError
+from gpuvs.params import did_you_mean
 from gpuvs.safetext import safe_text
 
 GPUVS = Command("gpuvs", "gpuvs: how your GPU jobs really perform, compared with numbers you can trust.")
@@ -39,7 +40,8 @@ def dispatch(argv: list[str]) -> int | None:
                              + ", ".join(known))
         found = commands.get(word) if cmd is None else cmd.subcommand(word)
         if found is None:
-            raise UsageError(f"No such command {word!r}.")
+            known = commands.names() if cmd is None else [c.name for c in cmd.subcommands]
+            raise UsageError(f"No such command {word!r}{did_you_mean(word, known)}.")
         cmd, path, rest = found, f"{path} {word}", rest[1:]
     try:
         args = parser.parse(cmd, rest, path)

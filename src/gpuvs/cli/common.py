@@ -75,9 +75,10 @@ def cpu_note(workload: workloads.Workload, given: Mapping[str, Any], device: str
     """Say which CPU-sized defaults a run on the CPU took."""
     cpu_filled = {k: v for k, v in workload.cpu_defaults.items() if k not in given}
     if device == "cpu" and cpu_filled:
+        why = f"{workload.cpu_note}; " if workload.cpu_note else ""
         console.print("note: CPU-sized defaults: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
-                                                              cpu_filled.items()) + " (give them to override)",
-                      style="yellow")
+                                                              cpu_filled.items()) + f" ({why}give them to override)",
+                      style="yellow", highlight=False)
 
 
 def prepare(args: Args, console: Console) -> Prepared:
@@ -90,11 +91,11 @@ def prepare(args: Args, console: Console) -> Prepared:
     return Prepared(workload, base, args.group("run"))
 
 
-def trial_hooks(console: Console, quiet: bool, progress: bool = False) -> Hooks:
+def trial_hooks(console: Console, quiet: bool, progress: bool = False, up_to: int | None = None) -> Hooks:
     """The command line's hooks of a run of trials: the step log, a rule and a line per trial, and (progress)
-    a progress bar over the trials."""
+    a progress bar over the trials (`up_to`: the trials there may be in all, where more may be added)."""
     log = terminal.StepLog(console, quiet=quiet)
-    bar = terminal.TrialProgress(console) if progress else None
+    bar = terminal.TrialProgress(console, up_to) if progress else None
 
     def on_start(spec: RunSpec, i: int, n: int) -> None:
         log.start_trial()

@@ -6,12 +6,13 @@ before anything starts. Bad input is a UsageError: one line, exit 2."""
 
 from __future__ import annotations
 
+import shlex
 from typing import Any, Sequence
 
 from gpuvs import workloads
 from gpuvs.cli.command import Args, Command, Form
 from gpuvs.errors import UsageError
-from gpuvs.params import Param
+from gpuvs.params import Param, did_you_mean
 
 HELP = ("--help", "-h")
 _BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
@@ -29,6 +30,14 @@ def find(groups: Sequence[Sequence[Param]], option: str) -> Param | None:
             elif name == p.name or (name in p.aliases and len(name) > 1):
                 return p
     return None
+
+
+class UnknownOption(UsageError):
+    """An option no group knows (`option`, as written before any '=')."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
 
 
 def split(args: list[str], groups: Sequence[Sequence[Param]], positional: int = 1, what: str = "this command",
@@ -51,8 +60,10 @@ def split(args: list[str], groups: Sequence[Sequence[Param]], positional: int = 
                 raise UsageError(f"unknown option {tok} for {what} (options are spelled --name value)")
             if p is None:
                 known = ", ".join(q.option for g in groups for q in g)
-                raise UsageError(f"unknown option {opt} for {what}; options: {known}" if known else
-                                 f"unknown option {opt} for {what}, which takes none")
+                spelt = [n.replace("_", "-") for g in groups for q in g for n in (q.name, *q.aliases) if len(n) > 1]
+                hint = did_you_mean(opt[2:], spelt).replace("mean '", "mean '--")  # names compared without the --
+                raise UnknownOption(opt, f"unknown option {opt} for {what}{hint}; options: {known}" if known else
+                                    f"unknown option {opt} for {what}, which takes none")
             n = (runs or {}).get(p.name, 0)
             if n and not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
                 while n and i + 1 < len(args) and not args[i + 1].startswith("--"):
@@ -120,6 +131,28 @@ def workload_position(args: list[str], params: Sequence[Param]) -> int | None:
     return None
 
 
+def _after_dashes(exc: UsageError, rest: list[str], words: list[str], groups: Sequence[Sequence[Param]],
+                  prefix: str, positional: int) -> UsageError:
+    """A command line given without `--` (or partly before it) to a workload that takes one (`gpuvs run command
+    python3 x.py --foo`): the refusal says to put the command after --, with the user's own words where they show
+    where it starts (the first word no option takes; `words`: those already after --), one line."""
+    at = workload_position(rest, [p for g in groups for p in g])
+    for _ in range(positional):  # the command's own positionals (none for run and compare) are gpuvs's words
+        at = None if at is None else next((j for j in range(at + 1, len(rest)) if not rest[j].startswith("-")), None)
+    unknown = isinstance(exc, UnknownOption)
+    if at is not None and (unknown or str(exc).startswith("unexpected argument")):
+        what = f"unknown option {exc.option}" if unknown else f"unexpected argument {rest[at]!r}"
+        return UsageError(f"{what} for {prefix}: put the command after --, e.g. "
+                          f"{' '.join([prefix, *map(shlex.quote, rest[:at])])} -- {shlex.join(rest[at:] + words)}")
+    if unknown and "did you mean" not in str(exc):
+        head, _, known = str(exc).partition("; options: ")
+        return UsageError(f"{head}; if it is the command's own, put the command after --: {prefix} [options] -- "
+                          f"PROGRAM {exc.option} ...; options: {known}")
+    if str(exc).startswith("unexpected argument"):
+        return UsageError(f"{exc}: the command's own words go after --, e.g. {prefix} [options] -- PROGRAM ARGS...")
+    return exc
+
+
 def form_of(cmd: Command, argv: list[str]) -> Form | None:
     """The form a command line selects: the first whose marker option it gives, else None (the command's own)."""
     for form in cmd.forms:
@@ -176,9 +209,9 @@ def parse(cmd: Command, argv: list[str], path: str) -> Args:
         positionals, values = split(rest, groups, positional=len(specs), what=what,
                                     runs=form.runs if form is not None else None)
     except UsageError as exc:
-        if workload is not None and workload.argv_param and str(exc).startswith("unexpected argument"):
-            raise UsageError(f"{exc}: the command's own words go after --, e.g. {path} {workload.name} [options] "
-                             "-- PROGRAM ARGS...") from None
+        if workload is not None and workload.argv_param:
+            raise _after_dashes(exc, rest, words or [], groups, path if form is not None else what,
+                                len(specs)) from None
         raise
     required = [s for s in specs if s.required]
     if len(positionals) < len(required):

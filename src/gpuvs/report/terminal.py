@@ -322,17 +322,34 @@ def look_line(look: Look) -> tuple[str, str]:
 
 
 class TrialProgress:
-    """A rich progress bar over an experiment's trials: trial i of n, the arm, elapsed time and ETA.
-    The total may grow (--until-confident adds trials)."""
+    """A rich progress bar over an experiment's trials: trial i of n, the arm, elapsed time and the time left.
+    The time left is the trials left times the mean time of a finished trial (less what the one running has
+    taken), so it counts every trial left, not the rate of the last few seconds. The total may grow
+    (--until-confident adds trials up to `up_to`): the count says 'up to N' and the time left is a range
+    from the trials planned now to N. Hidden until the first trial starts (no count before there is one)."""
 
-    def __init__(self, console: Console):
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    def __init__(self, console: Console, up_to: int | None = None):
+        import time
 
-        self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
-                                 TextColumn("{task.completed}/{task.total}"),
-                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
-                                 transient=False)
-        self.task = self.progress.add_task("trials", total=None)
+        from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+        from rich.text import Text
+
+        self.up_to, self._clock = up_to, time.monotonic
+        self._started: float | None = None
+        self._finished: list[float] = []  # when each trial ended
+        bar = self
+
+        class Count(ProgressColumn):
+            def render(self, task) -> Text:
+                return Text(bar.count_text(int(task.completed), task.total))
+
+        class Left(ProgressColumn):
+            def render(self, task) -> Text:
+                return Text(bar.left_text(int(task.completed), task.total), style="progress.remaining")
+
+        self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), Count(),
+                                 TimeElapsedColumn(), Left(), console=console, transient=False)
+        self.task = self.progress.add_task("trials", total=None, visible=False)
 
     def __enter__(self) -> TrialProgress:
         self.progress.start()
@@ -342,8 +359,41 @@ class TrialProgress:
         self.progress.stop()
 
     def start(self, spec, i: int, n: int) -> None:
-        self.progress.update(self.task, total=n, completed=i,
+        if self._started is None:
+            self._started = self._clock()
+        self.progress.update(self.task, total=n, completed=i, visible=True,
                              description=safe_text(f"trial {i + 1} of {n}: arm {spec.arm}"))
 
     def done(self) -> None:
+        self._finished.append(self._clock())
         self.progress.advance(self.task)
+
+    def count_text(self, done: int, total: float | None) -> str:
+        """'3/6', or '3/6 (up to 40)' while --until-confident may add trials."""
+        if total is None:
+            return f"{done}"
+        more = f" (up to {self.up_to})" if self.up_to and self.up_to > total else ""
+        return f"{done}/{int(total)}{more}"
+
+    def left_text(self, done: int, total: float | None) -> str:
+        """'ETA 0:42' from the mean finished trial over the trials left; 'ETA 0:42 to 4:40' where up to N may run;
+        'ETA -' before a trial has finished."""
+        if total is None or self._started is None or not self._finished:
+            return "ETA -"
+        now = self._clock()
+        per_trial = (self._finished[-1] - self._started) / len(self._finished)
+        running = now - self._finished[-1] if done < total else 0.0
+
+        def left(count: float) -> str:
+            return _clock_text(max(0.0, per_trial * max(0.0, count - done) - running))
+
+        if self.up_to and self.up_to > total:
+            return f"ETA {left(total)} to {left(self.up_to)}"
+        return f"ETA {left(total)}"
+
+
+def _clock_text(seconds: float) -> str:
+    """0:42, 1:02:03: a duration as a clock reads it."""
+    s = int(round(seconds))
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"

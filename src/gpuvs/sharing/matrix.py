@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from gpuvs.errors import UsageError
 from gpuvs.trial.plan import load_yaml
-from gpuvs.params import Param
+from gpuvs.params import Param, did_you_mean
 from gpuvs.sharing.group import Coordinator, Group
 from gpuvs.spec import RunSpec
 
@@ -30,7 +30,10 @@ def load(path: str) -> dict:
         raise UsageError(f"{path}: expected a mapping with keys {', '.join(sorted(KEYS))}")
     unknown = set(data) - KEYS
     if unknown:
-        raise UsageError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(KEYS))}")
+        first = sorted(map(str, unknown))[0]
+        where = f"{path}:{data.lines[first]}" if first in getattr(data, "lines", {}) else path
+        raise UsageError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}{did_you_mean(first, KEYS)}; "
+                         f"allowed: {', '.join(sorted(KEYS))}")
     pairs = data.get("pairs")
     where = f"{path}:{data.lines['pairs']}" if "pairs" in data else path
     if not isinstance(pairs, list) or not pairs:

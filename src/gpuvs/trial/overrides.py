@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 from gpuvs import environments
 from gpuvs.errors import UsageError
-from gpuvs.params import Param
+from gpuvs.params import Param, did_you_mean
 from gpuvs.spec import EnvSpec, RunSpec, check_device_syntax
 from gpuvs.trial.launch import FRESH
 
@@ -63,8 +62,13 @@ class Overrides(Mapping[str, Any]):
         sorted_ = cls()
         env, order = None, []
         env_keys = environments.option_keys()
+        written_as: dict[str, Any] = {}
         for written, value in raw.items():
             key = normalise_key(written)
+            if key in written_as:  # batch-size and batch_size, timeout and timeout_s: one key written twice
+                raise OverrideError(written, f"key {key!r} is given twice (as {written_as[key]!r} and {written!r}); "
+                                             "give each key once")
+            written_as[key] = written
             try:
                 place, key, value = _place(workload, key, value, env_keys)
             except UsageError as exc:
@@ -136,7 +140,6 @@ def _place(workload, key: str, value: Any, env_keys: tuple[str, ...]) -> tuple[s
     names = {p.name for p in workload.params}
     if key in names:
         return "params", key, workload.param(key).coerce(value)
-    close = difflib.get_close_matches(key, sorted(names | set(SPEC_FIELDS) | set(env_keys) | {"env"}), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    hint = did_you_mean(key, names | set(SPEC_FIELDS) | set(env_keys) | {"env"})
     raise UsageError(f"unknown key {key!r}{hint}: not a run-spec field ({', '.join(SPEC_FIELDS)}), env, an "
                      f"environment option or a {workload.name} parameter ({', '.join(sorted(names))})")

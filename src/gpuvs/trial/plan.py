@@ -25,7 +25,7 @@ import yaml
 from gpuvs import environments, workloads
 from gpuvs.analysis.sequential import Plan
 from gpuvs.errors import UsageError
-from gpuvs.params import Param
+from gpuvs.params import Param, did_you_mean
 from gpuvs.store.records import ExperimentMeta
 from gpuvs.trial.overrides import COMMAND_KEY, SPEC_FIELDS, OverrideError, Overrides, normalise_key
 from gpuvs.trial.runner import Arm, Experiment
@@ -45,7 +45,10 @@ STUDY_PARAMS = (
     Param("until_confident", bool, False, "add trial pairs until the verdict is settled"),
     Param("max_trials", int, None, "trials per arm at most, with until_confident", min=2, max=10000),
     Param("retries", int, 0, "times a crashed or timed-out trial is run again", min=0, max=100),
+    Param("aa", bool, False, "an A/A run: arms that run exactly alike (two, a and b, where none are given), the "
+          "standard check of a measuring setup: its verdict should be no difference"),
 )
+AA_ARMS = ("a", "b")  # an A/A run's arms where none are given
 
 @dataclass
 class Study:
@@ -78,11 +81,17 @@ def parse_arm(text: str) -> tuple[str, dict[str, str]]:
         raise UsageError(f"--arm {text!r}: an arm's name cannot hold spaces or '='; write NAME:key=value"
                          f"[,key=value...]{hint}")
     overrides: dict[str, str] = {}
+    seen: dict[str, str] = {}  # the key as the loader reads it -> as written (batch-size and batch_size are one)
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--arm {name}: expected key=value, got {item!r}")
-        overrides[key.strip()] = value.strip()
+        key = key.strip()
+        first = seen.setdefault(normalise_key(key), key)
+        if first is not key:
+            also = "" if first == key else f" (as {first!r} and {key!r})"
+            raise UsageError(f"--arm {text!r}: key {key!r} is given twice{also}; give each key once")
+        overrides[key] = value.strip()
     return name, overrides
 
 
@@ -96,10 +105,14 @@ def _identity(spec: RunSpec) -> str:
 RawArm = tuple  # (name, raw overrides, where, {key: where of that key})
 
 
-def build_arms(workload: workloads.Workload, base: RunSpec, raw_arms: list[RawArm]) -> list[Arm]:
+def build_arms(workload: workloads.Workload, base: RunSpec, raw_arms: list[RawArm], aa: bool = False,
+               in_file: bool = False) -> list[Arm]:
     """Checked arms from (name, raw overrides, where, key locations); a location prefixes every
     message ('FILE:LINE' or '--arm #N'). Refuses fewer than two arms, repeated names, bad keys and
-    values, and arms that run exactly as another."""
+    values, and arms that run exactly as another, unless `aa` (an A/A run), which refuses arms that differ;
+    the refusals say how to ask for an A/A run or leave it out, in a file (`in_file`) or on the command line."""
+    aa_on = "set aa: true (or pass --aa)" if in_file else "pass --aa"
+    aa_off = "leave out aa: true" if in_file else "leave out --aa"
     if len(raw_arms) < 2:
         where = raw_arms[0][2] if raw_arms else "compare"
         raise UsageError(f"{where}: a comparison needs at least two arms, got {len(raw_arms)}")
@@ -120,9 +133,15 @@ def build_arms(workload: workloads.Workload, base: RunSpec, raw_arms: list[RawAr
         except UsageError as exc:
             raise UsageError(f"{where}: arm {name!r}: {exc}") from None
         for other in arms:
-            if _identity(probe.spec_for(other, 0)) == _identity(spec):
+            alike = _identity(probe.spec_for(other, 0)) == _identity(spec)
+            if alike and not aa:
                 raise UsageError(f"{where}: arm {name!r} runs exactly as arm {other.name!r} (at {seen[other.name]}): "
-                                 "arms must differ in something")
+                                 f"arms must differ in something; to compare a setup with itself (an A/A run) "
+                                 f"{aa_on}")
+            if not alike and aa:
+                raise UsageError(f"{where}: arm {name!r} does not run as arm {other.name!r} (at {seen[other.name]}): "
+                                 "an A/A run compares a setup with itself, its arms alike; to compare arms that "
+                                 f"differ, {aa_off}")
         seen[name] = where
         arms.append(arm)
     return arms
@@ -323,6 +342,7 @@ class _Top:
     def __init__(self, doc: Mapping[str, Any], path: Path | None, cli: Mapping[str, Any]):
         self.path, self.doc = path, doc
         self.values: dict[str, tuple[Any, str | None]] = {}
+        self.written: dict[str, str] = {}  # each key as the file wrote it
         allowed = TOP_KEYS
         for key, value in doc.items():
             norm, loc = normalise_key(key), self.line(doc, key)
@@ -330,8 +350,12 @@ class _Top:
                 raise UsageError(f"{loc}: 'seed' is ambiguous here: write order_seed for the trial order, or "
                                  "params: {seed: N} for the workload's own seed")
             if norm not in allowed:
-                raise UsageError(f"{loc}: unknown key {key!r}; an experiment file takes: {', '.join(sorted(allowed))}")
-            self.values[norm] = (value, loc)
+                raise UsageError(f"{loc}: unknown key {key!r}{did_you_mean(norm, allowed)}; an experiment file "
+                                 f"takes: {', '.join(sorted(allowed))}")
+            if norm in self.values:  # timeout and timeout_s, batch-size and batch_size: one key written twice
+                raise UsageError(f"{loc}: key {norm!r} is given twice (as {self.written[norm]!r} and {key!r}); "
+                                 "give each key once")
+            self.values[norm], self.written[norm] = (value, loc), key
         for key, value in cli.items():
             self.values[normalise_key(key)] = (value, "command line")
 
@@ -381,8 +405,12 @@ def study(doc: Mapping[str, Any], path: Path | None = None, cli: Mapping[str, An
         else:
             opts[p.name] = p.default
 
+    aa = opts["aa"]
+    if "arms" not in top and aa:
+        top.values["arms"] = (_aa_arms(top["aa"][1]), top["aa"][1])
     if "arms" not in top:
-        raise UsageError(f"{top.line(doc)}: missing key 'arms' (a list of at least two mappings, each with a name)")
+        raise UsageError(f"{top.line(doc)}: missing key 'arms' (a list of at least two mappings, each with a name); "
+                         "or, to compare a setup with itself (an A/A run), aa: true")
     arms_raw, arms_loc = top["arms"]
     if not isinstance(arms_raw, list):
         raise top.refuse(arms_loc, "arms must be a list of mappings, e.g. - {name: gpu, device: cuda}")
@@ -399,7 +427,7 @@ def study(doc: Mapping[str, Any], path: Path | None = None, cli: Mapping[str, An
         raw_arms.append((str(item["name"]), overrides, where, {k: top.line(item, k) for k in overrides} if path else {}))
     if not raw_arms:
         raise top.refuse(arms_loc, "arms is empty: a comparison needs at least two arms")
-    arms = build_arms(workload, base, raw_arms)
+    arms = build_arms(workload, base, raw_arms, aa=aa, in_file=path is not None)
 
     # the trial count, settled here once: what was asked, two at least where pairs are added until settled
     trials, until, max_trials = opts["trials"], opts["until_confident"], opts["max_trials"]
@@ -416,11 +444,20 @@ def study(doc: Mapping[str, Any], path: Path | None = None, cli: Mapping[str, An
         trials = max(trials, 2)
         meta.sequential = Plan(first=trials, cap=max(max_trials, trials), step=2)
     name = opts["name"] or (path.stem if path is not None else
-                            f"{workload.name}: " + " vs ".join(a.name for a in arms))
+                            f"{workload.name}: " + " vs ".join(a.name for a in arms) + (" (A/A)" if aa else ""))
     exp = Experiment(name=name, base=base, arms=arms, trials=trials, seed=opts["order_seed"], kind="compare",
                      meta=meta)
     return Study(exp, margin=opts["margin"], confidence=opts["confidence"], until_confident=until,
                  max_trials=max_trials, retries=opts["retries"], source=None if path is None else str(path))
+
+
+def _aa_arms(where: str | None) -> _List:
+    """An A/A run's arms where none are given: two, named a and b, that override nothing (`where`: the place of
+    the aa that asked for them, 'FILE:LINE')."""
+    arms = _List({"name": name} for name in AA_ARMS)
+    line = int(where.rpartition(":")[2]) if where and where.rpartition(":")[2].isdigit() else 1
+    arms.line, arms.lines = line, [line] * len(AA_ARMS)
+    return arms
 
 
 def _base(top: _Top, device_default: Callable[[EnvSpec], str] | None,
@@ -462,9 +499,13 @@ def _base(top: _Top, device_default: Callable[[EnvSpec], str] | None,
     given: dict[str, Any] = {}
     sources = ([(k, v, top.line(params_raw, k) if params_loc else None) for k, v in params_raw.items()]
                + file_command + [(k, v, "command line") for k, v in (cli_params or {}).items()])
+    in_file: dict[str, str] = {}  # a parameter's name -> as the file's params wrote it
     for key, value, loc in sources:
         try:
             param = workload.param(normalise_key(key))
+            if loc not in ("command line", None) and param.name in in_file:
+                raise UsageError(f"{param.name}: given twice (as {in_file[param.name]!r} and {key!r}); give it once")
+            in_file[param.name] = key
             given[param.name] = param.coerce(value)
         except UsageError as exc:
             raise top.refuse(loc, str(exc)) from None

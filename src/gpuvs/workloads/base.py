@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator
 
 from gpuvs.errors import UsageError
-from gpuvs.params import Param
+from gpuvs.params import Param, did_you_mean
 from gpuvs.spec import RunSpec
 
 BETTER = ("higher", "lower", "neither")
@@ -157,6 +157,8 @@ class Workload:
     # Defaults that replace the GPU-sized ones when the device is the CPU (so a default run ends
     # in minutes there); a value the user gives always wins.
     cpu_defaults: ClassVar[dict[str, Any]] = {}
+    # What the CPU-sized defaults make of the job, in a few words for the CPU note ('' to say nothing).
+    cpu_note: ClassVar[str] = ""
     # The parameter that holds a command line given after `--` (`gpuvs run command -- ARGV...`), or None.
     argv_param: ClassVar[str | None] = None
     # Parameters an arm may not change: they say which figures a trial gives and how they are declared, and
@@ -195,7 +197,9 @@ class Workload:
         for p in self.params:
             if p.named(name):
                 return p
-        raise UsageError(f"{self.name} has no parameter {name!r}; it takes: {self.param_list()}")
+        known = [n for p in self.params for n in (p.name, *p.aliases) if len(n) > 1]
+        raise UsageError(f"{self.name} has no parameter {name!r}{did_you_mean(name, known)}; it takes: "
+                         f"{self.param_list()}")
 
     def param_list(self) -> str:
         return ", ".join(p.option for p in self.params) or "(none)"

@@ -36,7 +36,7 @@ COMPARE_OPTIONS = (
     Param("strict", bool, False, "no verdict where arms that did not ask to differ in the program ran different "
           "programs (another executable or version, another script): one line, exit status 1; the trials stay "
           "stored"),
-) + tuple(p for p in STUDY_PARAMS if p.name in ("margin", "confidence", "until_confident", "max_trials"))
+) + tuple(p for p in STUDY_PARAMS if p.name in ("margin", "confidence", "until_confident", "max_trials", "aa"))
 
 # RUN_OPTIONS that an experiment file also knows (under its own key name).
 FILE_KEYS = {"device": "device", "num_gpus": "num_gpus", "trials": "trials", "timeout": "timeout_s",
@@ -74,15 +74,17 @@ def study_from_args(args: Args, console: Console) -> tuple[Study, dict[str, Any]
     """`WORKLOAD [options] --arm ...` -> (study, run options): the mapping an experiment file would hold, loaded."""
     cmp, run = args.group("compare"), args.group("run")
     raw = [experiment.parse_arm(text) for text in cmp["arm"] or []]
-    if len(raw) < 2:
-        raise UsageError(f"gpuvs compare needs two or more --arm NAME:key=value[,key=value...], got {len(raw)}")
+    if len(raw) < 2 and not (cmp["aa"] and not raw):
+        raise UsageError(f"gpuvs compare needs two or more --arm NAME:key=value[,key=value...], got {len(raw)}; "
+                         "to compare a setup with itself (an A/A run), --aa alone")
     doc = common.run_doc(args)
     doc.update({k: run[k] for k in ("trials", "order_seed", "name", "retries")})  # trials: compare's default
-    doc.update({k: cmp[k] for k in ("margin", "confidence", "until_confident", "max_trials")})
+    doc.update({k: cmp[k] for k in ("margin", "confidence", "until_confident", "max_trials", "aa")})
     for i, (name, overrides) in enumerate(raw):
         if "name" in overrides:
             raise UsageError(f"--arm #{i + 1}: arm {name!r}: its name is what comes before ':', not a key")
-    doc["arms"] = [{"name": name, **overrides} for name, overrides in raw]
+    if raw:  # --aa alone: the loader makes its two arms
+        doc["arms"] = [{"name": name, **overrides} for name, overrides in raw]
     study = experiment.study(doc, device_default=common.device_default(console))
     common.cpu_note(args.workload, args.params, study.experiment.base.device, console)
     return study, run
@@ -152,7 +154,8 @@ def run(args: Args) -> None:
         study, run = study_from_args(args, console)
     exp = study.experiment
     exp.meta.command = "gpuvs compare " + shlex.join(args.argv)
-    hooks = common.trial_hooks(console, run["quiet"], progress=True)
+    up_to = study.max_trials * len(exp.arms) if study.until_confident and study.max_trials else None
+    hooks = common.trial_hooks(console, run["quiet"], progress=True, up_to=up_to)
     ran: list[Ran] = []
 
     def on_ran(r: Ran) -> None:  # the trials' own tables, before the verdicts
@@ -179,7 +182,8 @@ COMMAND = Command(
             options.run_group(_as_compare_uses(options.TRIAL_OPTIONS)), *options.env_groups()),
     positionals=(Positional("workload", workload=True),),
     usage="WORKLOAD [options] --arm NAME:key=value[,key=value...] --arm ...",
-    notes="An arm's keys: device, num_gpus, timeout_s, env, environment options, or workload parameters.",
+    notes="An arm's keys: device, num_gpus, timeout_s, env, environment options, or workload parameters. "
+          "--aa without --arm: an A/A run, two arms (a, b) that run alike.",
     forms=(STORED, FILE),  # --stored first: it wins over --file
     help_when_bare=True,
 )
