@@ -38,7 +38,8 @@ COMPARE_OPTIONS = (
 FILE_KEYS = {"device": "device", "num_gpus": "num_gpus", "trials": "trials", "timeout": "timeout_s",
              "retries": "retries", "telemetry_interval": "telemetry_interval_s", "order_seed": "order_seed", "name": "name",
              "fresh": "fresh"}
-SUMMARY_TABLES = ("verdicts", "speedup", "scaling", "per_trial", "time", "failures")
+# after the trials' own tables (common.render_ran, where the time went among them: shown once)
+SUMMARY_TABLES = ("verdicts", "speedup", "scaling", "per_trial", "failures")
 
 
 def _file_arg(args: list[str]) -> str | None:
