@@ -472,8 +472,11 @@ def _flags(arms: list[ArmResult], records: list[TrialRecord]) -> list[str]:
     for arm in arms[1:]:
         if not base.fingerprint or not arm.fingerprint:
             continue
-        every = fingerprint.differences(base.fingerprint, arm.fingerprint, fingerprint.KEY_FIELDS + IMAGE_EXTRA)
-        diff = {k: v for k, v in every.items() if k not in explained and k not in IMAGE_EXTRA}
+        # what an image changed may be a library one image lacks; a difference nobody asked for is one both recorded
+        every = fingerprint.differences(base.fingerprint, arm.fingerprint, fingerprint.KEY_FIELDS + IMAGE_EXTRA,
+                                        recorded_only=False)
+        diff = {k: v for k, v in every.items() if k not in explained and k not in IMAGE_EXTRA
+                and fingerprint.recorded(base.fingerprint, k) and fingerprint.recorded(arm.fingerprint, k)}
         software = {k: v for k, v in every.items() if k in fingerprint.SOFTWARE_FIELDS + IMAGE_EXTRA}
         if software and varied == {"image"}:  # image against image: what the new image changed, read in each
             flags.append(f"arm {arm.name}'s image differs from arm {base.name}'s in " + ", ".join(
