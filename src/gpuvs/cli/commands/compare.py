@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from gpuvs import workloads
-from gpuvs.analysis import comparison
+from gpuvs.analysis import stored
 from gpuvs.trial import plan as experiment
 from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Form, Group, Positional
@@ -126,8 +126,10 @@ def compare_stored(args: Args, console: Console) -> None:
     if len(refs) != 2:
         raise UsageError(f"--stored needs two experiments, before and after (EXPERIMENT[:ARM]), got {len(refs)}")
     with common.open_store(args["store"]) as st:
-        analysis = comparison.from_stored(st, refs[0], refs[1], args["margin"], args["confidence"])
+        sides = stored.pick(st, refs[0], refs[1])
+        analysis = stored.compare(sides, args["margin"], args["confidence"])
     terminal.comparison(console, analysis, keys=("verdicts", "arms", "per_trial", "failures", "fingerprints"))
+    console.print(stored.pairs(sides), style="dim", highlight=False, markup=False)
 
 
 def run(args: Args) -> None:
