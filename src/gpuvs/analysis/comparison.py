@@ -222,42 +222,6 @@ def from_store(store, experiment_id: str, with_steps: bool = True) -> Analysis:
     return analyse(exp, store.trials(exp.id, with_samples=with_steps, with_telemetry=with_steps))
 
 
-def from_stored(store, before: str, after: str, margin: float, confidence: float) -> Analysis:
-    """Two stored experiments compared as two arms, `before` the baseline (pyperf's compare_to): each
-    reference is EXPERIMENT or EXPERIMENT:ARM (the arm may be left out where the experiment has one).
-    Not interleaved: the analysis is unpaired and the report says that drift between the two runs
-    cannot be told apart from the change."""
-    picked = []
-    for ref in (before, after):
-        ident, _, arm = ref.partition(":")
-        exp = store.experiment(ident)
-        records = latest_attempts(store.trials(exp.id))
-        names = list(dict.fromkeys(r.arm for r in records))
-        if not arm:
-            if len(names) != 1:
-                raise UsageError(f"--stored {ref}: experiment {exp.id} has arms {', '.join(names) or '(none)'}; "
-                                 f"name one as {ident}:ARM")
-            arm = names[0]
-        if arm not in names:
-            raise UsageError(f"--stored {ref}: experiment {exp.id} has no arm {arm!r}; its arms: {', '.join(names)}")
-        picked.append((exp, arm, [r for r in records if r.arm == arm]))
-    workloads = {e.meta.workload or (recs[0].spec.workload if recs[0].spec else None) if recs else None
-                 for e, _, recs in picked}
-    if len(workloads) > 1:
-        raise UsageError(f"--stored: the two experiments ran different workloads ({', '.join(map(str, workloads))})")
-    labels = [f"{exp.id}:{arm}" for exp, arm, _ in picked]
-    if labels[0] == labels[1]:
-        raise UsageError("--stored needs two different experiments or arms")
-    merged = []
-    for label, (_, _, recs) in zip(labels, picked):
-        merged += [dataclasses.replace(r, arm=label) for r in recs]
-    header = ExperimentRecord(f"{labels[0]} vs {labels[1]}", f"stored: {labels[1]} against {labels[0]}",
-                              "compare-stored", time.time(),
-                              ExperimentMeta(margin=margin, confidence=confidence, workload=workloads.pop(),
-                                             interleaved=False, arms=[ArmMeta(label) for label in labels]))
-    return analyse(header, merged)
-
-
 def from_results(exp, results, margin: float, confidence: float) -> Analysis:
     """An experiment still running (runner.Experiment and its TrialResults so far: TrialRecords)."""
     meta = dataclasses.replace(exp.meta, margin=margin, confidence=confidence, workload=exp.base.workload,
@@ -478,8 +442,11 @@ def _flags(arms: list[ArmResult], records: list[TrialRecord]) -> list[str]:
     for arm in arms[1:]:
         if not base.fingerprint or not arm.fingerprint:
             continue
-        every = fingerprint.differences(base.fingerprint, arm.fingerprint, fingerprint.KEY_FIELDS + IMAGE_EXTRA)
-        diff = {k: v for k, v in every.items() if k not in explained and k not in IMAGE_EXTRA}
+        # what an image changed may be a library one image lacks; a difference nobody asked for is one both recorded
+        every = fingerprint.differences(base.fingerprint, arm.fingerprint, fingerprint.KEY_FIELDS + IMAGE_EXTRA,
+                                        recorded_only=False)
+        diff = {k: v for k, v in every.items() if k not in explained and k not in IMAGE_EXTRA
+                and fingerprint.recorded(base.fingerprint, k) and fingerprint.recorded(arm.fingerprint, k)}
         software = {k: v for k, v in every.items() if k in fingerprint.SOFTWARE_FIELDS + IMAGE_EXTRA}
         if software and varied == {"image"}:  # image against image: what the new image changed, read in each
             flags.append(f"arm {arm.name}'s image differs from arm {base.name}'s in " + ", ".join(

@@ -10,6 +10,13 @@ does not report it, launch_to_done_s minus the timed steps; failing that, L minu
   context, the model and data;
 - teardown: L minus T0 minus measured: the end of the timed phase (its final synchronise, the workload's
   last figures), the summary and the process's exit (its GPU context released).
+A command job (the command workload: its trials record `job_start_s` and their `wall_time_s`, wrapped or bare) is
+timed by gpuvs as a whole, not step by step: its parts are
+- the job's run: its wall time (wall_time_s: the keeper's clock, or the engine's or the kubelet's record, bare);
+- start-up: launch to the job's start (job_start_s; bare in a container container_started_s, in a pod
+  pod_started_s): gpuvs's worker, its fingerprint, the keeper, the container or pod made;
+- teardown: L minus those two: its output read to its end, its figures, gpuvs's exit (bare: the exit's state and
+  the fingerprint read from outside). Where no start is known, what is not the job's run is start-up.
 Per experiment: the wall time from the runner's start to its end; start-up also holds the time the runner
 waited for zygotes to start (once per zygote, paid by the experiment); other is what is left: the
 runner's own time (validation, the store, launching, the between-round analysis of --until-confident)
@@ -25,8 +32,11 @@ if TYPE_CHECKING:
     from gpuvs.analysis.stats import SeriesSummary
 
 PARTS = ("measured", "start_up", "warm_up", "fork", "teardown", "other")
-LABELS = {"measured": "measured (timed steps)", "start_up": "start-up", "warm_up": "warm-up", "fork": "fork",
-          "teardown": "teardown", "other": "other (the runner's own)"}
+JOB = "job"  # a command job's run: a part of its own, where an experiment has such trials (between measured and start-up)
+LABELS = {"measured": "measured (timed steps)", JOB: "the job's run (its wall time)", "start_up": "start-up",
+          "warm_up": "warm-up", "fork": "fork", "teardown": "teardown", "other": "other (the runner's own)"}
+WALL_TIME = "wall_time_s"  # the command workload's own series (workloads/command/outputs/base.py: WALL_TIME)
+JOB_STARTS = ("job_start_s", "container_started_s", "pod_started_s")  # a command job's start, first known wins
 
 
 @dataclass
@@ -37,6 +47,7 @@ class TrialTime:
     warm_up_s: float
     start_up_s: float
     teardown_s: float
+    job_s: float | None = None  # a command job's run (its wall time); None: not a command job
 
 
 @dataclass
@@ -48,6 +59,13 @@ class TimeShares:
     per_trial: dict[str, float]  # part -> mean seconds per such trial (other: none)
     zygote_starts_s: list[float] = field(default_factory=list)
 
+    def parts(self) -> list[str]:
+        """The parts to show, in order: a command job's run where there is one; beside it, the timed steps,
+        warm-up and fork only where a trial had them (a command job has none of the first two, and forks only
+        under --fresh fork)."""
+        return [p for p in (PARTS[:1] + (JOB,) + PARTS[1:]) if p in self.seconds
+                and (p not in ("measured", "warm_up", "fork") or self.seconds[p] or JOB not in self.seconds)]
+
 
 def trial_time(startup: Mapping[str, float], summary: Mapping[str, SeriesSummary]) -> TrialTime | None:
     """One trial's launch-to-exit time in parts (None when it has no launch-to-exit time). `summary` is
@@ -55,9 +73,18 @@ def trial_time(startup: Mapping[str, float], summary: Mapping[str, SeriesSummary
     wall = startup.get("launch_to_exit_s")
     if wall is None:
         return None
+    wall = float(wall)
+    fork = float(startup.get("fork_s") or 0.0)
+    job = summary.get(WALL_TIME) if summary else None
+    if job is not None and job.value is not None:  # a command job: gpuvs timed its whole run, not its steps
+        run = float(job.value)
+        around = max(0.0, wall - run)  # gpuvs's own time around the job
+        marked = next((float(startup[k]) for k in JOB_STARTS if startup.get(k) is not None), None)
+        start = min(max(0.0, marked), around) if marked is not None else around
+        fork = min(fork, start)
+        return TrialTime(wall, 0.0, fork, 0.0, start - fork, around - start, job_s=run)
     head = next(iter(summary.values()), None) if summary else None
     measured = float(head.total_seconds or 0.0) if head is not None else 0.0
-    fork = float(startup.get("fork_s") or 0.0)
     warm = float(startup.get("warmup_s") or 0.0)
     if startup.get("launch_to_timed_s") is not None:
         timed_at = float(startup["launch_to_timed_s"])
@@ -81,6 +108,9 @@ def shares(wall_s: float | None, trials: Iterable[TrialTime | None], timing: Map
     sec = {"measured": sum(t.measured_s for t in known), "start_up": sum(t.start_up_s for t in known) + waited,
            "warm_up": sum(t.warm_up_s for t in known), "fork": sum(t.fork_s for t in known),
            "teardown": sum(t.teardown_s for t in known)}
+    jobs = [t.job_s for t in known if t.job_s is not None]
+    if jobs:  # a key of its own only where there are command jobs (the JSON of other experiments is as it was)
+        sec[JOB] = sum(jobs)
     accounted = sum(sec.values())
     wall = max(float(wall_s), accounted)  # clocks read apart may disagree by a few ms: never a negative part
     sec["other"] = wall - accounted
@@ -88,6 +118,8 @@ def shares(wall_s: float | None, trials: Iterable[TrialTime | None], timing: Map
     per = {"measured": sec["measured"] / n, "start_up": (sec["start_up"] - waited) / n, "warm_up": sec["warm_up"] / n,
            "fork": sec["fork"] / n, "teardown": sec["teardown"] / n,
            "wall": sum(t.wall_s for t in known) / n} if n else {}
+    if jobs and n:
+        per[JOB] = sec[JOB] / n
     return TimeShares(wall_s=wall, seconds=sec, shares={k: v / wall for k, v in sec.items()}, trials=n, per_trial=per,
                       zygote_starts_s=[float(x) for x in timing.get("zygote_starts_s") or []])
 

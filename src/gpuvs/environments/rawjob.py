@@ -88,6 +88,7 @@ class RawProcess(RawJob):
         self.proc = self.start(argv, env, cwd)
         try:  # interrupted before the caller holds this object: nobody else could stop the group
             self.started = time.perf_counter()
+            self.started_at = time.time()  # the job started (a keeper's popen returns once it has)
             self.exited: float | None = None  # perf_counter at its exit
             self._open = 2
             self._lock = threading.Lock()
@@ -242,7 +243,7 @@ class HostJob(RawProcess):
 
     def timings(self) -> dict[str, Any]:
         return {"wall_s": self.wall_s(), "clock": "the keeper's clock, from its fork of the process to its exit",
-                "resolution_s": 0.001, "startup": {}}
+                "resolution_s": 0.001, "startup": {"job_start_s": max(0.0, self.started_at - self.launched_at)}}
 
     def facts(self) -> dict[str, Any]:
         from gpuvs.probes import fingerprint

@@ -270,9 +270,24 @@ def field(fp: dict[str, Any], key: str) -> Any:
     return value
 
 
-def differences(a: dict[str, Any], b: dict[str, Any], fields: tuple[str, ...] = KEY_FIELDS) -> dict[str, tuple]:
-    """Key fields that differ between two fingerprints: {field: (a, b)}."""
-    return {f: (field(a, f), field(b, f)) for f in fields if field(a, f) != field(b, f)}
+def recorded(fp: dict[str, Any], key: str) -> bool:
+    """Whether a fingerprint holds the field at all (None included: a probe that looked and found nothing, a GPU
+    name where there is no GPU); a field its taker never looked at is absent."""
+    value: Any = fp
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return True
+
+
+def differences(a: dict[str, Any], b: dict[str, Any], fields: tuple[str, ...] = KEY_FIELDS,
+                recorded_only: bool = True) -> dict[str, tuple]:
+    """Key fields that differ between two fingerprints: {field: (a, b)}. With `recorded_only`, only fields both
+    recorded: a field one of them does not hold is not a difference (a fingerprint taken from outside, of a command
+    run bare, holds fewer: no CPU model of a container's, no torch beside a job gpuvs did not import it for)."""
+    return {f: (x, y) for f in fields if (x := field(a, f)) != (y := field(b, f))
+            and not (recorded_only and not (recorded(a, f) and recorded(b, f)))}
 
 
 def gpu_count() -> int:

@@ -10,7 +10,7 @@ from gpuvs.analysis.comparison import Analysis, fingerprint_rows
 from gpuvs.analysis.family import MetricVerdict
 from gpuvs.report.numbers import fmt, fmt_all, percent, scale_unit
 from gpuvs.analysis.stats import TrialsSummary
-from gpuvs.analysis.timeshare import LABELS, PARTS, TimeShares
+from gpuvs.analysis.timeshare import LABELS, TimeShares
 
 
 @dataclass
@@ -232,7 +232,7 @@ def time_shares_table(ts: TimeShares | None) -> Table | None:
     if ts is None:
         return None
     rows = []
-    for part in PARTS:
+    for part in ts.parts():
         per = ts.per_trial.get(part)
         rows.append([LABELS[part], fmt(float(ts.seconds[part])), percent(ts.shares[part]),
                      "-" if per is None else fmt(float(per), 2)])

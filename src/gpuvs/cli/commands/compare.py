@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 
 from gpuvs import workloads
-from gpuvs.analysis import comparison
+from gpuvs.analysis import stored
 from gpuvs.trial import plan as experiment
 from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Form, Group, Positional
@@ -42,7 +42,8 @@ COMPARE_OPTIONS = (
 FILE_KEYS = {"device": "device", "num_gpus": "num_gpus", "trials": "trials", "timeout": "timeout_s",
              "retries": "retries", "telemetry_interval": "telemetry_interval_s", "order_seed": "order_seed", "name": "name",
              "fresh": "fresh"}
-SUMMARY_TABLES = ("verdicts", "speedup", "scaling", "per_trial", "time", "failures")
+# after the trials' own tables (common.render_ran, where the time went among them: shown once)
+SUMMARY_TABLES = ("verdicts", "speedup", "scaling", "per_trial", "failures")
 
 
 def _file_arg(args: list[str]) -> str | None:
@@ -131,9 +132,11 @@ def compare_stored(args: Args, console: Console) -> None:
     if len(refs) != 2:
         raise UsageError(f"--stored needs two experiments, before and after (EXPERIMENT[:ARM]), got {len(refs)}")
     with common.open_store(args["store"]) as st:
-        analysis = comparison.from_stored(st, refs[0], refs[1], args["margin"], args["confidence"])
+        sides = stored.pick(st, refs[0], refs[1])
+        analysis = stored.compare(sides, args["margin"], args["confidence"])
     refuse_if_strict(args, analysis)
     terminal.comparison(console, analysis, keys=("verdicts", "arms", "per_trial", "failures", "fingerprints"))
+    console.print(stored.pairs(sides), style="dim", highlight=False, markup=False)
 
 
 def refuse_if_strict(args: Args, analysis: comparison.Analysis, stored: str = "") -> None:

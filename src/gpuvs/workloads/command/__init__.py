@@ -70,7 +70,7 @@ class Command(Workload):
         Param("parser", str, None, "a ready parser of its output, NAME[:ARG]: " + ", ".join(outputs.names()),
               multiple=True),
         Param("headline", str, None, "the figure that carries the verdict (default: the first parser's headline, "
-              "else wall_time_s)"),
+              "else your only --step-metric, else wall_time_s)"),
         Param("workdir", str, None, "its working directory where it runs (default: the environment's own; files "
               "come in with --mount, or with the image)"),
         Param("bare", bool, False, "run it as the container's or pod's own process, without gpuvs's worker (an "

@@ -60,6 +60,8 @@ class BareStream(WorkerStream):
             timing = raw.timings()
             for name, seconds in timing.get("startup", {}).items():
                 self._emit(events.startup(name, seconds))
+            # the trial's end as gpuvs sees it (the job's exit, its state and fingerprint read), as a worker's exit
+            self._emit(events.startup("launch_to_exit_s", time.time() - session.launched))
             for event in raw.events():
                 self._emit(event)
             if timing.get("resolution_s") is not None:

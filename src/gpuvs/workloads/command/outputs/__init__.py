@@ -50,12 +50,17 @@ def create(spec: str, job: Job | None = None) -> Parser:
 def make_reader(parsers: Iterable[str] = (), metrics: Iterable[str] = (), step_metrics: Iterable[str] = (),
                 headline: str | None = None, job: Job | None = None) -> "Reader":
     """Everything the user said about a job's output (--parser, --metric, --step-metric, the headline) as one
-    Reader: every UsageError is raised here, before anything starts."""
+    Reader: every UsageError is raised here, before anything starts. The headline, unless named: the first
+    parser's; else the only --step-metric, when one is declared (the job's pace, step by step; a --metric beside
+    it, a figure printed once such as a final score, does not change that); else wall time."""
     job = job or Job()
     made = [create(spec, job) for spec in parsers]
     metrics, step_metrics = list(metrics), list(step_metrics)
     if metrics or step_metrics:
-        made.append(PatternParser.from_specs(metrics, step_metrics))
+        patterns = PatternParser.from_specs(metrics, step_metrics)
+        if len(step_metrics) == 1:
+            patterns.headline = next(m.name for m in patterns.metrics if m.per_step)
+        made.append(patterns)
     return Reader(made, headline=headline)
 
 

@@ -30,7 +30,8 @@ class Reader:
     """Feeds every line of one job's output to each of its parsers and keeps what the wrapper needs afterwards:
     how often each metric was read, its last reading, the last lines, and the problems met.
 
-    headline: the metric carrying the verdict; None: the first parser's headline, else wall time (measured by
+    headline: the metric carrying the verdict; None: the first parser's headline (make_reader gives the
+    only --step-metric one), else wall time (measured by
     the wrapper: WALL_TIME). A metric name declared twice (two parsers, two --metric) is refused.
     Errors in the output (OutputError from a parser) are kept, not raised, so that nothing read is lost:
     failure() gives the trial's reason once the job has ended (or at once, for a wrapper that stops early)."""
