@@ -102,7 +102,7 @@ def test_two_pythons_warn_beside_the_verdict_and_strict_refuses_keeping_every_tr
     r = cli("compare", "--stored", f"{ident}:host", f"{ident}:ctr")
     assert r.returncode == 0, r.stderr
     lines = flat(r.stdout)
-    assert f"warning: arms ran different programs: {ident}:host ran {ours} " in lines, r.stdout
+    assert f"warning: arms ran different programs: host ran {ours} " in lines, r.stdout  # short names (the arms)
     assert lines.index("warning: arms ran different programs") < lines.index("Verdict")  # beside the verdict
     for fmt in ("terminal", "markdown", "html"):
         r = cli("report", ident, "--format", fmt)
