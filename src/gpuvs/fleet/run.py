@@ -206,7 +206,7 @@ def node_health(trials: list[TrialResult]) -> list[GpuHealth]:
     """Each GPU's health over a node's trials (what their telemetry carries), merged trial over trial."""
     by_gpu: dict[Any, list[GpuHealth]] = {}
     for r in trials:
-        for h in gpu_health.from_telemetry(r.telemetry or []):
+        for h in gpu_health.from_telemetry(getattr(r, "telemetry", None) or []):  # the history tests' stand-in results have none
             by_gpu.setdefault(h.gpu, []).append(h)
     return [gpu_health.merge(by_gpu[g]) for g in sorted(by_gpu, key=lambda g: (g is None, g or 0))]
 
@@ -216,7 +216,8 @@ def host_to_device(trials: list[TrialResult]) -> float | None:
     membw's h2d series, GB/s), else None."""
     values = []
     for r in trials:
-        s = next((s for name, s in r.summary.items() if name.startswith("h2d") and s.unit == "GB/s"), None)
+        summary = getattr(r, "summary", None) or {}  # the history tests' stand-in results have none
+        s = next((s for name, s in summary.items() if name.startswith("h2d") and s.unit == "GB/s"), None)
         if s is not None and s.value is not None:
             values.append(s.value)
     return sum(values) / len(values) if values else None
