@@ -206,7 +206,8 @@ def node_health(trials: list[TrialResult]) -> list[GpuHealth]:
     """Each GPU's health over a node's trials (what their telemetry carries), merged trial over trial."""
     by_gpu: dict[Any, list[GpuHealth]] = {}
     for r in trials:
-        for h in gpu_health.from_telemetry(getattr(r, "telemetry", None) or []):  # the history tests' stand-in results have none
+        # the history tests' stand-in results (tests/fleet_store.py) have no telemetry
+        for h in gpu_health.from_telemetry(getattr(r, "telemetry", None) or []):
             by_gpu.setdefault(h.gpu, []).append(h)
     return [gpu_health.merge(by_gpu[g]) for g in sorted(by_gpu, key=lambda g: (g is None, g or 0))]
 
