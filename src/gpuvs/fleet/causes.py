@@ -13,8 +13,8 @@ from gpuvs.probes.gpu_health import GpuHealth
 
 NO_CAUSE = "no cause visible in NVML's readings"
 # clock-event reasons that slow a GPU, as people name them; idle and application-clock settings are not causes
-THROTTLE_NAMES = {"hw_slowdown": "HW slowdown", "hw_thermal": "HW thermal slowdown", "sw_thermal": "SW thermal slowdown",
-                  "sw_power_cap": "power cap", "hw_power_brake": "HW power brake"}
+THROTTLE_NAMES = {"hw_slowdown": "HW slowdown", "hw_thermal": "HW thermal slowdown",
+                  "sw_thermal": "SW thermal slowdown", "sw_power_cap": "power cap", "hw_power_brake": "HW power brake"}
 THROTTLE_SHARE = 0.05  # a reason seen in at least 5% of the readings, 5 points more than in any peer's
 OTHER_UTIL_PCT = 1.0  # another process's share of the GPU worth naming (points above the peers')
 CLOCK_RATIO = 0.95  # a mean clock below 95% of the peers' median
