@@ -331,6 +331,20 @@ def test_fleet_run_with_real_workers_stores_every_trial_and_a_failing_node_is_a_
     r = cli("report", exp.id[:12], "--format", "csv", "--store", str(tmp_path / "g.db"))
     assert r.returncode == 0, r.stderr
     assert [row["node"] for row in csv.DictReader(io.StringIO(r.stdout))] == [x.node for x in result.rows]
+    # CPU workers read no GPU health: no row has any, and no report says anything about causes (not "unknown")
+    assert all(not t.telemetry for t in st_trials(tmp_path / "g.db", exp.id))
+    assert all(not x.health and not x.why for x in result.rows)
+    shown = cli("report", exp.id[:12], "--format", "json", "--store", str(tmp_path / "g.db"))
+    assert all("health" not in row and "why" not in row for row in json.loads(shown.stdout)["rows"])
+    term = cli("report", exp.id[:12], "--store", str(tmp_path / "g.db")).stdout
+    assert "why" not in term and "NVML" not in term and "unknown" not in term
+
+
+def st_trials(path, experiment_id):
+    from gpuvs.store.db import Store
+
+    with Store(path) as st:
+        return st.trials(experiment_id, with_samples=True)
 
 
 def test_bad_fleet_input_is_one_line_and_exit_2(cli):

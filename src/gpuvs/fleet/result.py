@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from gpuvs.fleet.adaptive import Plan
 from gpuvs.fleet.verdicts import ErrorControl
+from gpuvs.probes.gpu_health import GpuHealth
 
 
 def _known(cls, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -42,16 +43,27 @@ class NodeRow:
     reference: list[str] = field(default_factory=list)
     differs: dict[str, list[Any]] = field(default_factory=dict)  # label -> [its value, the majority's]
     fingerprint: dict[str, Any] = field(default_factory=dict)  # the worker's, plus the kubelet's under `node`
+    # each GPU's NVML health over the node's trials (probes/gpu_health.py), and for a slow or slower-within-margin
+    # node what of it differs from its peers (fleet/causes.py); both empty on a CPU and in earlier results
+    health: list[GpuHealth] = field(default_factory=list)
+    why: list[str] = field(default_factory=list)
 
     _SINCE = ("log_speed", "se", "df", "level_se")  # kept since the typed model: written where known
+    _WHERE_READ = ("health", "why")  # written where there are any
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in self._SINCE or getattr(self, f.name) is not None}
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if (f.name not in self._SINCE or getattr(self, f.name) is not None)
+               and (f.name not in self._WHERE_READ or getattr(self, f.name))}
+        if "health" in out:
+            out["health"] = [h.to_dict() for h in self.health]
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodeRow:
-        return cls(**_known(cls, data))
+        known = _known(cls, data)
+        known["health"] = [GpuHealth.from_dict(h) for h in data.get("health") or []]
+        return cls(**known)
 
 
 @dataclass

@@ -21,11 +21,13 @@ from typing import Any, Callable
 
 from gpuvs import environments, workloads
 from gpuvs.errors import UsageError, interruption
-from gpuvs.fleet import adaptive, fingerprints, kube, labels, nodes as fleet_nodes
+from gpuvs.fleet import adaptive, causes, fingerprints, kube, labels, nodes as fleet_nodes
 from gpuvs.fleet.nodes import Excluded, NodeInfo
 from gpuvs.fleet.result import FleetResult, NodeLabels, NodeRow  # noqa: F401  (the run's result, re-exported)
 from gpuvs.fleet.schedule import Item, Slots
 from gpuvs.params import Param
+from gpuvs.probes import gpu_health
+from gpuvs.probes.gpu_health import GpuHealth
 from gpuvs.spec import RunSpec
 from gpuvs.store.db import Store
 from gpuvs.store.records import ExperimentMeta
@@ -188,11 +190,38 @@ def build(exp: Experiment, nodes: list[NodeInfo], excluded: list[Excluded], outc
                 row.level_se = statistics.stdev(figures) / v.mean / math.sqrt(len(figures))
             if v.verdict == "reference":
                 row.speed = row.ratio = 1.0
+        row.health = node_health([r for r in tried if r.ok])
         rows.append(row)
+    h2d = {n: v for n in verdict_of if (v := host_to_device([r for r in ex.results if r.spec.arm == n and r.ok]))}
+    why = causes.for_nodes({r.node: r.verdict for r in rows}, {r.node: r.health for r in rows}, h2d)
+    for row in rows:
+        row.why = why.get(row.node, [])
     rows += [NodeRow(e.node, "excluded", reason=e.reason) for e in excluded]
     return FleetResult(id=exp.id, workload=exp.base.workload, unit=unit, higher_is_better=higher, margin=margin,
                        confidence=confidence, plan=plan, control=outcome.control, looks_used=outcome.looks_used,
                        rows=sort_rows(rows), command=exp.meta.command or "")
+
+
+def node_health(trials: list[TrialResult]) -> list[GpuHealth]:
+    """Each GPU's health over a node's trials (what their telemetry carries), merged trial over trial."""
+    by_gpu: dict[Any, list[GpuHealth]] = {}
+    for r in trials:
+        # the history tests' stand-in results (tests/fleet_store.py) have no telemetry
+        for h in gpu_health.from_telemetry(getattr(r, "telemetry", None) or []):
+            by_gpu.setdefault(h.gpu, []).append(h)
+    return [gpu_health.merge(by_gpu[g]) for g in sorted(by_gpu, key=lambda g: (g is None, g or 0))]
+
+
+def host_to_device(trials: list[TrialResult]) -> float | None:
+    """The mean host-to-device bandwidth of a node's trials where the workload measures it (gpu-check's and
+    membw's h2d series, GB/s), else None."""
+    values = []
+    for r in trials:
+        summary = getattr(r, "summary", None) or {}  # the history tests' stand-in results have none
+        s = next((s for name, s in summary.items() if name.startswith("h2d") and s.unit == "GB/s"), None)
+        if s is not None and s.value is not None:
+            values.append(s.value)
+    return sum(values) / len(values) if values else None
 
 
 def sort_rows(rows: list[NodeRow]) -> list[NodeRow]:

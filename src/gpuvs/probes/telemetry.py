@@ -1,6 +1,8 @@
 """NVML sampler: a background thread that reads utilisation, memory, power, clocks, temperature
-and throttle reasons of the GPUs a worker uses, and emits one telemetry event per GPU per tick.
-Where NVML is absent it says so once and does nothing."""
+and throttle reasons of the GPUs a worker uses, and emits one telemetry event per GPU per tick; with
+`health`, each GPU's health over the run too (gpu_health.py: read before, at every tick and after; one
+telemetry event with a `health` key per GPU when the sampler stops). Where NVML is absent it says so once
+and does nothing."""
 
 from __future__ import annotations
 
@@ -52,8 +54,10 @@ def _nvml_gpus() -> list[dict[str, Any]]:
 
 
 class Sampler:
-    def __init__(self, indices: list[int], interval_s: float, emit: Emit):
+    def __init__(self, indices: list[int], interval_s: float, emit: Emit, health: bool = False):
         import pynvml
+
+        from gpuvs.probes import gpu_health
 
         self.nvml = pynvml
         self.interval_s = max(0.01, interval_s)
@@ -64,6 +68,9 @@ class Sampler:
         # renamed in NVML 12.5 (clocks "event" reasons); older bindings only have the throttle name
         self._reasons = (getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
                          or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
+        self.health = {i: gpu_health.HealthReader(pynvml, i, h) for i, h in self.handles} if health else {}
+        for reader in self.health.values():
+            reader.before()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpuvs-telemetry", daemon=True)
         self.t0 = time.perf_counter()
@@ -98,12 +105,23 @@ class Sampler:
     def _loop(self) -> None:
         while not self._stop.is_set():
             for index, handle in self.handles:
-                self.emit(self.read(index, handle))
+                reading = self.read(index, handle)
+                if index in self.health:
+                    self.health[index].tick(reading)
+                self.emit(reading)
             self._stop.wait(self.interval_s)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
+        for index, reader in self.health.items():
+            try:
+                health = reader.after().to_dict()
+            except Exception as exc:  # a GPU lost on the way: its telemetry is kept, its health not
+                self.emit(events.log(f"GPU {index} health not read: {exc or type(exc).__name__}"))
+                continue
+            self.emit({"type": "telemetry", "t": round(time.perf_counter() - self.t0, 4), "gpu": index,
+                       "health": health})
         try:
             self.nvml.nvmlShutdown()
         except Exception:
@@ -115,7 +133,8 @@ def start_for(spec, emit: Emit) -> Sampler | None:
     if not spec.device.startswith("cuda") or not spec.telemetry_interval_s or spec.telemetry_interval_s <= 0:
         return None
     try:
-        sampler = Sampler(visible_gpu_indices(spec.device, spec.num_gpus), spec.telemetry_interval_s, emit)
+        sampler = Sampler(visible_gpu_indices(spec.device, spec.num_gpus), spec.telemetry_interval_s, emit,
+                          health=True)
     except Exception as exc:
         emit(events.log(f"telemetry off: NVML is not available here ({exc or type(exc).__name__})"))
         return None
@@ -133,7 +152,9 @@ def reasons(reading: dict[str, Any]) -> list[str]:
 
 def summarize(readings: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean and max of each reading (min too for the SM clock), the time covered, every throttle reason
-    seen and the fraction of readings that showed it. Takes telemetry events or Store.telemetry() rows."""
+    seen and the fraction of readings that showed it. Takes telemetry events or Store.telemetry() rows (a
+    GPU's health among them is no reading: left out)."""
+    readings = [r for r in readings if "health" not in r]
     out: dict[str, Any] = {"n": len(readings)}
     times = [r["t"] for r in readings if r.get("t") is not None]
     out["duration_s"] = (max(times) - min(times)) if times else 0.0
@@ -157,5 +178,6 @@ def summarize_by_gpu(readings: list[dict[str, Any]]) -> dict[int, dict[str, Any]
     """summarize() per GPU index, in index order."""
     groups: dict[int, list[dict[str, Any]]] = {}
     for r in readings:
-        groups.setdefault(int(r.get("gpu") or 0), []).append(r)
+        if "health" not in r:
+            groups.setdefault(int(r.get("gpu") or 0), []).append(r)
     return {gpu: summarize(groups[gpu]) for gpu in sorted(groups)}

@@ -1,6 +1,7 @@
 """A fleet run's report in every format: one row per node, slowest first (relative speed against the
 fleet with its interval, verdict, trials, the reference it was compared with, the fingerprint fields
-where it differs from the majority, or why it did not run), the fingerprints side by side, and how
+where it differs from the majority, or why it did not run; for a slow or slower-within-margin node, what of
+its NVML readings differs from its peers': "why: ..."), the fingerprints side by side, and how
 the error rate was held. The rows are built once (rows()); each format only lays them out, every text with its
 control characters escaped (safetext.py: a reason may carry a pod's or a job's words)."""
 
@@ -48,6 +49,8 @@ def notes(r: NodeRow) -> str:
     if r.reason and r.verdict not in ("slower", "faster", "equivalent", "slower-within-margin",
                                       "faster-within-margin"):
         parts.append(r.reason)
+    if r.why:  # a slow node's NVML readings against its peers' (fleet/causes.py)
+        parts.append("why: " + "; ".join(r.why))
     if r.differs:
         parts.append("differs from the majority in " + ", ".join(f"{k} ({v[0]} vs {v[1]})"
                                                                  for k, v in r.differs.items()))
