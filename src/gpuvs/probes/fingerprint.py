@@ -291,7 +291,10 @@ def differences(a: dict[str, Any], b: dict[str, Any], fields: tuple[str, ...] = 
 
 
 def gpu_count() -> int:
-    """GPUs this process can use: NVML first (cheap), torch as a fallback; 0 where neither sees one."""
+    """GPUs this process can use: NVML first (cheap), the CUDA driver as a fallback (where NVML is not
+    handed in, e.g. a container given only the compute libraries); 0 where neither sees one. No framework
+    is imported: the command line asks this of every run, and a job that never uses PyTorch should not pay
+    its import (seconds and about 500 MB) to learn there is no GPU."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     info = nvml_info()
     if info.get("nvml"):
@@ -299,8 +302,24 @@ def gpu_count() -> int:
         if visible is not None:
             count = min(count, len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"]))
         return count
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return cuda_driver_count()
+
+
+def cuda_driver_count() -> int:
+    """Devices the CUDA driver (libcuda) shows this process, as torch.cuda.device_count() would (it honours
+    CUDA_VISIBLE_DEVICES); 0 where there is no driver or it fails to start."""
+    import ctypes
+
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        try:
+            if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+                return 0
+        except AttributeError:
+            return 0
+        return count.value
+    return 0
