@@ -1,5 +1,5 @@
-"""GPU proof of issue 25 (a verdict in the time it takes to measure), in one command of about 9 minutes on an
-H100. Old and new side by side, every figure from gpuvs's own store:
+"""GPU proof of issues 25 and 36 (a verdict in the time it takes to measure), in one command of about 8 to 9
+minutes on an H100. Old and new side by side, every figure from gpuvs's own store:
 
   e  nothing else slows: the plain PyTorch loop (benchmarks/plain_loop.py), twice, against gpuvs's figure of
      the same job in parts b and c (run first: it also warms the machine's caches for what follows)
@@ -13,16 +13,27 @@ H100. Old and new side by side, every figure from gpuvs's own store:
   c  independence: fresh exec against fork in one interleaved comparison, 8 rounds: the trial-to-trial spread of
      each (Brown-Forsythe's test on log figures, and an F-test on their variances) and the verdict of fork
      against exec within ±1%
+Issue 36 (warm-up that ends when the steps are steady; b is then the "before": --warmup-steps 10, the old default):
+  s  step series recorded: 3 trials with one warm-up step and 100 timed steps, every step's seconds written to
+     $OUT/warmup_series.json (tests/data/warmup/'s format: the rule replays on them in tests/test_warmup.py);
+     run first, it also warms the machine (bytecode, the first bf16 convolutions)
+  w  the A/A of b with the adaptive warm-up (no --warmup-steps: the default a user gets): wall time, shares,
+     and what each trial's warm-up decided (steps, seconds, steady or cap); named twice, it runs twice
+  l  the adaptive warm-up against a long fixed one (--warmup-steps 50), interleaved, 4 trials each: their
+     rates' ratio and its interval (target within ±0.5%)
 
 Each part has a time limit (gpuvs is stopped with SIGTERM at it and keeps what it finished; c gets what is left
 of TOTAL_S); progress is printed as it goes and the markdown is rewritten after every part, so a stop returns
 what was done.
 
-usage: OUT=DIR [DEVICE=cuda|cpu] [TOTAL_S=530] [ROUNDS=8] [PARTS=e,b,a,d,c] [A_OLD=0] PYTHONPATH=src python benchmarks/time_to_verdict.py
+usage: OUT=DIR [DEVICE=cuda|cpu] [TOTAL_S=530] [ROUNDS=8] [PARTS=e,b,a,d,c] [A_OLD=0] [SERIES_STEPS=100] PYTHONPATH=src python benchmarks/time_to_verdict.py
+issue 36, one call under 8 minutes: OUT=DIR TOTAL_S=450 PARTS=s,b,w,l PYTHONPATH=src python3 benchmarks/time_to_verdict.py
 PARTS: some parts only, in that order (each fits one device call when the whole does not); b and a may come
 again (a again: the new mechanism alone). A_OLD=0: a without its old run.
 DEVICE=cpu runs every part at toy sizes: a check of the script, not a measurement.
-Writes $OUT/time_to_verdict.md, $OUT/time_to_verdict.db (every experiment) and $OUT/time_to_verdict.log."""
+A part whose time limit no longer fits in what is left of TOTAL_S is skipped and said so.
+Writes $OUT/time_to_verdict.md, $OUT/time_to_verdict.db (every experiment), $OUT/time_to_verdict.log and (s)
+$OUT/warmup_series.json."""
 
 from __future__ import annotations
 
@@ -54,21 +65,28 @@ T0 = time.monotonic()
 PY = sys.executable
 
 if GPU:
-    JOB = ["--model", "resnet50", "--batch-size", "256", "--precision", "bf16", "--data-format", "NHWC",
-           "--warmup-steps", "10", "--steps", "30"]
+    JOB_BASE = ["--model", "resnet50", "--batch-size", "256", "--precision", "bf16", "--data-format", "NHWC",
+                "--steps", "30"]
+    JOB = JOB_BASE + ["--warmup-steps", "10"]  # the warm-up before issue 36: a fixed 10 steps
+    ADAPTIVE: list[str] = []  # no --warmup-steps: the adaptive warm-up, as a user gets it
+    SERIES_STEPS = int(os.environ.get("SERIES_STEPS") or 100)
     PLAIN = ["resnet50", "256", "bf16", "NHWC", "30", "10"]
     DEFAULTS: list[str] = []  # cnn-train exactly at its defaults (ResNet-50, batch 64, fp32, 100 steps)
     DISPLAY = 10
     UNTIL = []  # --max-trials at its default (20)
-    LIMITS = {"e": 45, "b": 110, "a_new": 110, "a_old": 175, "d": 50}  # old trials take about 24 s each
+    LIMITS = {"e": 45, "b": 110, "a_new": 110, "a_old": 175, "d": 50,  # old trials take about 24 s each
+              "s": 75, "w": 110, "l": 120}
 else:
-    JOB = ["--model", "resnet18", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "2", "--steps", "6"]
+    JOB_BASE = ["--model", "resnet18", "--batch-size", "2", "--image-size", "32", "--steps", "6"]
+    JOB = JOB_BASE + ["--warmup-steps", "2"]
+    ADAPTIVE = ["--warmup-steps", "0"]  # the CPU's own default is a fixed 2: ask for the adaptive one
+    SERIES_STEPS = int(os.environ.get("SERIES_STEPS") or 20)
     PLAIN = ["resnet18", "2", "fp32", "NCHW", "6", "2", "cpu", "size=32"]
     DEFAULTS = ["--model", "resnet18", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "2",
                 "--steps", "8"]
     DISPLAY = 2
     UNTIL = ["--max-trials", "4"]
-    LIMITS = {"e": 60, "b": 90, "a_new": 60, "a_old": 60, "d": 60}
+    LIMITS = {"e": 60, "b": 90, "a_new": 60, "a_old": 60, "d": 60, "s": 90, "w": 120, "l": 120}
 
 results: dict[str, dict] = {}
 notes: list[str] = []
@@ -148,7 +166,7 @@ def per_arm_time(a, arm: str) -> dict[str, float]:
     """Mean seconds per trial of one arm's parts (timeshare's definitions), and its share in timed steps."""
     from gpuvs.analysis import timeshare
 
-    parts = [timeshare.trial_time(r.startup or {}, r.summary or {}) for r in a.records if r.arm == arm]
+    parts = [timeshare.trial_time(r.startup or {}, r.summary or {}, r.config) for r in a.records if r.arm == arm]
     parts = [p for p in parts if p is not None]
     if not parts:
         return {}
@@ -252,6 +270,99 @@ def part_c() -> None:
     results["c"] = {"run": run}
 
 
+def part_s() -> None:
+    run = gpuvs("s: step series", ["run", "cnn-train", *JOB_BASE[:-2], "--steps", str(SERIES_STEPS), "--warmup-steps",
+                                   "1", "--trials", "3"], LIMITS["s"])
+    results["s"] = {"run": run}
+    a = analysis("s: step series")
+    series = []
+    for r in (a.records if a else []):
+        seconds = [x.seconds for x in sorted(a.samples.get(r.id) or [], key=lambda x: x.step) if x.series == "main"]
+        first = (r.startup or {}).get("first_step_s")
+        if r.status == "ok" and first and seconds:
+            series.append({"name": f"trial {r.trial + 1}", "times_s": [round(float(first), 7)]
+                           + [round(float(x), 7) for x in seconds]})
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True).stdout.strip().splitlines()[:1] if GPU else []
+    (OUT / "warmup_series.json").write_text(json.dumps(
+        {"device": DEVICE, "gpu": gpu[0] if gpu else None, "source": "benchmarks/time_to_verdict.py part s: "
+         + run["cmd"] + " (the first step's seconds, then every timed step's; one warm-up step: the first)",
+         "job": "cnn-train " + " ".join(JOB_BASE[:-2]), "series": series}, indent=1) + "\n")
+    results["s"]["trials"] = len(series)
+
+
+def part_w() -> None:
+    runs = results.setdefault("w", [])
+    name = "w: A/A until-confident, adaptive warm-up" + (f" #{len(runs) + 1}" if runs else "")
+    run = gpuvs(name, ["compare", "cnn-train", *JOB_BASE, *ADAPTIVE, "--margin", "0.01", "--arm", "a:seed=1", "--arm",
+                       "b:seed=2", "--until-confident", *UNTIL, "--order-seed", "7"], LIMITS["w"])
+    runs.append({"run": run, "name": name})
+
+
+def part_l() -> None:
+    adaptive = "adaptive:warmup_steps=0"
+    run = gpuvs("l: adaptive vs long warm-up", ["compare", "cnn-train", *JOB_BASE, "--margin", "0.005", "--arm",
+                                                "long:warmup_steps=50", "--arm", adaptive, "--trials", "4",
+                                                "--order-seed", "5"], LIMITS["l"])
+    results["l"] = {"run": run}
+
+
+def warm_ups(a) -> list[str]:
+    """Each trial's warm-up as it decided: steps, seconds, why it stopped."""
+    out = []
+    for r in (a.records if a else []):
+        stop = (r.config or {}).get("warmup_stop")
+        steps = (r.config or {}).get("warmup_steps")
+        out.append(f"trial {r.trial + 1} [{r.arm}]: {steps} steps, {(r.startup or {}).get('warmup_s') or 0:.2f} s "
+                   f"(first step {(r.startup or {}).get('first_step_s') or 0:.2f} s), {stop or 'fixed'}")
+    return out
+
+
+def write_36(L: list[str]) -> None:
+    if "s" in results:
+        L += ["## s. Step series recorded", "", f"`{results['s']['run']['cmd']}`: {results['s'].get('trials', 0)} "
+              f"series written to warmup_series.json (copy it to tests/data/warmup/ as <gpu>-resnet50-bf16.json)", ""]
+    rows = []
+    for key, label in (("b", f"before: --warmup-steps {JOB[-1]} (fixed)"), ("w", "after: adaptive (" + (
+            " ".join(ADAPTIVE) or "no --warmup-steps") + ")")):
+        for n, b in enumerate(results.get(key) or [], 1):
+            a = analysis(b["name"])
+            if not a:
+                continue
+            v = headline(a)
+            per = max((sum(1 for t in a.trials if t.arm == arm) for arm in ("a", "b")), default=0)
+            t = a.time
+            rows.append(f"| {label} #{n} | {b['run']['wall']:.1f}{' (stopped)' if b['run']['stopped'] else ''} | "
+                        f"{verdict_text(v)} | {per} | "
+                        + (f"{100 * t.shares['measured']:.1f}% | {100 * t.shares['warm_up']:.1f}% | "
+                           f"{t.per_trial.get('warm_up', 0):.2f} | {t.per_trial.get('wall', 0):.2f} |" if t else
+                           "- | - | - | - |"))
+            if key == "w":
+                L_w.extend([f"- {label} #{n}: " + "; ".join(warm_ups(a))] + facts(a))
+    if rows:
+        L += ["## Issue 36: the A/A within ±1%, fixed warm-up against adaptive", "",
+              f"Job: cnn-train {' '.join(JOB_BASE)}, `--until-confident --margin 0.01` (targets: at most 45 s, at "
+              "least 60% of the wall time in timed steps)", "",
+              "| warm-up | wall s (command) | verdict | trials per arm | timed steps | warm-up | warm-up s a trial | "
+              "wall s a trial |", "|---|---|---|---|---|---|---|---|"] + rows + [""] + L_w + [""]
+        L_w.clear()
+    if "l" in results:
+        a = analysis("l: adaptive vs long warm-up")
+        L += ["## l. Adaptive warm-up against a long fixed one (50 steps)", "", f"`{results['l']['run']['cmd']}`"
+              + (" (stopped at its limit)" if results["l"]["run"]["stopped"] else ""), ""]
+        if a:
+            for arm in ("long", "adaptive"):
+                vals = trial_values(a, arm)
+                if vals:
+                    L.append(f"- {arm}: mean {statistics.fmean(vals):.1f} images/sec, CV {100 * cv(vals):.2f}%, "
+                             + ", ".join(f"{x:.1f}" for x in vals))
+            L += [f"- adaptive against long: **{verdict_text(headline(a))}** (target: the ratio within ±0.5%)",
+                  "- " + "; ".join(warm_ups(a))] + facts(a) + [""]
+
+
+L_w: list[str] = []
+
+
 # -- the markdown -----------------------------------------------------------------------------------
 
 def dip(a, arm: str) -> tuple[float, float, int] | None:
@@ -287,7 +398,7 @@ def cv(values: list[float]) -> float:
 
 
 def write() -> None:
-    L = ["# Time to a verdict (issue 25)", ""]
+    L = ["# Time to a verdict (issues 25 and 36)", ""]
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip() if GPU else "none (DEVICE=cpu: a check of "\
                                                                                      "the script, not a measurement)"
@@ -297,6 +408,7 @@ def write() -> None:
           f"{elapsed():.0f} s of its {TOTAL_S:.0f} s", ""]
     L += [f"Job of b, c, d, e: cnn-train {' '.join(JOB)}; `--margin 0.01` for b and c.", ""]
 
+    write_36(L)
     for n, b in enumerate(results.get("b") or [], 1):
         a = analysis(b["name"])
         run = b["run"]
@@ -401,11 +513,18 @@ def main() -> int:
     LOG.write_text("")
     say(f"time_to_verdict: DEVICE={DEVICE}, TOTAL_S={TOTAL_S:.0f}, ROUNDS={ROUNDS}, OUT={OUT}")
     chosen = [p.strip() for p in (os.environ.get("PARTS") or "e,b,a,d,c").split(",") if p.strip()]
-    bad = [p for p in chosen if p not in "e b a d c".split()]
+    bad = [p for p in chosen if p not in "e b a d c s w l".split()]
     if bad:
-        print(f"time_to_verdict: PARTS={','.join(bad)}: not among e, b, a, d, c", file=sys.stderr)
+        print(f"time_to_verdict: PARTS={','.join(bad)}: not among e, b, a, d, c, s, w, l", file=sys.stderr)
         return 2
     for part in [globals()[f"part_{p}"] for p in chosen]:
+        key = part.__name__[len("part_"):]
+        need = LIMITS.get(key, LIMITS.get("a_new", 0) if key == "a" else 0)
+        if key in "swlb" and elapsed() + need + 15 > TOTAL_S:  # what is left cannot hold it: say so, go on
+            notes.append(f"- {part.__name__} skipped: its limit of {need:.0f} s does not fit in the "
+                         f"{TOTAL_S - elapsed():.0f} s left of TOTAL_S")
+            say(notes[-1])
+            continue
         try:
             part()
         except Exception as exc:  # one part's failure does not lose the others

@@ -197,7 +197,7 @@ class Analysis:
             elif f.name in ("metrics", "speedup", "scaling", "failures"):
                 out[f.name] = [asdict(x) for x in value]
             elif f.name == "time":
-                out["time"] = None if value is None else asdict(value)
+                out["time"] = None if value is None else value.to_dict()
             elif f.name == "programs":  # only where the arms recorded what they ran (a command's, this version on)
                 if value is not None:
                     out["programs"] = value.to_dict()

@@ -5,7 +5,8 @@ sees (L = launch_to_exit_s), with T0 = launch to the first timed step (launch_to
 does not report it, launch_to_done_s minus the timed steps; failing that, L minus them):
 - measured: the timed steps' own seconds (the headline series' total_seconds: what the figure is made of);
 - fork: the fork request to the child running (fork_s; 0 for a fresh exec);
-- warm-up: the first step and the warm-up steps (warmup_s);
+- warm-up: the first step and the warm-up steps (warmup_s); an adaptive warm-up also says how many steps it
+  ran and why it stopped (steady, cap: the trial's config items warmup_steps and warmup_stop);
 - start-up: T0 minus fork and warm-up: the interpreter and imports (exec), the fingerprint, the device's
   context, the model and data;
 - teardown: L minus T0 minus measured: the end of the timed phase (its final synchronise, the workload's
@@ -24,7 +25,7 @@ and trials that never reported a launch-to-exit time. The parts add up to the wa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 if TYPE_CHECKING:
@@ -48,6 +49,8 @@ class TrialTime:
     start_up_s: float
     teardown_s: float
     job_s: float | None = None  # a command job's run (its wall time); None: not a command job
+    warm_up_steps: int | None = None  # an adaptive warm-up's steps (config warmup_steps with warmup_stop); else None
+    warm_up_stop: str | None = None  # why it stopped: 'steady' or 'cap' (workloads/_warmup.py)
 
 
 @dataclass
@@ -58,6 +61,15 @@ class TimeShares:
     trials: int  # trials with a launch-to-exit time
     per_trial: dict[str, float]  # part -> mean seconds per such trial (other: none)
     zygote_starts_s: list[float] = field(default_factory=list)
+    warm_ups: list[tuple[int, str]] = field(default_factory=list)  # each adaptive warm-up: (steps, why it stopped)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As --format json writes it: warm_ups only where a trial warmed up adaptively (the keys of before)."""
+        out = asdict(self)
+        out.pop("warm_ups")
+        if self.warm_ups:
+            out["warm_ups"] = [{"steps": n, "stopped": why} for n, why in self.warm_ups]
+        return out
 
     def parts(self) -> list[str]:
         """The parts to show, in order: a command job's run where there is one; beside it, the timed steps,
@@ -67,9 +79,11 @@ class TimeShares:
                 and (p not in ("measured", "warm_up", "fork") or self.seconds[p] or JOB not in self.seconds)]
 
 
-def trial_time(startup: Mapping[str, float], summary: Mapping[str, SeriesSummary]) -> TrialTime | None:
+def trial_time(startup: Mapping[str, float], summary: Mapping[str, SeriesSummary],
+               config: Mapping[str, Any] | None = None) -> TrialTime | None:
     """One trial's launch-to-exit time in parts (None when it has no launch-to-exit time). `summary` is
-    the trial's, headline series first (as the worker orders it)."""
+    the trial's, headline series first (as the worker orders it); `config` its config items, where an
+    adaptive warm-up says what it decided (stores of earlier versions have none: a fixed warm-up)."""
     wall = startup.get("launch_to_exit_s")
     if wall is None:
         return None
@@ -94,7 +108,12 @@ def trial_time(startup: Mapping[str, float], summary: Mapping[str, SeriesSummary
         timed_at = wall - measured
     start = max(0.0, timed_at - warm - fork)
     teardown = max(0.0, wall - timed_at - measured)
-    return TrialTime(wall, measured, fork, warm, start, teardown)
+    config = config or {}
+    stop = config.get("warmup_stop")
+    steps = config.get("warmup_steps")
+    adaptive = isinstance(stop, str) and isinstance(steps, int)
+    return TrialTime(wall, measured, fork, warm, start, teardown, warm_up_steps=steps if adaptive else None,
+                     warm_up_stop=stop if adaptive else None)
 
 
 def shares(wall_s: float | None, trials: Iterable[TrialTime | None], timing: Mapping[str, Any] | None = None
@@ -121,14 +140,17 @@ def shares(wall_s: float | None, trials: Iterable[TrialTime | None], timing: Map
     if jobs and n:
         per[JOB] = sec[JOB] / n
     return TimeShares(wall_s=wall, seconds=sec, shares={k: v / wall for k, v in sec.items()}, trials=n, per_trial=per,
-                      zygote_starts_s=[float(x) for x in timing.get("zygote_starts_s") or []])
+                      zygote_starts_s=[float(x) for x in timing.get("zygote_starts_s") or []],
+                      warm_ups=[(t.warm_up_steps, t.warm_up_stop) for t in known
+                                if t.warm_up_steps is not None and t.warm_up_stop is not None])
 
 
 def from_records(records: Iterable[Any], wall_s: float | None, timing: Mapping[str, Any] | None = None
                  ) -> TimeShares | None:
     """From trials that have a `startup` and a `summary` (the store's TrialRecord, the runner's
     TrialResult)."""
-    return shares(wall_s, [trial_time(r.startup or {}, r.summary or {}) for r in records], timing)
+    return shares(wall_s, [trial_time(r.startup or {}, r.summary or {}, r.config)
+                           for r in records], timing)
 
 
 def wall_of(experiment: ExperimentRecord, records: list[TrialRecord]) -> float | None:

@@ -241,9 +241,22 @@ def time_shares_table(ts: TimeShares | None) -> Table | None:
     zyg = (f"; start-up holds {len(ts.zygote_starts_s)} zygote start(s) of "
            + ", ".join(f"{s:.1f}" for s in ts.zygote_starts_s) + " s") if ts.zygote_starts_s else ""
     note = (f"{ts.trials} trial(s); per trial: mean seconds from launch to exit (docs/trials.md defines each "
-            f"part){zyg}")
+            f"part){zyg}{_warm_ups(ts.warm_ups)}")
     return Table("time", "Where the time went", ["part", "seconds", "share", "per trial (s)"], rows, note=note,
                  right={1, 2, 3})
+
+
+def _warm_ups(warm_ups: list[tuple[int, str]]) -> str:
+    """The adaptive warm-ups: their steps and why they stopped ('; warm-up until steady in 6 trial(s): 11 to 14
+    steps (median 11); cap 1, steady 5')."""
+    if not warm_ups:
+        return ""
+    steps = sorted(n for n, _ in warm_ups)
+    mid = len(steps) // 2
+    median = steps[mid] if len(steps) % 2 else (steps[mid - 1] + steps[mid]) / 2
+    why = ", ".join(f"{stop} {sum(1 for _, s in warm_ups if s == stop)}" for stop in sorted({s for _, s in warm_ups}))
+    span = f"{steps[0]}" if steps[0] == steps[-1] else f"{steps[0]} to {steps[-1]}"
+    return f"; warm-up until steady in {len(warm_ups)} trial(s): {span} steps (median {median:g}); {why}"
 
 
 def _time_table(a: Analysis) -> Table | None:

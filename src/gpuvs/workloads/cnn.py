@@ -17,13 +17,16 @@ from gpuvs import events
 from gpuvs.probes import precision
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.params import Param
-from gpuvs.workloads import _timed, register
+from gpuvs.workloads import _timed, _warmup, register
 from gpuvs.workloads.base import RunContext, Workload, duration, rate
 
 # For the GPU proof of the timed phase only (benchmarks/time_to_verdict.py): "blocking" restores the reading
 # of step events before issue 25 (a synchronise after the warm-up and at every display step), so that the
 # dip it caused can be shown beside its absence.
 READ_ENV = "GPUVS_TIMED_READ"
+
+# the warm-up of a run across several devices, where every rank must run the same steps (no adaptive warm-up)
+MULTI_DEVICE_WARMUP = 10
 
 # name -> (torchvision constructor, default image size, smallest image size it accepts, extra kwargs)
 MODELS: dict[str, tuple[str, int, int, dict[str, Any]]] = {
@@ -46,7 +49,8 @@ COMMON = (
     Param("precision", str, "fp32", "fp32 (strict), tf32, fp16 or bf16 (autocast; fp16 with a grad scaler)",
           choices=PRECISIONS),
     Param("data_format", str, "NCHW", "NCHW or NHWC (channels_last)", choices=("NCHW", "NHWC")),
-    Param("warmup_steps", int, 10, "steps run before timing, excluded from throughput", min=1, max=100000),
+    Param("warmup_steps", int, 0, "steps run before timing, excluded from throughput (0: adaptive, until the "
+          "steps are steady)", min=0, max=100000),
     Param("steps", int, 100, "timed steps", min=1, max=10_000_000),
     Param("display_every", int, 10, "log a line every N steps", min=1, max=1_000_000),
     Param("image_size", int, 0, "input height and width (0: the model's own, 224 or 299)", min=0, max=2048),
@@ -55,7 +59,7 @@ COMMON = (
     Param("workers", int, 4, "DataLoader worker processes (with --data-dir); also --data-workers", min=0, max=256,
           aliases=("data_workers",)),
     Param("seed", int, 0, "random seed of weights and synthetic data", min=0),
-) + _timed.PARAMS
+) + _timed.PARAMS + _warmup.PARAMS
 
 
 class _CnnBase(Workload):
@@ -152,15 +156,23 @@ class _CnnBase(Workload):
         p = ctx.params
         spec = ctx.spec
         devices = ctx.world_size
+        warm = self.warmup_plan(ctx)
         items = dict(model=p["model"], dataset=p["data_dir"] or "synthetic (imagenet-shaped)",
                      mode="training" if self.training else "inference",
                      batch_size_global=p["batch_size"] * devices, batch_size_per_device=p["batch_size"],
                      devices=f"{devices} x {spec.device.split(':')[0]}", data_format=p["data_format"],
-                     precision=p["precision"], image_size=p["image_size"], warmup_steps=p["warmup_steps"],
+                     precision=p["precision"], image_size=p["image_size"], warmup_steps=warm.steps or warm.describe(),
                      steps=plan.describe() if plan is not None and plan.adaptive else p["steps"])
         if self.training:
             items["optimizer"] = p["optimizer"]
         return events.config(**items)
+
+    @staticmethod
+    def warmup_plan(ctx: RunContext) -> _warmup.WarmupPlan:
+        plan = _warmup.WarmupPlan.from_params(ctx.params)
+        if plan.adaptive and ctx.world_size > 1:
+            return _warmup.WarmupPlan(steps=MULTI_DEVICE_WARMUP)
+        return plan
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -198,10 +210,10 @@ class _CnnBase(Workload):
             if cuda and not ctx.spec.barrier and os.environ.get(READ_ENV) != "blocking":
                 yield from self.timed_on_device(ctx, plan, step, data, out, first)
                 return
-            for _ in range(p["warmup_steps"] - 1):
-                step(next(data))
-            sync()
-            yield events.startup("warmup_s", time.perf_counter() - t0)
+            warm, times = _warmup.on_host(self.warmup_plan(ctx), lambda: step(next(data)), first, sync)
+            if warm.stopped != "fixed":
+                yield events.config(**_warmup.config_items(warm, times))
+            yield events.startup("warmup_s", warm.seconds)
             if ctx.spec.launched_at:
                 yield events.startup("launch_to_timed_s", time.time() - ctx.spec.launched_at)
             if cuda:
@@ -229,14 +241,18 @@ class _CnnBase(Workload):
         dev = _timed.CudaDevice(torch)
         h0 = time.time()
         warm_start = dev.mark()
-        for _ in range(p["warmup_steps"] - 1):
-            out = step(next(data))
+        launched, stopped, last, warm_times = _warmup.on_device(self.warmup_plan(ctx), lambda: step(next(data)),
+                                                                first, dev, warm_start)
+        out = out if last is None else last
         dev.prepare(out)
         ctx.start_window()
         phase = _timed.TimedPhase(plan, lambda: step(next(data)), items=p["batch_size"] * ctx.world_size,
                                   unit=self.unit, display=p["display_every"], window_open=ctx.window_open, device=dev)
         yield from phase.run()
         warm = phase.start_mark.seconds_since(warm_start)  # read after the phase's synchronise
+        if stopped != "fixed":
+            decision = _warmup.WarmupDecision(launched, first + warm, stopped)
+            yield events.config(**_warmup.config_items(decision, warm_times()))
         yield events.startup("warmup_s", first + warm)
         if ctx.spec.launched_at:
             yield events.startup("launch_to_timed_s", h0 + warm - ctx.spec.launched_at)
