@@ -75,7 +75,7 @@ if GPU:
     DISPLAY = 10
     UNTIL = []  # --max-trials at its default (20)
     LIMITS = {"e": 45, "b": 110, "a_new": 110, "a_old": 175, "d": 50,  # old trials take about 24 s each
-              "s": 75, "w": 110, "l": 120}
+              "s": 90, "w": 110, "l": 120}
 else:
     JOB_BASE = ["--model", "resnet18", "--batch-size", "2", "--image-size", "32", "--steps", "6"]
     JOB = JOB_BASE + ["--warmup-steps", "2"]

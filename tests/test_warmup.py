@@ -221,3 +221,20 @@ def test_adaptive_by_default_on_the_cpu_end_to_end(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     config = json.loads(con.execute("SELECT config FROM trials ORDER BY rowid DESC").fetchone()[0])
     assert config["warmup_steps"] == 2 and "warmup_stop" not in config and "warm-up until" not in r.stdout
+
+
+def test_ranks_of_one_run_warm_up_alike():
+    """Across several devices every rank must run the same steps (their gradients are all-reduced each step): no
+    adaptive warm-up there, a fixed 10 where no count is given; a count given is kept."""
+    from gpuvs.spec import RunSpec
+    from gpuvs.workloads import cnn
+    from gpuvs.workloads.base import RunContext
+
+    wl = cnn.CnnTrain()
+    params = wl.validate({"warmup_steps": 0}, "cuda")
+    spec = RunSpec(workload="cnn-train", params=params, device="cuda", num_gpus=2)
+    assert cnn.CnnTrain.warmup_plan(RunContext(spec=spec, params=params, world_size=2)) == WarmupPlan(steps=10)
+    assert cnn.CnnTrain.warmup_plan(RunContext(spec=spec, params=params)).adaptive
+    given = wl.validate({"warmup_steps": 4}, "cuda")
+    assert cnn.CnnTrain.warmup_plan(RunContext(spec=spec, params=given, world_size=2)) == WarmupPlan(steps=4)
+    assert wl.validate({}, "cuda")["warmup_steps"] == 0  # the default a GPU user gets: adaptive
