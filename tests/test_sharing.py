@@ -154,7 +154,7 @@ def test_share_bad_input(cli, args, message):
 
 def test_advise_mps_runs_solo_then_together_on_cpu(cli, tmp_path):
     r = cli("advise-mps", "selftest --step-seconds 0.05", "selftest --step-seconds 0.02", "--duration", "1",
-            "--repeats", "2", "--json", tmp_path / "advice.json")
+            "--repeats", "2", "--max-repeats", "5", "--json", tmp_path / "advice.json")
     assert r.returncode == 0, r.stderr
     assert "prediction: no difference (from none)" in r.stdout and "no GPU telemetry" in r.stdout
     assert "A alone" in r.stdout and "A+B" in r.stdout and "measured: no verdict (MPS needs a GPU" in r.stdout

@@ -1,6 +1,8 @@
 """The study of `gpuvs advise-mps`: each job alone (NVML and GPM over its window), then each pair
 time-sliced and under MPS, in fresh process groups every repeat; the prediction (advice.py) from the
-solo windows against the measured verdict (stats.py)."""
+solo windows against the measured verdict (stats.py). With a cap above the planned repeats, repeats
+are added, one at a time and only for the pairs not yet settled, until each pair's verdict settles or
+the cap: compare --until-confident's sequential rule (stats.mps_verdict with a plan)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Callable
 from gpuvs.sharing import stats
 from gpuvs.sharing.advice import Advice, predict
 from gpuvs.sharing.group import Coordinator, Group, normalized_sum
+from gpuvs.sharing.stats import Plan
 from gpuvs.spec import RunSpec
 
 RUNS = ("A alone", "B alone", "A+B", "A+B, MPS")
@@ -37,6 +40,25 @@ class PairRuns:
     b: str
     runs: dict[str, list[Group]] = field(default_factory=lambda: {r: [] for r in RUNS})
     work: dict[str, list[float | None]] = field(default_factory=lambda: {"A+B": [], "A+B, MPS": []})
+    plan: Plan | None = None  # the looks of a measurement that adds repeats until it settles
+    margin: float = 0.05
+
+    def verdict(self) -> stats.MpsVerdict | None:
+        """The measured MPS verdict over the repeats so far (None before any MPS group)."""
+        if not self.work["A+B, MPS"]:
+            return None
+        return stats.mps_verdict(self.work["A+B"], self.work["A+B, MPS"], self.margin, self.plan)
+
+    def settled(self) -> bool:
+        """Measured enough: its verdict settled at a look of its plan, or the cap reached (without a plan:
+        the repeats planned, which the caller counts)."""
+        if self.plan is None:
+            return False
+        n = len(self.work["A+B, MPS"])
+        if n >= self.plan.cap:
+            return True
+        v = self.verdict() if n >= self.plan.first else None
+        return v is not None and v.settled
 
 
 def measure(coord: Coordinator, specs: dict[str, RunSpec], pairs: list[PairRuns], repeats: int, cuda: bool,
@@ -44,19 +66,28 @@ def measure(coord: Coordinator, specs: dict[str, RunSpec], pairs: list[PairRuns]
             heading: Callable[[str], None] = lambda s: None) -> None:
     """Each job alone once per repeat (NVML and GPM over its window), then each pair time-sliced and
     under MPS; fresh process groups every time. Solo runs of a job are shared by every pair that has it.
-    `save` is called whenever a part is measured, so that what was measured survives a stop."""
+    Past `repeats`, a pair with a plan (PairRuns.plan) gets one more repeat at a time until it settles
+    or reaches its cap; only the jobs of such pairs run alone then. `save` is called whenever a part is
+    measured, so that what was measured survives a stop."""
     single = len(pairs) == 1
-    for rep in range(repeats):
-        heading(f"repeat {rep + 1} of {repeats}: each job alone (telemetry, GPM), then the pairs")
+    sequential = cuda and not predict_only
+    cap = max([repeats] + [pr.plan.cap for pr in pairs if pr.plan and sequential])
+    for rep in range(cap):
+        todo = pairs if rep < repeats else [pr for pr in pairs if sequential and pr.plan and not pr.settled()]
+        if not todo:
+            return
+        jobs = [t for t in specs if any(t in (pr.a, pr.b) for pr in todo)]
+        heading(f"repeat {rep + 1} of {repeats}: each job alone (telemetry, GPM), then the pairs" if rep < repeats
+                else f"repeat {rep + 1} (at most {cap}), added: {len(todo)} pair(s) not yet settled")
         solo: dict[str, Group] = {}
-        for i, text in enumerate(specs):
+        for i, text in enumerate(jobs):
             label = ("A alone" if i == 0 else "B alone") if single else f"alone: {text}"
             solo[text] = coord.group([specs[text]], label, False, gpm_window=True)
-        for pr in pairs:
+        for pr in todo:
             pr.runs["A alone"].append(solo[pr.a])
             pr.runs["B alone"].append(solo[pr.b])
         save()
-        for n, pr in enumerate([] if predict_only else pairs):
+        for n, pr in [] if predict_only else [(pairs.index(pr), pr) for pr in todo]:
             alone = [solo[pr.a].value(0), solo[pr.b].value(0)]
             for label, mps in (("A+B", False), ("A+B, MPS", True)):
                 if mps and not cuda:
@@ -71,5 +102,18 @@ def verdicts(pr: PairRuns, total: float | None, margin: float) -> tuple[list, Ad
     """(each job's solo figures, the prediction from them, the measured MPS verdict or None)."""
     solo = [solo_figures(pr.runs["A alone"]), solo_figures(pr.runs["B alone"])]
     advice = predict(solo, total, margin)
-    verdict = stats.mps_verdict(pr.work["A+B"], pr.work["A+B, MPS"], margin) if pr.work["A+B, MPS"] else None
-    return solo, advice, verdict
+    return solo, advice, pr.verdict()
+
+
+def unsettled_why(verdict: stats.MpsVerdict | None) -> str | None:
+    """Why a sequential measurement ended at its cap without a verdict, in one line: the pair's noise
+    between repeats and about how many repeats would settle it; None where it settled or had no plan."""
+    if verdict is None or verdict.plan is None or verdict.settled:
+        return None
+    n = verdict.comparison.have or 0
+    cv = verdict.cv
+    need = verdict.comparison.trials_needed
+    noise = f"the work ratio varies by {100 * cv:.1f}% (CV) between repeats" if cv is not None else \
+        "too few complete repeats to read its noise"
+    more = f"about {need} repeats would settle it" if need else "no count within reach would settle it"
+    return f"not settled within the cap of {verdict.plan.cap} repeats ({n} measured): {noise}; {more} (--max-repeats)"

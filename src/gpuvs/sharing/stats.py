@@ -1,14 +1,19 @@
 """Every statistic the sharing commands print, in one place, on top of stats.py's public functions:
 a figure over repeated groups (mean and confidence interval), a ratio of two arms with compare's
 verdict words, and the MPS verdict (helps / hurts / no difference / inconclusive) as that ratio of
-work with MPS over work time-sliced, within a margin. Statistics only: their text is report/sharing.py's."""
+work with MPS over work time-sliced, within a margin; measured with repeats added until it settles, its
+verdict is compare --until-confident's sequential rule (the paired t of the per-repeat log ratios at
+the nominal level of the current look of analysis/sequential.py's alpha-spending plan). Statistics
+only: their text is report/sharing.py's."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from gpuvs.analysis import stats
+from gpuvs.analysis import sequential, stats
+from gpuvs.analysis.sequential import Plan
 from gpuvs.store.records import SampleRecord
 
 _PER_SECOND = {"s": 1.0, "sec": 1.0, "seconds": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}
@@ -90,6 +95,18 @@ class MpsVerdict:
 
     comparison: stats.Comparison
     words: str  # mps helps | mps hurts | no difference | inconclusive
+    plan: Plan | None = None  # the looks of a sequential measurement (None: a fixed count, unpaired)
+
+    @property
+    def settled(self) -> bool:
+        return self.ratio is not None and self.words != "inconclusive"
+
+    @property
+    def cv(self) -> float | None:
+        """The pair's noise: the spread between repeats of the per-repeat MPS / time-sliced work ratio, as a
+        coefficient of variation (sqrt(exp(sd^2) - 1) of the log ratios' sd)."""
+        sd = self.comparison.unit_sd
+        return math.sqrt(math.expm1(sd * sd)) if sd else None
 
     @property
     def ratio(self) -> float | None:
@@ -117,8 +134,29 @@ class MpsVerdict:
 
 
 def mps_verdict(sliced_work: Sequence[float | None], mps_work: Sequence[float | None],
-                margin: float) -> MpsVerdict:
+                margin: float, plan: Plan | None = None, confidence: float = 0.95) -> MpsVerdict:
     """MPS against time-slicing on the work done (sum over jobs of together/alone): the comparison with
-    its verdict in the advisor's words (helps / hurts / no difference within ±margin / inconclusive)."""
-    out = compare(sliced_work, mps_work, margin)
-    return MpsVerdict(out, MPS_WORDS[out.verdict])
+    its verdict in the advisor's words (helps / hurts / no difference within ±margin / inconclusive).
+
+    plan: the looks of a measurement that adds repeats until it settles (first = the repeats planned, step
+    1, cap = --max-repeats): the repeats are paired (both groups of a repeat are divided by that repeat's
+    solo rates) and tested at the nominal levels of the look reached, so that looking after every repeat
+    keeps a false verdict at 1 - confidence (benchmarks/verdicts.py, the advisor's table)."""
+    if plan is None:
+        out = compare(sliced_work, mps_work, margin)
+        return MpsVerdict(out, MPS_WORDS[out.verdict])
+    rounds = max(len(sliced_work), len(mps_work))
+    level, level_eq = sequential.levels(plan, rounds, round(1 - confidence, 12))
+    out = stats.compare_arms(list(sliced_work), list(mps_work), better="higher", words=("faster", "slower"),
+                             margin=margin, confidence=confidence, level=level, level_eq=level_eq, paired=True)
+    return MpsVerdict(out, MPS_WORDS[out.verdict], plan)
+
+
+def repeats_plan(repeats: int, max_repeats: int) -> Plan | None:
+    """The looks of advise-mps's measurement: after the planned repeats (at least 3, the fewest the paired
+    test takes), after every added repeat, up to the cap; None where the cap is not above the repeats
+    planned (a fixed count, judged as before: unpaired, at 1 - confidence)."""
+    if max_repeats <= repeats:
+        return None
+    first = max(stats.PAIRED_MIN, repeats)
+    return Plan(first=first, cap=max(first, max_repeats), step=1)

@@ -20,7 +20,8 @@ from gpuvs.report.sharing import ratio_text
 from gpuvs.trial.runner import Runner, validate_spec
 from gpuvs.safetext import safe_text
 from gpuvs.sharing import matrix
-from gpuvs.sharing.advisor import PairRuns, measure, verdicts
+from gpuvs.sharing.advisor import PairRuns, measure, unsettled_why, verdicts
+from gpuvs.sharing.stats import repeats_plan
 from gpuvs.sharing.group import Coordinator, check_shareable, gpu_memory_total_mib
 from gpuvs.spec import RunSpec
 from gpuvs.store.db import Store
@@ -29,6 +30,9 @@ ADVISE_OPTIONS = (
     Param("duration", float, 10.0, "seconds of each measured window", min=0.5, max=3600),
     Param("margin", float, 0.05, "work ratio (MPS / time-sliced) within which both count as equal", min=0, max=0.9),
     Param("repeats", int, 3, "fresh process groups per run (the verdict needs 2 or more)", min=1, max=1000),
+    Param("max_repeats", int, 8, "add repeats, one at a time and only for pairs not yet settled, until the measured "
+          "verdict settles or this cap (compare --until-confident's sequential rule); at or below --repeats: a fixed "
+          "count", min=1, max=1000),
     Param("json", str, None, "also write the prediction and the measured verdict to this JSON file (rewritten "
           "after every repeat)"),
     Param("predict_only", bool, False, "run each job alone and predict; measure no pair"),
@@ -63,7 +67,8 @@ def advise_mps(args: Args) -> None:
             specs[text] = common.job_spec(text, base)
             check_shareable(specs[text])
             validate_spec(specs[text])
-    pairs = [PairRuns(x, y) for x, y in texts]
+    plan = repeats_plan(ao["repeats"], ao["max_repeats"])
+    pairs = [PairRuns(x, y, plan=plan, margin=ao["margin"]) for x, y in texts]
     exp_id = common.experiment_id()
     for s in specs.values():
         s.experiment_id = exp_id
@@ -82,6 +87,10 @@ def advise_mps(args: Args) -> None:
         table, hit_rate = sharing.advise_pairs_table(pairs, total, ao["margin"])
         console.print(table)
         console.print(hit_rate, style="bold")
+        for pr in pairs:
+            why = unsettled_why(pr.verdict())
+            if why:
+                console.print(f"{safe_text(pr.a)} + {safe_text(pr.b)}: {why}")
     console.print(f"stored as experiment {exp_id} in {run['store']}", style="dim")
 
 
@@ -96,9 +105,11 @@ def _one_pair(console, pr: PairRuns, total, margin: float) -> None:
         console.print("measured: no verdict (MPS needs a GPU, or a run failed)")
         return
     settled = verdict.words != "inconclusive"
-    console.print(f"measured: {verdict.words} (work with MPS / time-sliced {ratio_text(verdict)}); "
+    why = unsettled_why(verdict)
+    console.print(f"measured: {verdict.words} (work with MPS / time-sliced {ratio_text(verdict)}, "
+                  f"{verdict.comparison.have or verdict.comparison.n_b} repeats); "
                   + (f"prediction {'confirmed' if verdict.words == advice.prediction else 'NOT confirmed'}"
-                     if settled else f"no verdict yet: about {verdict.more_trials or 'many'} more repeat(s) "
+                     if settled else why or f"no verdict yet: about {verdict.more_trials or 'many'} more repeat(s) "
                      "would settle it"), style="bold")
 
 
@@ -111,6 +122,8 @@ def _write_json(path: str, pairs: list[PairRuns], total, margin: float) -> None:
                     "predicted_ratio": advice.ratio, "reasons": advice.reasons,
                     "measured": verdict.words if ok else None, "measured_ratio": verdict.ratio if ok else None,
                     "measured_ci": [verdict.ci_low, verdict.ci_high] if ok else None,
+                    "repeats": len(pr.work["A+B, MPS"]) or len(pr.work["A+B"]),
+                    "unsettled_why": unsettled_why(verdict) if ok else None,
                     "work": pr.work, "solo": [{"telemetry": t, "gpm": g, "memory_mib": m} for t, g, m in solo]})
     try:
         Path(path).write_text(json.dumps(out if len(out) > 1 else out[0], indent=1) + "\n")
