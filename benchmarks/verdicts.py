@@ -15,9 +15,14 @@ independent of each other (the worst case for the family). The tables:
 3. coverage of the headline interval (fixed counts; 94-96% targeted);
 4. calibration of 'trials to settle': re-runs at the suggested count that settle (>= 80% targeted);
 5. the pairing: trials per arm to call a true 2% difference with 80% power, paired against
-   unpaired, at the same error rates.
+   unpaired, at the same error rates;
+6. advise-mps's measured verdict that settles (issue 37): per repeat, the work time-sliced and under MPS
+   (lognormal with the stated CV each, a share `rho` of the variance common to the repeat: both are
+   divided by that repeat's solo rates), fed repeat by repeat to the advisor's own PairRuns (its
+   stopping check and stats.mps_verdict with the alpha-spending plan) from 3 planned repeats to the cap
+   of 8, margin ±5%: false 'mps helps'/'mps hurts' on identical distributions, and power for a true 20%.
 
-usage: PYTHONPATH=src python benchmarks/verdicts.py [--quick] [--json FILE]
+usage: PYTHONPATH=src python benchmarks/verdicts.py [--quick] [--advisor] [--json FILE]
 """
 
 from __future__ import annotations
@@ -33,7 +38,10 @@ import numpy as np
 
 from gpuvs.analysis import family
 from gpuvs.analysis import stats
+from gpuvs.analysis import sequential
 from gpuvs.analysis.sequential import Plan
+from gpuvs.sharing import stats as sharestats
+from gpuvs.sharing.advisor import PairRuns
 
 MARGIN = 0.02
 CONFIDENCE = 0.95
@@ -190,6 +198,66 @@ def pairing(cv, rho, sims, diff=0.02) -> dict:
     return {"cv": cv, "rho": rho, "diff": diff, "paired": p, "unpaired": u}
 
 
+ADVISOR_MARGIN, ADVISOR_REPEATS, ADVISOR_CAP = 0.05, 3, 8  # advise-mps's defaults
+
+
+def advisor(sims, cv, diff, rho=0.0, seed=10, repeats=ADVISOR_REPEATS, cap=ADVISOR_CAP,
+            margin=ADVISOR_MARGIN) -> dict:
+    """advise-mps's sequential measurement: how often a verdict of a difference ('mps helps' / 'mps hurts',
+    within the margin or not) is called, with which sign, how often 'no difference', how often the cap is
+    reached unsettled, and the mean repeats measured."""
+    rng = np.random.default_rng(seed)
+    sd = math.sqrt(math.log(1 + cv * cv))
+    plan = sharestats.repeats_plan(repeats, cap)
+    right = wrong = same = capped = 0
+    ns = []
+    for _ in range(sims):
+        shared = rng.standard_normal(cap) * sd * math.sqrt(rho)
+        sliced = 1.5 * np.exp(shared + rng.standard_normal(cap) * sd * math.sqrt(1 - rho) - sd * sd / 2)
+        mps = 1.5 * (1 + diff) * np.exp(shared + rng.standard_normal(cap) * sd * math.sqrt(1 - rho) - sd * sd / 2)
+        pr = PairRuns("a", "b", plan=plan, margin=margin)
+        for i in range(cap):
+            pr.work["A+B"].append(float(sliced[i]))
+            pr.work["A+B, MPS"].append(float(mps[i]))
+            if i + 1 >= repeats and pr.settled():
+                break
+        v = pr.verdict()
+        c = v.comparison
+        right += bool(c.different) and (c.log_r > 0 if diff >= 0 else c.log_r < 0)
+        wrong += bool(c.different) and not (c.log_r > 0 if diff >= 0 else c.log_r < 0)
+        same += v.words == "no difference"
+        capped += not v.settled
+        ns.append(len(pr.work["A+B, MPS"]))
+    return {"cv": cv, "rho": rho, "diff": diff, "sims": sims, "right": right / sims, "wrong": wrong / sims,
+            "false": (right + wrong) / sims if diff == 0 else wrong / sims, "no_difference": same / sims,
+            "capped": capped / sims, "mean_repeats": float(np.mean(ns))}
+
+
+def advisor_levels(paths: int = 400_000, seed: int = 99) -> float:
+    """The false-verdict rate of the advisor's looks (3, 4, ..., 8) themselves, on many more runs than the
+    table can afford: paired t of standard normal log ratios tested at sequential.nominal_levels, with a seed
+    other than the one that set the levels."""
+    from scipy import special
+
+    plan = sharestats.repeats_plan(ADVISOR_REPEATS, ADVISOR_CAP)
+    levels = sequential.nominal_levels(tuple(plan.looks()), 1 - CONFIDENCE)
+    z = np.random.default_rng(seed).standard_normal((paths, plan.cap))
+    alive, hit = np.ones(paths, dtype=bool), np.zeros(paths, dtype=bool)
+    for level, n in zip(levels, plan.looks()):
+        t = np.abs(z[:, :n].mean(axis=1)) / (z[:, :n].std(axis=1, ddof=1) / math.sqrt(n))
+        h = alive & (2 * special.stdtr(n - 1, -t) < level)
+        hit |= h
+        alive &= ~h
+    return float(hit.mean())
+
+
+def run_advisor(quick: bool = False) -> list[dict]:
+    s = 300 if quick else 1000
+    cvs = (0.05,) if quick else (0.02, 0.05, 0.10, 0.20)
+    return [advisor(s, cv, d, rho, seed=seed_of(cv, d, rho, 10)) for cv in cvs for rho in (0.0, 0.5)
+            for d in (0.0, 0.2)]
+
+
 def seed_of(*parts) -> int:
     """A fixed seed per setting (Python's hash of a string changes from run to run)."""
     return int(sum((99 if p == "uc" else round(1000 * p) if isinstance(p, float) else p) * 7919 ** i
@@ -222,8 +290,10 @@ def run(quick: bool = False, log=print) -> dict:
     log(f"calibration done ({time.time() - t0:.0f} s)")
     out["pairing"] = [pairing(cv, rho, 150 if quick else 400) for cv in ((0.02,) if quick else cvs)
                       for rho in ((0.0, 0.5) if quick else (0.0, 0.5, 0.8))]
+    log(f"pairing done ({time.time() - t0:.0f} s)")
+    out["advisor"] = run_advisor(quick)
     out["seconds"] = time.time() - t0
-    log(f"pairing done ({out['seconds']:.0f} s)")
+    log(f"advisor done ({out['seconds']:.0f} s)")
     return out
 
 
@@ -265,15 +335,37 @@ def markdown(r: dict) -> str:
                    ["CV", "share of variance common to a round", "paired", "unpaired"],
                    [[pct(p["cv"]), f"{p['rho']:g}", p["paired"] or "> 80", p["unpaired"] or "> 80"]
                     for p in r["pairing"]])
+    lines += advisor_table(r["advisor"])
     lines += ["", f"({r['seconds']:.0f} s on this CPU)"]
     return "\n".join(lines[1:])
+
+
+def advisor_table(rows: list[dict]) -> list[str]:
+    return table("advise-mps: repeats added until the MPS verdict settles (3 planned, cap 8, margin ±5%)",
+                 ["CV per group", "share common to a repeat", "true MPS / sliced", "sims", "false verdict",
+                  "right sign", "'no difference'", "unsettled at the cap", "mean repeats"],
+                 [[pct(a["cv"]), f"{a['rho']:g}", f"{1 + a['diff']:.2f}", a["sims"], pct(a["false"]),
+                   "-" if a["diff"] == 0 else pct(a["right"]), pct(a["no_difference"]), pct(a["capped"]),
+                   f"{a['mean_repeats']:.1f}"] for a in rows])
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the smaller version the tests run")
+    ap.add_argument("--advisor", action="store_true", help="only advise-mps's table (issue 37)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
+    if args.advisor:
+        t0 = time.time()
+        rows = run_advisor(args.quick)
+        paths = 40_000 if args.quick else 400_000
+        print("\n".join(advisor_table(rows)[1:] + [
+            "", f"The looks themselves, {paths:,} A/A runs of the paired t: false verdicts "
+            f"{pct(advisor_levels(paths))} ({time.time() - t0:.0f} s on this CPU)"]))
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(rows, fh, indent=1)
+        return 0
     result = run(args.quick, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(markdown(result))
     if args.json:

@@ -257,6 +257,20 @@ def test_simulated_error_rates_hold_their_targets():
     assert cal["rerun"] > 100 and cal["settled"] >= 0.8 - tol(0.2, cal["rerun"]), cal
 
 
+def test_the_advisors_sequential_verdict_holds_its_error_rate_and_finds_a_true_20_percent():
+    """advise-mps's measurement (issue 37): repeats added to the advisor's own PairRuns until its verdict
+    settles (3 planned, cap 8): on identical time-sliced and MPS work no more false 'mps helps/hurts' than
+    5% (within the simulation's error), a true 20% called with the right sign, never the wrong one."""
+    bench = load_benchmark()
+    tol = lambda p, n: 2.58 * math.sqrt(p * (1 - p) / n)  # noqa: E731
+    for cv, rho in ((0.05, 0.0), (0.10, 0.5)):
+        aa = bench.advisor(300, cv, 0.0, rho, seed=bench.seed_of(cv, 0.0, rho, 10))
+        assert aa["false"] <= 0.05 + tol(0.05, 300) and aa["mean_repeats"] > 3, aa
+    p = bench.advisor(300, 0.05, 0.2, 0.0, seed=11)
+    assert p["right"] >= 0.95 and p["wrong"] == 0.0 and p["mean_repeats"] < 8, p
+    assert bench.advisor_levels(100_000) <= 0.05 + tol(0.05, 100_000)
+
+
 # -- compare --stored ---------------------------------------------------------------------------------
 
 def test_compare_stored_gives_the_same_verdicts_marked_not_interleaved(cli, tmp_path):
