@@ -220,7 +220,7 @@ def test_drift_labels_in_a_dry_run(fleet_store):
     assert planned["node-2"].labels == {labels.DRIFT: "slower", labels.DRIFT_RATIO: f"{w.node('node-2').drift.ratio:.3f}"}
     details = json.loads(planned["node-2"].annotations[labels.DRIFT_DETAILS])
     assert details["since"]["run"] == w.node("node-2").change.run_id and details["interleaved"] is False
-    assert all(planned[n].labels[labels.DRIFT] in ("ok", "inconclusive") for n in STABLE)
+    assert all(planned[n].labels[labels.DRIFT] in ("equivalent", "inconclusive") for n in STABLE)
     r = gpuvs("fleet", "history", "--store", str(path), "--label", "--dry-run")
     assert r.returncode == 2 and "--label writes one workload's drift: give --workload (stored: membw, spin)" in r.stderr
     r = gpuvs("fleet", "history", "--store", str(path), "--label", "--dry-run", "--workload", "spin",
@@ -330,7 +330,7 @@ def test_drift_labels_are_written_on_the_test_clusters_nodes_and_read_back(clust
         got = drift_labels()
         ratio = w.node(nodes[1]).drift.ratio
         assert got[nodes[1]] == {labels.DRIFT: "slower", labels.DRIFT_RATIO: f"{ratio:.3f}"}
-        assert all(got[n][labels.DRIFT] in ("ok", "inconclusive") for n in (nodes[0], nodes[2]))
+        assert all(got[n][labels.DRIFT] in ("equivalent", "inconclusive") for n in (nodes[0], nodes[2]))
         details = json.loads(core.read_node(nodes[1]).metadata.annotations[labels.DRIFT_DETAILS])
         assert details["since"]["run"] == w.node(nodes[1]).change.run_id and details["workload"] == "spin"
     finally:
