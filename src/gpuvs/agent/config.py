@@ -93,6 +93,10 @@ class AgentConfig:
     token_file: str | None = None  # the bearer token POST /runs needs (auth.py); None: POST /runs is refused
     min_interval_s: float = 120.0  # a run asked for through the API starts at least this long after the last ended
     http_timeout_s: float = 10.0  # the most one HTTP connection may take, from accept to close
+    condition: bool = False  # the NodeCondition GpuvsPerformance and Events on the nodes (deploy --condition)
+    taint: bool = False  # gpuvs.io/slow on the nodes found slower, with the circuit breaker (fleet/taints.py)
+    taint_effect: str = "NoSchedule"
+    taint_max_share: float = 0.1
 
     def stale_after(self) -> float:
         return self.stale_after_s if self.stale_after_s is not None else 2 * self.every_s
@@ -110,6 +114,9 @@ class AgentConfig:
             raise UsageError(f"--http-timeout {self.http_timeout_s:g}: expected 1 to 300 seconds")
         if not self.workloads:
             raise UsageError("--workload: at least one")
+        if not 0 < self.taint_max_share <= 1:
+            raise UsageError(f"--taint-max-share {self.taint_max_share:g}: expected a share above 0 and at most 1 "
+                             "(leave --taint out to taint nothing)")
 
 
 def listen(text: str) -> tuple[str, int]:

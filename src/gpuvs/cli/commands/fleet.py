@@ -4,7 +4,8 @@ gpuvs fleet history [NODE] [options]: each node against its own past, from the s
 
     gpuvs fleet spin --device cpu --image IMAGE [--nodes a,b,c] [--node-label KEY[=VALUE]] [--all-nodes]
                 [--trials 4 --max-trials 12] [--parallel N] [--reference NODE] [--margin 0.05]
-                [--label [--dry-run]] [--format term|md|html|json|csv -o FILE] [pod options]
+                [--label [--condition] [--taint [--taint-effect E] [--taint-max-share 0.1]] [--dry-run]]
+                [--format term|md|html|json|csv -o FILE] [pod options]
 
     gpuvs fleet history [NODE] [--workload W] [--format term|md|html|json -o FILE] [--label [--dry-run]]
 
@@ -54,6 +55,8 @@ def fleet(args: Args) -> None:
         nodes=_nodes_arg(o["nodes"]), node_labels=o["node_label"], all_nodes=o["all_nodes"], reference=o["reference"],
         parallel=o["parallel"], trials=run["trials"], max_trials=o["max_trials"], margin=o["margin"],
         confidence=o["confidence"], label=o["label"], dry_run=o["dry_run"], name=run["name"],
+        condition=o["condition"], taint=o["taint"], taint_effect=o["taint_effect"],
+        taint_max_share=o["taint_max_share"],
         order_seed=run["order_seed"], timeout_s=run["timeout"], command="gpuvs fleet " + shlex.join(args.argv))
     fleet_run.check(prep.base, opts)
     if o["output"] and not Path(o["output"]).resolve().parent.is_dir():
@@ -68,7 +71,10 @@ def fleet(args: Args) -> None:
     def on_end(r: TrialResult) -> None:
         console.print(terminal.trial_line(r), style=None if r.ok else "red", highlight=False)
 
-    result = fleet_run.run_fleet(prep.base, run["store"], opts, fleet_run.FleetHooks(on_start, on_end))
+    def on_log(line: str) -> None:
+        print(safe_text(f"gpuvs fleet: {line}"), file=sys.stderr, flush=True)
+
+    result = fleet_run.run_fleet(prep.base, run["store"], opts, fleet_run.FleetHooks(on_start, on_end, on_log))
     text = report.render(o["format"], result)
     if o["output"]:
         Path(o["output"]).write_text(text, encoding="utf-8")
