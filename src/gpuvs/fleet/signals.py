@@ -106,3 +106,39 @@ def validate_failed(core: Any, node: str, check: str, detail: str, dry_run: bool
         return NodeSignal(node, "event", "Warning ValidateFailed", DRY)
     p = events.post(core, node, "ValidateFailed", text, warning=True)
     return NodeSignal(node, "event", "Warning ValidateFailed", p.outcome)
+
+
+def act_drift(core: Any, standings: list[Any], *, workload: str, dry_run: bool = False) -> list[NodeSignal]:
+    """`gpuvs fleet history --label --condition`: the condition from each node's drift (stored.NodeStanding) where
+    it says DriftingSlower, or where the node's condition says DriftingSlower and its drift no longer does (then
+    what the drift says now). A node's condition from its peers (SlowerThanPeers, Ok, ...) is left to the fleet
+    runs that write it: the drift never clears a verdict against the peers. An Event as for act()."""
+    out: list[NodeSignal] = []
+    for n in standings:
+        v = n.drift
+        if v is None or v.run_id is None:
+            continue
+        status, reason = vocabulary.condition(v.verdict, against="past")
+        detail = f"{nodestatus.CONDITION}={status} {reason}"
+        if dry_run:
+            if reason == "DriftingSlower":
+                out.append(NodeSignal(n.node, "condition", detail, DRY))
+            continue
+        try:
+            before = nodestatus.current(core.read_node(n.node, _request_timeout=15))
+        except Exception as exc:
+            from gpuvs.kube.client import api_message
+
+            out.append(NodeSignal(n.node, "condition", detail, f"node {n.node} could not be read: {api_message(exc)}"))
+            continue
+        if reason != "DriftingSlower" and (before is None or before["reason"] != "DriftingSlower"):
+            continue
+        text = (f"{v.verdict} than its own past: {_num(v.ratio)}x [{_num(v.ci_low)}-{_num(v.ci_high)}]; workload "
+                f"{workload}, gpuvs run {v.run_id}")
+        w = nodestatus.write(core, n.node, status, reason, text)
+        out.append(NodeSignal(n.node, "condition", detail, w.error or "written"))
+        if not w.error and w.changed:
+            p = events.post(core, n.node, reason, text, warning=status == "True")
+            out.append(NodeSignal(n.node, "event", f"{'Warning' if status == 'True' else 'Normal'} {reason}",
+                                  p.outcome))
+    return out

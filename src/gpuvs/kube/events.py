@@ -70,9 +70,10 @@ def post(core: Any, node: str, reason: str, message: str, *, warning: bool, now:
             core.patch_namespaced_event(ev_name, NAMESPACE, {"count": count, "lastTimestamp": _stamp(now),
                                                              "message": message[:1024]}, _request_timeout=15)
             return Posted(node, reason, f"bumped (count {count})")
-        uid = core.read_node(node, _request_timeout=15).metadata.uid
+        # uid: the node's name, as the kubelet writes its own: `kubectl describe node` looks up that uid (1.20 only
+        # that one; later releases the node's real uid too)
         body = {"metadata": {"name": ev_name, "namespace": NAMESPACE},
-                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
+                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
                 "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
                 "source": {"component": COMPONENT}, "reportingComponent": CONTROLLER,
                 "reportingInstance": socket.gethostname()[:128], "count": 1,

@@ -7,7 +7,7 @@ gpuvs fleet history [NODE] [options]: each node against its own past, from the s
                 [--label [--condition] [--taint [--taint-effect E] [--taint-max-share 0.1]] [--dry-run]]
                 [--format term|md|html|json|csv -o FILE] [pod options]
 
-    gpuvs fleet history [NODE] [--workload W] [--format term|md|html|json -o FILE] [--label [--dry-run]]
+    gpuvs fleet history [NODE] [--workload W] [--format term|md|html|json -o FILE] [--label [--condition] [--dry-run]]
 
 Exit status: 0 when the fleet ran (whatever the verdicts), 1 when a node ran no trial, 2 on bad input."""
 
@@ -106,8 +106,10 @@ HISTORY_OPTIONS = (
     Param("confidence", float, 0.95, "1 - the false-alarm rate for the whole fleet, per check", min=0.5, max=0.999),
     Param("format", str, "term", "report format", choices=HISTORY_FORMATS),
     Param("output", str, None, "write the report here (else standard output)", aliases=("o",)),
-    Param("label", bool, False, "write gpuvs.io/drift=slower|faster|ok|inconclusive and gpuvs.io/drift-ratio on the "
-          "nodes of the latest run (needs one workload)"),
+    Param("label", bool, False, "write gpuvs.io/drift (the verdict: slower, equivalent, ...; docs/vocabulary.md) and "
+          "gpuvs.io/drift-ratio on the nodes of the latest run (needs one workload)"),
+    Param("condition", bool, False, "with --label: the NodeCondition GpuvsPerformance=True DriftingSlower on a node "
+          "drifting slower (cleared when it no longer is), with an Event (needs gpuvs deploy --condition's rights)"),
     Param("dry_run", bool, False, "with --label: show the labels, write nothing"),
     Param("kubeconfig", str, None, "with --label: kubeconfig file (default: KUBECONFIG, ~/.kube/config, else "
           "in-cluster)"),
@@ -124,6 +126,8 @@ def history(args: Args) -> None:
     o, node = args.options, (args.positionals[0] if args.positionals else None)
     if o["dry_run"] and not o["label"]:
         raise UsageError("--dry-run applies with --label (it shows the labels instead of writing them)")
+    if o["condition"] and not o["label"]:
+        raise UsageError("--condition applies with --label (the node's drift is written as labels first)")
     if o["output"] and not Path(o["output"]).resolve().parent.is_dir():
         raise UsageError(f"--output {o['output']}: folder {Path(o['output']).parent} does not exist")
     with common.open_store(o["store"]) as st:
@@ -172,6 +176,12 @@ def history(args: Args) -> None:
         status = dict(outcome)
         for c in changes:
             console.print(safe_text(f"label {c.node}: {c.labels} ({status[c.node]})"))
+        if o["condition"]:
+            from gpuvs.fleet import signals
+
+            measured = [n for n in w.nodes if node is None or n.node == node]
+            for sig in signals.act_drift(core, measured, workload=w.workload, dry_run=core is None):
+                console.print(safe_text(f"{sig.what} {sig.node}: {sig.detail} ({sig.status})"))
 
 
 HISTORY = Command(
