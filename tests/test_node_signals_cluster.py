@@ -35,7 +35,7 @@ pytestmark = pytest.mark.cluster
 TAG = f"gpuvs-signals-{os.getpid()}"
 NS = TAG
 SA = "agent"
-SPIN = "spin:steps=6,ops=1500000,warmup-steps=1"
+SPIN = "spin:steps=6,ops=1500000,warmup-steps=1"  # about 1.3 s a trial at full speed
 SLOW = "gpuvs.io/slow"
 
 
@@ -214,7 +214,7 @@ def test_condition_events_and_taint_with_its_breaker_as_the_agents_own_account(c
                             "resources": {"limits": {"nvidia.com/gpu": str(cluster.gpus)}}}]}})
         wait_for(lambda: core.read_namespaced_pod("busy", NS).status.phase == "Running", 60, "busy running")
         set_slow_taint(core, busy, True)
-        cluster.script("slow", slow, "25")
+        cluster.script("slow", slow, "40")
         port = free_port()
         (tmp_path / "token").write_text("signals-test-token")
         agent = subprocess.Popen(

@@ -104,6 +104,8 @@ class FleetResult:
                 value = value.to_dict()
             elif f.name == "rows":
                 value = [r.to_dict() for r in value]
+            elif f.name in ("signals", "circuit_open") and not value:
+                continue  # kept where something was asked for (--condition, --taint): older results read alike
             elif f.name in ("labels", "signals"):
                 value = [dataclasses.asdict(lab) for lab in value]
             out[f.name] = value
