@@ -3,7 +3,7 @@ scripts/build-image and loaded into the nodes, `gpuvs deploy`, the agent running
 
 One node is slowed (a CPU quota, removed after), one runs a pod of someone else's that requested its GPUs. After
 the agent's first scheduled run the busy node was skipped (the scheduler would not place the agent's hold pod),
-the slowed node carries gpuvs.io/perf=slow, no node carries gpuvs.io/testing, and a real Prometheus server
+the slowed node carries gpuvs.io/perf=slower, no node carries gpuvs.io/testing, and a real Prometheus server
 (Debian's, started here) scraping the agent has the slowed node's ratio below 1 (asked through its HTTP API).
 Then a run asked for through POST /runs is cut short by deleting the agent's pod: no trial, probe or hold pod and
 no gpuvs.io/testing label is left, and the agent's next pod lists that run as interrupted.
@@ -241,8 +241,8 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
         assert busy in first["skipped"] and "requested by other pods" in first["skipped"][busy], first
         assert first["checks"] and first["checks"]["functional: GPU pod: exec works"] == "pass", first["checks"]
         labels = core.read_node(slow).metadata.labels
-        assert labels["gpuvs.io/perf"] == "slow" and float(labels["gpuvs.io/perf-ratio"]) < 1, labels
-        assert core.read_node(home).metadata.labels["gpuvs.io/perf"] == "ok"
+        assert labels["gpuvs.io/perf"] == "slower" and float(labels["gpuvs.io/perf-ratio"]) < 1, labels
+        assert core.read_node(home).metadata.labels["gpuvs.io/perf"] == "equivalent"
         assert "gpuvs.io/perf" not in (core.read_node(busy).metadata.labels or {})  # skipped: not labelled
         assert labelled_testing(core) == [] and gpuvs_pods(core) == []
         cluster.script("slow", slow, "0")

@@ -228,6 +228,8 @@ def test_the_node_guard_lets_the_agent_change_only_gpuvs_labels_and_annotations(
         "gpuvs.io/perf removed": lambda n: n["metadata"]["labels"].pop("gpuvs.io/perf"),
         "gpuvs.io/perf-details annotated": lambda n: n["metadata"]["annotations"].update({"gpuvs.io/perf-details": "{}"}),
         "no change": lambda n: None,
+        "gpuvs.io/slow tainted": lambda n: n["spec"].update(
+            {"taints": [{"key": "gpuvs.io/slow", "value": "true", "effect": "NoSchedule"}]}),
     }
     for what, fn in allowed.items():
         assert guard_allows(policy, AGENT_USER, node, changed(fn)) is True, what
@@ -235,6 +237,14 @@ def test_the_node_guard_lets_the_agent_change_only_gpuvs_labels_and_annotations(
     marked = {"metadata": {"name": "n1", "labels": {"gpuvs.io/testing": "true"}}, "spec": {}}
     assert guard_allows(policy, AGENT_USER, no_labels, marked) is True  # a node without labels before
     assert guard_allows(policy, AGENT_USER, marked, no_labels) is True
+    other = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    slow = {"key": "gpuvs.io/slow", "value": "true", "effect": "PreferNoSchedule"}
+    tainted = changed(lambda n: n["spec"].update({"taints": [other, slow]}))
+    untainted = changed(lambda n: n["spec"].update({"taints": [other]}))
+    assert guard_allows(policy, AGENT_USER, tainted, untainted) is True  # its own taint off, the other kept
+    assert guard_allows(policy, AGENT_USER, untainted, tainted) is True
+    assert guard_allows(policy, AGENT_USER, tainted, changed(lambda n: n["spec"].update({"taints": [slow]}))) \
+        is not True  # another's taint removed
     refused = {
         "another label added": (lambda n: n["metadata"]["labels"].update({"node-role.kubernetes.io/gpu": ""}), "labels"),
         "another label changed": (lambda n: n["metadata"]["labels"].update({"kubernetes.io/hostname": "x"}), "labels"),
@@ -244,6 +254,8 @@ def test_the_node_guard_lets_the_agent_change_only_gpuvs_labels_and_annotations(
         "annotation removed": (lambda n: n["metadata"]["annotations"].clear(), "annotations"),
         "cordoned": (lambda n: n["spec"].update({"unschedulable": True}), "spec"),
         "tainted": (lambda n: n["spec"].update({"taints": [{"key": "k", "effect": "NoSchedule"}]}), "spec"),
+        "a look-alike taint": (lambda n: n["spec"].update({"taints": [{"key": "gpuvs.io/slower", "effect": "NoSchedule"}]}),
+                               "spec"),
         "a finalizer": (lambda n: n["metadata"].update({"finalizers": ["x/y"]}), "finalizers"),
         "an owner": (lambda n: n["metadata"].update({"ownerReferences": [{"kind": "X", "name": "y"}]}), "owner"),
     }

@@ -247,8 +247,8 @@ def test_label_plan_values_and_details():
     res = result_fixture()
     changes = {c.node: c for c in labels.plan(res.rows, experiment_id="exp-1", workload="spin")}
     assert set(changes) == {"n1", "n2", "slow<1>"}  # excluded and failed nodes are left alone
-    assert changes["slow<1>"].labels == {labels.PERF: "slow", labels.RATIO: "0.500"}
-    assert changes["n1"].labels[labels.PERF] == "ok"
+    assert changes["slow<1>"].labels == {labels.PERF: "slower", labels.RATIO: "0.500"}
+    assert changes["n1"].labels[labels.PERF] == "equivalent"
     details = json.loads(changes["slow<1>"].annotations[labels.DETAILS])
     assert details["experiment"] == "exp-1" and details["interval"] == [0.47, 0.53]
     assert set(changes["n1"].patch()["metadata"]) == {"labels", "annotations"}  # nothing else: no taint, no cordon

@@ -96,8 +96,8 @@ def test_the_slowed_node_is_named_with_its_ratio_and_labels_are_written_only_whe
           f"[{rows[slow]['speed_low']:.3f}-{rows[slow]['speed_high']:.3f}], trials per node "
           f"{[rows[n]['n_trials'] for n in nodes]}, {took:.0f} s")
     got = gpuvs_labels(core, nodes)
-    assert got[slow] == {"gpuvs.io/perf": "slow", "gpuvs.io/perf-ratio": f"{rows[slow]['speed']:.3f}"}
-    assert all(got[n]["gpuvs.io/perf"] == "ok" for n in nodes if n != slow)
+    assert got[slow] == {"gpuvs.io/perf": "slower", "gpuvs.io/perf-ratio": f"{rows[slow]['speed']:.3f}"}
+    assert all(got[n]["gpuvs.io/perf"] == "equivalent" for n in nodes if n != slow)
     details = json.loads(core.read_node(slow).metadata.annotations["gpuvs.io/perf-details"])
     assert details["experiment"] == res["id"] and details["verdict"] == "slower"
     assert not any(core.read_node(n).spec.unschedulable or core.read_node(n).spec.taints for n in nodes)

@@ -220,7 +220,15 @@ def test_drift_labels_in_a_dry_run(fleet_store):
     assert planned["node-2"].labels == {labels.DRIFT: "slower", labels.DRIFT_RATIO: f"{w.node('node-2').drift.ratio:.3f}"}
     details = json.loads(planned["node-2"].annotations[labels.DRIFT_DETAILS])
     assert details["since"]["run"] == w.node("node-2").change.run_id and details["interleaved"] is False
-    assert all(planned[n].labels[labels.DRIFT] in ("ok", "inconclusive") for n in STABLE)
+    assert all(planned[n].labels[labels.DRIFT] in ("equivalent", "inconclusive") for n in STABLE)
+    from gpuvs.fleet import signals
+
+    # --condition: only the node drifting slower gets GpuvsPerformance (DriftingSlower); no API given, none asked
+    said = signals.act_drift(None, w.nodes, workload="spin", dry_run=True)
+    assert [(x.node, x.detail, x.status) for x in said] == [("node-2", "GpuvsPerformance=True DriftingSlower",
+                                                             "dry run: not written")]
+    r = gpuvs("fleet", "history", "--store", str(path), "--condition")
+    assert r.returncode == 2 and "--condition applies with --label" in r.stderr and r.stderr.count("\n") == 1
     r = gpuvs("fleet", "history", "--store", str(path), "--label", "--dry-run")
     assert r.returncode == 2 and "--label writes one workload's drift: give --workload (stored: membw, spin)" in r.stderr
     r = gpuvs("fleet", "history", "--store", str(path), "--label", "--dry-run", "--workload", "spin",
@@ -314,6 +322,10 @@ def test_drift_labels_are_written_on_the_test_clusters_nodes_and_read_back(clust
         for n in nodes:
             core.patch_node(n, {"metadata": {"labels": {k: None for k in keys},
                                              "annotations": {labels.DRIFT_DETAILS: None}}})
+            core.patch_node_status(n, {"status": {"conditions": [{"type": "GpuvsPerformance", "$patch": "delete"}]}})
+            for e in core.list_namespaced_event("default", field_selector=f"involvedObject.name={n}").items:
+                if e.source.component == "gpuvs":
+                    core.delete_namespaced_event(e.metadata.name, "default")
 
     path = tmp_path / "cluster-fleet.db"
     sliding_fleet(path, runs=10, slide_from=SLIDE_FROM, slide=0.04, names=nodes)
@@ -325,12 +337,21 @@ def test_drift_labels_are_written_on_the_test_clusters_nodes_and_read_back(clust
                     str(cluster.kubeconfig))
         assert dry.returncode == 0 and dry.stdout.count("(dry run: not written)") == 3, dry.stderr
         assert drift_labels() == {n: {} for n in nodes}
-        r = gpuvs("fleet", "history", "--store", str(path), "--label", "--kubeconfig", str(cluster.kubeconfig))
-        assert r.returncode == 0 and r.stdout.count("(written)") == 3, r.stdout + r.stderr
+        r = gpuvs("fleet", "history", "--store", str(path), "--label", "--condition", "--kubeconfig",
+                  str(cluster.kubeconfig))
+        assert r.returncode == 0 and r.stdout.count("(written)") == 4, r.stdout + r.stderr  # 3 labels, 1 condition
+        conds = {n: [c for c in core.read_node(n).status.conditions if c.type == "GpuvsPerformance"] for n in nodes}
+        assert [(c.status, c.reason) for c in conds[nodes[1]]] == [("True", "DriftingSlower")]
+        assert conds[nodes[1]][0].message.startswith("slower than its own past: 0.")
+        assert conds[nodes[0]] == conds[nodes[2]] == []  # not drifting: the drift writes no condition
+        events = [e for e in core.list_namespaced_event("default", field_selector="involvedObject.kind=Node,"
+                                                        f"involvedObject.name={nodes[1]}").items
+                  if e.reason == "DriftingSlower" and e.source.component == "gpuvs"]
+        assert len(events) == 1 and events[0].type == "Warning"
         got = drift_labels()
         ratio = w.node(nodes[1]).drift.ratio
         assert got[nodes[1]] == {labels.DRIFT: "slower", labels.DRIFT_RATIO: f"{ratio:.3f}"}
-        assert all(got[n][labels.DRIFT] in ("ok", "inconclusive") for n in (nodes[0], nodes[2]))
+        assert all(got[n][labels.DRIFT] in ("equivalent", "inconclusive") for n in (nodes[0], nodes[2]))
         details = json.loads(core.read_node(nodes[1]).metadata.annotations[labels.DRIFT_DETAILS])
         assert details["since"]["run"] == w.node(nodes[1]).change.run_id and details["workload"] == "spin"
     finally:

@@ -60,7 +60,8 @@ def test_manifest_carries_spec_limits_labels_and_no_privilege():
     assert ps["activeDeadlineSeconds"] == 120 + 30 + 300 + pod.DEADLINE_EXTRA_S
     assert ps["nodeSelector"] == {"kubernetes.io/hostname": "n1"} and "nodeName" not in ps
     assert ps["tolerations"] == [{"key": "gpu", "operator": "Equal", "value": "yes", "effect": "NoSchedule"},
-                                 {"key": "dedicated", "operator": "Exists"}]
+                                 {"key": "dedicated", "operator": "Exists"},
+                                 {"key": "gpuvs.io/slow", "operator": "Exists"}]  # a node gpuvs tainted slow
     assert ps["runtimeClassName"] == "nvidia" and "hostNetwork" not in ps
     c = ps["containers"][0]
     assert c["command"] == ["python3", "-m", "gpuvs.trial.inside"]  # no shell anywhere

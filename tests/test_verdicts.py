@@ -158,7 +158,7 @@ def test_a_light_co_tenant_is_named_slower_within_margin_in_the_fleet_its_label_
         assert found[n].verdict == ("faster-within-margin" if excludes_1 else "equivalent"), n
     row = NodeRow("slow", v.verdict, n_ok=8, n_trials=8, speed=v.speed, ratio=v.ratio)
     change, = labels.plan([row], experiment_id="x", workload="w")
-    assert change.labels[labels.PERF] == "slow-within-margin"
+    assert change.labels[labels.PERF] == "slower-within-margin"
     assert "slower-within-margin" in VERDICTS
 
 

@@ -99,6 +99,10 @@ class AgentConfig:
     token_file: str | None = None  # the bearer token POST /runs needs (auth.py); None: POST /runs is refused
     min_interval_s: float = 120.0  # a run asked for through the API starts at least this long after the last ended
     http_timeout_s: float = 10.0  # the most one HTTP connection may take, from accept to close
+    condition: bool = False  # the NodeCondition GpuvsPerformance and Events on the nodes (deploy --condition)
+    taint: bool = False  # gpuvs.io/slow on the nodes found slower, with the circuit breaker (fleet/taints.py)
+    taint_effect: str = "NoSchedule"
+    taint_max_share: float = 0.1
 
     def workloads_for(self, has_gpus: bool) -> list[WorkloadSpec]:
         """The --workload list, or where none was given the default: gpu-check on the GPU where the nodes advertise
@@ -123,6 +127,9 @@ class AgentConfig:
             raise UsageError(f"--min-interval {self.min_interval_s:g} s: at least 10 s")
         if not 1 <= self.http_timeout_s <= 300:
             raise UsageError(f"--http-timeout {self.http_timeout_s:g}: expected 1 to 300 seconds")
+        if not 0 < self.taint_max_share <= 1:
+            raise UsageError(f"--taint-max-share {self.taint_max_share:g}: expected a share above 0 and at most 1 "
+                             "(leave --taint out to taint nothing)")
 
 
 def listen(text: str) -> tuple[str, int]:

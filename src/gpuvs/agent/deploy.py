@@ -29,14 +29,29 @@ TOKEN_SECRET = "gpuvs-agent-token"  # key `token`; the Deployment mounts it (dep
 STOP_MARGIN_S = 30.0  # beyond the agent pod's terminationGracePeriodSeconds, for the kubelet to report it gone
 
 
-def manifests(image: str | None = None, agent_args: list[str] | None = None) -> list[dict[str, Any]]:
-    """Every object of deploy/, in the kustomization's order; the agent's image and extra arguments if given."""
+NODE_STATUS = "node-status"  # the opt-in component of --condition: nodes/status patch, Node events in default
+
+
+def _read(folder: str = "") -> list[dict[str, Any]]:
     root = resources.files("gpuvs") / "manifests"
+    if folder:
+        root = root / folder
     try:
         order = yaml.safe_load((root / "kustomization.yaml").read_text())["resources"]
-        out = [yaml.safe_load((root / name).read_text()) for name in order]
+        return [yaml.safe_load((root / name).read_text()) for name in order]
     except (OSError, KeyError, TypeError) as exc:
         raise UsageError(f"gpuvs's manifests are missing from the installed package ({root}): {exc}") from None
+
+
+def manifests(image: str | None = None, agent_args: list[str] | None = None, condition: bool = False
+              ) -> list[dict[str, Any]]:
+    """Every object of deploy/, in the kustomization's order; the agent's image and extra arguments if given. With
+    condition, deploy/node-status's objects too, before the Deployment, and the agent's --condition."""
+    out = _read()
+    if condition:
+        i = next(i for i, m in enumerate(out) if (m["kind"], m["metadata"]["name"]) == AGENT)
+        out[i:i] = _read(NODE_STATUS)
+        agent_args = [*(agent_args or []), *([] if "--condition" in (agent_args or []) else ["--condition"])]
     for m in out:
         if (m["kind"], m["metadata"]["name"]) == AGENT:
             c = m["spec"]["template"]["spec"]["containers"][0]
@@ -150,7 +165,8 @@ def _unmark_nodes(cluster: Cluster) -> list[tuple[str, str]]:
 
 def delete(cluster: Cluster, objs: list[dict[str, Any]], poll_s: float = 0.5) -> list[tuple[str, str]]:
     """Delete the agent's Deployment and wait for its pods to go, take off any gpuvs.io/testing left on a node,
-    then delete every other object (namespaced ones go with the namespace), last first; [(what, how)]."""
+    then delete every other object (namespaced ones go with the namespace), last first; [(what, how)]. Give it
+    manifests(condition=True) to remove deploy/node-status's objects too (absent ones are said so)."""
     k8s = client_module()
     dyn = k8s.dynamic.DynamicClient(cluster.api)
     agent = next((m for m in objs if (m["kind"], m["metadata"]["name"]) == AGENT), None)

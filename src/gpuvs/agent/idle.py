@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from gpuvs.kube import SLOW_TOLERATION, app_labels
 from gpuvs.kube.client import Cluster, api_message, client_module
 
 TESTING = "gpuvs.io/testing"
@@ -50,10 +51,12 @@ def hold_manifest(hold: Hold, *, run_id: str, image: str, python: str, resource:
     if restricted:
         security["runAsNonRoot"] = True
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": hold.pod, "labels": {"gpuvs": "1", HOLD_LABEL: "1", "gpuvs.agent-run": run_id}},
+            "metadata": {"name": hold.pod, "labels": {**app_labels("hold", agent_run=run_id), HOLD_LABEL: "1",
+                                                      "gpuvs.agent-run": run_id}},
             "spec": {"restartPolicy": "Never", "activeDeadlineSeconds": 300, "terminationGracePeriodSeconds": 0,
                      "automountServiceAccountToken": False, "enableServiceLinks": False,
                      "priorityClassName": priority_class, "nodeSelector": {"kubernetes.io/hostname": hold.node},
+                     "tolerations": [dict(SLOW_TOLERATION)],  # a node gpuvs tainted slow is tested again
                      "securityContext": security, "containers": [container]}}
 
 

@@ -97,6 +97,12 @@ class AgentCollector(Collector):
             for node in sorted(s.testing):
                 testing.add_metric([node], 1.0)
             yield testing
+            breaker = GaugeMetricFamily("gpuvs_taint_circuit_open", "1 when the last fleet of the workload left a "
+                                        "slower node untainted because --taint-max-share of the GPU nodes already "
+                                        "carry gpuvs.io/slow (agent --taint only)", labels=["workload"])
+            for workload, is_open in sorted(s.circuit_open.items()):
+                breaker.add_metric([workload], 1.0 if is_open else 0.0)
+            yield breaker
 
             check = GaugeMetricFamily("gpuvs_validate_check_ok", "1 when the functional validate check passed in "
                                       "the last run that ran it", labels=["check"])

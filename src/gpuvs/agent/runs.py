@@ -25,6 +25,7 @@ from gpuvs.agent.ledger import FleetOutcome, RunRecord
 from gpuvs.agent.state import State
 from gpuvs.errors import GpuvsError, UsageError
 from gpuvs.fleet.result import FleetResult
+from gpuvs.kube import SLOW_TOLERATION
 from gpuvs.safetext import safe_text
 from gpuvs.spec import RunSpec
 
@@ -110,7 +111,7 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
         run.gone = sorted(state.gone)
         gpu_nodes = has_gpus(found, c.gpu_resource)
         chosen, excluded = fleet_nodes.select(found, gpu_resource=c.gpu_resource, need_gpus=gpu_nodes,
-                                              tolerations=[])
+                                              tolerations=[SLOW_TOLERATION])
         run.skipped = {e.node: e.reason for e in excluded}
         image = ctx.image()
         gpus = {n.name: n.gpus(c.gpu_resource) for n in chosen}
@@ -131,7 +132,7 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
         save(run)
         log(f"run {run.id}: testing {', '.join(free) or 'no node'}")
         if c.validate and free:
-            _validate(ctx, run, cluster.namespace, image, free[0])
+            _validate(ctx, run, cluster.namespace, image, free[0], core=cluster.core)
             save(run)
         if len(free) < 2:
             state.not_renewed()
@@ -181,7 +182,7 @@ def fleet_in_child(emit: Emit, base: RunSpec, store: str, options: Any) -> Fleet
     return run_fleet(base, store, options)
 
 
-def _validate(ctx: Context, run: RunRecord, namespace: str, image: str, node: str) -> None:
+def _validate(ctx: Context, run: RunRecord, namespace: str, image: str, node: str, core: Any = None) -> None:
     c = ctx.config
     settings = dict(image=image, pull=c.pull_policy, resource=c.gpu_resource, node=node,
                     pod_security=c.pod_security)  # the rest: the defaults
@@ -202,6 +203,11 @@ def _validate(ctx: Context, run: RunRecord, namespace: str, image: str, node: st
     why = out.error or (f"{len(failed)} check(s) failed, first: {failed[0].check}: {failed[0].detail}" if failed
                         else "")
     log(f"run {run.id}: validate on {node} exited {code}" + (f": {_last_line(why)}" if code else ""))
+    if c.condition and failed and core is not None:
+        from gpuvs.fleet import signals
+
+        sig = signals.validate_failed(core, node, failed[0].check, failed[0].detail)
+        log(f"run {run.id}: event {sig.detail} on {node}: {sig.status}")
 
 
 def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, nodes: list[str], w: WorkloadSpec
@@ -226,10 +232,13 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
     argv += [] if "trials" in own else ["--trials", str(c.trials)]
     if c.max_trials is not None and "max_trials" not in own:
         argv += ["--max-trials", str(c.max_trials)]
+    argv += ["--condition"] if c.condition else []
+    argv += ["--taint", "--taint-effect", c.taint_effect, "--taint-max-share", f"{c.taint_max_share:g}"] if c.taint else []
     argv += w.argv()
     o = fleet_run.FleetOptions(nodes=list(nodes), label=True, margin=c.margin, parallel=c.parallel, trials=c.trials,
                                max_trials=c.max_trials, name=f"agent {run.id} {w}", timeout_s=3600.0,
-                               command="gpuvs fleet " + shlex.join(argv))
+                               command="gpuvs fleet " + shlex.join(argv), condition=c.condition, taint=c.taint,
+                               taint_effect=c.taint_effect, taint_max_share=c.taint_max_share)
     kind = fleet_run.node_kinds()[0]  # the kind that places a worker on a named node (the pod), as gpuvs fleet's
     env: dict[str, Any] = {"env": kind, "image": image, "image_pull_policy": c.pull_policy,
                            "priority_class": c.priority_class, "pod_security": c.pod_security, "package": c.package,
@@ -237,7 +246,9 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
                            "kubeconfig": c.kubeconfig, "context": c.context}
     spec: dict[str, Any] = {"device": c.device, "num_gpus": 1, "timeout_s": 3600.0, "telemetry_interval_s": 0.1}
     params: dict[str, Any] = {}
-    fleet_params = {p.name: p for p in fleet_run.PARAMS if p.name not in ("nodes", "label", "dry_run")}
+    fleet_params = {p.name: p for p in fleet_run.PARAMS
+                    if p.name not in ("nodes", "label", "dry_run", "condition", "taint", "taint_effect",
+                                      "taint_max_share")}  # the agent's own settings
     run_params = {p.name: p for p in STUDY_PARAMS if p.name in ("trials", "order_seed")}
     spec_keys = {"device": "device", "num_gpus": "num_gpus", "timeout": "timeout_s",
                  "telemetry_interval": "telemetry_interval_s"}
@@ -283,6 +294,11 @@ def _fleet(ctx: Context, run: RunRecord, namespace: str, image: str, nodes: list
     if result is not None:
         outcome.experiment = result.id
         ctx.state.fleet(result, w.name, time.time())
+        for sig in result.signals:
+            if sig.status not in ("written", "created", "tainted", "untainted", "kept (already tainted)"):
+                log(f"run {run.id}: {sig.what} {sig.detail} on {sig.node}: {sig.status}")
+        if c.taint:
+            ctx.state.circuit(w.name, result.circuit_open)
         from gpuvs.store.db import Store
 
         with Store(c.store) as st:

@@ -83,6 +83,7 @@ class State:
     store_errors: int = 0
     started_at: float = field(default_factory=time.time)
     page_renders: int = 0  # the status page rendered (it is kept between runs)
+    circuit_open: dict[str, bool] = field(default_factory=dict)  # workload -> the taint breaker stopped its last run
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def store_failed(self, message: str) -> None:
@@ -128,6 +129,10 @@ class State:
                     self.drift[(n.node, w.workload)] = DriftFigure(
                         n.node, w.workload, v.verdict, v.ratio, v.ci_low, v.ci_high, v.run_id,
                         v.time if v.time is not None else w.latest.time)
+
+    def circuit(self, workload: str, is_open: bool) -> None:
+        with self.lock:
+            self.circuit_open[workload] = is_open
 
     def not_renewed(self, workload: str | None = None) -> None:
         """A run that measured nothing (of this workload, or of any): every figure it would have renewed."""

@@ -1,17 +1,19 @@
 """Node labels from a fleet's verdicts, written only when asked (--label), shown with --dry-run.
 
-gpuvs.io/perf        ok | slow | slow-within-margin | fast-within-margin | inconclusive
-                     (faster and equivalent are ok; a difference inside the margin is named, never ok)
+gpuvs.io/perf        the node's verdict against its peers in the one vocabulary (fleet/vocabulary.py,
+                     docs/vocabulary.md): slower | slower-within-margin | equivalent | faster-within-margin |
+                     faster | inconclusive | reference
 gpuvs.io/perf-ratio  the node's relative speed against the fleet, e.g. 0.512
 annotation gpuvs.io/perf-details  JSON: experiment, workload, verdict, ratio, interval, reference, time
 
 gpuvs fleet history --label writes the drift against each node's own past:
 
-gpuvs.io/drift        slower | faster | ok | slower-within-margin | faster-within-margin | inconclusive
+gpuvs.io/drift        the same words, against the node's own past (no reference)
 gpuvs.io/drift-ratio  the latest run against the node's past (its speed against its peers), e.g. 0.937
 annotation gpuvs.io/drift-details  JSON: workload, run, verdict, ratio, interval, checks, change point, time
 
-A scheduler's affinity or a person can act on them; gpuvs never taints or cordons a node itself."""
+A scheduler's affinity or a person can act on them (e.g. gpuvs.io/perf NotIn [slower]). gpuvs never cordons a
+node; the condition, Events and the gpuvs.io/slow taint are opt-in (fleet/signals.py)."""
 
 from __future__ import annotations
 
@@ -21,13 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuvs.fleet.result import NodeRow
+from gpuvs.fleet.vocabulary import word
 
 PERF = "gpuvs.io/perf"
 RATIO = "gpuvs.io/perf-ratio"
 DETAILS = "gpuvs.io/perf-details"
-VALUES = {"slower": "slow", "faster": "ok", "equivalent": "ok", "reference": "ok",
-          "slower-within-margin": "slow-within-margin", "faster-within-margin": "fast-within-margin"}
-# anything else: inconclusive
 
 
 @dataclass
@@ -47,7 +47,7 @@ def plan(rows: list[NodeRow], *, experiment_id: str, workload: str) -> list[Labe
     for r in rows:
         if r.verdict in ("excluded", "failed"):
             continue
-        labels = {PERF: VALUES.get(r.verdict, "inconclusive")}
+        labels = {PERF: word(r.verdict)}
         if r.speed is not None:
             labels[RATIO] = f"{r.speed:.3f}"
         details = {"experiment": experiment_id, "workload": workload, "verdict": r.verdict, "speed": r.speed,
@@ -60,14 +60,11 @@ def plan(rows: list[NodeRow], *, experiment_id: str, workload: str) -> list[Labe
 DRIFT = "gpuvs.io/drift"
 DRIFT_RATIO = "gpuvs.io/drift-ratio"
 DRIFT_DETAILS = "gpuvs.io/drift-details"
-DRIFT_VALUES = {"slower": "slower", "faster": "faster", "equivalent": "ok",
-                "slower-within-margin": "slower-within-margin", "faster-within-margin": "faster-within-margin"}
-# anything else: inconclusive
 
 
 def plan_drift(standings: list[Any], *, workload: str) -> list[LabelChange]:
     """The drift labels of the nodes measured in the workload's latest run (stored.NodeStanding each):
-    gpuvs.io/drift=slower|faster|ok|inconclusive (ok: equivalent to its past within the margin),
+    gpuvs.io/drift in the one vocabulary (equivalent: within the margin of its past),
     gpuvs.io/drift-ratio (latest run / its past, against its peers) and an annotation with the runs
     compared, the interval and the latest change point. Nodes not measured in the latest run are left as
     they are."""
@@ -76,7 +73,7 @@ def plan_drift(standings: list[Any], *, workload: str) -> list[LabelChange]:
         v = n.drift
         if v is None or v.run_id is None:
             continue
-        labels = {DRIFT: DRIFT_VALUES.get(v.verdict, "inconclusive")}
+        labels = {DRIFT: word(v.verdict)}
         if v.ratio is not None:
             labels[DRIFT_RATIO] = f"{v.ratio:.3f}"
         c = n.change

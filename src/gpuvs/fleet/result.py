@@ -78,6 +78,17 @@ class NodeLabels:
 
 
 @dataclass
+class NodeSignal:
+    """One thing done (or planned) on one node for the cluster's tools (fleet/signals.py): what (condition, event,
+    taint), its detail, and what became of it."""
+
+    node: str
+    what: str  # condition | event | taint
+    detail: str
+    status: str  # written | created | bumped (count N) | rate-limited ... | dry run: not written | refused: ... | error
+
+
+@dataclass
 class FleetResult:
     id: str
     workload: str
@@ -91,6 +102,8 @@ class FleetResult:
     rows: list[NodeRow]
     command: str = ""
     labels: list[NodeLabels] = field(default_factory=list)  # planned/written label changes
+    signals: list[NodeSignal] = field(default_factory=list)  # condition, events, taints (opt-in)
+    circuit_open: bool = False  # the taint's circuit breaker left a slower node untainted
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,7 +116,9 @@ class FleetResult:
                 value = value.to_dict()
             elif f.name == "rows":
                 value = [r.to_dict() for r in value]
-            elif f.name == "labels":
+            elif f.name in ("signals", "circuit_open") and not value:
+                continue  # kept where something was asked for (--condition, --taint): older results read alike
+            elif f.name in ("labels", "signals"):
                 value = [dataclasses.asdict(lab) for lab in value]
             out[f.name] = value
         return out
@@ -115,6 +130,7 @@ class FleetResult:
         known["control"] = ErrorControl(**_known(ErrorControl, data["control"]))
         known["rows"] = [NodeRow.from_dict(r) for r in data.get("rows") or []]
         known["labels"] = [NodeLabels(**_known(NodeLabels, lab)) for lab in data.get("labels") or []]
+        known["signals"] = [NodeSignal(**_known(NodeSignal, s)) for s in data.get("signals") or []]
         return cls(**known)
 
     def measured(self) -> list[NodeRow]:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from gpuvs import environments, workloads
 from gpuvs.errors import UsageError, interruption
-from gpuvs.fleet import adaptive, causes, fingerprints, kube, labels, nodes as fleet_nodes
+from gpuvs.fleet import adaptive, causes, fingerprints, kube, labels, nodes as fleet_nodes, signals, taints
 from gpuvs.fleet.nodes import Excluded, NodeInfo
 from gpuvs.fleet.result import FleetResult, NodeLabels, NodeRow  # noqa: F401  (the run's result, re-exported)
 from gpuvs.fleet.schedule import Item, Slots
@@ -243,8 +243,16 @@ PARAMS = (  # the fleet's options: `gpuvs fleet`'s, but for its report's format 
           min=2, max=10000),
     Param("margin", float, 0.05, "equivalence margin of a node against the fleet (0.05: ±5%)", min=0.0, max=0.5),
     Param("confidence", float, 0.95, "1 - the false-call rate for the whole fleet", min=0.5, max=0.999),
-    Param("label", bool, False, "write gpuvs.io/perf=ok|slow|inconclusive and gpuvs.io/perf-ratio on the nodes"),
-    Param("dry_run", bool, False, "with --label: show the labels, write nothing"),
+    Param("label", bool, False, "write gpuvs.io/perf (the verdict: slower, equivalent, ...; docs/vocabulary.md) and "
+          "gpuvs.io/perf-ratio on the nodes"),
+    Param("condition", bool, False, "with --label: keep the NodeCondition GpuvsPerformance current and post Events on "
+          "the nodes whose verdict changed (needs nodes/status: gpuvs deploy --condition)"),
+    Param("taint", bool, False, "with --label: taint the nodes found slower gpuvs.io/slow=true:EFFECT, untaint them "
+          "when they read well again, never more than --taint-max-share of the GPU nodes"),
+    Param("taint_effect", str, "NoSchedule", "with --taint: the taint's effect", choices=taints.EFFECTS),
+    Param("taint_max_share", float, taints.DEFAULT_SHARE, "with --taint: the circuit breaker, the most of the GPU "
+          "nodes tainted at once (at least 1 node)", min=0.001, max=1.0),
+    Param("dry_run", bool, False, "with --label: show the labels (condition, events, taints), write nothing"),
 )
 
 
@@ -268,6 +276,10 @@ class FleetOptions:
     margin: float = 0.05
     confidence: float = 0.95
     label: bool = False  # write the gpuvs.io/perf labels
+    condition: bool = False  # with label: the NodeCondition and Events (fleet/signals.py)
+    taint: bool = False  # with label: gpuvs.io/slow on the slower nodes, with the circuit breaker
+    taint_effect: str = "NoSchedule"
+    taint_max_share: float = taints.DEFAULT_SHARE
     dry_run: bool = False  # with label: plan them, write nothing
     name: str | None = None
     order_seed: int | None = None
@@ -293,6 +305,7 @@ class FleetHooks:
 
     on_start: Callable[[FleetStart], None] | None = None
     on_trial_end: Callable[[TrialResult], None] | None = None
+    log: Callable[[str], None] | None = None  # a line on what was not done on a node (a refusal, the breaker)
 
 
 def check(base: RunSpec, o: FleetOptions) -> adaptive.Plan:
@@ -304,6 +317,14 @@ def check(base: RunSpec, o: FleetOptions) -> adaptive.Plan:
         raise UsageError("--node pins one node; a fleet runs on many: use --nodes a,b,c")
     if o.dry_run and not o.label:
         raise UsageError("--dry-run applies with --label (it shows the labels instead of writing them)")
+    for flag, on in (("--condition", o.condition), ("--taint", o.taint)):
+        if on and not o.label:
+            raise UsageError(f"{flag} applies with --label (the node's verdict is written as labels first)")
+    if o.taint_effect not in taints.EFFECTS:
+        raise UsageError(f"--taint-effect {o.taint_effect}: expected one of {', '.join(taints.EFFECTS)}")
+    if not 0 < o.taint_max_share <= 1:
+        raise UsageError(f"--taint-max-share {o.taint_max_share:g}: expected a share above 0 and at most 1 "
+                         "(leave --taint out to taint nothing)")
     return plan_of(o)
 
 
@@ -330,7 +351,8 @@ def run_fleet(base: RunSpec, store: str | Path, o: FleetOptions, hooks: FleetHoo
     pod = base.env.options
     settings = parse_options(pod)
     cluster = client.connect(pod.get("kubeconfig"), pod.get("context"), pod.get("namespace"))
-    chosen, excluded = fleet_nodes.select(kube.nodes(cluster), names=o.nodes, labels=o.node_labels,
+    found = kube.nodes(cluster)
+    chosen, excluded = fleet_nodes.select(found, names=o.nodes, labels=o.node_labels,
                                           gpu_resource=settings.gpu_resource, need_gpus=not o.all_nodes,
                                           image=settings.image, pull_never=settings.pull_policy == "Never",
                                           tolerations=settings.tolerations)
@@ -369,5 +391,10 @@ def run_fleet(base: RunSpec, store: str | Path, o: FleetOptions, hooks: FleetHoo
                        else [(n, err or "written") for n, err in labels.apply(cluster.core, changes)])
             status = dict(outcome)
             result.labels = [NodeLabels(c.node, c.labels, c.annotations, status[c.node]) for c in changes]
+            if o.condition or o.taint:
+                result.signals, result.circuit_open = signals.act(
+                    cluster.core, result.rows, experiment_id=exp.id, workload=base.workload,
+                    o=signals.SignalOptions(o.condition, o.taint, o.taint_effect, o.taint_max_share, o.dry_run),
+                    gpu_nodes=[n for n in found if n.gpus(settings.gpu_resource) > 0] or found, log=hooks.log)
         st.update_meta(exp.id, fleet=result.to_dict())
     return result

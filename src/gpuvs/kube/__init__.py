@@ -1,2 +1,19 @@
-"""Kubernetes through the official client: the connection (client.py) and one worker in one pod
-(podrun.py). Imported only when a pod environment is used."""
+"""Kubernetes through the official client: the connection (client.py), gpuvs's package (package.py), a node's
+condition (nodestatus.py) and Events on a node (events.py). Imported only when a cluster is used.
+
+SLOW_TAINT is the taint `gpuvs fleet --taint` puts on a node found slower (fleet/taints.py); every pod gpuvs
+starts tolerates it (SLOW_TOLERATION), so that a tainted node is measured again and untainted when it reads well."""
+
+SLOW_TAINT = "gpuvs.io/slow"
+SLOW_TOLERATION = {"key": SLOW_TAINT, "operator": "Exists"}
+
+
+def app_labels(component: str, **gpuvs_io: str) -> dict[str, str]:
+    """The labels every pod gpuvs starts carries, by Kubernetes's conventions: app.kubernetes.io/{name, component,
+    managed-by, version}, gpuvs=1 (every clean-up's selector) and gpuvs.io/KEY=VALUE for each keyword (KEY's _ as -)."""
+    from gpuvs import __version__
+
+    out = {"gpuvs": "1", "app.kubernetes.io/name": "gpuvs", "app.kubernetes.io/component": component,
+           "app.kubernetes.io/managed-by": "gpuvs", "app.kubernetes.io/version": __version__[:63]}
+    out.update({f"gpuvs.io/{k.replace('_', '-')}": v[:63] for k, v in gpuvs_io.items()})
+    return out

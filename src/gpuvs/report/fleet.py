@@ -119,6 +119,10 @@ def render_markdown(res: FleetResult) -> str:
     if res.labels:
         out += ["", "### Node labels", ""] + [f"- {markdown.cell(lab.node)}: {markdown.cell(lab.labels)} "
                                               f"({markdown.cell(lab.status)})" for lab in res.labels]
+    if res.signals:
+        out += ["", "### Node condition, events and taints", ""] + [
+            f"- {markdown.cell(s.node)}: {s.what} {markdown.cell(s.detail)} ({markdown.cell(s.status)})"
+            for s in res.signals]
     return "\n".join(out) + "\n"
 
 
@@ -229,3 +233,5 @@ def terminal(console: Any, res: FleetResult) -> None:
         console.print(rich_table(t))
     for lab in res.labels:
         console.print(safe_text(f"label {lab.node}: {lab.labels} ({lab.status})"))
+    for sig in res.signals:
+        console.print(safe_text(f"{sig.what} {sig.node}: {sig.detail} ({sig.status})"))

@@ -164,10 +164,18 @@ class Pods:
                             "securityContext": container_security()}]}
         if node:
             spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+            spec["tolerations"] = [{"key": "gpuvs.io/slow", "operator": "Exists"}]  # kube.SLOW_TOLERATION
         if self.priority_class:
             spec["priorityClassName"] = self.priority_class
         return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "labels": {"gpuvs": "1", LABEL: self.run}}, "spec": spec}
+                "metadata": {"name": name, "labels": self.labels()}, "spec": spec}
+
+    def labels(self) -> dict[str, str]:
+        """A probe pod's labels: the trial pods' conventions (component validate, gpuvs.io/validate-run) and
+        gpuvs-validate=RUN, the selector of this run's clean-up."""
+        from gpuvs.kube import app_labels
+
+        return {**app_labels("validate", validate_run=self.run), LABEL: self.run}
 
     def name(self, what: str) -> str:
         return f"gpuvs-validate-{self.run}-{what}"
@@ -182,7 +190,7 @@ class Pods:
     def submit(self, body: dict[str, Any]) -> str:
         """Create a pod built elsewhere (gpuvs's worker), as one of this run's: its labels make sure the clean-up
         finds it."""
-        body["metadata"].setdefault("labels", {}).update({"gpuvs": "1", LABEL: self.run})
+        body["metadata"].setdefault("labels", {}).update({"gpuvs": "1", LABEL: self.run, "gpuvs.io/validate-run": self.run})
         self.cluster.core.create_namespaced_pod(self.cluster.namespace, body, _request_timeout=self.request_timeout)
         return body["metadata"]["name"]
 

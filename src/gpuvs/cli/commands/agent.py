@@ -53,6 +53,14 @@ FLEET_OPTIONS = (
     Param("margin", float, 0.05, "equivalence margin of a node against the fleet", min=0.0, max=0.5),
     Param("parallel", int, 4, "trials at once across nodes", min=1, max=1000),
     Param("stale_after", str, None, "a figure not renewed for this long is marked stale (default: twice --every)"),
+    Param("condition", bool, False, "keep the NodeCondition GpuvsPerformance current and post Events on the nodes "
+          "(a verdict that changed, a validate failure); needs `gpuvs deploy --condition`"),
+    Param("taint", bool, False, "taint the nodes found slower gpuvs.io/slow=true:EFFECT and untaint them when they "
+          "read well again, never more than --taint-max-share of the GPU nodes"),
+    Param("taint_effect", str, "NoSchedule", "with --taint: the taint's effect",
+          choices=("NoSchedule", "PreferNoSchedule")),
+    Param("taint_max_share", float, 0.1, "with --taint: the most of the GPU nodes tainted at once (at least 1 node)",
+          min=0.001, max=1.0),
 )
 
 
@@ -72,7 +80,9 @@ def agent(args: Args) -> int:
         parallel=args["parallel"], validate=args["validate"], hold_timeout_s=args["hold_timeout"],
         run_timeout_s=args["run_timeout"], token_file=args["token_file"],
         min_interval_s=duration("min-interval", args["min_interval"]), http_timeout_s=args["http_timeout"],
-        stale_after_s=duration("stale-after", args["stale_after"]) if args["stale_after"] else None)
+        stale_after_s=duration("stale-after", args["stale_after"]) if args["stale_after"] else None,
+        condition=args["condition"], taint=args["taint"], taint_effect=args["taint_effect"],
+        taint_max_share=args["taint_max_share"])
     config.check()
     from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""gpuvs deploy [--dry-run] [--delete] [--image IMAGE] [--agent-arg ARG ...] [--kubeconfig F] [--context C]: the
+"""gpuvs deploy [--dry-run] [--delete] [--condition] [--image IMAGE] [--agent-arg ARG ...] [--kubeconfig F] [--context C]: the
 agent's manifests (deploy/, carried by the installed package) applied to a cluster, printed, or removed. Applied,
 they come with the Secret gpuvs-agent-token (a random token for the agent's POST /runs, created once, kept after)."""
 
@@ -18,6 +18,8 @@ DEPLOY_OPTIONS = (
     Param("image", str, None, "the agent's image (default: localhost/gpuvs:VERSION, as deploy/ names it)"),
     Param("agent_arg", str, None, "one more argument of `gpuvs agent` (repeat: --agent-arg=--every --agent-arg=1h)",
           multiple=True),
+    Param("condition", bool, False, "also deploy/node-status (patch nodes/status for the NodeCondition, Events on the "
+          "nodes in default) and the agent's --condition; --delete always removes them"),
     Param("kubeconfig", str, None, "default: KUBECONFIG, ~/.kube/config or the in-cluster service account"),
     Param("context", str, None, "kubeconfig context"),
 )
@@ -28,7 +30,8 @@ def deploy(args: Args) -> None:
 
     if args["dry_run"] and args["delete"]:
         raise UsageError("--dry-run and --delete: give one of them")
-    objs = manifests.manifests(args["image"], list(args["agent_arg"] or []))
+    objs = manifests.manifests(args["image"], list(args["agent_arg"] or []),
+                               condition=args["condition"] or args["delete"])
     if args["dry_run"]:
         sys.stdout.write(manifests.render(objs))
         return

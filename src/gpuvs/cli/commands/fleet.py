@@ -4,9 +4,10 @@ gpuvs fleet history [NODE] [options]: each node against its own past, from the s
 
     gpuvs fleet spin --device cpu --image IMAGE [--nodes a,b,c] [--node-label KEY[=VALUE]] [--all-nodes]
                 [--trials 4 --max-trials 12] [--parallel N] [--reference NODE] [--margin 0.05]
-                [--label [--dry-run]] [--format term|md|html|json|csv -o FILE] [pod options]
+                [--label [--condition] [--taint [--taint-effect E] [--taint-max-share 0.1]] [--dry-run]]
+                [--format term|md|html|json|csv -o FILE] [pod options]
 
-    gpuvs fleet history [NODE] [--workload W] [--format term|md|html|json -o FILE] [--label [--dry-run]]
+    gpuvs fleet history [NODE] [--workload W] [--format term|md|html|json -o FILE] [--label [--condition] [--dry-run]]
 
 Exit status: 0 when the fleet ran (whatever the verdicts), 1 when a node ran no trial, 2 on bad input."""
 
@@ -54,6 +55,8 @@ def fleet(args: Args) -> None:
         nodes=_nodes_arg(o["nodes"]), node_labels=o["node_label"], all_nodes=o["all_nodes"], reference=o["reference"],
         parallel=o["parallel"], trials=run["trials"], max_trials=o["max_trials"], margin=o["margin"],
         confidence=o["confidence"], label=o["label"], dry_run=o["dry_run"], name=run["name"],
+        condition=o["condition"], taint=o["taint"], taint_effect=o["taint_effect"],
+        taint_max_share=o["taint_max_share"],
         order_seed=run["order_seed"], timeout_s=run["timeout"], command="gpuvs fleet " + shlex.join(args.argv))
     fleet_run.check(prep.base, opts)
     if o["output"] and not Path(o["output"]).resolve().parent.is_dir():
@@ -68,7 +71,10 @@ def fleet(args: Args) -> None:
     def on_end(r: TrialResult) -> None:
         console.print(terminal.trial_line(r), style=None if r.ok else "red", highlight=False)
 
-    result = fleet_run.run_fleet(prep.base, run["store"], opts, fleet_run.FleetHooks(on_start, on_end))
+    def on_log(line: str) -> None:
+        print(safe_text(f"gpuvs fleet: {line}"), file=sys.stderr, flush=True)
+
+    result = fleet_run.run_fleet(prep.base, run["store"], opts, fleet_run.FleetHooks(on_start, on_end, on_log))
     text = report.render(o["format"], result)
     if o["output"]:
         Path(o["output"]).write_text(text, encoding="utf-8")
@@ -100,8 +106,10 @@ HISTORY_OPTIONS = (
     Param("confidence", float, 0.95, "1 - the false-alarm rate for the whole fleet, per check", min=0.5, max=0.999),
     Param("format", str, "term", "report format", choices=HISTORY_FORMATS),
     Param("output", str, None, "write the report here (else standard output)", aliases=("o",)),
-    Param("label", bool, False, "write gpuvs.io/drift=slower|faster|ok|inconclusive and gpuvs.io/drift-ratio on the "
-          "nodes of the latest run (needs one workload)"),
+    Param("label", bool, False, "write gpuvs.io/drift (the verdict: slower, equivalent, ...; docs/vocabulary.md) and "
+          "gpuvs.io/drift-ratio on the nodes of the latest run (needs one workload)"),
+    Param("condition", bool, False, "with --label: the NodeCondition GpuvsPerformance=True DriftingSlower on a node "
+          "drifting slower (cleared when it no longer is), with an Event (needs gpuvs deploy --condition's rights)"),
     Param("dry_run", bool, False, "with --label: show the labels, write nothing"),
     Param("kubeconfig", str, None, "with --label: kubeconfig file (default: KUBECONFIG, ~/.kube/config, else "
           "in-cluster)"),
@@ -118,6 +126,8 @@ def history(args: Args) -> None:
     o, node = args.options, (args.positionals[0] if args.positionals else None)
     if o["dry_run"] and not o["label"]:
         raise UsageError("--dry-run applies with --label (it shows the labels instead of writing them)")
+    if o["condition"] and not o["label"]:
+        raise UsageError("--condition applies with --label (the node's drift is written as labels first)")
     if o["output"] and not Path(o["output"]).resolve().parent.is_dir():
         raise UsageError(f"--output {o['output']}: folder {Path(o['output']).parent} does not exist")
     with common.open_store(o["store"]) as st:
@@ -166,6 +176,12 @@ def history(args: Args) -> None:
         status = dict(outcome)
         for c in changes:
             console.print(safe_text(f"label {c.node}: {c.labels} ({status[c.node]})"))
+        if o["condition"]:
+            from gpuvs.fleet import signals
+
+            measured = [n for n in w.nodes if node is None or n.node == node]
+            for sig in signals.act_drift(core, measured, workload=w.workload, dry_run=core is None):
+                console.print(safe_text(f"{sig.what} {sig.node}: {sig.detail} ({sig.status})"))
 
 
 HISTORY = Command(

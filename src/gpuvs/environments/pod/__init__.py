@@ -28,6 +28,7 @@ from gpuvs.environments.container import CPUS, IMAGE, MEMORY, MOUNT, PYTHON, SHM
 from gpuvs.environments.host import ENV_VAR, env_vars
 from gpuvs.errors import GpuvsError, UsageError
 from gpuvs.probes.fingerprint import SOFTWARE_FIELDS
+from gpuvs.kube import SLOW_TAINT, SLOW_TOLERATION
 from gpuvs.kube import package as pkg
 from gpuvs.kube.package import package_zip  # noqa: F401  (gpuvs's package as the pods get it)
 from gpuvs.params import Param
@@ -205,6 +206,8 @@ def parse_options(options: dict[str, Any]) -> PodSettings:
         raise UsageError("--bypass-scheduler needs --node NAME (the node the pod is bound to)")
     s.node_selector = _kv("node_selector", options.get("node_selector"), _LABEL_KEY, _LABEL_VALUE)
     s.tolerations = [toleration(t) for t in options.get("toleration") or []]
+    if not any(t.get("key") == SLOW_TAINT for t in s.tolerations):  # a node gpuvs tainted slow is measured again
+        s.tolerations.append(dict(SLOW_TOLERATION))
     s.labels = _kv("label", options.get("label"), _LABEL_KEY, _LABEL_VALUE)
     if any(k == "gpuvs" or k.startswith("gpuvs.") or k in OWN_APP_LABELS for k in s.labels):
         raise UsageError("--label: the gpuvs, gpuvs.*, gpuvs.io/* and app.kubernetes.io/{name,component,managed-by,"

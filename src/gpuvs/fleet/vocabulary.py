@@ -1,0 +1,34 @@
+"""The one set of words a node's verdict is said in, everywhere: the node labels gpuvs.io/perf (against its peers)
+and gpuvs.io/drift (against its own past), the metrics' `verdict` label, the reports, and the NodeCondition's
+reason mapped from them (docs/vocabulary.md holds the table). The words are the statistics' own
+(analysis.stats.settled_verdict): slower, slower-within-margin, equivalent, faster-within-margin, faster,
+inconclusive, and reference for the node every other was held against (--reference).
+
+Labels written before this vocabulary (gpuvs.io/perf ok|slow|slow-within-margin|fast-within-margin,
+gpuvs.io/drift ok) are read as the words they meant (word())."""
+
+from __future__ import annotations
+
+WORDS = ("slower", "slower-within-margin", "equivalent", "faster-within-margin", "faster", "inconclusive",
+         "reference")
+OLD = {"ok": "equivalent", "slow": "slower", "slow-within-margin": "slower-within-margin",
+       "fast-within-margin": "faster-within-margin"}  # gpuvs.io/perf and gpuvs.io/drift as written before
+
+
+def word(value: str | None) -> str:
+    """A verdict or a label's value, old or new, as one of WORDS (anything else: inconclusive)."""
+    v = OLD.get(value or "", value or "")
+    return v if v in WORDS else "inconclusive"
+
+
+# the NodeCondition GpuvsPerformance: (status, reason) for each word; True when the problem is present
+_REASONS = {"slower": ("True", None), "slower-within-margin": ("False", "SlowerWithinMargin"),
+            "equivalent": ("False", "Ok"), "faster-within-margin": ("False", "Ok"), "faster": ("False", "Ok"),
+            "reference": ("False", "Ok"), "inconclusive": ("Unknown", "Inconclusive")}
+
+
+def condition(verdict: str, against: str = "peers") -> tuple[str, str]:
+    """(status, reason) of gpuvs's NodeCondition for a verdict against peers (SlowerThanPeers) or the node's own
+    past (DriftingSlower)."""
+    status, reason = _REASONS[word(verdict)]
+    return status, reason or ("SlowerThanPeers" if against == "peers" else "DriftingSlower")
