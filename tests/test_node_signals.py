@@ -5,6 +5,8 @@ tests/test_node_signals_cluster.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from conftest import run_cli
@@ -82,6 +84,10 @@ def test_a_dry_run_says_what_it_would_do_and_writes_nothing():
     msg = signals.message(rows()[1], "spin", "e1")
     assert msg == ("slower: 0.250x its peers [0.200-0.300]; GPU NVIDIA H100; differs from the majority: NVIDIA "
                    "driver 535 (most: 550); workload spin, gpuvs run e1")
+    row = dataclasses.replace(rows()[1], why=["GPU 0: PCIe Gen3 x16 where its peers run Gen5 x16"])
+    assert signals.message(row, "spin", "e1") == (
+        "slower: 0.250x its peers [0.200-0.300]; GPU NVIDIA H100; differs from the majority: NVIDIA driver 535 "
+        "(most: 550); why: GPU 0: PCIe Gen3 x16 where its peers run Gen5 x16; workload spin, gpuvs run e1")
 
 
 def test_the_signals_are_kept_with_the_fleets_result_and_a_result_stored_before_reads():

@@ -43,6 +43,8 @@ def message(row: NodeRow, workload: str, experiment_id: str) -> str:
     if row.differs:
         parts.append("differs from the majority: " + ", ".join(f"{k} {v[0]} (most: {v[1]})"
                                                                 for k, v in sorted(row.differs.items())))
+    if row.why:  # NVML's readings that differ from its peers' (fleet/causes.py), where any were read
+        parts.append("why: " + "; ".join(row.why))
     parts.append(f"workload {workload}, gpuvs run {experiment_id}")
     return "; ".join(parts)
 
