@@ -242,7 +242,9 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
         assert first["checks"] and first["checks"]["functional: GPU pod: exec works"] == "pass", first["checks"]
         labels = core.read_node(slow).metadata.labels
         assert labels["gpuvs.io/perf"] == "slower" and float(labels["gpuvs.io/perf-ratio"]) < 1, labels
-        assert core.read_node(home).metadata.labels["gpuvs.io/perf"] == "equivalent"
+        # against the slowed node (its only peer) the healthy one reads faster: any word but slower (the one
+        # vocabulary, docs/vocabulary.md; `ok` before it)
+        assert core.read_node(home).metadata.labels["gpuvs.io/perf"] in ("equivalent", "faster-within-margin", "faster")
         assert "gpuvs.io/perf" not in (core.read_node(busy).metadata.labels or {})  # skipped: not labelled
         assert labelled_testing(core) == [] and gpuvs_pods(core) == []
         cluster.script("slow", slow, "0")

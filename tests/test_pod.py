@@ -142,7 +142,9 @@ def test_a_package_too_large_for_a_configmap_is_one_line_before_anything_starts(
                      r"\(1048576 bytes\) and gpuvs stops at 90% of that: install gpuvs in the image and give "
                      r"--package image", line), line
     assert int(re.search(r"\((\d+) bytes\)", line).group(1)) > 0.9 * 1048576
-    assert len(pod.package_zip()) < 0.6 * 0.9 * 1048576  # this tree's own package is well below it (about 460 KiB)
+    # this tree's own package is well below it: about 560-590 KiB, 61-64% of where gpuvs stops (it grew from 460 KiB
+    # with the GPU check, the NVML health, the node signals); a package past three quarters of it fails here first
+    assert len(pod.package_zip()) < 0.75 * 0.9 * 1048576
 
 
 @pytest.mark.parametrize("options,message", [
