@@ -224,3 +224,20 @@ def cell(text: str, first: str) -> dict[str, str]:
     names = [h.strip() for h in header.strip("┃").split("┃")]
     row = next(line for line in lines if line.startswith("│") and line.strip("│").split("│")[0].strip() == first)
     return dict(zip(names, [c.strip() for c in row.strip("│").split("│")]))
+
+
+# The end of a test script run as `python -c`: it lists this process's children (pid, state) and exits 1 when one
+# is a zombie (an exited child nobody reaped). The script imports os and sys.
+CHILDREN_LEFT = r"""
+kids = []
+for d in os.listdir("/proc"):
+    if d.isdigit():
+        try:
+            stat = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[1] == str(os.getpid()):
+            kids.append((int(d), stat[0]))
+print("children", kids)
+sys.exit(1 if any(state == "Z" for _, state in kids) else 0)
+"""

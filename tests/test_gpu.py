@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import cell, gpuvs_env, gpuvs_processes
+from conftest import CHILDREN_LEFT, cell, gpuvs_env, gpuvs_processes
 from gpuvs.probes import fingerprint
 from gpuvs.sharing import mps
 
@@ -71,18 +71,7 @@ from gpuvs.sharing import mps
 ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: what gpuvs is as PID 1 of a container or pod
 with mps.MpsDaemon() as daemon:
     assert daemon.servers() is not None
-kids = []
-for d in os.listdir("/proc"):
-    if d.isdigit():
-        try:
-            stat = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if stat[1] == str(os.getpid()):
-            kids.append((int(d), stat[0]))
-print("children", kids)
-sys.exit(1 if any(state == "Z" for _, state in kids) else 0)
-"""
+""" + CHILDREN_LEFT
 
 
 @pytest.mark.skipif(mps.find_binary() is None, reason="needs nvidia-cuda-mps-control")

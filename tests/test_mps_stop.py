@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 
-from conftest import gpuvs_env
+from conftest import CHILDREN_LEFT, gpuvs_env
 from gpuvs.sharing import mps
 
 STAND_IN = r"""#!{python}
@@ -42,18 +42,7 @@ print("binary", daemon.binary)
 with daemon:
     pid = int(open(os.path.join(daemon.pipe_dir, "control")).read())
     print("daemon", pid, "parent", open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-kids = []
-for d in os.listdir("/proc"):
-    if d.isdigit():
-        try:
-            stat = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if stat[1] == str(os.getpid()):
-            kids.append((int(d), stat[0]))
-print("children", kids)
-sys.exit(1 if any(state == "Z" for _, state in kids) else 0)
-"""
+""" + CHILDREN_LEFT
 
 
 def test_the_mps_daemon_stop_leaves_no_zombie_under_a_subreaper_parent(tmp_path):
