@@ -560,18 +560,20 @@ def test_the_api_server_away_for_a_while_then_back_the_agent_backs_off_and_recov
     assert [p.metadata.name for p in core.list_namespaced_pod("default", label_selector="gpuvs=1").items] == []
 
 
-# CPU quotas (percent of one CPU) on one node at the agent's successive runs. The 2-core machine's speed moves by
-# up to 2x within seconds, and the three nodes share its two cores with other work: a node's runs move by 10-20%
-# against its peers, so the slide is made of steps large enough to stand out of that. The first hardly slows a node
-# that gets less than a whole CPU anyway (it must still read as not slower than its peers: at 50% one run read 0.70,
-# `slower`, when the machine was quiet); a third and an eighth of one slow it to about 0.3 and 0.1-0.25.
-SLIDE = (90, 30, 12)
+# CPU quotas (percent of one CPU; 0: none) on one node at the agent's successive runs. The 2-core machine's speed
+# moves by up to 2x within seconds, and the three nodes share its two cores with other work: a node's runs move by
+# 10-20% against its peers, so the slide is made of steps large enough to stand out of that. The first run is not
+# slowed (the node must read as not slower than its peers): a first step of 90% was meant to hardly slow a node that
+# gets less than a whole CPU anyway, but on CI's machine it read 0.758, `slower` at a margin of 0.3. A fifth and an
+# eighth of one CPU slow it to about 0.25 and 0.1-0.25.
+SLIDE = (0, 20, 12)
 DRIFT_SPIN = "spin:steps=4,ops=600000,warmup-steps=1"
 # Earlier fleet runs made by `gpuvs fleet` (a drift verdict needs 3): 5, since with 3 a change point at a slowed run
 # was missed in 1 of 4 runs here (the slide's two large steps give the slowed node a run-to-run spread of its own,
-# with few degrees of freedom). Simulated with tests/fleet_store.py's runs at these steps and 18% run-to-run
-# movement per node: drift found in 40 of 40 fleets, the change point at a slowed run in 40 of 40 (39 with 3 seeds
-# and the last step to 0.15: 24 of 30).
+# with few degrees of freedom). Simulated with tests/fleet_store.py's runs (margin 0.3, 18% run-to-run movement per
+# node, a 5% trial cv) at levels 1, 0.25 and 0.14 after the 5 seeds: every assertion below on drift and change points
+# held in 190 of 200 fleets (191 of 200 with the old first step, a level of 0.76; 148 of 200 with 0.14 twice, since
+# the latest run is then no slower than the run before it).
 SEED_RUNS = 5
 
 
@@ -580,11 +582,12 @@ SEED_RUNS = 5
 @pytest.mark.timeout(900)
 def test_a_node_slowed_more_at_each_agent_run_is_reported_drifting_and_a_stable_node_is_not(cluster, tmp_path):  # noqa: F811
     """The agent run by hand against the test cluster, its store seeded with real `gpuvs fleet` runs of the three
-    nodes (none slowed); then one node slowed more before each of the agent's runs (POST /runs). At the first
-    slowed run the node is not called slower than its peers; after the last one the agent's /metrics has its drift
-    ratio below 1 and verdict slower (fresh), the stable nodes' drift not slower or faster, and `gpuvs fleet
-    history --format json` on the agent's store reads the slowed node drifting slower with its change point at one
-    of the slowed runs, the stable nodes not drifting. The quota is removed and the labels cleared, whatever happens."""
+    nodes (none slowed); then the agent's runs (POST /runs), the first with nothing slowed and one node slowed
+    more before each later one. At the first run the node is not called slower than its peers; after the last one
+    the agent's /metrics has its drift ratio below 1 and verdict slower (fresh), the stable nodes' drift not slower
+    or faster, and `gpuvs fleet history --format json` on the agent's store reads the slowed node drifting slower
+    with its change point at one of the slowed runs, the stable nodes not drifting. The quota is removed and the
+    labels cleared, whatever happens."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
     from prometheus_client.parser import text_string_to_metric_families
@@ -655,7 +658,7 @@ def test_a_node_slowed_more_at_each_agent_run_is_reported_drifting_and_a_stable_
         m = metrics()
         print(f"\nseeded {SEED_RUNS} runs in {seeded:.0f} s; slowed {slow} at {SLIDE}% of one CPU: {slid}; "
               f"{time.monotonic() - t0:.0f} s in all")
-        assert slid[0][2] in ("equivalent", "inconclusive"), slid  # at first not slower than its peers
+        assert slid[0][2] != "slower", slid  # at first not slower than its peers (within the margin may be)
 
         def drift(node: str, what: str = "gpuvs_node_drift_ratio", **labels) -> float:
             return m[(what, tuple(sorted({"node": node, "workload": "spin", **labels}.items())))]
@@ -676,7 +679,7 @@ def test_a_node_slowed_more_at_each_agent_run_is_reported_drifting_and_a_stable_
         assert list(standing)[0] == slow
         assert standing[slow]["drift"]["verdict"] == "slower"
         assert standing[slow]["drift"]["ratio"] == pytest.approx(drift(slow), rel=1e-9)
-        assert standing[slow]["change"] and standing[slow]["change"]["run_id"] in [x[1] for x in slid], \
+        assert standing[slow]["change"] and standing[slow]["change"]["run_id"] in [x[1] for x in slid[1:]], \
             standing[slow]["change_points"]
         for n in stable:  # not drifting (a false change point on a stable node is held at 5% a check: shown)
             assert standing[n]["drift"]["verdict"] not in ("slower", "faster"), standing[n]["drift"]
