@@ -270,10 +270,9 @@ class Collective(Workload):
         total = torch.tensor([wrong], dtype=torch.float64, device=device)
         dist.all_reduce(total)
         if total.item():
-            where = first or "another rank's"
             raise WorkloadError("crash", f"{shape.op} gave wrong values at {shape.nbytes} bytes: "
-                                f"{int(total.item())} wrong element(s) over {shape.n} ranks; {where} "
-                                "(rank r filled r + 1)")
+                                f"{int(total.item())} wrong element(s) over {shape.n} ranks; "
+                                f"{first or f'none on rank {rank}'} (rank r filled r + 1)")
 
     @staticmethod
     def timed(dist, torch, op, iters: int, sync, device) -> float:
