@@ -157,6 +157,7 @@ def test_compare_two_against_three_ranks_names_a_verdict(cli, tmp_path):
     assert "Per series" in r.stdout and "time us" in r.stdout and "algbw" in r.stdout and "16384 B" in r.stdout
     assert all(len(line) <= 80 for line in r.stdout.splitlines())
     ident = [ln for ln in r.stdout.splitlines() if ln.startswith("experiment ")][-1].split()[1]
+    assert "Scaling" not in cli("report", ident).stdout
     data = json.loads(cli("report", ident, "--format", "json").stdout)
     head = [v for v in data["verdicts"] if v["metric"] == "16384 B"]
     assert len(head) == 1 and head[0]["arm"] == "three" and head[0]["baseline"] == "two" and head[0]["unit"] == "GB/s"
