@@ -257,7 +257,8 @@ def analyse(exp: ExperimentRecord, records: list[TrialRecord]) -> Analysis:
     ran = programs.check([a.name for a in arms], records, varied_keys(arms))
     return Analysis(id=exp.id, name=exp.name, kind=exp.kind, workload=workload, created=exp.created or 0.0,
                     meta=meta, margin=margin, confidence=confidence, metrics=metrics, arms=arms, verdicts=verdicts,
-                    speedup=_speedup(arms, head, confidence), scaling=_scaling(arms, head, confidence),
+                    speedup=_speedup(arms, head, confidence),
+                    scaling=_scaling(arms, head, confidence) if _scales(workload) else [],
                     flags=(ran.lines() if ran else []) + _flags(arms, records), failures=failures, trials=trials,
                     time=timeshare.from_records(attempts, timeshare.wall_of(exp, attempts), meta.timing),
                     programs=ran)
@@ -274,6 +275,17 @@ def _declarations(workload: str, params: dict[str, Any] | None = None):
     except UsageError:  # a store written by a workload this gpuvs does not know
         return lambda name, summary=None: recorded(name, summary or {})
     return lambda name, summary=None: w.declared(name, params) or recorded(name, summary or {})
+
+
+def _scales(workload: str) -> bool:
+    """Whether the workload's headline grows with its devices (Workload.scales_with_devices); True for a store
+    written by a workload this gpuvs does not know, as before."""
+    from gpuvs import workloads
+
+    try:
+        return workloads.get(workload).scales_with_devices
+    except UsageError:
+        return True
 
 
 def _metric(name: str, unit: str | None, source: str, decl) -> Metric:

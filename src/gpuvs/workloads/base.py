@@ -142,6 +142,9 @@ class Workload:
     params: ClassVar[tuple[Param, ...]] = ()
     unit: ClassVar[str] = "items/sec"
     multi_gpu: ClassVar[bool] = False
+    # False where the headline is already a figure per device that does not grow with their number (a
+    # collective's bus bandwidth): a comparison across --num-gpus then shows no scaling efficiency.
+    scales_with_devices: ClassVar[bool] = True
     # True where run() calls ctx.start_window() before its timed part and stops when
     # ctx.window_open() turns False: such a workload can share a GPU in a measured window.
     windowed: ClassVar[bool] = False
