@@ -18,7 +18,13 @@
 # Usage, from the repo root:
 #   CARRY=.carry/gpu OUT=out bash benchmarks/gpu_cluster.sh
 #   NODES=N        kubelets, one GPU each (default: the GPUs nvidia-smi lists; DEVICE=cpu: 3)
-#   PARTS=a,b      among validate, fleet, scaling (default: validate on 1 node, else fleet,scaling)
+#   GPUS_PER_NODE=K  K GPUs a kubelet (node i: the machine's GPUs (i-1)K to iK-1; NODES defaults to the GPUs / K)
+#   PER_GPU=1      the fleet runs measure every GPU (`gpuvs fleet --per-gpu`), not every node
+#   SLOW_GPU=J     the co-tenant's GPU on SLOW_NODE: its J-th (1 to K; default 1)
+#   SHARES="0.05 0.25" POWER_RUNS=2  the power part: for each share, POWER_RUNS fleet runs of the first FLEET
+#                  workload with a co-tenant that busy on SLOW_NODE's SLOW_GPU; how often the slowed GPU (or node)
+#                  is found and a healthy one flagged, in OUT/gpu_cluster.md and OUT/power.md
+#   PARTS=a,b      among validate, fleet, power, scaling, command (default: validate on 1 node, else fleet,scaling)
 #   TOTAL_S=540    the whole run's deadline, clean-up included: keep it 60 s under the device tool's timeout_s
 #   UP_S=180 VALIDATE_S=300 FLEET_S=150 (each fleet run) SCALING_S=300 COMMAND_S=330: each part's own limit, never
 #                  past TOTAL_S;  CMD_TRIALS=3 CMD_STEPS=60: the command part's trials per arm and timed steps
@@ -54,22 +60,29 @@ SCALING_S=${SCALING_S:-300}; TRIALS=${TRIALS:-4}; MAX_TRIALS=${MAX_TRIALS:-4}
 COTENANT_BUSY=${COTENANT_BUSY:-1}; COTENANT_SIZE=${COTENANT_SIZE:-8192}
 case "$COTENANT_BUSY" in 1|1.0|0.[0-9]*|.[0-9]*) ;; *) bad "COTENANT_BUSY=$COTENANT_BUSY: a share above 0, at most 1";; esac
 COMMAND_S=${COMMAND_S:-330}; CMD_TRIALS=${CMD_TRIALS:-3}; CMD_STEPS=${CMD_STEPS:-60}
+GPUS_PER_NODE=${GPUS_PER_NODE:-1}; number GPUS_PER_NODE "$GPUS_PER_NODE"
+[ "$GPUS_PER_NODE" -ge 1 ] || bad "GPUS_PER_NODE=0: one GPU a node at least"
 if [ "$DEVICE" = cpu ]; then  # 2 trials per arm of the scaling check: a CPU trial there costs 20-40 s
   NODES=${NODES:-3}; PORT_OFFSET=${PORT_OFFSET:-1000}; FLEET=${FLEET:-spin gemm}; SC_TRIALS=${SC_TRIALS:-2}
 else
-  NODES=${NODES:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}; PORT_OFFSET=${PORT_OFFSET:-0}
+  NODES=${NODES:-$(( $(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') / GPUS_PER_NODE ))}; PORT_OFFSET=${PORT_OFFSET:-0}
   FLEET=${FLEET:-cnn-train gemm}; SC_TRIALS=${SC_TRIALS:-3}
 fi
 for v in TOTAL_S UP_S VALIDATE_S FLEET_S SCALING_S COMMAND_S CMD_TRIALS CMD_STEPS TRIALS MAX_TRIALS SC_TRIALS NODES PORT_OFFSET COTENANT_SIZE; do number "$v" "${!v}"; done
 [ "$NODES" -ge 1 ] || bad "NODES=0: one kubelet at least (DEVICE=cuda: none without a GPU nvidia-smi lists)"
 if [ "$NODES" -ge 2 ]; then PARTS=${PARTS:-fleet,scaling}; else PARTS=${PARTS:-validate}; fi
 for p in ${PARTS//,/ }; do
-  case "$p" in validate|fleet|scaling|command) ;; *) bad "PARTS: $p? allowed validate, fleet, scaling, command";; esac
+  case "$p" in validate|fleet|power|scaling|command) ;; *) bad "PARTS: $p? allowed validate, fleet, power, scaling, command";; esac
 done
 for w in $FLEET; do case "$w" in cnn-train|gemm|spin) ;; *) bad "FLEET: $w? allowed cnn-train, gemm, spin";; esac; done
 SLOW_NODE=${SLOW_NODE:-$NODES}; number SLOW_NODE "$SLOW_NODE"
 [ -z "${FAKE_GPUS:-}" ] || [ "$DEVICE" = cpu ] || bad "FAKE_GPUS=$FAKE_GPUS applies to DEVICE=cpu (a machine without GPUs)"
 { [ "$SLOW_NODE" -ge 1 ] && [ "$SLOW_NODE" -le "$NODES" ]; } || bad "SLOW_NODE=$SLOW_NODE: a node's index, 1 to $NODES"
+SLOW_GPU=${SLOW_GPU:-1}; number SLOW_GPU "$SLOW_GPU"
+{ [ "$SLOW_GPU" -ge 1 ] && [ "$SLOW_GPU" -le "$GPUS_PER_NODE" ]; } || bad "SLOW_GPU=$SLOW_GPU: a GPU of the node, 1 to $GPUS_PER_NODE"
+SHARES=${SHARES:-0.05 0.25}; POWER_RUNS=${POWER_RUNS:-2}; number POWER_RUNS "$POWER_RUNS"
+for v in $SHARES; do case "$v" in 1|1.0|0.[0-9]*|.[0-9]*) ;; *) bad "SHARES: $v? each a share above 0, at most 1";; esac; done
+case "${PER_GPU:-}" in ''|0|1) ;; *) bad "PER_GPU=$PER_GPU: 1 or 0";; esac
 if [ "$DEVICE" = cpu ] && [ -z "${GPUKIT_NS:-}" ]; then
   # beside the shared test cluster: a mount namespace of its own, with its own /etc/hosts (the kit's node names)
   [ -x "$K/kit" ] && "$K/kit" down > /dev/null 2>&1  # what a killed earlier dry run left
@@ -77,7 +90,7 @@ if [ "$DEVICE" = cpu ] && [ -z "${GPUKIT_NS:-}" ]; then
   devs=true
   if [ -n "${FAKE_GPUS:-}" ]; then  # a /dev of its own: this one's, plus character devices of the NVIDIA driver's
     mkdir -p "$K/dev/shm" && (cd /dev && tar --exclude=./shm --exclude=./mqueue -cf - .) | tar -C "$K/dev" -xf -
-    for m in $(seq 0 $((NODES - 1))); do mknod "$K/dev/nvidia$m" c 195 "$m"; done  # NODES GPUs, no driver
+    for m in $(seq 0 $((NODES * GPUS_PER_NODE - 1))); do mknod "$K/dev/nvidia$m" c 195 "$m"; done  # no driver
     mknod "$K/dev/nvidiactl" c 195 255; mknod "$K/dev/nvidia-uvm" c 511 0
     devs="mount --bind '$K/dev' /dev && mount -t tmpfs shm /dev/shm"
   fi
@@ -195,7 +208,7 @@ case ",$PARTS," in *,validate,*|*,fleet,*|*,command,*) ;; *) NO_CLUSTER=1;; esac
 t=$(date +%s)
 if [ -n "${NO_CLUSTER:-}" ]; then
   md "" "(No cluster started: PARTS=$PARTS runs on the host.)"
-elif ! run_limited "$(within "$UP_S")" "$K/kit" up --nodes "$NODES" --gpus 1 "${REAL[@]}"; then
+elif ! run_limited "$(within "$UP_S")" "$K/kit" up --nodes "$NODES" --gpus "$GPUS_PER_NODE" "${REAL[@]}"; then
   log "FAILED: the cluster did not come up"; md "" "**The cluster did not come up** (see gpu_cluster.log, k8s-logs.txt)."; exit 1
 fi
 UP_TOOK=$(( $(date +%s) - t ))
@@ -205,11 +218,12 @@ declare -A GPU_OF
 for i in $(seq "$NODES"); do
   [ -n "${NO_CLUSTER:-}" ] && break
   if [ ${#REAL[@]} -gt 0 ]; then
-    GPU_OF[$i]=$("$PY" tests/fixtures/gpu_device_plugin/plugin.py --real --only "${MINORS[$((i-1))]}" --list 2>> "$LOG")
+    only=(); for m in "${MINORS[@]:$(( (i - 1) * GPUS_PER_NODE )):$GPUS_PER_NODE}"; do only+=(--only "$m"); done
+    GPU_OF[$i]=$("$PY" tests/fixtures/gpu_device_plugin/plugin.py --real "${only[@]}" --list 2>> "$LOG")
   else
-    GPU_OF[$i]=$("$PY" tests/fixtures/gpu_device_plugin/plugin.py --count 1 --list 2>> "$LOG")
+    GPU_OF[$i]=$("$PY" tests/fixtures/gpu_device_plugin/plugin.py --count "$GPUS_PER_NODE" --list 2>> "$LOG")
   fi
-  md "| $(node "$i") | $((10250 + PORT_OFFSET + 20 * (i - 1))) | ${GPU_OF[$i]} |"
+  md "| $(node "$i") | $((10250 + PORT_OFFSET + 20 * (i - 1))) | $(echo "${GPU_OF[$i]}" | paste -sd ';' | sed 's/;/; /g') |"
 done
 log "cluster up in ${UP_TOOK}s"
 
@@ -265,7 +279,7 @@ cotenant_start() {  # INDEX: slow that node's GPU from outside Kubernetes; its G
     COTENANT_UUID="CPU quota of 25% of one CPU on the node's cgroup root"
     return
   fi
-  local uuid=${GPU_OF[$i]%% *}
+  local uuid; uuid=$(echo "${GPU_OF[$i]}" | sed -n "${SLOW_GPU}p" | cut -d' ' -f1)
   CUDA_VISIBLE_DEVICES=$uuid "$PY" benchmarks/gpu_cotenant.py --seconds "$(left)" --busy "$COTENANT_BUSY" \
     --size "$COTENANT_SIZE" > "$K/cotenant.log" 2>&1 &
   COTENANT_PID=$!
@@ -303,12 +317,13 @@ fleet_run() {  # WORKLOAD SLOW_INDEX (0: no co-tenant)
              --python "$("$PY" -c 'import sys; print(sys.executable)')" "${mounts[@]}"
              --env-var "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" --env-var "PATH=$PATH" --env-var "HOME=$K/home"
              --start-timeout 120)
-  local ARGS=($w $(fleet_args "$w") --device "$DEVICE" --trials "$TRIALS" --max-trials "$MAX_TRIALS"
+  local ARGS=($w $(fleet_args "$w") ${PER_GPU:+$([ "$PER_GPU" = 1 ] && echo --per-gpu)} --device "$DEVICE" --trials "$TRIALS" --max-trials "$MAX_TRIALS"
               --parallel "$parallel" --margin "$margin" --store "$DB" "${POD[@]}")
   local title="gpuvs fleet $w, no co-tenant" n="-" name="kit: fleet $w, no co-tenant"
   COTENANT_UUID="-"
   if [ "$slow" -gt 0 ]; then
     n=$(node "$slow"); title="gpuvs fleet $w, co-tenant on $n"; name="kit: fleet $w, co-tenant on $n"
+    [ "$COTENANT_BUSY" = 1 ] || { title="$title, busy $COTENANT_BUSY"; name="$name, busy $COTENANT_BUSY"; }
     cotenant_start "$slow" || { md "" "## $title: not run (the co-tenant did not start)"; cotenant_stop; return; }
   fi
   md "" "## $title"
@@ -322,7 +337,7 @@ fleet_run() {  # WORKLOAD SLOW_INDEX (0: no co-tenant)
   md "" "Exit status $rc; wall time of the fleet run: $wall s."
   local id
   for id in $NEW; do
-    printf '%s\t%s\t%s\t%s\t%s\n' "$id" "$w" "$n" "$COTENANT_UUID" "$wall" >> "$RUNS"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$w" "$n" "$COTENANT_UUID" "$wall" "$([ "$slow" -gt 0 ] && echo "$COTENANT_BUSY" || echo -)" >> "$RUNS"
     md "" "### Nodes: GPUs, verdicts, fingerprints" ""
     "$PY" benchmarks/gpu_cluster_tables.py nodes "$DB" "$id" >> "$MD" 2>> "$LOG"
   done
@@ -335,6 +350,18 @@ part_fleet() {
   for w in $FLEET; do fleet_run "$w" 0; fleet_run "$w" "$SLOW_NODE"; done
   md "" "## Fleet runs" ""
   "$PY" benchmarks/gpu_cluster_tables.py runs "$DB" "$RUNS" >> "$MD" 2>> "$LOG"
+}
+
+part_power() {  # detection power: POWER_RUNS fleet runs at each co-tenant share in SHARES (issue 33, item 4)
+  if [ "$NODES" -lt 2 ] && [ "${PER_GPU:-0}" != 1 ]; then md "" "## Power: not run (NODES=$NODES)"; return; fi
+  local w=${FLEET%% *} share r busy=$COTENANT_BUSY
+  for share in $SHARES; do
+    for r in $(seq "$POWER_RUNS"); do COTENANT_BUSY=$share; fleet_run "$w" "$SLOW_NODE"; done
+  done
+  COTENANT_BUSY=$busy
+  { echo "# Detection power: a co-tenant on one GPU, busy a set share of the time ($GPU_NAME, DEVICE=$DEVICE)"; echo
+    "$PY" benchmarks/gpu_cluster_tables.py power "$DB" "$RUNS"; } > "$OUT/power.md" 2>> "$LOG"
+  md "" "## Detection power" ""; tail -n +3 "$OUT/power.md" >> "$MD"
 }
 
 # -- 5. 1 vs N GPUs on the host --------------------------------------------------------------------------------------

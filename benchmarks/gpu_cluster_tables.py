@@ -6,9 +6,13 @@
                                                                 and which fingerprint fields differ between nodes
     python benchmarks/gpu_cluster_tables.py runs DB RUNS.tsv    every fleet run of the kit: workload, co-tenant, wall
                                                                 time, nodes called slower / equivalent / inconclusive
+    python benchmarks/gpu_cluster_tables.py power DB RUNS.tsv   per co-tenant share: how often the slowed GPU (or
+                                                                node) was found and a healthy one flagged, its ratio
+                                                                and the cause row gpuvs gave it
 
 RUNS.tsv (written by the kit, one line per fleet run): experiment id, workload, co-tenant node (- for none), what the
-co-tenant is (its GPU's UUID and name), the command's wall time in seconds."""
+co-tenant is (its GPU's UUID and name), the command's wall time in seconds, the co-tenant's share busy (- for none;
+absent in files of earlier kits)."""
 
 from __future__ import annotations
 
@@ -93,8 +97,53 @@ def runs(st: Store, runs_tsv: Path) -> str:
     return "\n".join(table) + "\n"
 
 
+FOUND = ("slower", "slower-within-margin")
+
+
+def slowed(res: FleetResult, node: str, uuid: str) -> list:
+    """The rows the co-tenant slowed: the GPU whose UUID it ran on (a per-GPU run); else every row of its node (a
+    run of nodes, or a CPU dry run, where the co-tenant is a quota on the whole node)."""
+    own = [r for r in res.measured() if r.uuid and r.uuid == uuid]
+    return own or [r for r in res.measured() if r.node == node]
+
+
+def unit_name(r) -> str:
+    return r.node if r.gpu is None else f"{r.node} GPU {r.gpu}"
+
+
+def power(st: Store, runs_tsv: Path) -> str:
+    by_share: dict[str, list] = {}
+    for line in runs_tsv.read_text().splitlines() if runs_tsv.exists() else []:
+        exp_id, workload, node, what, wall, share = (line.split("\t") + [""] * 6)[:6]
+        if share in ("", "-"):
+            continue
+        res = fleet_result(st, exp_id) if exp_id else None
+        by_share.setdefault(share, []).append((workload, node, what.split(" ")[0], res))
+    table = ["| co-tenant busy | fleet runs | slowed GPU found (slower or within margin) | its speed vs the fleet, "
+             "each run | healthy GPUs called slower | healthy within the margin | the slowed GPU's cause row |",
+             "|---:|---:|---|---|---|---|---|"]
+    for share in sorted(by_share, key=float):
+        rows = by_share[share]
+        done = [(n, u, res) for _, n, u, res in rows if res is not None]
+        found = healthy = flagged = within = 0
+        speeds, whys = [], []
+        for node, uuid, res in done:
+            hit = slowed(res, node, uuid)
+            found += any(r.verdict in FOUND for r in hit)
+            speeds += [f"{unit_name(r)} {r.speed:.3f} {r.verdict}" if r.speed is not None else unit_name(r) for r in hit]
+            whys += ["; ".join(r.why) or "no cause visible in NVML's readings" for r in hit]
+            rest = [r for r in res.measured() if r not in hit]
+            healthy += len(rest)
+            flagged += sum(r.verdict == "slower" for r in rest)
+            within += sum(r.verdict == "slower-within-margin" for r in rest)
+        table.append(f"| {share} | {len(done)} of {len(rows)} | {found} of {len(done)} | "
+                     f"{markdown.cell(', '.join(speeds) or '-')} | {flagged} of {healthy} | {within} of {healthy} | "
+                     f"{markdown.cell(' / '.join(dict.fromkeys(whys)) or '-')} |")
+    return "\n".join(table) + "\n"
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[0] not in ("ids", "nodes", "runs") or (argv[0] != "ids" and len(argv) != 3):
+    if len(argv) < 2 or argv[0] not in ("ids", "nodes", "runs", "power") or (argv[0] != "ids" and len(argv) != 3):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     db = Path(argv[1])
@@ -106,6 +155,8 @@ def main(argv: list[str]) -> int:
             sys.stdout.write("".join(e.id + "\n" for e in st.experiments()))
         elif argv[0] == "nodes":
             sys.stdout.write(nodes(st, argv[2]))
+        elif argv[0] == "power":
+            sys.stdout.write(power(st, Path(argv[2])))
         else:
             sys.stdout.write(runs(st, Path(argv[2])))
     return 0
