@@ -260,7 +260,8 @@ GPU_SCRIPT = ("import os, time; slow = (os.environ.get('GPUVS_NODE_NAME'), os.en
 def test_per_gpu_names_the_one_slower_gpu_and_its_node_and_labels_its_count(cluster, tmp_path):  # noqa: F811
     """--per-gpu on 3 nodes x 2 fake GPUs: the one GPU whose program runs twice as long is named (node, index,
     the plugin's id) and no other GPU is called slower or faster; gpuvs.io/slow-gpus is 1 on its node and 0 on the
-    others; the agent's gpuvs_gpu_perf_ratio shows it; no pod is left. One look (4 rounds): under 120 s (about 40 s here)."""
+    others; the agent's gpuvs_gpu_perf_ratio shows it; no pod is left. One look (4 rounds): under 120 s (40-55 s
+    here)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     from gpuvs.agent import metrics
@@ -270,7 +271,8 @@ def test_per_gpu_names_the_one_slower_gpu_and_its_node_and_labels_its_count(clus
     nodes = three(cluster)
     core = cluster.core()
     if any(int(core.read_node(n).status.allocatable.get("nvidia.com/gpu", "0")) != 2 for n in nodes):
-        missing_part("the per-GPU test needs the test cluster's 2 fake GPUs per node (scripts/test-cluster up --gpus 2)")
+        missing_part("the per-GPU test needs the test cluster's 2 fake GPUs per node "
+                     "(scripts/test-cluster up --gpus 2)")
     slow = nodes[1]
     keys = ("gpuvs.io/perf", "gpuvs.io/perf-ratio", "gpuvs.io/slow-gpus")
     try:

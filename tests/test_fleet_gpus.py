@@ -148,7 +148,8 @@ def test_rows_name_node_index_and_id_slowest_first_with_the_why_of_the_slow_gpu(
     text = fleet_report.render("term", res, width=80)
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "gpuvs-node-3 GPU 1" in text and "fake-gpu-1" in text
-    assert "1 of 6 measured GPU(s) slower than the fleet: gpuvs-node-3 GPU 1 (fake-gpu-1)" in fleet_report.summary_line(res)
+    said = fleet_report.summary_line(res)
+    assert said.startswith("1 of 6 measured GPU(s) slower than the fleet: gpuvs-node-3 GPU 1 (fake-gpu-1) at 0."), said
     assert fleet_report.render("csv", res).splitlines()[0].startswith("experiment_id,node,gpu,uuid,verdict")
 
 
@@ -190,3 +191,16 @@ def test_per_gpu_refuses_what_it_cannot_do_in_one_line(device, extra, says):
     with pytest.raises(UsageError) as exc:
         fleet_run.check(base, fleet_run.FleetOptions(per_gpu=True, **extra))
     assert str(exc.value).startswith(says) and "\n" not in str(exc.value)
+
+
+def test_the_agent_runs_a_fleet_per_gpu_when_its_workload_says_so():
+    from gpuvs.agent.config import AgentConfig, WorkloadSpec
+    from gpuvs.agent.ledger import RunRecord
+    from gpuvs.agent.runs import fleet_request
+
+    c = AgentConfig(store="a.db", kubeconfig="/k", device="cuda")
+    base, o = fleet_request(c, RunRecord("r1", "api"), "ns", "img:1", ["n1", "n2"],
+                            WorkloadSpec.parse("gpu-check:per-gpu=true"))
+    assert o.per_gpu and base.device == "cuda" and base.num_gpus == 1
+    fleet_run.check(base, o)  # what run_fleet checks first: the agent's per-GPU fleet is one it can run
+    assert o.command.endswith("--per-gpu true")  # the command line it stands for

@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping
 from gpuvs.fleet import adaptive, causes, fingerprints, schedule, verdicts
 from gpuvs.fleet.nodes import Excluded, NodeInfo
 from gpuvs.fleet.result import FleetResult, NodeRow
+from gpuvs.fleet.rows import fill_row, host_to_device, node_health, sort_rows
 from gpuvs.fleet.schedule import Item, Slots
 from gpuvs.trial.runner import LiveTrial, TrialResult
 
@@ -117,12 +118,9 @@ def run_gpus(nodes: list[str], execute: Execute, models: Mapping[str, str | None
 class GpuExecutor:
     """Runs node rounds for run_gpus: each round one pod per GPU of the node (gpus[node]), all at once."""
 
-    def __init__(self, runner: Any, exp: Any, gpus: Mapping[str, int], parallel: int,
-                 on_end: Callable[[TrialResult], None] | None = None):
-        from gpuvs.fleet.run import Executor
-
-        self._one = Executor(runner, exp, parallel, on_end)  # its start and poll of one trial
-        self.gpus, self.parallel, self.on_end = dict(gpus), parallel, on_end
+    def __init__(self, one: Any, gpus: Mapping[str, int]):
+        self._one = one  # fleet.run.Executor: its start and poll of one trial, its parallel and on_end
+        self.gpus, self.parallel, self.on_end = dict(gpus), one.parallel, one.on_end
         self.results: list[TrialResult] = []
         self.unit_of: dict[str, str] = {}  # run_id -> unit
         self.models: dict[str, str | None] = {}
@@ -204,8 +202,6 @@ def indices(results: list[Any], unit_of: Mapping[str, str]) -> dict[str, int]:
 def build(exp: Any, nodes: list[NodeInfo], excluded: list[Excluded], outcome: adaptive.Outcome, ex: Any, *,
           plan: adaptive.Plan, margin: float, confidence: float, unit_name: str, higher: bool) -> FleetResult:
     """One row per GPU (node, index, id), slowest first; a node none of whose pods ran is one `failed` row."""
-    from gpuvs.fleet.run import fill_row, host_to_device, node_health, sort_rows
-
     index = indices(ex.results, ex.unit_of)
     trials_of: dict[str, list[Any]] = {}
     for r in ex.results:
@@ -242,20 +238,17 @@ def build(exp: Any, nodes: list[NodeInfo], excluded: list[Excluded], outcome: ad
 
 
 
-def run(runner: Any, exp: Any, nodes: list[NodeInfo], excluded: list[Excluded], gpus: Mapping[str, int], *,
-        plan: adaptive.Plan, parallel: int, margin: float, confidence: float, unit_name: str,
-        on_end: Callable[[TrialResult], None] | None = None) -> FleetResult:
-    """fleet.run.run, per GPU: the experiment created in the store, the rounds run, the result built."""
+def run(runner: Any, exp: Any, nodes: list[NodeInfo], excluded: list[Excluded], gpus: Mapping[str, int], one: Any,
+        *, plan: adaptive.Plan, higher: bool, margin: float, confidence: float, unit_name: str) -> FleetResult:
+    """fleet.run.run, per GPU: the experiment created in the store, the rounds run (each pod started and read by
+    `one`, fleet.run's Executor of single trials), the result built."""
     import dataclasses
 
-    from gpuvs.fleet.run import headline_higher
-
     t0 = time.monotonic()
-    higher = headline_higher(exp.base.workload)
     if exp.seed is None:
         exp.seed = random.SystemRandom().randrange(2**31)
     runner.store.create_experiment(exp.id, exp.name, exp.kind, dataclasses.replace(exp.stored_meta(), trials=None))
-    ex = GpuExecutor(runner, exp, gpus, parallel, on_end)
+    ex = GpuExecutor(one, gpus)
     outcome = run_gpus([n.name for n in nodes], ex, ex.models, plan, higher_is_better=higher, margin=margin,
                        confidence=confidence, seed=exp.seed)
     result = build(exp, nodes, excluded, outcome, ex, plan=plan, margin=margin, confidence=confidence,

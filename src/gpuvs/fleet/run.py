@@ -24,6 +24,7 @@ from gpuvs.errors import UsageError, interruption
 from gpuvs.fleet import adaptive, causes, fingerprints, kube, labels, nodes as fleet_nodes, pergpu, signals, taints
 from gpuvs.fleet.nodes import Excluded, NodeInfo
 from gpuvs.fleet.result import FleetResult, NodeLabels, NodeRow  # noqa: F401  (the run's result, re-exported)
+from gpuvs.fleet.rows import fill_row, host_to_device, node_health, sort_rows  # noqa: F401  (sort_rows: re-exported)
 from gpuvs.fleet.schedule import Item, Slots
 from gpuvs.params import Param
 from gpuvs.probes import gpu_health
@@ -191,48 +192,6 @@ def build(exp: Experiment, nodes: list[NodeInfo], excluded: list[Excluded], outc
                        rows=sort_rows(rows), command=exp.meta.command or "")
 
 
-def fill_row(row: NodeRow, v, higher: bool, figures: list[float]) -> None:
-    """A row's figures from its verdict (a node's, or a GPU's with --per-gpu)."""
-    row.verdict, row.reason, row.mean, row.reference = v.verdict, v.reason, v.mean, list(v.reference)
-    row.ratio, row.ci_low, row.ci_high, row.speed = v.ratio, v.ci_low, v.ci_high, v.speed
-    if v.ci_low is not None and v.ci_high is not None:
-        row.speed_low, row.speed_high = ((v.ci_low, v.ci_high) if higher else (1 / v.ci_high, 1 / v.ci_low))
-    row.p_adjusted = v.p_equivalent_adj if v.verdict == "equivalent" else v.p_different_adj  # within-margin: the difference's
-    if v.log_ratio is not None:  # log(speed): the sign of a rate's log ratio, the other way for a time
-        row.log_speed, row.se, row.df = (v.log_ratio if higher else -v.log_ratio), v.se, v.df
-    if len(figures) >= 2 and v.mean:
-        row.level_se = statistics.stdev(figures) / v.mean / math.sqrt(len(figures))
-    if v.verdict == "reference":
-        row.speed = row.ratio = 1.0
-
-
-def node_health(trials: list[TrialResult]) -> list[GpuHealth]:
-    """Each GPU's health over a node's trials (what their telemetry carries), merged trial over trial."""
-    by_gpu: dict[Any, list[GpuHealth]] = {}
-    for r in trials:
-        # the history tests' stand-in results (tests/fleet_store.py) have no telemetry
-        for h in gpu_health.from_telemetry(getattr(r, "telemetry", None) or []):
-            by_gpu.setdefault(h.gpu, []).append(h)
-    return [gpu_health.merge(by_gpu[g]) for g in sorted(by_gpu, key=lambda g: (g is None, g or 0))]
-
-
-def host_to_device(trials: list[TrialResult]) -> float | None:
-    """The mean host-to-device bandwidth of a node's trials where the workload measures it (gpu-check's and
-    membw's h2d series, GB/s), else None."""
-    values = []
-    for r in trials:
-        summary = getattr(r, "summary", None) or {}  # the history tests' stand-in results have none
-        s = next((s for name, s in summary.items() if name.startswith("h2d") and s.unit == "GB/s"), None)
-        if s is not None and s.value is not None:
-            values.append(s.value)
-    return sum(values) / len(values) if values else None
-
-
-def sort_rows(rows: list[NodeRow]) -> list[NodeRow]:
-    """Slowest first; nodes without a figure (failed, excluded) last."""
-    return sorted(rows, key=lambda r: (r.speed is None, r.speed if r.speed is not None else 0.0, r.node))
-
-
 # -- the whole run, as one call -------------------------------------------------------------------
 
 DEFAULT_TRIALS = 4
@@ -394,11 +353,13 @@ def run_fleet(base: RunSpec, store: str | Path, o: FleetOptions, hooks: FleetHoo
                                   base.workload))
     with Store(store) as st:
         try:
-            if o.per_gpu:  # one pod per GPU of a node at once (fleet/pergpu.py)
-                result = pergpu.run(Runner(st, timeout_s=o.timeout_s), exp, usable, excluded,
-                                    {n.name: n.gpus(settings.gpu_resource) for n in usable}, plan=plan,
-                                    parallel=o.parallel, margin=o.margin, confidence=o.confidence,
-                                    unit_name=workloads.get(base.workload).unit, on_end=hooks.on_trial_end)
+            if o.per_gpu:  # one pod per GPU of a node at once (fleet/pergpu.py), each started as a node's trial
+                runner = Runner(st, timeout_s=o.timeout_s)
+                gpus = {n.name: n.gpus(settings.gpu_resource) for n in usable}
+                one = Executor(runner, exp, o.parallel, hooks.on_trial_end)
+                result = pergpu.run(runner, exp, usable, excluded, gpus, one, plan=plan,
+                                    higher=headline_higher(base.workload), margin=o.margin, confidence=o.confidence,
+                                    unit_name=workloads.get(base.workload).unit)
             else:
                 result, _ = run(Runner(st, timeout_s=o.timeout_s), exp, usable, excluded, plan=plan,
                                 parallel=o.parallel, margin=o.margin, confidence=o.confidence,

@@ -162,7 +162,8 @@ def render_csv(res: FleetResult) -> str:
     w.writerow(["experiment_id", "node", *gpu, "verdict", "speed", "speed_low", "speed_high", "ratio", "mean", "unit",
                 "n_ok", "n_trials", "p_adjusted", "reference", "differs", "reason"])
     for r in res.rows:
-        w.writerow(safe_row([res.id, r.node, *([r.gpu, r.uuid] if res.per_gpu else []), r.verdict, r.speed, r.speed_low, r.speed_high, r.ratio, r.mean, res.unit,
+        w.writerow(safe_row([res.id, r.node, *([r.gpu, r.uuid] if res.per_gpu else []), r.verdict, r.speed,
+                             r.speed_low, r.speed_high, r.ratio, r.mean, res.unit,
                              r.n_ok, r.n_trials, r.p_adjusted, " ".join(r.reference),
                              "; ".join(f"{k}={v[0]}" for k, v in r.differs.items()), r.reason]))
     return buf.getvalue()
