@@ -254,13 +254,13 @@ def test_run_fleet_called_as_a_library_returns_the_result_it_stores(cluster, tmp
 # handed it (CUDA_VISIBLE_DEVICES, the fake plugin's id) and its node, and takes twice as long on one of them.
 SLOW_GPU = "fake-gpu-1"
 GPU_SCRIPT = ("import os, time; slow = (os.environ.get('GPUVS_NODE_NAME'), os.environ.get('CUDA_VISIBLE_DEVICES')) "
-              "== ({node!r}, {gpu!r}); time.sleep(0.8 if slow else 0.4)")
+              "== ({node!r}, {gpu!r}); time.sleep(1.6 if slow else 0.8)")
 
 
 def test_per_gpu_names_the_one_slower_gpu_and_its_node_and_labels_its_count(cluster, tmp_path):  # noqa: F811
     """--per-gpu on 3 nodes x 2 fake GPUs: the one GPU whose program runs twice as long is named (node, index,
     the plugin's id) and no other GPU is called slower or faster; gpuvs.io/slow-gpus is 1 on its node and 0 on the
-    others; the agent's gpuvs_gpu_perf_ratio shows it; no pod is left. One look (4 rounds): under 120 s (40-55 s
+    others; the agent's gpuvs_gpu_perf_ratio shows it; no pod is left. One look (4 rounds): under 120 s (25-55 s
     here)."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -293,9 +293,11 @@ def test_per_gpu_names_the_one_slower_gpu_and_its_node_and_labels_its_count(clus
         assert 0.4 < first["speed"] < 0.7, first
         assert sorted((r["node"], r["gpu"], r["uuid"]) for r in rows) == sorted(
             (n, g, f"fake-gpu-{g}") for n in nodes for g in (0, 1))
-        for row in rows[1:]:
-            assert row["verdict"] in ("equivalent", "inconclusive"), row  # named: that GPU, and no other
-        print(f"\nslowed {slow} {SLOW_GPU} (0.8 s against 0.4 s): speed {first['speed']:.3f} "
+        for row in rows[1:]:  # named: that GPU, and no other. The kubelets of this one machine start Python at
+            # speeds a few percent apart (a healthy GPU read 1.041x [1.002-1.081], faster-within-margin): a small
+            # real difference may be said within the margin, never beyond it
+            assert row["verdict"] not in ("slower", "faster") and 0.85 < row["speed"] < 1.15, row
+        print(f"\nslowed {slow} {SLOW_GPU} (1.6 s against 0.8 s): speed {first['speed']:.3f} "
               f"[{first['speed_low']:.3f}-{first['speed_high']:.3f}]; others "
               f"{[(r['node'][-1], r['gpu'], r['verdict'], round(r['speed'], 3)) for r in rows[1:]]}, {took:.0f} s")
         got = gpuvs_labels(core, nodes)

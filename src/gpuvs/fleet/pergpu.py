@@ -134,8 +134,9 @@ class GpuExecutor:
         try:
             while not slots.finished:
                 for node, rnd in slots.take():
-                    g = self.gpus[node]
-                    live[(node, rnd)] = [self._one._start((node, rnd * g + k)) for k in range(g)]
+                    g = live.setdefault((node, rnd), [])
+                    for k in range(self.gpus[node]):  # kept as each starts: a stop mid-round ends those started
+                        g.append(self._one._start((node, rnd * self.gpus[node] + k)))
                 self.max_in_flight = max(self.max_in_flight, sum(len(v) for v in live.values()))
                 for item, lvs in list(live.items()):
                     for lv in list(lvs):
