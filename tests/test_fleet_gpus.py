@@ -204,3 +204,23 @@ def test_the_agent_runs_a_fleet_per_gpu_when_its_workload_says_so():
     assert o.per_gpu and base.device == "cuda" and base.num_gpus == 1
     fleet_run.check(base, o)  # what run_fleet checks first: the agent's per-GPU fleet is one it can run
     assert o.command.endswith("--per-gpu true")  # the command line it stands for
+
+
+def test_a_per_gpu_run_is_no_point_of_a_nodes_history(tmp_path):
+    """Its rows are GPUs (two per node here): read as node rows they would be two points of one node in one run."""
+    import dataclasses
+
+    from fleet_store import T0, store_fleet_run
+    from gpuvs.fleet import stored
+    from gpuvs.store.db import Store
+
+    res = stored_run(dict(SIX))
+    with Store(tmp_path / "g.db") as st:
+        store_fleet_run(st, {"gpuvs-node-1": 1.0, "gpuvs-node-2": 1.0, "gpuvs-node-3": 1.0}, created=T0,
+                        rng=np.random.default_rng(1))
+        meta = ExperimentMeta(command="gpuvs fleet spin --per-gpu", margin=0.05, confidence=0.95)
+        st.create_experiment(res.id, "fleet spin", "fleet", dataclasses.replace(meta, trials=None), created=T0 + 60)
+        st.update_meta(res.id, fleet=res.to_dict())
+        history = stored.read(st)
+    (spin,) = history.workloads
+    assert len(spin.runs) == 1 and spin.runs[0].run_id != res.id  # the node run only
