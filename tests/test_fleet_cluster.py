@@ -248,3 +248,75 @@ def test_run_fleet_called_as_a_library_returns_the_result_it_stores(cluster, tmp
     assert stored.to_dict() == result.to_dict()
     assert fleet_pods(cluster.core(), result.id) == []
     assert capfd.readouterr().out == ""  # the caller renders: nothing on standard output
+
+
+# The per-GPU check's staged slowness: a real Python program in each trial's pod reads the GPU the device plugin
+# handed it (CUDA_VISIBLE_DEVICES, the fake plugin's id) and its node, and takes twice as long on one of them.
+SLOW_GPU = "fake-gpu-1"
+GPU_SCRIPT = ("import os, time; slow = (os.environ.get('GPUVS_NODE_NAME'), os.environ.get('CUDA_VISIBLE_DEVICES')) "
+              "== ({node!r}, {gpu!r}); time.sleep(1.6 if slow else 0.8)")
+
+
+def test_per_gpu_names_the_one_slower_gpu_and_its_node_and_labels_its_count(cluster, tmp_path):  # noqa: F811
+    """--per-gpu on 3 nodes x 2 fake GPUs: the one GPU whose program runs twice as long is named (node, index,
+    the plugin's id) and no other GPU is called slower or faster; gpuvs.io/slow-gpus is 1 on its node and 0 on the
+    others; the agent's gpuvs_gpu_perf_ratio shows it; no pod is left. One look (4 rounds): under 120 s (25-55 s
+    here)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuvs.agent import metrics
+    from gpuvs.agent.state import State
+    from gpuvs.fleet.result import FleetResult
+
+    nodes = three(cluster)
+    core = cluster.core()
+    if any(int(core.read_node(n).status.allocatable.get("nvidia.com/gpu", "0")) != 2 for n in nodes):
+        missing_part("the per-GPU test needs the test cluster's 2 fake GPUs per node "
+                     "(scripts/test-cluster up --gpus 2)")
+    slow = nodes[1]
+    keys = ("gpuvs.io/perf", "gpuvs.io/perf-ratio", "gpuvs.io/slow-gpus")
+    try:
+        out = tmp_path / "fleet.json"
+        t0 = time.monotonic()
+        r = run_cli("fleet", "command", "--device", "cuda", "--per-gpu", "--image", IMAGE, "--image-pull-policy",
+                    "Never", "--kubeconfig", str(cluster.kubeconfig), "--nodes", ",".join(nodes), "--parallel", "3",
+                    "--trials", "4", "--max-trials", "4", "--margin", "0.3", "--label", "--store",
+                    str(tmp_path / "gpuvs.db"), "--format", "json", "--output", str(out), "--", "python3", "-c",
+                    GPU_SCRIPT.format(node=slow, gpu=SLOW_GPU), timeout=300, cwd=tmp_path)
+        took = time.monotonic() - t0
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        res = json.loads(out.read_text())
+        rows = res["rows"]
+        assert res["per_gpu"] and len(rows) == 6 and all(r["n_ok"] >= 4 for r in rows), rows
+        first = rows[0]
+        assert (first["node"], first["gpu"], first["uuid"], first["verdict"]) == (slow, 1, SLOW_GPU, "slower"), first
+        assert 0.4 < first["speed"] < 0.7, first
+        assert sorted((r["node"], r["gpu"], r["uuid"]) for r in rows) == sorted(
+            (n, g, f"fake-gpu-{g}") for n in nodes for g in (0, 1))
+        for row in rows[1:]:  # named: that GPU, and no other. The kubelets of this one machine start Python at
+            # speeds a few percent apart (a healthy GPU read 1.041x [1.002-1.081], faster-within-margin): a small
+            # real difference may be said within the margin, never beyond it
+            assert row["verdict"] not in ("slower", "faster") and 0.85 < row["speed"] < 1.15, row
+        print(f"\nslowed {slow} {SLOW_GPU} (1.6 s against 0.8 s): speed {first['speed']:.3f} "
+              f"[{first['speed_low']:.3f}-{first['speed_high']:.3f}]; others "
+              f"{[(r['node'][-1], r['gpu'], r['verdict'], round(r['speed'], 3)) for r in rows[1:]]}, {took:.0f} s")
+        got = gpuvs_labels(core, nodes)
+        assert got[slow]["gpuvs.io/slow-gpus"] == "1" and got[slow]["gpuvs.io/perf"] == "slower", got
+        assert all(got[n]["gpuvs.io/slow-gpus"] == "0" for n in nodes if n != slow), got
+        state = State(stale_after_s=600)  # what the agent's /metrics shows of this run
+        state.fleet(FleetResult.from_dict(res), "command", time.time())
+        text = metrics.exposition(metrics.registry(state)).decode()
+        shown = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
+                 for s in f.samples}
+        gpu = (("gpu", "1"), ("node", slow), ("uuid", SLOW_GPU), ("workload", "command"))
+        assert shown[("gpuvs_gpu_perf_ratio", gpu)] == pytest.approx(first["speed"])
+        assert shown[("gpuvs_gpu_perf_verdict", tuple(sorted(gpu + (("verdict", "slower"),))))] == 1.0
+        assert {n: shown[("gpuvs_node_slow_gpus", (("node", n), ("workload", "command")))] for n in nodes} == {
+            n: float(n == slow) for n in nodes}
+        assert fleet_pods(core, res["id"]) == []
+        assert took < 120, took
+    finally:
+        for n in nodes:
+            core.patch_node(n, {"metadata": {"labels": {k: None for k in keys},
+                                             "annotations": {"gpuvs.io/perf-details": None}}})
+    assert not any(k in keys for n in nodes for k in gpuvs_labels(core, [n])[n])

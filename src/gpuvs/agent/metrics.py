@@ -55,6 +55,26 @@ class AgentCollector(Collector):
                 success.add_metric(key, fig.measured_at)
             yield from (ratio, bound, verdict, stale, success)
 
+            gpu_key = ["node", "gpu", "uuid", "workload"]  # --per-gpu fleets (fleet/pergpu.py)
+            g_ratio = GaugeMetricFamily("gpuvs_gpu_perf_ratio", "The GPU's speed against the fleet's GPUs of its "
+                                        "model in the last per-GPU fleet that measured its node (below 1: slower)",
+                                        labels=gpu_key)
+            g_verdict = GaugeMetricFamily("gpuvs_gpu_perf_verdict", "1 for the GPU's verdict against the fleet's "
+                                          "GPUs of its model, 0 for the others", labels=gpu_key + ["verdict"])
+            g_slow = GaugeMetricFamily("gpuvs_node_slow_gpus", "How many of the node's GPUs the last per-GPU fleet "
+                                       "found slower (the label gpuvs.io/slow-gpus)", labels=["node", "workload"])
+            slow: dict[tuple[str, str], int] = {}
+            for g in sorted(s.gpu_figures.values(), key=lambda g: (g.node, g.gpu, g.workload)):
+                key = [g.node, str(g.gpu), g.uuid, g.workload]
+                if g.ratio is not None:
+                    g_ratio.add_metric(key, g.ratio)
+                for v in VERDICTS:
+                    g_verdict.add_metric(key + [v], 1.0 if g.verdict == v else 0.0)
+                slow[(g.node, g.workload)] = slow.get((g.node, g.workload), 0) + (g.verdict == "slower")
+            for (node, workload), n in sorted(slow.items()):
+                g_slow.add_metric([node, workload], float(n))
+            yield from (g_ratio, g_verdict, g_slow)
+
             labels = ["node", "workload"]
             d_ratio = GaugeMetricFamily("gpuvs_node_drift_ratio", "The node's latest run against its own earlier "
                                         "runs, each against its peers (below 1: slower than its past); not "

@@ -40,6 +40,20 @@ class NodeFigure:
 
 
 @dataclass
+class GpuFigure:
+    """One GPU's figure against the fleet's GPUs of its model, from a --per-gpu fleet (fleet/pergpu.py)."""
+
+    node: str
+    gpu: int
+    uuid: str
+    workload: str
+    ratio: float | None
+    verdict: str
+    measured_at: float
+    experiment: str
+
+
+@dataclass
 class DriftFigure:
     """A node's latest run against its own earlier runs of a workload (stored.read's DriftVerdict)."""
 
@@ -66,6 +80,8 @@ class CheckState:
 class State:
     stale_after_s: float
     figures: dict[tuple[str, str], NodeFigure] = field(default_factory=dict)
+    # (node, gpu, uuid, workload) -> the GPU's figure in the workload's latest --per-gpu fleet that measured its node
+    gpu_figures: dict[tuple[str, int, str, str], GpuFigure] = field(default_factory=dict)
     checks: dict[str, CheckState] = field(default_factory=dict)
     drift: dict[tuple[str, str], DriftFigure] = field(default_factory=dict)
     gone: set[str] = field(default_factory=set)
@@ -104,8 +120,18 @@ class State:
             self.api_ok, self.api_error = ok, error
 
     def fleet(self, result: FleetResult, workload: str, at: float) -> None:
-        """A fleet's rows: each measured node's figure is renewed; the others of this workload are not."""
+        """A fleet's rows: each measured node's figure is renewed; the others of this workload are not. A --per-gpu
+        fleet's rows are GPUs: each measured node's GPU figures of the workload are replaced by this run's."""
         with self.lock:
+            if result.per_gpu:
+                rows = result.gpu_rows()
+                nodes = {r.node for r in rows}
+                for key in [k for k in self.gpu_figures if k[0] in nodes and k[3] == workload]:
+                    del self.gpu_figures[key]
+                for r in rows:
+                    self.gpu_figures[(r.node, r.gpu, r.uuid or "", workload)] = GpuFigure(
+                        r.node, r.gpu, r.uuid or "", workload, r.speed, r.verdict, at, result.id)
+                return
             measured = set()
             for row in result.measured():
                 self.figures[(row.node, workload)] = NodeFigure(row.node, workload, row.speed, row.verdict,

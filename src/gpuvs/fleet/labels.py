@@ -5,6 +5,9 @@ gpuvs.io/perf        the node's verdict against its peers in the one vocabulary 
                      faster | inconclusive | reference
 gpuvs.io/perf-ratio  the node's relative speed against the fleet, e.g. 0.512
 annotation gpuvs.io/perf-details  JSON: experiment, workload, verdict, ratio, interval, reference, time
+gpuvs.io/slow-gpus   with --per-gpu: how many of the node's GPUs are slower than the fleet's GPUs of their model
+                     (0 included); gpuvs.io/perf is then its worst GPU's word and gpuvs.io/perf-ratio its
+                     slowest GPU's speed, the details list every GPU
 
 gpuvs fleet history --label writes the drift against each node's own past:
 
@@ -28,6 +31,9 @@ from gpuvs.fleet.vocabulary import word
 PERF = "gpuvs.io/perf"
 RATIO = "gpuvs.io/perf-ratio"
 DETAILS = "gpuvs.io/perf-details"
+SLOW_GPUS = "gpuvs.io/slow-gpus"
+WORST_FIRST = ("slower", "slower-within-margin", "inconclusive", "equivalent", "faster-within-margin", "faster",
+               "reference")
 
 
 @dataclass
@@ -43,6 +49,8 @@ class LabelChange:
 
 def plan(rows: list[NodeRow], *, experiment_id: str, workload: str) -> list[LabelChange]:
     """The labels of the measured nodes (excluded and failed nodes are left as they are)."""
+    if any(r.gpu is not None for r in rows):
+        return plan_gpus(rows, experiment_id=experiment_id, workload=workload)
     out = []
     for r in rows:
         if r.verdict in ("excluded", "failed"):
@@ -54,6 +62,29 @@ def plan(rows: list[NodeRow], *, experiment_id: str, workload: str) -> list[Labe
                    "interval": [r.speed_low, r.speed_high], "reference": r.reference, "trials": r.n_ok,
                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         out.append(LabelChange(r.node, labels, {DETAILS: json.dumps(details, sort_keys=True)}))
+    return out
+
+
+def plan_gpus(rows: list[NodeRow], *, experiment_id: str, workload: str) -> list[LabelChange]:
+    """A --per-gpu fleet's labels, one change per node of its GPU rows: gpuvs.io/slow-gpus=<count of slower
+    GPUs>, gpuvs.io/perf its worst GPU's word, gpuvs.io/perf-ratio its slowest GPU's speed."""
+    by_node: dict[str, list[NodeRow]] = {}
+    for r in rows:
+        if r.gpu is not None and r.verdict not in ("excluded", "failed"):
+            by_node.setdefault(r.node, []).append(r)
+    out = []
+    for node, gpus in by_node.items():
+        gpus.sort(key=lambda r: r.gpu)
+        worst = min((word(r.verdict) for r in gpus), key=WORST_FIRST.index)
+        labels = {PERF: worst, SLOW_GPUS: str(sum(r.verdict == "slower" for r in gpus))}
+        speeds = [r.speed for r in gpus if r.speed is not None]
+        if speeds:
+            labels[RATIO] = f"{min(speeds):.3f}"
+        details = {"experiment": experiment_id, "workload": workload, "verdict": worst,
+                   "gpus": [{"gpu": r.gpu, "uuid": r.uuid, "verdict": r.verdict, "speed": r.speed,
+                             "interval": [r.speed_low, r.speed_high], "trials": r.n_ok} for r in gpus],
+                   "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        out.append(LabelChange(node, labels, {DETAILS: json.dumps(details, sort_keys=True)}))
     return out
 
 

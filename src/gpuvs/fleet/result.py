@@ -47,8 +47,12 @@ class NodeRow:
     # node what of it differs from its peers (fleet/causes.py); both empty on a CPU and in earlier results
     health: list[GpuHealth] = field(default_factory=list)
     why: list[str] = field(default_factory=list)
+    # with --per-gpu (fleet/pergpu.py) the row is one GPU of `node`: its index on the node and the id its pod was
+    # handed (the device plugin's: a GPU UUID with NVIDIA's); None in a node's row and in earlier results
+    gpu: int | None = None
+    uuid: str | None = None
 
-    _SINCE = ("log_speed", "se", "df", "level_se")  # kept since the typed model: written where known
+    _SINCE = ("log_speed", "se", "df", "level_se", "gpu", "uuid")  # kept since the typed model: written where known
     _WHERE_READ = ("health", "why")  # written where there are any
 
     def to_dict(self) -> dict[str, Any]:
@@ -105,6 +109,7 @@ class FleetResult:
     signals: list[NodeSignal] = field(default_factory=list)  # condition, events, taints (opt-in)
     circuit_open: bool = False  # the taint's circuit breaker left a slower node untainted
     seconds: float = 0.0
+    per_gpu: bool = False  # one row per GPU (--per-gpu), not per node
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -116,7 +121,7 @@ class FleetResult:
                 value = value.to_dict()
             elif f.name == "rows":
                 value = [r.to_dict() for r in value]
-            elif f.name in ("signals", "circuit_open") and not value:
+            elif f.name in ("signals", "circuit_open", "per_gpu") and not value:
                 continue  # kept where something was asked for (--condition, --taint): older results read alike
             elif f.name in ("labels", "signals"):
                 value = [dataclasses.asdict(lab) for lab in value]
@@ -132,6 +137,10 @@ class FleetResult:
         known["labels"] = [NodeLabels(**_known(NodeLabels, lab)) for lab in data.get("labels") or []]
         known["signals"] = [NodeSignal(**_known(NodeSignal, s)) for s in data.get("signals") or []]
         return cls(**known)
+
+    def gpu_rows(self) -> list[NodeRow]:
+        """The measured rows of single GPUs (--per-gpu); [] in a fleet of node rows."""
+        return [r for r in self.measured() if r.gpu is not None]
 
     def measured(self) -> list[NodeRow]:
         return [r for r in self.rows if r.verdict not in ("excluded", "failed")]

@@ -21,9 +21,10 @@ from typing import Any, Callable
 
 from gpuvs import environments, workloads
 from gpuvs.errors import UsageError, interruption
-from gpuvs.fleet import adaptive, causes, fingerprints, kube, labels, nodes as fleet_nodes, signals, taints
+from gpuvs.fleet import adaptive, causes, fingerprints, kube, labels, nodes as fleet_nodes, pergpu, signals, taints
 from gpuvs.fleet.nodes import Excluded, NodeInfo
 from gpuvs.fleet.result import FleetResult, NodeLabels, NodeRow  # noqa: F401  (the run's result, re-exported)
+from gpuvs.fleet.rows import fill_row, host_to_device, node_health, sort_rows  # noqa: F401  (sort_rows: re-exported)
 from gpuvs.fleet.schedule import Item, Slots
 from gpuvs.params import Param
 from gpuvs.probes import gpu_health
@@ -178,18 +179,7 @@ def build(exp: Experiment, nodes: list[NodeInfo], excluded: list[Excluded], outc
         if n in ex.failed_nodes and not row.n_ok:
             row.verdict, row.reason = "failed", ex.failed_nodes[n]
         elif v is not None:
-            row.verdict, row.reason, row.mean, row.reference = v.verdict, v.reason, v.mean, list(v.reference)
-            row.ratio, row.ci_low, row.ci_high, row.speed = v.ratio, v.ci_low, v.ci_high, v.speed
-            if v.ci_low is not None and v.ci_high is not None:
-                row.speed_low, row.speed_high = ((v.ci_low, v.ci_high) if higher else (1 / v.ci_high, 1 / v.ci_low))
-            row.p_adjusted = v.p_equivalent_adj if v.verdict == "equivalent" else v.p_different_adj  # within-margin: the difference's
-            if v.log_ratio is not None:  # log(speed): the sign of a rate's log ratio, the other way for a time
-                row.log_speed, row.se, row.df = (v.log_ratio if higher else -v.log_ratio), v.se, v.df
-            figures = outcome.values.get(n, [])
-            if len(figures) >= 2 and v.mean:
-                row.level_se = statistics.stdev(figures) / v.mean / math.sqrt(len(figures))
-            if v.verdict == "reference":
-                row.speed = row.ratio = 1.0
+            fill_row(row, v, higher, outcome.values.get(n, []))
         row.health = node_health([r for r in tried if r.ok])
         rows.append(row)
     h2d = {n: v for n in verdict_of if (v := host_to_device([r for r in ex.results if r.spec.arm == n and r.ok]))}
@@ -200,33 +190,6 @@ def build(exp: Experiment, nodes: list[NodeInfo], excluded: list[Excluded], outc
     return FleetResult(id=exp.id, workload=exp.base.workload, unit=unit, higher_is_better=higher, margin=margin,
                        confidence=confidence, plan=plan, control=outcome.control, looks_used=outcome.looks_used,
                        rows=sort_rows(rows), command=exp.meta.command or "")
-
-
-def node_health(trials: list[TrialResult]) -> list[GpuHealth]:
-    """Each GPU's health over a node's trials (what their telemetry carries), merged trial over trial."""
-    by_gpu: dict[Any, list[GpuHealth]] = {}
-    for r in trials:
-        # the history tests' stand-in results (tests/fleet_store.py) have no telemetry
-        for h in gpu_health.from_telemetry(getattr(r, "telemetry", None) or []):
-            by_gpu.setdefault(h.gpu, []).append(h)
-    return [gpu_health.merge(by_gpu[g]) for g in sorted(by_gpu, key=lambda g: (g is None, g or 0))]
-
-
-def host_to_device(trials: list[TrialResult]) -> float | None:
-    """The mean host-to-device bandwidth of a node's trials where the workload measures it (gpu-check's and
-    membw's h2d series, GB/s), else None."""
-    values = []
-    for r in trials:
-        summary = getattr(r, "summary", None) or {}  # the history tests' stand-in results have none
-        s = next((s for name, s in summary.items() if name.startswith("h2d") and s.unit == "GB/s"), None)
-        if s is not None and s.value is not None:
-            values.append(s.value)
-    return sum(values) / len(values) if values else None
-
-
-def sort_rows(rows: list[NodeRow]) -> list[NodeRow]:
-    """Slowest first; nodes without a figure (failed, excluded) last."""
-    return sorted(rows, key=lambda r: (r.speed is None, r.speed if r.speed is not None else 0.0, r.node))
 
 
 # -- the whole run, as one call -------------------------------------------------------------------
@@ -253,6 +216,8 @@ PARAMS = (  # the fleet's options: `gpuvs fleet`'s, but for its report's format 
     Param("taint_max_share", float, taints.DEFAULT_SHARE, "with --taint: the circuit breaker, the most of the GPU "
           "nodes tainted at once (at least 1 node)", min=0.001, max=1.0),
     Param("dry_run", bool, False, "with --label: show the labels (condition, events, taints), write nothing"),
+    Param("per_gpu", bool, False, "every GPU of every node against every GPU of its model (one pod per GPU, a "
+          "node's GPUs at once; docs/fleet.md): one row per GPU, and gpuvs.io/slow-gpus with --label"),
 )
 
 
@@ -281,6 +246,7 @@ class FleetOptions:
     taint_effect: str = "NoSchedule"
     taint_max_share: float = taints.DEFAULT_SHARE
     dry_run: bool = False  # with label: plan them, write nothing
+    per_gpu: bool = False  # one row per GPU: each GPU against the fleet's GPUs of its model (fleet/pergpu.py)
     name: str | None = None
     order_seed: int | None = None
     timeout_s: float | None = None  # seconds a trial may take
@@ -325,6 +291,15 @@ def check(base: RunSpec, o: FleetOptions) -> adaptive.Plan:
     if not 0 < o.taint_max_share <= 1:
         raise UsageError(f"--taint-max-share {o.taint_max_share:g}: expected a share above 0 and at most 1 "
                          "(leave --taint out to taint nothing)")
+    if o.per_gpu:
+        if base.device != "cuda" or base.num_gpus != 1:
+            raise UsageError(f"--per-gpu measures each GPU in a pod of its own: it needs --device cuda and one GPU "
+                             f"per pod (got --device {base.device}, --num-gpus {base.num_gpus})")
+        for flag, on in (("--all-nodes", o.all_nodes), ("--reference", o.reference), ("--condition", o.condition),
+                         ("--taint", o.taint)):
+            if on:
+                raise UsageError(f"{flag} is not supported with --per-gpu (a GPU is held against the GPUs of its "
+                                 "model; the node's label gpuvs.io/slow-gpus says how many are slower)")
     return plan_of(o)
 
 
@@ -378,9 +353,18 @@ def run_fleet(base: RunSpec, store: str | Path, o: FleetOptions, hooks: FleetHoo
                                   base.workload))
     with Store(store) as st:
         try:
-            result, _ = run(Runner(st, timeout_s=o.timeout_s), exp, usable, excluded, plan=plan, parallel=o.parallel,
-                            margin=o.margin, confidence=o.confidence, reference=o.reference,
-                            unit=workloads.get(base.workload).unit, on_end=hooks.on_trial_end)
+            if o.per_gpu:  # one pod per GPU of a node at once (fleet/pergpu.py), each started as a node's trial
+                runner = Runner(st, timeout_s=o.timeout_s)
+                gpus = {n.name: n.gpus(settings.gpu_resource) for n in usable}
+                one = Executor(runner, exp, o.parallel, hooks.on_trial_end)
+                result = pergpu.run(runner, exp, usable, excluded, gpus, one, plan=plan,
+                                    higher=headline_higher(base.workload), margin=o.margin, confidence=o.confidence,
+                                    unit_name=workloads.get(base.workload).unit)
+            else:
+                result, _ = run(Runner(st, timeout_s=o.timeout_s), exp, usable, excluded, plan=plan,
+                                parallel=o.parallel, margin=o.margin, confidence=o.confidence,
+                                reference=o.reference, unit=workloads.get(base.workload).unit,
+                                on_end=hooks.on_trial_end)
         finally:
             kube.sweep(cluster, exp.id)
             package.release()  # the run's mark on gpuvs's package ConfigMap: the last user deletes it (the agent's

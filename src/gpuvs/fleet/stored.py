@@ -238,8 +238,8 @@ def read(st: Store, *, workload: str | None = None, window: int = drift.WINDOW, 
     whole fleet per check. `workload`: that one only."""
     runs, skipped = fleet_runs(st)
     by_workload: dict[str, list[tuple[ExperimentRecord, FleetResult]]] = {}
-    for exp, res in runs:
-        if workload is None or res.workload == workload:
+    for exp, res in runs:  # a --per-gpu run's rows are GPUs, not nodes: not a point of a node's history
+        if (workload is None or res.workload == workload) and not res.per_gpu:
             by_workload.setdefault(res.workload, []).append((exp, res))
     out = []
     for name in sorted(by_workload):

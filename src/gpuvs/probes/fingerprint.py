@@ -241,7 +241,8 @@ def take(import_torch: bool = True) -> dict[str, Any]:
     """The whole fingerprint as one flat-ish dict (see KEY_FIELDS for the flat comparison keys)."""
     fp: dict[str, Any] = {"gpuvs": __version__, "taken_by": TAKEN_INSIDE, "python": platform.python_version(),
                           "os": f"{platform.system()} {platform.release()}", "hostname": socket.gethostname(),
-                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid()}
+                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                          "nvidia_visible_devices": os.environ.get("NVIDIA_VISIBLE_DEVICES"), "pid": os.getpid()}
     fp.update(cpu_info())
     fp["limits"] = cgroup_limits()
     fp["limits"]["rlimits"] = rlimits()

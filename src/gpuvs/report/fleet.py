@@ -57,17 +57,31 @@ def notes(r: NodeRow) -> str:
     return "; ".join(parts)
 
 
+def name(r: NodeRow) -> str:
+    """A row's name: its node, or with --per-gpu its node and GPU index."""
+    return r.node if r.gpu is None else f"{r.node} GPU {r.gpu}"
+
+
 def reference_text(r: NodeRow) -> str:
     if not r.reference:
         return "-"
+    if r.gpu is not None:  # GPUs node/ID: the fleet's GPUs of its model
+        return ", ".join(r.reference) if len(r.reference) <= 2 else f"{len(r.reference)} GPUs (fleet band)"
     return ", ".join(r.reference) if len(r.reference) <= 3 else f"{len(r.reference)} nodes (fleet band)"
 
 
 def node_table(res: FleetResult) -> Table:
-    rows = [[r.node, verdict_text(r, res.margin), _fmt(r.speed), interval(r.speed_low, r.speed_high),
+    rows = [[name(r), verdict_text(r, res.margin), _fmt(r.speed), interval(r.speed_low, r.speed_high),
              f"{r.n_ok}/{r.n_trials}" if r.n_trials else "-", _mean(r.mean, res.unit),
              reference_text(r), notes(r)] for r in res.rows]
     marked = {i for i, r in enumerate(res.rows) if r.verdict in ("slower", "failed") or r.differs}
+    if res.per_gpu:  # one row per GPU: its id (the device plugin's; a UUID with NVIDIA's) beside its node and index
+        for cells, r in zip(rows, res.rows):
+            cells.insert(1, r.uuid or "-")
+        return Table("fleet", f"GPUs against the fleet's GPUs of their model: {res.workload}, {res.unit} "
+                     f"({'higher' if res.higher_is_better else 'lower'} is better), slowest first",
+                     ["node / GPU", "id", *COLUMNS[1:]], rows, note=control_note(res), right={3, 4, 5, 6},
+                     marked=marked)
     return Table("fleet", f"Nodes against the fleet: {res.workload}, {res.unit} "
                  f"({'higher' if res.higher_is_better else 'lower'} is better), slowest first", COLUMNS, rows,
                  note=control_note(res), right={2, 3, 4, 5}, marked=marked)
@@ -75,6 +89,13 @@ def node_table(res: FleetResult) -> Table:
 
 def control_note(res: FleetResult) -> str:
     c = res.control
+    if res.per_gpu:
+        return (f"speed vs fleet: the GPU's figure over its reference's (the fleet's other GPUs of its model within "
+                f"±{100 * res.margin:g}% of their median, pooled), below 1 is slower. Error rate held at "
+                f"{100 * c.alpha:g}% for the whole fleet: Holm over {c.nodes} GPU(s) at each of at most {c.looks} "
+                f"look(s) ({100 * c.per_look:.3g}% per look, split over GPU models); intervals are simultaneous "
+                f"({100 * c.interval_confidence:.3g}%). Rounds: {res.plan.trials} per node (one pod per GPU, a "
+                f"node's GPUs at once), up to {res.plan.max_trials} where unsettled; {res.looks_used} look(s) used.")
     return (f"speed vs fleet: the node's figure over its reference's (the other nodes within ±{100 * res.margin:g}% "
             f"of their median, pooled), below 1 is slower. Error rate held at {100 * c.alpha:g}% for the whole "
             f"fleet: Holm over {c.nodes} node(s) at each of at most {c.looks} look(s) "
@@ -87,10 +108,11 @@ def fingerprint_table(res: FleetResult) -> Table | None:
     measured = [r for r in res.rows if r.fingerprint]
     if len(measured) < 2:
         return None
-    fps = {r.node: r.fingerprint for r in measured}
+    fps = {name(r): r.fingerprint for r in measured}
     rows = [[label] + ["-" if v is None else str(v) for v in values] for label, values, _ in fingerprints.rows(fps)]
     marked = {i for i, (_, _, differs) in enumerate(fingerprints.rows(fps)) if differs}
-    return Table("fingerprints", "Fingerprints per node", ["field"] + list(fps), rows, marked=marked)
+    return Table("fingerprints", "Fingerprints per GPU" if res.per_gpu else "Fingerprints per node",
+                 ["field"] + list(fps), rows, marked=marked)
 
 
 def tables(res: FleetResult) -> list[Table]:
@@ -102,11 +124,14 @@ def summary_line(res: FleetResult) -> str:
     measured = res.measured()
     small = [r for r in res.rows if r.verdict == "slower-within-margin" and r.speed is not None]
     within = ("; slower but within the ±" + f"{100 * res.margin:g}% allowed: "
-              + ", ".join(f"{r.node} at {r.speed:.3f}× the fleet [{interval(r.speed_low, r.speed_high)}]"
+              + ", ".join(f"{name(r)} at {r.speed:.3f}× the fleet [{interval(r.speed_low, r.speed_high)}]"
                           for r in small)) if small else ""
+    what = "GPU(s)" if res.per_gpu else "node(s)"
     if slow:
-        named = ", ".join(f"{r.node} at {r.speed:.3f}× the fleet" for r in slow)
-        return f"{len(slow)} of {len(measured)} measured node(s) slower than the fleet: {named}{within}"
+        named = ", ".join(f"{name(r)}{f' ({r.uuid})' if r.uuid else ''} at {r.speed:.3f}× the fleet" for r in slow)
+        return f"{len(slow)} of {len(measured)} measured {what} slower than the fleet: {named}{within}"
+    if res.per_gpu:
+        return f"no GPU of {len(measured)} measured is slower than the fleet beyond the margin{within}"
     return f"no node of {len(measured)} measured is slower than the fleet beyond the margin{within}"
 
 
@@ -133,10 +158,12 @@ def render_json(res: FleetResult) -> str:
 def render_csv(res: FleetResult) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["experiment_id", "node", "verdict", "speed", "speed_low", "speed_high", "ratio", "mean", "unit",
+    gpu = ["gpu", "uuid"] if res.per_gpu else []  # --per-gpu: the GPU's index on its node and its id
+    w.writerow(["experiment_id", "node", *gpu, "verdict", "speed", "speed_low", "speed_high", "ratio", "mean", "unit",
                 "n_ok", "n_trials", "p_adjusted", "reference", "differs", "reason"])
     for r in res.rows:
-        w.writerow(safe_row([res.id, r.node, r.verdict, r.speed, r.speed_low, r.speed_high, r.ratio, r.mean, res.unit,
+        w.writerow(safe_row([res.id, r.node, *([r.gpu, r.uuid] if res.per_gpu else []), r.verdict, r.speed,
+                             r.speed_low, r.speed_high, r.ratio, r.mean, res.unit,
                              r.n_ok, r.n_trials, r.p_adjusted, " ".join(r.reference),
                              "; ".join(f"{k}={v[0]}" for k, v in r.differs.items()), r.reason]))
     return buf.getvalue()
@@ -163,7 +190,7 @@ def band_svg(res: FleetResult, width: int = 360, height: int = 18) -> dict[str, 
     for r in measured:
         colour = _COLOURS.get(r.verdict, "#555555")
         parts = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-                 f'aria-label="{html_lib.escape(safe_text(r.node))}: {r.speed:.3f}">',
+                 f'aria-label="{html_lib.escape(safe_text(name(r)))}: {r.speed:.3f}">',
                  f'<rect x="{x(1 - res.margin)}" y="0" width="{x(1 + res.margin) - x(1 - res.margin)}" '
                  f'height="{height}" fill="#d5f5e3"/>',
                  f'<line x1="{x(1.0)}" x2="{x(1.0)}" y1="0" y2="{height}" stroke="#7f8c8d" stroke-dasharray="2,2"/>']
@@ -171,7 +198,7 @@ def band_svg(res: FleetResult, width: int = 360, height: int = 18) -> dict[str, 
             parts.append(f'<line x1="{x(r.speed_low)}" x2="{x(r.speed_high)}" y1="{height / 2}" y2="{height / 2}" '
                          f'stroke="{colour}" stroke-width="2"/>')
         parts.append(f'<circle cx="{x(r.speed)}" cy="{height / 2}" r="4" fill="{colour}"/></svg>')
-        out[r.node] = "".join(parts)
+        out[name(r)] = "".join(parts)
     return out
 
 
@@ -186,7 +213,7 @@ def render_html(res: FleetResult) -> str:
     body = []
     for i, (r, cells) in enumerate(zip(res.rows, t.rows)):
         cls = f' class="{esc(r.verdict)}"'
-        tds = "".join(f"<td>{esc(c)}</td>" for c in cells[:4]) + f"<td>{bands.get(r.node, '')}</td>" + "".join(
+        tds = "".join(f"<td>{esc(c)}</td>" for c in cells[:4]) + f"<td>{bands.get(name(r), '')}</td>" + "".join(
             f"<td>{esc(c)}</td>" for c in cells[4:])
         body.append(f"<tr{cls}>{tds}</tr>")
     fp = fingerprint_table(res)

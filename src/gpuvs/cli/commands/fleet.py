@@ -56,7 +56,7 @@ def fleet(args: Args) -> None:
         parallel=o["parallel"], trials=run["trials"], max_trials=o["max_trials"], margin=o["margin"],
         confidence=o["confidence"], label=o["label"], dry_run=o["dry_run"], name=run["name"],
         condition=o["condition"], taint=o["taint"], taint_effect=o["taint_effect"],
-        taint_max_share=o["taint_max_share"],
+        taint_max_share=o["taint_max_share"], per_gpu=o["per_gpu"],
         order_seed=run["order_seed"], timeout_s=run["timeout"], command="gpuvs fleet " + shlex.join(args.argv))
     fleet_run.check(prep.base, opts)
     if o["output"] and not Path(o["output"]).resolve().parent.is_dir():
