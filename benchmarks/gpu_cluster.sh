@@ -178,7 +178,7 @@ KIT_ENV=(GPUVS_CLUSTER_DIR="$K/cluster" GPUVS_K8S_CACHE="$K" GPUVS_CLUSTER_NAME=
          GPUVS_CLUSTER_PORT_OFFSET="$PORT_OFFSET" GPUVS_CLUSTER_POD_NET=10.245 GPUVS_CLUSTER_CNI="$CNI"
          GPUVS_CLUSTER_CNI_BIN="$K/cni" GPUVS_CLUSTER_SNAPSHOTTER=native GPUVS_CLUSTER_REGISTRY_PORT="$REG_PORT"
          GPUVS_CLUSTER_IMAGES="$CARRY/images/pause.tar.xz:$CARRY/images/node.tar.xz:$CARRY/images/probe.tar.xz"
-         GPUVS_CLUSTER_KUBELET_CONFIG='{"resolvConf": ""}' GPUVS_CLUSTER_PYTHON="$(command -v "$PY")"
+         GPUVS_CLUSTER_KUBELET_CONFIG='{"resolvConf": ""}' GPUVS_CLUSTER_PYTHON="$("$PY" -c 'import sys; print(sys.executable)')"
          PATH="$PATH" PYTHONPATH="$PYTHONPATH")
 { echo "#!/bin/sh"
   echo "# this kit's cluster: scripts/test-cluster with the kit's settings (up, down, status, kubelet|plugin"
@@ -197,14 +197,15 @@ if [ "$DEVICE" = cuda ]; then
   REAL=(--real-gpus)  # one CUDA context on the host first: the driver makes /dev/nvidia-uvm, which Allocate hands on
   "$PY" -c "import torch; torch.zeros(1, device='cuda'); print('host CUDA:', torch.cuda.get_device_name(0))" >> "$LOG" 2>&1
 fi
-PLUGIN_MODE="--real --only <its GPU>"; [ ${#REAL[@]} -gt 0 ] || PLUGIN_MODE="fake: one GPU a node, no GPU behind it"
+PLUGIN_MODE="--real --only <its GPU>"; [ "$GPUS_PER_NODE" = 1 ] || PLUGIN_MODE="--real --only <each of its $GPUS_PER_NODE GPUs>"
+[ ${#REAL[@]} -gt 0 ] || PLUGIN_MODE="fake: $GPUS_PER_NODE GPU(s) a node, no GPU behind them"
 md "# GPU cluster kit: $NODES node(s) on $(uname -n), $GPU_NAME (issues 24 and 26)" "" \
    "$(date -u '+%Y-%m-%d %H:%M UTC'); DEVICE=$DEVICE NODES=$NODES PARTS=$PARTS; $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 | sed 's/^/driver /')" "" \
    "Kubernetes 1.20.2 (built from Debian's source: kube-apiserver, kube-controller-manager, kube-scheduler and the" \
-   "kubelet in one multi-call binary), etcd, containerd 1.6 + runc, CNI $CNI; one kubelet per GPU, each with its own" \
+   "kubelet in one multi-call binary), etcd, containerd 1.6 + runc, CNI $CNI; one kubelet per $GPUS_PER_NODE GPU(s), each with its own" \
    "containerd, cgroup root, mount namespace and the project's device plugin ($PLUGIN_MODE); images pulled" \
    "from a registry on 127.0.0.1. The kit's cluster commands: \`$K/kit\` (scripts/test-cluster)."
-case ",$PARTS," in *,validate,*|*,fleet,*|*,command,*) ;; *) NO_CLUSTER=1;; esac  # scaling alone runs on the host
+case ",$PARTS," in *,validate,*|*,fleet,*|*,power,*|*,command,*) ;; *) NO_CLUSTER=1;; esac  # scaling alone runs on the host
 t=$(date +%s)
 if [ -n "${NO_CLUSTER:-}" ]; then
   md "" "(No cluster started: PARTS=$PARTS runs on the host.)"
