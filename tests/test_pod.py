@@ -373,6 +373,43 @@ def test_a_pod_deleted_from_outside_is_a_failed_trial(kube):
 
 
 @pytest.mark.cluster
+def test_a_running_pod_makes_no_request_a_second(kube):
+    """Counted by the API server (apiserver_request_total, as tests/test_fleet_scale.py counts): a trial whose pod
+    runs 8 s makes as many reads of nodes and pods, and as many requests in all, as one whose pod runs 1 s. Its node
+    comes from the process's one node watch and its own two watches stay open (kube/watch.py); before, the node was
+    read once a second and the watches opened again every 5 s. Other sessions' clients count too (the metric has no
+    user): their requests only add, so a trial pair is measured again, at most three times, before it fails."""
+    import time
+
+    from kubernetes import config
+    from test_fleet_scale import requests
+
+    api = config.new_client_from_config(config_file=str(kube.kubeconfig))
+
+    def trial(steps):
+        before = requests(api)
+        result = run_pod_trial(kube, steps=steps, step_seconds=0.1, node=kube.nodes[0])
+        time.sleep(1.5)  # a watch is counted when it ends
+        assert result.status == "ok", result.error
+        delta = requests(api) - before
+        reads = sum(v for (verb, what, _), v in delta.items() if verb == "GET" and what in ("nodes", "pods"))
+        return reads, sum(delta.values()), delta
+
+    tries = []
+    for _ in range(3):
+        short, long_ = trial(10), trial(80)  # 1 s and 8 s of steps
+        tries.append((short, long_))
+        if long_[0] - short[0] <= 2 and long_[1] - short[1] <= 3:
+            break
+    else:
+        raise AssertionError(f"the longer trial made more requests (reads, all) each time: "
+                             f"{[(s[:2], l[:2], sorted(l[2].items())) for s, l in tries]}")
+    delta = tries[-1][1][2]  # the node and the pod were watched, not read: a few reads at the start and the end
+    assert delta[("WATCH", "nodes", False)] >= 1 and delta[("WATCH", "pods", False)] >= 1, sorted(delta.items())
+    assert delta[("GET", "nodes", False)] <= 2, sorted(delta.items())
+
+
+@pytest.mark.cluster
 def test_the_log_survives_a_kubelet_restart(kube):
     """The log stream breaks when the pod's kubelet restarts; every line still arrives, once."""
     import threading
