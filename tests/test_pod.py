@@ -373,6 +373,50 @@ def test_a_pod_deleted_from_outside_is_a_failed_trial(kube):
 
 
 @pytest.mark.cluster
+def test_a_running_pod_makes_no_request_a_second(kube):
+    """Counted by the API server (apiserver_request_total, as tests/test_fleet_scale.py counts): a trial whose pod
+    runs 6 s makes as many reads of nodes and pods, and as many requests in all, as one whose pod runs 1 s. Its node
+    comes from the process's one node watch and its own two watches stay open (kube/watch.py); before, the node was
+    read once a second and the watches opened again every 5 s.
+
+    The metric has no user: other sessions' clients count too, and only add. A pair is measured again (three pairs
+    at most) until one is level; if none is, the test fails when a pair ran alone (no pod but the trial's own was
+    created or deleted meanwhile) and is skipped only when every pair was disturbed by other pods."""
+    import time
+
+    from kubernetes import config
+    from test_fleet_scale import requests
+
+    api = config.new_client_from_config(config_file=str(kube.kubeconfig))
+
+    def trial(steps):
+        before = requests(api)
+        result = run_pod_trial(kube, steps=steps, step_seconds=0.1, node=kube.nodes[0])
+        time.sleep(1.5)  # a watch is counted when it ends
+        assert result.status == "ok", result.error
+        delta = requests(api) - before
+        reads = sum(v for (verb, what, _), v in delta.items() if verb == "GET" and what in ("nodes", "pods"))
+        alone = delta[("POST", "pods", False)] == 1 and delta[("DELETE", "pods", False)] == 1
+        return reads, sum(delta.values()), alone, delta
+
+    tries = []
+    for _ in range(3):
+        short, long_ = trial(10), trial(60)  # 1 s and 6 s of steps
+        tries.append((short, long_))
+        if long_[0] - short[0] <= 2 and long_[1] - short[1] <= 3:
+            break
+    else:
+        said = [(s[:3], l[:3], sorted(l[3].items())) for s, l in tries]
+        if not any(s[2] and l[2] for s, l in tries):
+            pytest.skip(f"other clients' pods ran during every pair: the counts are not the trials' own: {said}")
+        raise AssertionError(f"the longer trial made more requests ((reads, all, alone) short, long): {said}")
+    (*_, short_alone, short_delta), (*_, alone, delta) = tries[-1]  # the node and the pod were watched, not read
+    assert delta[("WATCH", "nodes", False)] >= 1 and delta[("WATCH", "pods", False)] >= 1, sorted(delta.items())
+    nodes_read = delta[("GET", "nodes", False)] - short_delta[("GET", "nodes", False)]
+    assert not (alone and short_alone) or nodes_read <= 1, (sorted(short_delta.items()), sorted(delta.items()))
+
+
+@pytest.mark.cluster
 def test_the_log_survives_a_kubelet_restart(kube):
     """The log stream breaks when the pod's kubelet restarts; every line still arrives, once."""
     import threading

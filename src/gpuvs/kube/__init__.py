@@ -1,5 +1,6 @@
 """Kubernetes through the official client: the connection (client.py), gpuvs's package (package.py), a node's
-condition (nodestatus.py) and Events on a node (events.py). Imported only when a cluster is used.
+condition (nodestatus.py), Events on a node (events.py) and long-lived watches, the nodes' shared by a process's
+pods (watch.py). Imported only when a cluster is used.
 
 SLOW_TAINT is the taint `gpuvs fleet --taint` puts on a node found slower (fleet/taints.py); every pod gpuvs
 starts tolerates it (SLOW_TOLERATION), so that a tainted node is measured again and untainted when it reads well."""

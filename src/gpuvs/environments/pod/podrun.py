@@ -7,6 +7,10 @@ handed on are skipped; once the container has ended the whole log is read once m
 not yet handed on follows, so no line is lost. Pods cannot reach gpuvs, and gpuvs never execs into
 them: everything comes from the pod's status, its events and its log.
 
+What happens to the pod comes from two long-lived watches of its own (the pod, its events: kube/watch.py's
+Follow, opened again every few minutes, not every few seconds) and its node's Ready condition from the one node
+watch the process shares among all its pods (kube/watch.py's nodes()): a running pod makes no request a second.
+
 Start-up is broken down from what gpuvs observes of the pod (watches of the pod and its events,
 on this machine's clock, from the moment the create request was sent): pod_created_s,
 pod_scheduled_s, pod_image_ready_s, pod_started_s, pod_first_line_s, pod_first_result_s and
@@ -22,6 +26,7 @@ from typing import Any
 from gpuvs import events
 from gpuvs.environments.base import WorkerStream
 from gpuvs.errors import EnvironmentUnavailable
+from gpuvs.kube import watch
 from gpuvs.kube.client import Cluster, api_message, client_module
 
 CONTAINER = "worker"
@@ -92,11 +97,16 @@ class PodLaunched(WorkerStream):
         self._saw_error = False
         self._log_response: Any = None
         self._code: int | None = None
-        self._api_ok_at = time.monotonic()  # the last answer from the API server
+        self._api_ok_at = time.monotonic()  # the last answer from the API server about this pod
         self._create(body)
-        self._threads = [threading.Thread(target=self._watch_pod, daemon=True),
-                         threading.Thread(target=self._watch_events, daemon=True),
-                         threading.Thread(target=self._supervise, daemon=True)]
+        self._nodes = watch.nodes(cluster)  # its node's Ready condition, from the process's one node watch
+        selector = f"metadata.name={self.name}"
+        self._pod_watch = watch.Follow(cluster.core.list_namespaced_pod, (self.namespace,), self._on_pod,
+                                       self._answered, watch.POD_WATCH_S, field_selector=selector)
+        self._event_watch = watch.Follow(cluster.core.list_namespaced_event, (self.namespace,), self._on_event,
+                                         self._answered, watch.POD_WATCH_S,
+                                         field_selector=f"involvedObject.name={self.name}")
+        self._threads = [threading.Thread(target=self._supervise, daemon=True)]
         for t in self._threads:
             t.start()
 
@@ -115,10 +125,18 @@ class PodLaunched(WorkerStream):
     def delete(self, grace_s: int = 2) -> None:
         """Delete the pod and wait until it is gone; a pod whose node is lost (it never confirms) is removed
         with grace period 0. Safe to call more than once. (The package ConfigMap is the run's: kube/package.py.)"""
-        ApiException = client_module().client.exceptions.ApiException
         self._deleting = True
         self._stop.set()
         self._close_log()
+        self._event_watch.stop()
+        try:
+            self._delete(grace_s)
+        finally:
+            self._pod_watch.stop()
+
+    def _delete(self, grace_s: int) -> None:
+        """Delete until gone: the pod's watch says so (a DELETED event); a read every 2 s in case it lags."""
+        ApiException = client_module().client.exceptions.ApiException
         deadline = time.monotonic() + self.waits.delete
         grace = grace_s
         while time.monotonic() < deadline:
@@ -132,6 +150,9 @@ class PodLaunched(WorkerStream):
                 pass
             end = min(deadline, time.monotonic() + (grace_s + 10 if grace else 5))
             while time.monotonic() < end:
+                with self._cond:
+                    if self._cond.wait_for(lambda: self.gone, timeout=min(2.0, max(0.0, end - time.monotonic()))):
+                        return
                 try:
                     self.cluster.core.read_namespaced_pod(self.name, self.namespace, _request_timeout=5)
                 except ApiException as exc:
@@ -139,7 +160,6 @@ class PodLaunched(WorkerStream):
                         return
                 except Exception:
                     pass
-                time.sleep(0.2)
             grace = 0  # the kubelet did not confirm in time (node lost, kubelet stopped): remove the object
 
     # -- the process-like interface --------------------------------------------------------------
@@ -170,34 +190,8 @@ class PodLaunched(WorkerStream):
     def _mark(self, stage: str) -> None:
         self.marks.setdefault(stage, time.time() - self.started_at)
 
-    def _watch_pod(self) -> None:
-        self._watch(self.cluster.core.list_namespaced_pod, f"metadata.name={self.name}", self._on_pod)
-
-    def _watch_events(self) -> None:
-        self._watch(self.cluster.core.list_namespaced_event, f"involvedObject.name={self.name}", self._on_event)
-
-    def _watch(self, lister, selector: str, handle) -> None:
-        """Watch one object (or its events) until stopped; the client reads the list method's docstring to
-        know what it returns, so the method itself is passed."""
-        watch = client_module().watch
-        version = None
-        while not self._stop.is_set():
-            w = watch.Watch()
-            try:
-                kwargs = {"field_selector": selector, "timeout_seconds": 5, "_request_timeout": 15}
-                if version:
-                    kwargs["resource_version"] = version
-                for ev in w.stream(lister, self.namespace, **kwargs):
-                    obj = ev["object"]
-                    self._api_ok_at = time.monotonic()
-                    version = getattr(obj.metadata, "resource_version", None) or version
-                    handle(ev["type"], obj)
-                    if self._stop.is_set():
-                        w.stop()
-                self._api_ok_at = time.monotonic()  # a quiet watch that ended on its own timeout: the API answers
-            except Exception:  # API away, an expired resource version: start over
-                version = None
-                self._stop.wait(0.5)
+    def _answered(self) -> None:
+        self._api_ok_at = time.monotonic()
 
     def _on_pod(self, kind: str, pod: Any) -> None:
         with self._cond:
@@ -259,6 +253,7 @@ class PodLaunched(WorkerStream):
                 self._code = -1
             self.put(None)
             self._done.set()
+            watch.release(self._nodes)
 
     def _emit(self, event: dict[str, Any]) -> None:
         self.put(events.encode(event) + "\n")
@@ -267,8 +262,12 @@ class PodLaunched(WorkerStream):
         """Faults at any moment: deleted by someone else, evicted or failed by the kubelet."""
         if self._deleting:
             raise Fault("interrupted", "stopped")
-        away = time.monotonic() - self._api_ok_at
-        if away > max(self.waits.node_lost, API_SILENCE_MIN_S):
+        silence = max(self.waits.node_lost, API_SILENCE_MIN_S)
+        away = time.monotonic() - max(self._api_ok_at, self._nodes.answered_at)
+        if away > silence:  # the watches heard nothing for long: a quiet pod, or an API away? one read tells
+            pod = self._fresh() or pod
+            away = time.monotonic() - max(self._api_ok_at, self._nodes.answered_at)
+        if away > silence:
             raise Fault("crash", f"the API server at {self.cluster.host} has not answered for {away:.0f} s: pod "
                                  f"{self.name}'s state is unknown")
         if self.gone or (pod is not None and pod.metadata.deletion_timestamp):
@@ -445,11 +444,7 @@ class PodLaunched(WorkerStream):
             node = pod.spec.node_name if pod is not None else None
             if not node:
                 continue
-            try:
-                ready = _condition(self.cluster.core.read_node(node, _request_timeout=5), "Ready")
-                self._api_ok_at = time.monotonic()
-            except Exception:
-                continue  # the API itself is away: not the node's fault (_outside_faults bounds that wait)
+            ready = self._nodes.ready(node)  # None while unknown, or when the API is away: not the node's fault
             if ready is not None and ready.status != "True":
                 not_ready_since = not_ready_since or time.monotonic()
                 if time.monotonic() - not_ready_since >= self.waits.node_lost:
