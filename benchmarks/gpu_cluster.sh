@@ -281,6 +281,7 @@ cotenant_start() {  # INDEX: slow that node's GPU from outside Kubernetes; its G
     return
   fi
   local uuid; uuid=$(echo "${GPU_OF[$i]}" | sed -n "${SLOW_GPU}p" | cut -d' ' -f1)
+  rm -f "$K/cotenant.log"  # not the last co-tenant's: the redirect below truncates it only once the child runs
   CUDA_VISIBLE_DEVICES=$uuid "$PY" benchmarks/gpu_cotenant.py --seconds "$(left)" --busy "$COTENANT_BUSY" \
     --size "$COTENANT_SIZE" > "$K/cotenant.log" 2>&1 &
   COTENANT_PID=$!
