@@ -301,15 +301,28 @@ def test_a_stop_during_an_exec_goes_through(cluster):
 
     pods = Pods(connect(str(cluster.kubeconfig)), uuid.uuid4().hex[:8], IMAGE, "Never", "nvidia.com/gpu", 120)
     name = pods.create("exec", 0)
-    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))  # after the exec has connected, even on a loaded machine
+    timer = None
     try:
         until("the pod to run", lambda: pods.running(name), 60)
         assert pods.exec(name, ["sh", "-c", f"echo {EXEC_WORD}"]).strip() == EXEC_WORD
-        t0 = time.monotonic()
-        timer.start()
-        with pytest.raises(KeyboardInterrupt):
-            pods.exec(name, ["sleep", "20"])
-        assert 2.9 < time.monotonic() - t0 < 12
+        # Ctrl-C 3 s into `sleep 20`, after the exec has connected even on a loaded machine. Once in CI the exec's
+        # stream ended early, before the stop was sent (its `sleep 20` cut short, nothing raised): such an attempt
+        # is made again, up to 3 times; an exec that runs past the stop without raising fails the test at once.
+        for _ in range(3):
+            timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
+            t0 = time.monotonic()
+            timer.start()
+            try:
+                pods.exec(name, ["sleep", "20"])
+            except KeyboardInterrupt:
+                assert 2.9 < time.monotonic() - t0 < 12
+                break
+            took = time.monotonic() - t0
+            assert took < 2.5, f"the exec ran {took:.1f} s, past the stop, and was not interrupted"
+            timer.cancel()
+        else:
+            pytest.fail("the exec's stream ended before the stop in 3 attempts")
     finally:
-        timer.cancel()
+        if timer is not None:
+            timer.cancel()
         assert pods.delete_all(60) == []
