@@ -127,6 +127,10 @@ def test_compare_stored_names_arms_shortly_and_refuses_two_runs_that_share_no_fi
     assert r.returncode == 0, r.stderr
     a, b = paced.rsplit("-", 1)[1], paced2.rsplit("-", 1)[1]  # each run by its id's tail
     verdict, pairs = " ".join(r.stdout.split()).split(f"{a}: experiment ")
-    assert verdict.startswith((f"{b} is ", f"{a} and {b}:")) and " on rate" in verdict.split(" Verdict:")[0], verdict
+    # whatever the verdict (a loaded machine can leave 2 trials a side inconclusive), the sentence names the runs by
+    # their ids' tails
+    assert verdict.startswith((f"{b} is ", f"{a} and {b}:", f"can't tell yet whether {b} differs from {a} ",
+                               f"{b} against {a} ")), verdict
+    assert " on rate" in verdict.split(" Verdict:")[0], verdict
     assert paced not in verdict and paced2 not in verdict  # in the tables too: the whole ids only in the last line
     assert pairs == f"{paced}, arm default (the baseline); {b}: experiment {paced2}, arm default"
