@@ -32,10 +32,9 @@ wall = time.perf_counter() - t0
 figures = {}
 for name, s in w.summarize([e for e in evs if e["type"] == "sample"], params).items():
     figures[name] = {"value": s["value"], "pm": s["pm"], "unit": s["unit"], "n": s["n"]}
-maps = open("/proc/self/maps").read()
-libs = sorted({l.split()[-1] for l in maps.splitlines() if ".so" in l.split()[-1]})
-gpu_libs = [l for l in libs if any(k in l.rsplit("/", 1)[-1] for k in ("cuda", "nvrtc", "torch", "cublas", "nvidia"))]
-mods = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "cupy", "cuda", "numba", "pycuda", "jax"))
+from gpuvs.workloads.gpu_check import gpu_code_loaded
+driver, other, mods = gpu_code_loaded()
+gpu_libs = driver + other
 config = next(e for e in evs if e["type"] == "config")["items"]
 print("GPUCHECK " + json.dumps({"figures": figures, "config": config, "gpu_libs": gpu_libs, "gpu_modules": mods,
                                 "logs": [e["message"] for e in evs if e["type"] == "log"], "wall_s": wall,

@@ -9,6 +9,10 @@
 #   fleet     gpuvs fleet cnn-train and gemm across the nodes, without and then with a co-tenant outside
 #             Kubernetes (benchmarks/gpu_cotenant.py: large GEMMs) on the GPU of SLOW_NODE
 #   scaling   gpuvs compare --file experiments/1-vs-n-gpus.yaml on the host (2 GPUs or more)
+#   check     gpu-check (issue 33) in a pod whose image is this machine's Python, its standard library and glibc,
+#             nothing else (benchmarks/gpu_check_image.py): the device plugin hands it its GPU's device nodes and the
+#             driver's files; then gpu-check and torch's references on the host (benchmarks/gpu_check_ref.py), the
+#             table in OUT/gpu_check_pod.md, with what the pod's own process mapped and imported
 #   command   a user's own training script (benchmarks/user_train_loop.py) as a `command` with a --step-metric,
 #             host vs pod, then gpuvs cnn-train on the same model and settings, host vs pod; the two figures and
 #             their ratio in OUT/command_gpu.md (benchmarks/command_gpu.sh runs this part alone)
@@ -24,9 +28,9 @@
 #   SHARES="0.05 0.25" POWER_RUNS=2  the power part: for each share, POWER_RUNS fleet runs of the first FLEET
 #                  workload with a co-tenant that busy on SLOW_NODE's SLOW_GPU; how often the slowed GPU (or node)
 #                  is found and a healthy one flagged, in OUT/gpu_cluster.md and OUT/power.md
-#   PARTS=a,b      among validate, fleet, power, scaling, command (default: validate on 1 node, else fleet,scaling)
+#   PARTS=a,b      among validate, fleet, power, check, scaling, command (default: validate on 1 node, else fleet,scaling)
 #   TOTAL_S=540    the whole run's deadline, clean-up included: keep it 60 s under the device tool's timeout_s
-#   UP_S=180 VALIDATE_S=300 FLEET_S=150 (each fleet run) SCALING_S=300 COMMAND_S=330: each part's own limit, never
+#   UP_S=180 VALIDATE_S=300 FLEET_S=150 (each fleet run) SCALING_S=300 COMMAND_S=330 CHECK_S=150: each part's own limit, never
 #                  past TOTAL_S;  CMD_TRIALS=3 CMD_STEPS=60: the command part's trials per arm and timed steps
 #   FLEET="cnn-train gemm"  TRIALS=4 MAX_TRIALS=4  SLOW_NODE=N (index; default the last)  SC_TRIALS=3 (cpu: 2)
 #   COTENANT_BUSY=1  the co-tenant's share of each 100 ms spent computing (0.05: a light co-tenant, busy 5% of the
@@ -59,7 +63,7 @@ TOTAL_S=${TOTAL_S:-540}; UP_S=${UP_S:-180}; VALIDATE_S=${VALIDATE_S:-300}; FLEET
 SCALING_S=${SCALING_S:-300}; TRIALS=${TRIALS:-4}; MAX_TRIALS=${MAX_TRIALS:-4}
 COTENANT_BUSY=${COTENANT_BUSY:-1}; COTENANT_SIZE=${COTENANT_SIZE:-8192}
 case "$COTENANT_BUSY" in 1|1.0|0.[0-9]*|.[0-9]*) ;; *) bad "COTENANT_BUSY=$COTENANT_BUSY: a share above 0, at most 1";; esac
-COMMAND_S=${COMMAND_S:-330}; CMD_TRIALS=${CMD_TRIALS:-3}; CMD_STEPS=${CMD_STEPS:-60}
+COMMAND_S=${COMMAND_S:-330}; CHECK_S=${CHECK_S:-150}; CMD_TRIALS=${CMD_TRIALS:-3}; CMD_STEPS=${CMD_STEPS:-60}
 GPUS_PER_NODE=${GPUS_PER_NODE:-1}; number GPUS_PER_NODE "$GPUS_PER_NODE"
 [ "$GPUS_PER_NODE" -ge 1 ] || bad "GPUS_PER_NODE=0: one GPU a node at least"
 if [ "$DEVICE" = cpu ]; then  # 2 trials per arm of the scaling check: a CPU trial there costs 20-40 s
@@ -68,11 +72,11 @@ else
   NODES=${NODES:-$(( $(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') / GPUS_PER_NODE ))}; PORT_OFFSET=${PORT_OFFSET:-0}
   FLEET=${FLEET:-cnn-train gemm}; SC_TRIALS=${SC_TRIALS:-3}
 fi
-for v in TOTAL_S UP_S VALIDATE_S FLEET_S SCALING_S COMMAND_S CMD_TRIALS CMD_STEPS TRIALS MAX_TRIALS SC_TRIALS NODES PORT_OFFSET COTENANT_SIZE; do number "$v" "${!v}"; done
+for v in TOTAL_S UP_S VALIDATE_S FLEET_S SCALING_S COMMAND_S CHECK_S CMD_TRIALS CMD_STEPS TRIALS MAX_TRIALS SC_TRIALS NODES PORT_OFFSET COTENANT_SIZE; do number "$v" "${!v}"; done
 [ "$NODES" -ge 1 ] || bad "NODES=0: one kubelet at least (DEVICE=cuda: none without a GPU nvidia-smi lists)"
 if [ "$NODES" -ge 2 ]; then PARTS=${PARTS:-fleet,scaling}; else PARTS=${PARTS:-validate}; fi
 for p in ${PARTS//,/ }; do
-  case "$p" in validate|fleet|power|scaling|command) ;; *) bad "PARTS: $p? allowed validate, fleet, power, scaling, command";; esac
+  case "$p" in validate|fleet|power|check|scaling|command) ;; *) bad "PARTS: $p? allowed validate, fleet, power, check, scaling, command";; esac
 done
 for w in $FLEET; do case "$w" in cnn-train|gemm|spin) ;; *) bad "FLEET: $w? allowed cnn-train, gemm, spin";; esac; done
 SLOW_NODE=${SLOW_NODE:-$NODES}; number SLOW_NODE "$SLOW_NODE"
@@ -170,6 +174,11 @@ with tarfile.open(f"{carry}/py/site.tar.xz") as tar:
 PYEOF
 cp "$CARRY"/pki/* "$K/cluster/pki/"
 export PATH=$K/bin:$PATH PYTHONPATH=$REPO/src:$K/site PYTHONUNBUFFERED=1 COLUMNS=160
+KIT_IMAGES="$CARRY/images/pause.tar.xz:$CARRY/images/node.tar.xz:$CARRY/images/probe.tar.xz"
+case ",$PARTS," in *,check,*)  # made here: the pod's Python is this machine's
+  if CHECK_IMAGE=$("$PY" benchmarks/gpu_check_image.py "$K/check.tar" 2>> "$LOG"); then KIT_IMAGES="$KIT_IMAGES:$K/check.tar"
+  else log "the check part's image could not be made (gpu_cluster.log)"; fi;;
+esac
 CNI=bridge  # a kernel without bridges (some VMs): a veth pair per pod instead
 if command -v ip > /dev/null; then
   if ip link add "$NAME-probe" type bridge 2>> "$LOG"; then ip link del "$NAME-probe"; else CNI=ptp; fi
@@ -177,7 +186,7 @@ fi
 KIT_ENV=(GPUVS_CLUSTER_DIR="$K/cluster" GPUVS_K8S_CACHE="$K" GPUVS_CLUSTER_NAME="$NAME"
          GPUVS_CLUSTER_PORT_OFFSET="$PORT_OFFSET" GPUVS_CLUSTER_POD_NET=10.245 GPUVS_CLUSTER_CNI="$CNI"
          GPUVS_CLUSTER_CNI_BIN="$K/cni" GPUVS_CLUSTER_SNAPSHOTTER=native GPUVS_CLUSTER_REGISTRY_PORT="$REG_PORT"
-         GPUVS_CLUSTER_IMAGES="$CARRY/images/pause.tar.xz:$CARRY/images/node.tar.xz:$CARRY/images/probe.tar.xz"
+         GPUVS_CLUSTER_IMAGES="$KIT_IMAGES"
          GPUVS_CLUSTER_KUBELET_CONFIG='{"resolvConf": ""}' GPUVS_CLUSTER_PYTHON="$("$PY" -c 'import sys; print(sys.executable)')"
          PATH="$PATH" PYTHONPATH="$PYTHONPATH")
 { echo "#!/bin/sh"
@@ -205,7 +214,7 @@ md "# GPU cluster kit: $NODES node(s) on $(uname -n), $GPU_NAME (issues 24 and 2
    "kubelet in one multi-call binary), etcd, containerd 1.6 + runc, CNI $CNI; one kubelet per $GPUS_PER_NODE GPU(s), each with its own" \
    "containerd, cgroup root, mount namespace and the project's device plugin ($PLUGIN_MODE); images pulled" \
    "from a registry on 127.0.0.1. The kit's cluster commands: \`$K/kit\` (scripts/test-cluster)."
-case ",$PARTS," in *,validate,*|*,fleet,*|*,power,*|*,command,*) ;; *) NO_CLUSTER=1;; esac  # scaling alone runs on the host
+case ",$PARTS," in *,validate,*|*,fleet,*|*,power,*|*,check,*|*,command,*) ;; *) NO_CLUSTER=1;; esac  # scaling alone runs on the host
 t=$(date +%s)
 if [ -n "${NO_CLUSTER:-}" ]; then
   md "" "(No cluster started: PARTS=$PARTS runs on the host.)"
@@ -364,6 +373,32 @@ part_power() {  # detection power: POWER_RUNS fleet runs at each co-tenant share
   { echo "# Detection power: a co-tenant on one GPU, busy a set share of the time ($GPU_NAME, DEVICE=$DEVICE)"; echo
     "$PY" benchmarks/gpu_cluster_tables.py power "$DB" "$RUNS"; } > "$OUT/power.md" 2>> "$LOG"
   md "" "## Detection power" ""; tail -n +3 "$OUT/power.md" >> "$MD"
+}
+
+# -- gpu-check in a pod with nothing but Python and the driver's files, against the same check and torch on the host --
+part_check() {
+  local lim; lim=$(within "$CHECK_S")
+  [ "$lim" -ge 40 ] || { md "" "## gpu-check in a pod: not run (${lim} s for it: CHECK_S or the time left)"; return; }
+  [ -f "$K/check.tar" ] || { md "" "## gpu-check in a pod: not run (its image could not be made)"; return; }
+  local end=$(( $(date +%s) + lim )) n libdir; n=$(node 1)
+  # the driver's folder on the loader's path, as the NVIDIA container toolkit's ld-cache hook makes its files findable
+  libdir=$(ldconfig -p 2>/dev/null | sed -n 's/.*libcuda\.so\.1 .*=> \(.*\)\/libcuda\.so\.1$/\1/p' | head -n 1)
+  local ARGS=(run gpu-check --device cuda --trials 3 --env pod --image "$REG/gpuvs-check:kit" --image-pull-policy
+              IfNotPresent --kubeconfig "$KC" --node "$n" --start-timeout 90 --store "$DB" --name "kit: gpu-check in a pod"
+              ${libdir:+--env-var "LD_LIBRARY_PATH=$libdir"})
+  md "" "## gpu-check in a pod: nothing but Python and the driver's files" "" \
+     "The pod's image (benchmarks/gpu_check_image.py): ${CHECK_IMAGE#*: }. No --mount: its GPU's device nodes and" \
+     "the driver's files come from the device plugin's Allocate answer alone."
+  cmdline "${ARGS[@]}"
+  local t; t=$(date +%s)
+  gpuvs_run $(( lim * 2 / 3 )) "${ARGS[@]}"; local rc=$?
+  md "" "Exit status $rc, $(( $(date +%s) - t )) s."; report
+  if [ "$DEVICE" = cuda ]; then
+    run_limited $(( end - $(date +%s) )) "$PY" benchmarks/gpu_check_ref.py --json "$OUT/gpu_check_ref.json"
+  fi
+  { echo "# gpu-check in a pod of the kit ($GPU_NAME, DEVICE=$DEVICE)"
+    "$PY" benchmarks/gpu_cluster_tables.py check "$DB" "$OUT/gpu_check_ref.json"; } > "$OUT/gpu_check_pod.md" 2>> "$LOG"
+  tail -n +2 "$OUT/gpu_check_pod.md" >> "$MD"
 }
 
 # -- 5. 1 vs N GPUs on the host --------------------------------------------------------------------------------------

@@ -9,6 +9,10 @@
     python benchmarks/gpu_cluster_tables.py power DB RUNS.tsv   per co-tenant share: how often the slowed GPU (or
                                                                 node) was found and a healthy one flagged, its ratio
                                                                 and the cause row gpuvs gave it
+    python benchmarks/gpu_cluster_tables.py check DB REF.json   gpu-check in the kit's pod (the store's last
+                                                                gpu-check run) against gpu-check on the host and
+                                                                torch's references (benchmarks/gpu_check_ref.py
+                                                                --json), and what the pod's process loaded
 
 RUNS.tsv (written by the kit, one line per fleet run): experiment id, workload, co-tenant node (- for none), what the
 co-tenant is (its GPU's UUID and name), the command's wall time in seconds, the co-tenant's share busy (- for none;
@@ -142,8 +146,53 @@ def power(st: Store, runs_tsv: Path) -> str:
     return "\n".join(table) + "\n"
 
 
+# gpu-check's series, torch's reference for each (benchmarks/gpu_check_ref.py) and how far the pod may be from the
+# same check on the host: the same program on the same GPU, so within its own run-to-run spread (launch latency,
+# a few microseconds, moves most)
+CHECK_ROWS = (("fp32_fma", "fp32_matmul_tflops", 0.02), ("fp16_mma", "fp16_matmul_tflops", 0.02),
+              ("d2d_copy", "d2d_copy_gbps", 0.02), ("h2d_pinned", "h2d_pinned_gbps", 0.03),
+              ("d2h_pinned", "d2h_pinned_gbps", 0.03), ("launch", "launch_us", 0.15))
+
+
+def check(st: Store, ref_json: Path) -> str:
+    import json
+    import statistics
+
+    done = [t for t in st.trials(status="ok") if t.workload == "gpu-check"]
+    if not done:
+        return "\n(No gpu-check trial finished in the pod: see the report above and gpu_cluster.log.)\n"
+    exp = done[-1].experiment_id
+    trials = [t for t in done if t.experiment_id == exp]
+    host = json.loads(ref_json.read_text()) if ref_json.exists() else None
+    out = ["", f"gpu-check in the pod ({len(trials)} trials of experiment {exp}) against gpu-check run on the host and "
+           "torch's references, in the same call (benchmarks/gpu_check_ref.py):", "",
+           "| figure | in the pod | on the host | pod / host | tolerance | torch | pod / torch |", "|---|---|---|---|---|---|---|"]
+    met = True
+    for series, ref_key, tol in CHECK_ROWS:
+        vals = [t.summary[series].value for t in trials if series in t.summary and t.summary[series].value]
+        if not vals:
+            out.append(f"| {series} | not measured | | | | | |")
+            continue
+        pod = statistics.fmean(vals)
+        unit = trials[0].summary[series].unit
+        h = (host or {}).get("check", {}).get("figures", {}).get(series, {}).get("value")
+        r = (host or {}).get("reference", {}).get(ref_key)
+        within = h is not None and abs(pod / h - 1) <= tol
+        met &= within
+        out.append(f"| {series} | {pod:.4g} {unit} | {f'{h:.4g}' if h else '-'} | "
+                   f"{f'{pod / h:.3f}' if h else '-'} | ±{tol:.0%} {'met' if within else 'NOT MET'} | "
+                   f"{f'{r:.4g}' if r else '-'} | {f'{pod / r:.3f}' if r else '-'} |")
+    cfg = trials[0].config
+    out += ["", f"The pod's own process: the driver's libraries mapped: {cfg.get('driver_libraries_mapped', '?')}; "
+            f"other GPU libraries mapped: {cfg.get('other_gpu_libraries_mapped', '?')}; GPU packages imported: "
+            f"{cfg.get('gpu_packages_imported', '?')} (gpu-check's configuration items, read from /proc/self/maps and "
+            "sys.modules in the pod). " + ("Every figure within its tolerance of the host's." if met else
+                                            "NOT every figure within its tolerance of the host's.")]
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[0] not in ("ids", "nodes", "runs", "power") or (argv[0] != "ids" and len(argv) != 3):
+    if len(argv) < 2 or argv[0] not in ("ids", "nodes", "runs", "power", "check") or (argv[0] != "ids" and len(argv) != 3):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     db = Path(argv[1])
@@ -155,6 +204,8 @@ def main(argv: list[str]) -> int:
             sys.stdout.write("".join(e.id + "\n" for e in st.experiments()))
         elif argv[0] == "nodes":
             sys.stdout.write(nodes(st, argv[2]))
+        elif argv[0] == "check":
+            sys.stdout.write(check(st, Path(argv[2])))
         elif argv[0] == "power":
             sys.stdout.write(power(st, Path(argv[2])))
         else:

@@ -184,6 +184,32 @@ def test_on_the_test_cluster_the_agent_chooses_the_gpu_check_in_its_own_image(cl
     assert (base.workload, base.device) == ("spin", "cpu")
 
 
+LOADED = r"""
+import json, sys
+if sys.argv[1] == "torch":
+    import torch
+    torch.zeros(1)
+from gpuvs.workloads.gpu_check import gpu_code_loaded
+print(json.dumps(gpu_code_loaded()))
+"""
+
+
+@pytest.mark.parametrize("framework", ["none", "torch"])
+def test_the_check_tells_the_driver_from_a_framework_in_its_own_process(framework):
+    """What the check's trial records of itself (configuration items, read from /proc/self/maps and sys.modules):
+    in a process that imported PyTorch, its package and PyTorch's libraries (with the CUDA runtime's, in a CUDA
+    build), none of them counted as the driver's; in one that did not (the check's, on this machine without a driver), nothing."""
+    r = subprocess.run([sys.executable, "-c", LOADED, framework], capture_output=True, text=True, timeout=300,
+                       env=gpuvs_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    driver, other, mods = json.loads(r.stdout)
+    assert not any(lib.startswith(("libtorch", "libcudart", "libcublas", "libc10")) for lib in driver), driver
+    if framework == "none":
+        assert (other, mods) == ([], []) and all(lib.startswith(("libcuda.so", "libnvidia-")) for lib in driver)
+    else:
+        assert "torch" in mods and any(lib.startswith("libtorch") for lib in other), (other, mods)
+
+
 # -- on a GPU ------------------------------------------------------------------------------------------------------
 
 CHECK_IN_PROCESS = r"""
@@ -216,6 +242,9 @@ def test_on_a_gpu_every_figure_is_measured_and_checked_with_only_the_driver(tmp_
     assert any(lib.startswith("libcuda.so") for lib in out["libs"]) and out["modules"] == [], out
     bad = [lib for lib in out["libs"] if lib.startswith(("libcudart", "libnvrtc", "libtorch", "libcublas"))]
     assert bad == [], bad
+    said = {k: v for e in out["events"] if e["type"] == "config" for k, v in e["items"].items()}
+    assert said["other_gpu_libraries_mapped"] == "none" and said["gpu_packages_imported"] == "none", said
+    assert "libcuda.so" in said["driver_libraries_mapped"], said
 
 
 @pytest.mark.gpu

@@ -5,6 +5,7 @@ leaves nothing behind (its cluster runs beside the test cluster: own names, port
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -39,7 +40,7 @@ def kit(env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
     ({"DEVICE": "gpu"}, "DEVICE=gpu: allowed cuda, cpu"),
     ({"DEVICE": "cpu", "NODES": "0"}, "NODES=0: one kubelet at least (DEVICE=cuda: none without a GPU nvidia-smi lists)"),
     ({"DEVICE": "cpu", "NODES": "two"}, "NODES=two: a whole number"),
-    ({"DEVICE": "cpu", "PARTS": "validate,bogus"}, "PARTS: bogus? allowed validate, fleet, power, scaling, command"),
+    ({"DEVICE": "cpu", "PARTS": "validate,bogus"}, "PARTS: bogus? allowed validate, fleet, power, check, scaling, command"),
     ({"DEVICE": "cpu", "FLEET": "spin resnet"}, "FLEET: resnet? allowed cnn-train, gemm, spin"),
     ({"DEVICE": "cpu", "NODES": "3", "SLOW_NODE": "4"}, "SLOW_NODE=4: a node's index, 1 to 3"),
     ({"DEVICE": "cpu", "TOTAL_S": "9m"}, "TOTAL_S=9m: a whole number"),
@@ -252,3 +253,31 @@ def test_the_command_parts_table_reads_two_real_stored_studies(tmp_path):
     host = [ln for ln in r.stdout.splitlines() if ln.startswith("- host: the user's script / gpuvs cnn-train = ")]
     assert len(host) == 1 and "the 3% target" in host[0]
     assert "waits for the GPU after every step" in r.stdout
+
+
+def test_the_check_parts_image_is_python_and_glibc_alone_and_runs(tmp_path):
+    """benchmarks/gpu_check_image.py: the image the kit's `check` part runs gpu-check in holds this machine's
+    interpreter, its standard library and glibc: no site-packages, no GPU library (the device plugin brings the
+    driver's); its interpreter runs from that root alone (chroot) and can load what gpu-check uses."""
+    import tarfile
+
+    out = tmp_path / "check.tar"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_check_image.py"), str(out)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "localhost/gpuvs-check:kit" in r.stdout and "no site-packages" in r.stdout
+    with tarfile.open(out) as tar:
+        (entry,) = json.load(tar.extractfile("manifest.json"))
+        assert entry["RepoTags"] == ["localhost/gpuvs-check:kit"]
+        layer = tar.extractfile(entry["Layers"][0])
+        with tarfile.open(fileobj=layer) as files:
+            names = files.getnames()
+            files.extractall(tmp_path / "root")
+    libs = [n.rsplit("/", 1)[-1] for n in names if ".so" in n]
+    assert not [n for n in names if "site-packages" in n or "dist-packages" in n]
+    assert not [n for n in libs if any(w in n.lower() for w in ("cuda", "nvidia", "torch", "cublas", "nvrtc"))]
+    assert {"libc.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1"} <= set(libs), sorted(set(libs))[:40]
+    r = subprocess.run(["chroot", str(tmp_path / "root"), "/usr/bin/python3", "-I", "-c",
+                        "import ctypes, json, sqlite3, sys; ctypes.CDLL('librt.so.1'); print(sys.path[-1])"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]

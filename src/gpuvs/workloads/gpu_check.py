@@ -28,6 +28,28 @@ FMA_ITERS, MMA_ITERS = 4096, 2048  # loop turns per thread; the checked sums sta
 BLOCKS_PER_SM = 8  # fma, copy: 256 threads a block, 2048 a multiprocessor; mma: 128 threads (4 warps) a block
 FP16_ONES = 0x3C003C00  # two fp16 1.0 in one 32-bit register, every element of the mma's A and B
 MIB = 1 << 20
+# What would make "nothing but the driver" untrue: a GPU framework imported, or a GPU library mapped that is not
+# the driver's own (libcuda and the libnvidia-* it loads: its JIT, NVML), such as the CUDA runtime, cuBLAS, NVRTC.
+GPU_MODULES = ("torch", "cupy", "cuda", "numba", "pycuda", "jax", "jaxlib", "tensorflow", "triton")
+GPU_LIBRARY_WORDS = ("cuda", "nvrtc", "cublas", "cudnn", "torch", "nvidia", "nvjitlink", "cufft", "curand", "nccl")
+DRIVER_LIBRARIES = ("libcuda.so", "libnvidia-")
+
+
+def gpu_code_loaded() -> tuple[list[str], list[str], list[str]]:
+    """This process's own account of the GPU code in it, by file name: the driver's libraries it has mapped, any
+    other GPU library it has mapped (/proc/self/maps), and the GPU Python packages it has imported (sys.modules).
+    A check that needs nothing but the driver shows libraries of the first kind only and no package."""
+    import sys
+
+    try:
+        with open("/proc/self/maps") as f:
+            names = {line.split()[-1].rsplit("/", 1)[-1] for line in f if "/" in line}
+    except OSError:  # not Linux: nothing to show, nothing claimed
+        names = set()
+    gpu = sorted(n for n in names if ".so" in n and any(w in n.lower() for w in GPU_LIBRARY_WORDS))
+    mods = sorted({m.split(".")[0] for m in list(sys.modules) if m.split(".")[0] in GPU_MODULES})
+    return ([n for n in gpu if n.startswith(DRIVER_LIBRARIES)], [n for n in gpu if not n.startswith(DRIVER_LIBRARIES)],
+            mods)
 
 
 def refusal(why: object) -> str:
@@ -260,3 +282,9 @@ class GpuCheck(Workload):
         yield events.log(f"{'launch':>11}  {sum(secs) / (inner * len(secs)) * 1e6:9.2f} us per launch of an empty "
                          "kernel")
         yield events.startup("warmup_s", warm)
+        driver, other, mods = gpu_code_loaded()
+        yield events.config(driver_libraries_mapped=", ".join(driver) or "none",
+                            other_gpu_libraries_mapped=", ".join(other) or "none",
+                            gpu_packages_imported=", ".join(mods) or "none")
+        yield events.log(f"this process mapped the driver's {', '.join(driver) or 'nothing'}; other GPU libraries: "
+                         f"{', '.join(other) or 'none'}; GPU packages imported: {', '.join(mods) or 'none'}")
