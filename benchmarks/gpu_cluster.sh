@@ -381,8 +381,9 @@ part_check() {
   [ "$lim" -ge 40 ] || { md "" "## gpu-check in a pod: not run (${lim} s for it: CHECK_S or the time left)"; return; }
   [ -f "$K/check.tar" ] || { md "" "## gpu-check in a pod: not run (its image could not be made)"; return; }
   local end=$(( $(date +%s) + lim )) n libdir; n=$(node 1)
-  # the driver's folder on the loader's path, as the NVIDIA container toolkit's ld-cache hook makes its files findable
-  libdir=$(ldconfig -p 2>/dev/null | sed -n 's/.*libcuda\.so\.1 .*=> \(.*\)\/libcuda\.so\.1$/\1/p' | head -n 1)
+  # the driver's folder (where the device plugin took its files from) on the pod's loader path, as the NVIDIA
+  # container toolkit's ld-cache hook makes them findable in any image
+  libdir=$("$PY" tests/fixtures/gpu_device_plugin/plugin.py --driver-dir 2>> "$LOG")
   local ARGS=(run gpu-check --device cuda --trials 3 --env pod --image "$REG/gpuvs-check:kit" --image-pull-policy
               IfNotPresent --kubeconfig "$KC" --node "$n" --start-timeout 90 --store "$DB" --name "kit: gpu-check in a pod"
               ${libdir:+--env-var "LD_LIBRARY_PATH=$libdir"})

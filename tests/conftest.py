@@ -241,3 +241,29 @@ for d in os.listdir("/proc"):
 print("children", kids)
 sys.exit(1 if any(state == "Z" for _, state in kids) else 0)
 """
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_put_back():
+    """gpuvs code run inside the test process (the agent's service, the supervisor, the CLI's main) installs its own
+    stop handlers: it must put back what it found, or a later test's Ctrl-C (and a library user's) goes to a handler
+    of something long finished (twice in CI, a later test's Ctrl-C to a gpuvs child went unheeded for 10 s). What a
+    test leaves changed is put back here and named in the run's warnings summary."""
+    before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    wakeup = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wakeup)
+    yield
+    after = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    left = signal.set_wakeup_fd(wakeup)
+    changed = [signal.Signals(s).name for s in STOP_SIGNALS if after[s] is not before[s]]
+    for s in STOP_SIGNALS:
+        signal.signal(s, before[s])
+    if changed or left != wakeup:
+        import warnings
+
+        warnings.warn("put back after this test: " + ", ".join(
+            [f"the {n} handler {after[signal.Signals[n]]!r}" for n in changed] +
+            ([f"signal.set_wakeup_fd({left})"] if left != wakeup else [])), stacklevel=1)
