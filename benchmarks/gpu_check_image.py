@@ -1,5 +1,6 @@
 """The image the GPU cluster kit's `check` part runs gpu-check in (issue 33): this machine's Python interpreter, its
-standard library and glibc's libraries, nothing else: no PyTorch, no CUDA toolkit, no site-packages. gpuvs's own
+standard library, numpy (the worker summarises a trial's samples with it) and glibc's libraries, nothing else: no
+PyTorch, no CUDA toolkit, no other site-packages. gpuvs's own
 source comes into the pod through the package ConfigMap, and the GPU's device nodes and the NVIDIA driver's files
 (libcuda, libnvidia-ptxjitcompiler, libnvidia-ml, ...) through the device plugin's Allocate answer, as NVIDIA's
 container toolkit hands them to any image. Built where it runs (the GPU machine's Python differs from this one's).
@@ -12,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import shutil
+import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 from pathlib import Path
@@ -32,7 +36,17 @@ GLIBC = ("libc.so.*", "libm.so.*", "libdl.so.*", "libpthread.so.*", "librt.so.*"
 
 def build(out: Path, tag: str = TAG) -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        root = python_rootfs(Path(tmp) / "root", modules=())
+        root = python_rootfs(Path(tmp) / "root", modules=("numpy",))
+        # python_rootfs puts numpy in the base prefix's purelib as this (perhaps virtual) environment names it; a
+        # distribution's interpreter (Debian's, Ubuntu's) reads its own dist-packages instead: ask it which
+        exe = os.path.realpath(sys.executable)
+        own = json.loads(subprocess.run([exe, "-c", "import json, site; print(json.dumps(site.getsitepackages()))"],
+                                        capture_output=True, text=True, check=True).stdout)
+        placed = root / sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})[
+            "purelib"].lstrip("/")
+        if own and Path(own[0]) != Path("/") / placed.relative_to(root):
+            shutil.copytree(placed, root / own[0].lstrip("/"), dirs_exist_ok=True)
+            shutil.rmtree(placed)
         libc = next(p.parent for p in root.rglob("libc.so.6"))  # where python_rootfs put the interpreter's libc
         libc = Path("/") / libc.relative_to(root)
         for pattern in GLIBC:
@@ -58,7 +72,7 @@ def main(argv: list[str]) -> int:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     build(a.out.resolve(), a.tag)
     print(f"{a.out}: {a.tag}, {a.out.stat().st_size / 2**20:.1f} MiB (Python {sys.version.split()[0]}, its "
-          "standard library, glibc; no site-packages)")
+          "standard library, numpy, glibc; no other site-packages)")
     return 0
 
 
