@@ -6,7 +6,6 @@ took no part in the fit. The counts asserted are BENCHMARKS.md's ("the advisor's
 from __future__ import annotations
 
 import importlib.util
-import math
 from pathlib import Path
 
 import pytest
@@ -41,20 +40,20 @@ def test_gain_is_the_fit_pairs_geometric_mean(fit, pairs):
     assert len(contending) == 5
     assert advice.MPS_GAIN == pytest.approx(fit.fitted_gain(pairs), abs=5e-4)
     held = [fit.measured(p, 0.05).ratio for p in pairs if p["role"] == "held-out" and fit.busy_sum(p) > 1.0]
-    # the held-out contending pairs: 1.211, 1.105, 1.154, 1.123 and 0.905 (ResNet-18 training beside a copy)
-    assert math.exp(sum(map(math.log, held)) / len(held)) == pytest.approx(1.098, abs=0.005)
+    # the held-out contending pairs: 1.211, 1.105, 1.154, 1.123 and 0.935 (ResNet-18 training beside a copy)
+    assert sorted(round(r, 3) for r in held) == [0.935, 1.105, 1.123, 1.154, 1.211]
 
 
 def test_prediction_within_15_percent_on_fit_and_held_out_pairs(fit, pairs):
     s = fit.score(pairs, 0.05)
-    # now: 7 of 8 fit pairs and 10 of 13 held-out pairs within ±15% of the measured ratio (77%: short of
-    # the issue's 80%); the rule before issue 37 (2 / max of the GPM fill sums): 5 of 8 and 8 of 13
+    # now: 7 of 8 fit pairs and 11 of 13 held-out pairs (85%) within ±15% of the measured ratio; the rule
+    # before issue 37 (2 / max of the GPM fill sums): 5 of 8 and 9 of 13
     assert (s["fit"]["new_within"], s["fit"]["old_within"]) == (7, 5)
-    assert (s["held-out"]["new_within"], s["held-out"]["old_within"]) == (10, 13 - 5)
-    # the right side of the ±5% margin (against the point ratio): 5 of 8 and 8 of 13, the same as before;
-    # every settled held-out verdict (four pairs, all "mps helps") called right
+    assert (s["held-out"]["new_within"], s["held-out"]["old_within"]) == (11, 9)
+    # the right side of the ±5% margin (against the point ratio): 5 of 8 and 8 of 13 (62%: short of the
+    # issue's 80%), the same as before; 4 of the 5 settled held-out verdicts called right
     assert (s["fit"]["new_side"], s["held-out"]["new_side"]) == (5, 8)
-    assert (s["held-out"]["settled"], s["held-out"]["new_settled_right"]) == (4, 4)
+    assert (s["held-out"]["settled"], s["held-out"]["new_settled_right"]) == (5, 4)
 
 
 def test_low_occupancy_gemm_is_no_longer_credited_with_a_second_gpu(fit, pairs):
@@ -70,11 +69,11 @@ def test_low_occupancy_gemm_is_no_longer_credited_with_a_second_gpu(fit, pairs):
 
 
 def test_where_the_model_is_still_wrong(fit, pairs):
-    # launch-bound pairs idle most of the time: predicted 1.00, measured 1.24 (two 1024^3 GEMMs) and 1.27
-    # (two ResNet-18 training jobs); and MPS hurting (pathfinder + hotspot3D, 0.80): no term for either
+    # two ResNet-18 training jobs, each busy 42% of the time: predicted 1.00, measured 1.270 [1.211, 1.331]
+    # (time-slicing packs them badly); MPS hurting: pathfinder + hotspot3D (0.80) and ResNet-18 training
+    # beside a copy (0.935 [0.870, 1.004], predicted 1.13): no term for either
     misses = {(fit.short(p["a"]), fit.short(p["b"])) for p in pairs
               if not fit.within(advice.predict(fit.solo(p), fit.TOTAL_MIB, 0.05).ratio, fit.measured(p, 0.05).ratio)}
     assert misses == {("kernels pathfinder", "kernels hotspot3D"),
                       ("cnn-train resnet18 bs 64 bf16 NHWC", "membw d2d 256MiB"),
-                      ("gemm 1024x1024x1024 fp16", "gemm 1024x1024x1024 fp16"),
                       ("cnn-train resnet18 bs 64 bf16 NHWC", "cnn-train resnet18 bs 64 bf16 NHWC")}

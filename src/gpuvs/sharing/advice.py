@@ -26,10 +26,11 @@ Work is counted as in `gpuvs share --with`: the sum over both jobs of (rate toge
 Without GPM (GPUs before Hopper, a driver without it) the only per-job load NVML gives is time-based
 (NVML utilisation, which counts any kernel running as busy): MPS is credited only with the context
 switches it saves (1 / SLICE_LOSS where the busy times add up to more than the GPU), and it says so.
-Where it is wrong (docs/sharing.md): it has no term for cache or bandwidth thrashing between concurrent
-kernels, so it never predicts "mps hurts" (pathfinder beside hotspot3D: 0.80), nor for how badly
-time-slicing packs two short-kernel jobs that are idle most of the time (two 1024^3 GEMMs, two ResNet-18
-training jobs: MPS gained 1.24 and 1.27 where it predicts 1.00)."""
+Where it is wrong (docs/sharing.md, BENCHMARKS.md issue 37): it has no term for cache or bandwidth
+thrashing between concurrent kernels, so it never predicts "mps hurts" (pathfinder beside hotspot3D:
+0.80; ResNet-18 training beside a copy: 0.935, predicted 1.13), nor for how badly time-slicing packs two
+jobs that are each busy under half the time (two ResNet-18 bs 64 training jobs: MPS gave 1.27 where it
+predicts 1.00)."""
 
 from __future__ import annotations
 
