@@ -69,19 +69,22 @@ def fitted_gain(pairs: list[dict]) -> float:
 
 
 def score(pairs: list[dict], margin: float = 0.05) -> dict:
-    """role -> {n, new_within, old_within, new_side, old_side, settled, new_settled_right}."""
+    """role -> {n, new_within, old_within, new_side, old_side, settled, new_settled_right, one_within,
+    one_side} (one_*: the baseline that always predicts 1.00)."""
     out: dict[str, dict] = {}
     for p in pairs:
         v = measured(p, margin)
         new = predict(solo(p), TOTAL_MIB, margin).ratio
         old = old_ratio(p)
         s = out.setdefault(p["role"], dict.fromkeys(("n", "new_within", "old_within", "new_side", "old_side",
-                                                     "settled", "new_settled_right"), 0))
+                                                     "settled", "new_settled_right", "one_within", "one_side"), 0))
         s["n"] += 1
         s["new_within"] += within(new, v.ratio)
         s["old_within"] += within(old, v.ratio)
         s["new_side"] += side(new, margin) == side(v.ratio, margin)
         s["old_side"] += side(old, margin) == side(v.ratio, margin)
+        s["one_within"] += within(1.0, v.ratio)  # the baseline that never advises MPS: always 1.00
+        s["one_side"] += side(1.0, margin) == side(v.ratio, margin)
         if v.words != "inconclusive" and len(p["work"]["A+B, MPS"]) > 1:
             s["settled"] += 1
             s["new_settled_right"] += side(new, margin) == v.words
@@ -114,7 +117,8 @@ def table(pairs: list[dict], margin: float = 0.05) -> str:
         lines.append(f"{role}: within ±15% now {s['new_within']}/{s['n']} (old rule {s['old_within']}/{s['n']}); "
                      f"right side of the ±{100 * margin:g}% margin (point ratio) now {s['new_side']}/{s['n']} "
                      f"(old {s['old_side']}/{s['n']}); settled verdicts called right now {s['new_settled_right']}/"
-                     f"{s['settled']}")
+                     f"{s['settled']}; the baseline 'always 1.00': within {s['one_within']}/{s['n']}, right side "
+                     f"{s['one_side']}/{s['n']}")
     lines.append(f"MPS_GAIN refitted from the fit pairs: {fitted_gain(pairs):.4f}")
     return "\n".join(lines)
 

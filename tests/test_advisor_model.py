@@ -54,6 +54,9 @@ def test_prediction_within_15_percent_on_fit_and_held_out_pairs(fit, pairs):
     # issue's 80%), the same as before; 4 of the 5 settled held-out verdicts called right
     assert (s["fit"]["new_side"], s["held-out"]["new_side"]) == (5, 8)
     assert (s["held-out"]["settled"], s["held-out"]["new_settled_right"]) == (5, 4)
+    # the ±15% test is weak here: the measured ratios lie within 0.80-1.27, and never advising MPS (always
+    # 1.00) is within ±15% on 11 of 13 held-out pairs too; it is on the right side of the margin on 4 only
+    assert (s["held-out"]["one_within"], s["held-out"]["one_side"]) == (11, 4)
 
 
 def test_low_occupancy_gemm_is_no_longer_credited_with_a_second_gpu(fit, pairs):
