@@ -18,7 +18,7 @@ from gpuvs.trial.runner import Runner
 from gpuvs.sharing import knobs, mps
 from gpuvs.workloads import _barrier as barrier
 from gpuvs.sharing import stats as sharestats
-from gpuvs.sharing.advice import predict
+from gpuvs.sharing.advice import MPS_GAIN, predict
 from gpuvs.sharing.group import Coordinator, Group, normalized_sum, worker_spec
 from gpuvs.store.records import SampleRecord
 from gpuvs.spec import RunSpec
@@ -173,19 +173,19 @@ def _gpm(occ, tensor, dram):
 
 
 def test_mps_prediction_from_gpm():
-    # both busy in time (91% and 79%), but each fills a fraction of the GPU: MPS can run both at full speed
+    # both busy in time (GPM SM activity 90% each, read inside the window): they contend, and MPS is credited
+    # with the fitted gain over taking turns, whatever the fills (occupancy 30% + 10% is no room for a second job)
     a = predict([_solo(91, _gpm(30, 25, 35)), _solo(79, _gpm(10, 5, 15))], 80000, 0.05)
     assert a.prediction == "mps helps" and a.source == "gpm"
-    # busy time is GPM's SM activity (90% each in _gpm), read inside the window
-    assert a.work_sliced == pytest.approx(2 / 1.80 * 0.91) and a.work_mps == pytest.approx(2.0)
+    assert a.work_sliced == pytest.approx(2 / 1.80 * 0.91) and a.work_mps == pytest.approx(2 / 1.80 * 0.91 * MPS_GAIN)
+    assert a.ratio == pytest.approx(MPS_GAIN)
     assert "busy time alone (GPM SM activity): 90% and 90%" in a.reasons[0]
-    # both fill the memory system: the tightest resource is DRAM at 200%; MPS only saves the switches
+    assert "sm_occupancy 30% + 10%" in a.reasons[1] and "busy together 180%" in a.reasons[2]
+    # both fill the memory system: the same gain (two 1 GiB copies measured 1.11, two 256 MiB copies 1.12)
     full = {**_gpm(40, 0, 100), "sm_active": 99.0}
-    a = predict([_solo(99, full), _solo(99, full)], 80000, 0.05)
-    assert a.prediction == "mps helps" and "dram_active at 200%" in " ".join(a.reasons)
-    assert a.ratio == pytest.approx((2 / 2.0) / (2 / 1.98 * 0.91))
-    # a margin wider than the switch loss: no difference
-    assert predict([_solo(99, full), _solo(99, full)], 80000, 0.12).prediction == "no difference"
+    assert predict([_solo(99, full), _solo(99, full)], 80000, 0.05).ratio == pytest.approx(MPS_GAIN)
+    # a margin wider than the gain: no difference
+    assert predict([_solo(99, full), _solo(99, full)], 80000, 0.15).prediction == "no difference"
     # idle half the time each: taking turns already fills the gaps
     a = predict([_solo(40, {**_gpm(20, 0, 10), "sm_active": 40.0}), _solo(50, {**_gpm(20, 0, 10), "sm_active": 50.0})],
                 80000, 0.05)

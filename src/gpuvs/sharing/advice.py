@@ -8,17 +8,29 @@ Work is counted as in `gpuvs share --with`: the sum over both jobs of (rate toge
   there is GPM (read inside the window), else NVML utilisation (the share of time some kernel ran); when the two contend (busy_A + busy_B > 1) the context switches
   cost a further SLICE_LOSS (0.91: two ResNet-50 jobs time-sliced on an H100 did 0.91 of one alone,
   BENCHMARKS.md, issue 7).
-- MPS runs both jobs' kernels at once, so what adds up is how much of the GPU each one *fills*:
-  work_mps = 2 / max(1, max over resources of (fill_A + fill_B)), with the resources SM occupancy
-  (resident warps over the most the SMs hold), tensor-pipe activity and DRAM bandwidth, read with
-  NVML GPM. A job can keep the GPU busy 90% of the time while filling 20% of it.
+- MPS, where there is GPM: the jobs' busy times still decide. When they add up to no more than the
+  GPU (busy_A + busy_B <= 1) taking turns already runs both at full speed and MPS has nothing to give:
+  ratio 1. When they contend, MPS saves the context switches and overlaps the jobs' kernel tails and
+  launch gaps: work_mps = work_sliced * MPS_GAIN, with MPS_GAIN = 1.134 the geometric mean of the
+  measured MPS / time-sliced ratios of the five contending pairs of issue 15's eight (H100; fitted on
+  those eight, checked on 13 held-out pairs: BENCHMARKS.md, issue 37; tests/data/advisor-pairs-h100.json).
+- The rule before issue 37 added GPM's fills (SM occupancy, tensor and DRAM activity) and credited MPS
+  with 2 / max(fill sums): it overstated by 34-85% where the fills were low, because SM occupancy counts
+  resident warps, not the issue slots, shared memory and registers a second job could take (an fp32
+  4096^3 GEMM fills 12% of the warps and every SM: two of them gained 1.15 under MPS, predicted 2.07).
+  The fills are still read and reported, not used in the ratio: on the 21 recorded pairs they did not
+  tell the pairs that gained from those that did not.
 - Prediction: "mps helps" when work_mps / work_sliced > 1 + margin, "mps hurts" below 1 - margin,
   else "no difference"; "will not fit" when the solo footprints add up to more than 95% of memory.
 
-Without GPM (GPUs before Hopper, a driver without it) the only per-job load NVML gives is time-based,
-so fill = busy time and the model can only say "no difference" (or "will not fit"): it says so.
-It has no term for cache thrashing between concurrent kernels, so it cannot predict "mps hurts"
-(docs/sharing.md: where it is wrong)."""
+Without GPM (GPUs before Hopper, a driver without it) the only per-job load NVML gives is time-based
+(NVML utilisation, which counts any kernel running as busy): MPS is credited only with the context
+switches it saves (1 / SLICE_LOSS where the busy times add up to more than the GPU), and it says so.
+Where it is wrong (docs/sharing.md, BENCHMARKS.md issue 37): it has no term for cache or bandwidth
+thrashing between concurrent kernels, so it never predicts "mps hurts" (pathfinder beside hotspot3D:
+0.80; ResNet-18 training beside a copy: 0.935, predicted 1.13), nor for how badly time-slicing packs two
+jobs that are each busy under half the time (two ResNet-18 bs 64 training jobs: MPS gave 1.27 where it
+predicts 1.00)."""
 
 from __future__ import annotations
 
@@ -27,6 +39,10 @@ from typing import Any
 
 FILL = ("sm_occupancy", "tensor_active", "dram_active")
 SLICE_LOSS = 0.91
+# MPS / time-sliced work for two jobs whose GPM busy times add up to more than the GPU: the geometric mean of
+# the five such pairs among issue 15's eight on an H100 (1.128, 1.237, 1.106, 1.111, 1.096; BENCHMARKS.md
+# "the GPM advisor", replayed from tests/data/advisor-pairs-h100.json, role "fit")
+MPS_GAIN = 1.134
 
 
 @dataclass
@@ -78,12 +94,17 @@ def predict(solo: list[tuple[dict[str, Any], dict[str, float] | None, float | No
     reasons = [f"busy time alone ({what}): {busy[0]:.0f}% and {busy[1]:.0f}%: time-sliced work {work_sliced:.2f}"
                + (f" (with the context-switch loss {SLICE_LOSS})" if busy_sum > 1.0 else "")]
     if source == "gpm":
-        sums = {k: fills[0][0][k] + fills[1][0][k] for k in FILL}
-        worst = max(sums, key=sums.get)
-        work_mps = 2.0 / max(1.0, sums[worst])
-        reasons.append("fill alone (GPM): " + "; ".join(f"{k} {100 * fills[0][0][k]:.0f}% + {100 * fills[1][0][k]:.0f}%"
-                                                        for k in FILL))
-        reasons.append(f"under MPS the tightest resource is {worst} at {100 * sums[worst]:.0f}%: work {work_mps:.2f}")
+        reasons.append("fill alone (GPM; reported, not used: occupancy counts resident warps, not the room a "
+                       "second job has): " + "; ".join(f"{k} {100 * fills[0][0][k]:.0f}% + "
+                                                       f"{100 * fills[1][0][k]:.0f}%" for k in FILL))
+        if busy_sum > 1.0:
+            work_mps = work_sliced * MPS_GAIN
+            reasons.append(f"busy together {100 * busy_sum:.0f}% of the time: MPS saves the switches and overlaps "
+                           f"the jobs' gaps, x{MPS_GAIN} (fitted on issue 15's H100 pairs): work {work_mps:.2f}")
+        else:
+            work_mps = work_sliced
+            reasons.append(f"busy together {100 * busy_sum:.0f}% of the time: taking turns already runs both at "
+                           f"full speed, MPS has nothing to add: work {work_mps:.2f}")
     else:
         work_mps = 2.0 / max(1.0, busy_sum)
         reasons.append("no GPM here: the only per-job load is time-based, which cannot tell a job that fills the GPU "
