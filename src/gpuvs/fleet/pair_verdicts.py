@@ -12,8 +12,8 @@ effect is the mean of those over its pairs, with a standard error from their spr
 paired together look slower under the sum than they are; their pairs with good nodes still show each.
 
 The fit (robust, so a slow node or link does not move the fleet's level or its partners' effects): mu and
-the a_i by alternating medians (a_i the median over its pairs of log y - mu - a_partner), with the fleet's
-level the level of the median node (median a = 0), so one slow node among 4 is not half the fleet.
+the a_i by least absolute deviations over the pairs' mean log figures, with the fleet's level the level of
+the median node (median a = 0), so one slow node among 4 is not half the fleet.
 
 A node: for each of its pairs p = (i, j), z = mean log y_p - mu - a_j(-p), a_j(-p) the partner's effect
 from its other pairs (so pair p's own noise is not in it). The node's log speed is the mean of its z over
@@ -39,7 +39,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from scipy import special
+import numpy as np
+from scipy import optimize, special
 
 from gpuvs.analysis import stats
 from gpuvs.fleet import verdicts
@@ -145,20 +146,24 @@ def _logs(values: Mapping[Pair, Sequence[float]]) -> dict[Pair, list[float]]:
     return {p: [math.log(x) for x in v if x and x > 0] for p, v in values.items() if any(x and x > 0 for x in v)}
 
 
-def fit(means: Mapping[Pair, float], nodes: Sequence[str], sweeps: int = 20) -> tuple[float, dict[str, float]]:
-    """mu and each node's effect a_i of the sum model by alternating medians, median a = 0."""
-    mu = statistics.median(means.values())
-    a = {n: 0.0 for n in nodes}
-    of = {n: [p for p in means if n in p] for n in nodes}
-    for _ in range(sweeps):
-        for n in nodes:
-            if of[n]:
-                a[n] = statistics.median(means[p] - mu - a[p[1] if p[0] == n else p[0]] for p in of[n])
-        shift = statistics.median(a[n] for n in nodes if of[n])
-        for n in nodes:
-            a[n] -= shift
-        mu += 2 * shift
-    return mu, a
+def fit(means: Mapping[Pair, float], nodes: Sequence[str]) -> tuple[float, dict[str, float]]:
+    """mu and each node's effect a_i of the sum model, least absolute deviations (a slow node or link is a
+    few large residuals, which LAD leaves where they are instead of spreading them over the fleet): fit
+    mean log y_p = b_i + b_j, then mu = 2 median(b) and a = b - median(b), so the median node is the fleet.
+    The design must be connected and not bipartite for b to be unique (pairs.first_pass draws it so)."""
+    idx = {n: k for k, n in enumerate(nodes) if any(n in p for p in means)}
+    ps = list(means)
+    n, m = len(idx), len(ps)
+    eq = np.zeros((m, n + 2 * m))
+    for r, p in enumerate(ps):
+        eq[r, idx[p[0]]] = eq[r, idx[p[1]]] = 1.0
+        eq[r, n + r], eq[r, n + m + r] = 1.0, -1.0
+    cost = np.concatenate([np.zeros(n), np.ones(2 * m)])
+    bounds = [(None, None)] * n + [(0, None)] * (2 * m)
+    res = optimize.linprog(cost, A_eq=eq, b_eq=np.array([means[p] for p in ps]), bounds=bounds, method="highs")
+    b = dict(zip(idx, res.x[:n])) if res.success else {k: 0.5 * statistics.median(means.values()) for k in idx}
+    c = statistics.median(b.values())
+    return 2 * c, {k: b.get(k, c) - c for k in nodes}
 
 
 def _partner(p: Pair, n: str) -> str:

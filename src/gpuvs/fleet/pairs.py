@@ -5,9 +5,10 @@ First pass. Every node is measured against `partners` others (d): the nodes in a
 seed, and each joined with the nodes d/2 places further on for d/2 offsets drawn from the seed (for an odd d
 and an even fleet, also the node half the fleet away): a random circulant graph, exactly d partners each,
 no node paired with itself, no pair twice, and the same pairs for the same seed and nodes. Where the
-fleet is too small for d distinct partners (d >= n - 1), every pair is measured. A circulant graph on d >= 2
-offsets is connected, so every node's effect is estimated from partners that are themselves measured
-against others.
+fleet is too small for d distinct partners (d >= n - 1), every pair is measured. A draw that is not
+connected or is bipartite is drawn again (`sound`): the sum model (pair_verdicts) tells each node's effect
+apart only on a connected design with an odd cycle. At least 3 partners: with 2, a node whose one pair is
+slow may have a slow link or be slow with a lucky partner.
 
 Second pass (as cluster-health-scanner does): the suspects are the members of every pair whose first-pass
 verdict is not "equivalent" (slower, within the margin, faster, inconclusive); each is paired with
@@ -50,23 +51,48 @@ def first_pass(nodes: Sequence[str], partners: int, seed: int = 0) -> list[Pair]
         raise PlanError("each node may be named once")
     if n < 3:
         raise PlanError(f"a pair fleet needs at least 3 nodes (got {n}): with 2, which node is slow cannot be told")
-    if partners < 2:
-        raise PlanError(f"partners must be at least 2 (got {partners}): one partner cannot tell a node from a link")
+    if partners < 3:
+        raise PlanError(f"partners must be at least 3 (got {partners}): with 2, a slow link and a slow node look alike")
     if partners >= n - 1:
         return sorted(pair(a, b) for i, a in enumerate(names) for b in names[i + 1:])
     rng = random.Random(seed)
     order = names[:]
     rng.shuffle(order)
     half = (n - 1) // 2  # offsets 1..half give distinct pairs; n/2 (even n) gives n/2 pairs
-    offsets = rng.sample(range(1, half + 1), partners // 2)
-    out = {pair(order[i], order[(i + s) % n]) for s in offsets for i in range(n)}
-    if partners % 2:
-        if n % 2:  # an odd degree on an odd count cannot be regular: one more offset, so each has d + 1
-            rest = [s for s in range(1, half + 1) if s not in offsets]
-            out |= {pair(order[i], order[(i + rest[0]) % n]) for i in range(n)}
-        else:
-            out |= {pair(order[i], order[i + n // 2]) for i in range(n // 2)}
+    for attempt in range(64):
+        # a draw that is not connected, or is bipartite (all offsets odd on an even fleet), is drawn again: on
+        # such a design a node's effect cannot be told apart from its partners' (last, consecutive offsets)
+        offsets = rng.sample(range(1, half + 1), partners // 2) if attempt < 63 else list(range(1, partners // 2 + 1))
+        out = {pair(order[i], order[(i + s) % n]) for s in offsets for i in range(n)}
+        if partners % 2:
+            if n % 2:  # an odd degree on an odd count cannot be regular: one more offset, so each has d + 1
+                rest = [s for s in range(1, half + 1) if s not in offsets]
+                out |= {pair(order[i], order[(i + rest[0]) % n]) for i in range(n)}
+            else:
+                out |= {pair(order[i], order[i + n // 2]) for i in range(n // 2)}
+        if sound(names, out):
+            break
     return sorted(out)
+
+
+def sound(nodes: Sequence[str], pairs: Sequence[Pair] | set[Pair]) -> bool:
+    """Connected and not bipartite (an odd cycle): what the sum model needs to tell each node's effect."""
+    side: dict[str, int] = {nodes[0]: 0}
+    todo = [nodes[0]]
+    odd = False
+    nbrs: dict[str, list[str]] = {n: [] for n in nodes}
+    for a, b in pairs:
+        nbrs[a].append(b)
+        nbrs[b].append(a)
+    while todo:
+        x = todo.pop()
+        for y in nbrs[x]:
+            if y not in side:
+                side[y] = 1 - side[x]
+                todo.append(y)
+            elif side[y] == side[x]:
+                odd = True
+    return odd and len(side) == len(nodes)
 
 
 def suspects_of(verdicts: Sequence[pair_verdicts.PairVerdict]) -> set[str]:
