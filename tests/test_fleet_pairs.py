@@ -131,9 +131,11 @@ def false_rate_bound(runs: int) -> float:
     return ALPHA + 2 * math.sqrt(ALPHA * (1 - ALPHA) / runs)
 
 
-@pytest.mark.parametrize("n", [8, 16])
-def test_family_wise_false_call_rate_over_healthy_fleets_is_at_most_alpha(n):
-    r = pair_simulate.simulate(n, 300, seed=21 + n)
+@pytest.mark.parametrize("n,partners,cv", [(8, 4, 0.02), (16, 4, 0.02), (16, 3, 0.02), (16, 4, 0.01)])
+def test_family_wise_false_call_rate_over_healthy_fleets_is_at_most_alpha(n, partners, cv):
+    """3 partners, or noise so low that no second pass is made, are where a node's z's alone were too
+    sure of themselves (13.9% and 6.3% false calls before the fleet's spread was counted)."""
+    r = pair_simulate.simulate(n, 300, cv=cv, plan=pairs.PairPlan(partners=partners), seed=21 + n + partners)
     assert r.false_rate <= false_rate_bound(r.runs), r
 
 
