@@ -26,7 +26,8 @@ ROWS = [
     ("healthy, 1% noise", 16, {"cv": 0.01}), ("healthy, 3 partners", 16, {"partners": 3}),
     ("one node at 0.62x", 8, {"slow": {5: 0.62}}), ("one node at 0.62x", 16, {"slow": {5: 0.62}}),
     ("one node at 0.90x", 16, {"slow": {5: 0.90}}), ("one node at 0.95x", 16, {"slow": {5: 0.95}}),
-    ("one link at 0.60x", 8, {"links": 1, "link_speed": 0.6}), ("one link at 0.60x", 16, {"links": 1, "link_speed": 0.6}),
+    ("one link at 0.60x", 8, {"links": 1, "link_speed": 0.6}),
+    ("one link at 0.60x", 16, {"links": 1, "link_speed": 0.6}),
     ("one link at 0.85x", 16, {"links": 1, "link_speed": 0.85}),
     ("healthy, no correction", 8, {"correction": False}), ("healthy, no correction", 16, {"correction": False}),
 ]
@@ -54,7 +55,8 @@ def pct(x) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| case | nodes | partners | runs | any false call | a healthy node | a healthy pair | found | pair trials | second-pass pairs |",
+    lines = ["| case | nodes | partners | runs | any false call | a healthy node | a healthy pair | found "
+             "| pair trials | second-pass pairs |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         lines.append(f"| {r['case']} | {r['nodes']} | {r['partners']} | {r['runs']} | {pct(r['any_false'])} | "

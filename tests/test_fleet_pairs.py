@@ -186,3 +186,14 @@ def test_every_plan_is_connected_with_an_odd_cycle(n, d):
         assert pairs.sound(nodes(n), pairs.first_pass(nodes(n), d, seed))
     ring = [pairs.pair(nodes(6)[i], nodes(6)[(i + 1) % 6]) for i in range(6)]
     assert not pairs.sound(nodes(6), ring)  # an even ring is bipartite
+
+
+def test_failed_trials_and_a_pair_with_no_figure_are_left_out_not_a_crash():
+    ns = nodes(6)
+    vals = {p: [100.0, None, 101.0, 0.0, math.inf, 99.0] for p in pairs.first_pass(ns, 3, seed=0)}
+    first = next(iter(vals))
+    vals[first] = [None, 0.0]
+    out = pair_verdicts.judge(ns, vals)
+    assert first not in {v.pair for v in out.pairs}
+    assert all(v.n == 3 for v in out.pairs)
+    assert {v.node for v in out.nodes} == set(ns)

@@ -21,12 +21,13 @@ its pairs; its variance is the largest of (the spread of its own z, the spread p
 pairs and the spread of the nodes' mean z across the fleet band (nodes within the margin of their median:
 a node's partners' effects share pairs of third nodes, so its z's are correlated and their own spread
 alone is too small; measured: 13.9% false calls at 3 partners without this term), on the degrees of
-freedom of the one taken, with the fleet level's own uncertainty added (below). Its pairs, not its trials, are the units: a slow link is one
-of a node's k pairs, so its z's disagree and the node is not called slow for it; a slow node's z's agree.
+freedom of the one taken, with the fleet level's own uncertainty added (below). Its pairs, not its
+trials, are the units: a slow link is one of a node's k pairs, so its z's disagree and the node is not
+called slow for it; a slow node's z's agree.
 
 A pair: its log speed against the fleet, mean log y_p - mu, with standard error from max(its trials'
 spread, the spread within pairs pooled over the fleet) / sqrt(trials) and the fleet level's own
-uncertainty (the median of P pair means: pi/2 x s^2 / (trials P)). A pair called slower is blamed on its
+uncertainty (as the median of P pair means': pi/2 x s^2 / (trials P)). A pair called slower is blamed on its
 member(s) called slower; where neither is, on the link.
 
 Error control (alpha = 1 - confidence, L looks, m = nodes + pairs tested): at each look the p-values of
@@ -124,7 +125,8 @@ class PairOutcome:
         return next(v for v in self.pairs if v.pair == key)
 
     def summary(self) -> str:
-        """One sentence: "node-7's links are 0.62x the fleet's [0.58-0.66]; pairs without node-7 are equivalent"."""
+        """One sentence: "node-7's links are 0.62x the fleet's [0.58-0.66]; pairs without node-7 are
+        equivalent"."""
         slow = [v for v in self.nodes if stats.direction(v.verdict) == "slower" and v.speed is not None]
         links = [v for v in self.pairs if v.cause == "link"]
         parts = [f"{v.node}'s links are {v.speed:.2f}x the fleet's [{v.ci_low:.2f}-{v.ci_high:.2f}]" for v in slow]
@@ -146,7 +148,9 @@ class PairOutcome:
 
 
 def _logs(values: Mapping[Pair, Sequence[float]]) -> dict[Pair, list[float]]:
-    return {p: [math.log(x) for x in v if x and x > 0] for p, v in values.items() if any(x and x > 0 for x in v)}
+    """Each pair's log figures, those that are positive and finite (a failed trial's None or 0 left out)."""
+    out = {p: [math.log(x) for x in v if x is not None and 0 < x < math.inf] for p, v in values.items()}
+    return {p: v for p, v in out.items() if v}
 
 
 def fit(means: Mapping[Pair, float], nodes: Sequence[str]) -> tuple[float, dict[str, float]]:
@@ -178,7 +182,7 @@ def judge(nodes: Sequence[str], values: Mapping[Pair, Sequence[float]], *, margi
     """A verdict per node and per pair from each measured pair's figures ({(a, b): [figure per trial]},
     higher is better)."""
     logs = _logs(values)
-    names = list(dict.fromkeys(nodes))
+    names = list(dict.fromkeys([*nodes, *(m for p in values for m in p)]))  # a measured pair's nodes counted
     means = {p: sum(v) / len(v) for p, v in logs.items()}
     tested_pairs = [p for p in logs if len(logs[p]) >= 2]
     control = PairControl(confidence, looks, len(names), len(tested_pairs), correction)
@@ -251,7 +255,8 @@ def _set(u: UnitVerdict, log_speed: float, se: float, df: float, margin: float) 
     if se > 0:
         u.p_different, u.p_equivalent = stats.p_values(log_speed, se, df, margin)
     else:
-        u.p_different, u.p_equivalent = (0.0 if log_speed else 1.0), (0.0 if abs(log_speed) < math.log1p(margin) else 1.0)
+        u.p_different = 0.0 if log_speed else 1.0
+        u.p_equivalent = 0.0 if abs(log_speed) < math.log1p(margin) else 1.0
 
 
 def _t(p: float, df: float) -> float:
@@ -277,7 +282,8 @@ def _decide(tests: Mapping[Any, UnitVerdict], control: PairControl, margin: floa
         word = "faster" if u.speed > 1 else "slower"
         shown = u.ci_low > 1 or u.ci_high < 1
         if k in equivalent or k in different:
-            u.verdict = stats.settled_verdict(k in equivalent, k in different and (shown or k not in equivalent), word)
+            u.verdict = stats.settled_verdict(k in equivalent, k in different and (shown or k not in equivalent),
+                                              word)
             u.reason = ""
         else:
             u.reason = "the interval holds both 1 and a speed outside the margin"
