@@ -197,3 +197,23 @@ def test_failed_trials_and_a_pair_with_no_figure_are_left_out_not_a_crash():
     assert first not in {v.pair for v in out.pairs}
     assert all(v.n == 3 for v in out.pairs)
     assert {v.node for v in out.nodes} == set(ns)
+
+
+def test_a_run_stopped_in_measure_keeps_the_pairs_measured_so_far():
+    kept: dict = {}
+    calls = []
+
+    def measure(p):
+        calls.append(p)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return [100.0, 101.0, 99.0]
+
+    with pytest.raises(KeyboardInterrupt):
+        pairs.run_pairs(nodes(8), measure, values=kept)
+    assert list(kept) == calls[:3] and all(v == [100.0, 101.0, 99.0] for v in kept.values())
+
+
+def test_a_negative_second_pass_is_one_line():
+    with pytest.raises(pairs.PlanError, match="second must be 0 or more"):
+        pairs.run_pairs(nodes(8), lambda p: [1.0, 1.0], pairs.PairPlan(second=-1))

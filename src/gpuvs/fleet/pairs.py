@@ -155,14 +155,19 @@ class PairRun:
 
 
 def run_pairs(nodes: Sequence[str], measure: Measure, plan: PairPlan | None = None, *, margin: float = 0.05,
-              confidence: float = 0.95, correction: bool = True) -> PairRun:
+              confidence: float = 0.95, correction: bool = True,
+              values: dict[Pair, list[float]] | None = None) -> PairRun:
     """Measure the first pass, judge, measure each suspect with good nodes, judge again over everything.
     Two looks at the data: each look's verdicts are made at alpha / 2 (pair_verdicts.judge), so the chance of
     any false call over the run stays at most alpha whichever look's verdict is kept.
-    correction=False drops the family-wise correction (the tests show what it holds)."""
+    values: filled as each pair is measured, so a caller whose run is stopped (Ctrl-C raised from `measure`)
+    keeps every pair measured so far. correction=False drops the family-wise correction (the tests show
+    what it holds)."""
     plan = plan or PairPlan()
+    if plan.second < 0:
+        raise PlanError(f"second must be 0 or more good partners per suspect (got {plan.second})")
     first = first_pass(nodes, plan.partners, plan.seed)
-    values: dict[Pair, list[float]] = {}
+    values = {} if values is None else values
     failed: list[Pair] = []
 
     def take(pairs: Sequence[Pair]) -> None:
