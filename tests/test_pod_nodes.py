@@ -83,6 +83,12 @@ def test_a_collective_of_one_rank_per_pod_needs_two_nodes(cli):
     assert "Traceback" not in r.stderr
 
 
+def test_a_workload_of_one_process_across_nodes_is_refused(cli):
+    r = cli("run", "selftest", "--device", "cpu", "--env", "pod", "--image", "img", "--num-nodes", "2")
+    assert r.returncode == 2 and "--num-nodes 2: selftest runs in one process" in r.stderr, r.stderr
+    assert "collective" in r.stderr and "cnn-train" in r.stderr and "Traceback" not in r.stderr
+
+
 # -- on the project's test cluster ------------------------------------------------------------------------------
 
 def torch_mounts() -> list[str]:

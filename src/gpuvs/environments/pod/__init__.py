@@ -409,13 +409,6 @@ class PodEnvironment(Environment):
         from gpuvs.kube import client
 
         s = self.settings
-        if s.num_nodes > 1:
-            from gpuvs import workloads
-
-            if not workloads.get(spec.workload).multi_gpu:
-                raise UsageError(f"--num-nodes {s.num_nodes}: {spec.workload} runs in one process; across nodes run "
-                                 "a workload of one process per device: "
-                                 + ", ".join(w.name for w in workloads.all_workloads() if w.multi_gpu))
         if s.package == "configmap":
             pkg.check_size()
         _, _, index = spec.device.partition(":")
