@@ -233,3 +233,31 @@ def test_sigterm_mid_collective_leaves_no_pod(kube, tmp_path):
     assert left(kube) == []
     rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT status, error FROM trials").fetchall()
     assert rows == [("interrupted", "gpuvs was stopped by SIGTERM")]
+
+
+@pytest.mark.cluster
+def test_a_pod_other_than_the_first_failing_fails_the_trial_with_its_line(kube, tmp_path):
+    api = kube.core()
+    proc = gpuvs_cli(tmp_path, "run", "collective", "--device", "cpu", *TINY, "--repeats", "5000", "--trials", "1",
+                     "--num-nodes", "2", "--quiet", *pod_args(kube), *torch_mounts())
+    try:
+        deadline = time.monotonic() + 150
+        second = None
+        while time.monotonic() < deadline and second is None and proc.poll() is None:
+            time.sleep(0.5)
+            pods = {p.metadata.name: p for p in api.list_namespaced_pod(NS, label_selector=pod.RUN_ID).items}
+            first = next((p for n, p in pods.items() if n.endswith("-n0") and p.status.phase == "Running"), None)
+            if first is not None and re.search(r'"type":\s*"config"', api.read_namespaced_pod_log(
+                    first.metadata.name, NS, container="worker")):
+                second = next(n for n in pods if n.endswith("-n1"))
+        assert second, "the ranks never met"
+        api.delete_namespaced_pod(second, NS, grace_period_seconds=1)  # as a node's failure or an eviction would
+        out, err = proc.communicate(timeout=120)
+    except BaseException:
+        proc.terminate()
+        proc.communicate(timeout=90)
+        raise
+    assert proc.returncode == 1, err + out
+    assert f"pod {second} was deleted from outside gpuvs before the worker finished" in err.strip().splitlines()[-1], err
+    assert "Traceback" not in err
+    assert left(kube) == []
