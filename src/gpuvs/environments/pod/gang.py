@@ -12,7 +12,9 @@ not nodeName: the scheduler still weighs resources, taints and selectors, and a 
 the scheduler's own reason ("didn't match pod anti-affinity rules", "Insufficient nvidia.com/gpu").
 
 Gang semantics: a pod that is not placed and running within --schedule-timeout / --start-timeout, or whose
-worker fails, fails the trial with that pod's one line, and every pod is deleted; every pod is deleted on every
+worker fails, fails the trial with that pod's one line, and every pod is deleted (an error of the first pod's rank
+waits PEER_GRACE_S for another pod's failure, which is then the trial's: a peer that died is the cause, rank 0's
+"Connection reset by peer" its echo; the cluster's own reason about the first pod stands as it is); every pod is deleted on every
 other exit path too (kill, close: the runner's timeout, Ctrl-C, SIGTERM). Only the first pod's lines (global
 rank 0's figures) are the trial's."""
 
@@ -31,6 +33,8 @@ from gpuvs.kube.client import Cluster
 
 NODE_RANK = "gpuvs.io/node-rank"
 SETTLE_S = 30.0  # after the first pod ends, how long the others may take to end (their ranks finish together)
+PEER_GRACE_S = 5.0  # a rank 0 error waits this long for another pod's: a peer that died is the cause, rank 0's
+# "Connection reset by peer" its echo
 
 
 def store_port(run_id: str) -> int:
@@ -73,6 +77,7 @@ class GangLaunched(WorkerStream):
         self._failure: dict[str, Any] | None = None  # the first error event of a pod other than the first
         self._first_failed = False  # the first pod's own error line was handed on
         self._done = threading.Event()
+        self._other_failed = threading.Event()
         self.pods: list[PodLaunched] = [PodLaunched(cluster, pods[0], waits, memory_limit, launched_at)]
         self.stderr_tail = self.pods[0].stderr_tail
         self._readers: list[threading.Thread] = []
@@ -138,6 +143,7 @@ class GangLaunched(WorkerStream):
             if self._failure is not None or self._stopping:
                 return
             self._failure = event
+        self._other_failed.set()
         self._end_pods(lambda p: p.kill(2))
 
     # -- the first pod: the trial's lines ----------------------------------------------------------
@@ -147,8 +153,11 @@ class GangLaunched(WorkerStream):
             for line in self.pods[0].read(None):
                 event = events.decode(line)
                 if event is not None and event.get("type") == "error":
-                    if self._failure is not None:
-                        continue  # another pod failed first: its line is the trial's
+                    # the cluster's own reason about the first pod names it, and stands; a rank's error waits a
+                    # moment for another pod's, which is then the trial's (the rank's is its echo)
+                    own = f"pod {self.pods[0].name}" in str(event.get("message") or "")
+                    if not own and len(self._bodies) > 1 and self._other_failed.wait(PEER_GRACE_S):
+                        continue
                     self._first_failed = True
                 self.put(line)
             deadline = time.monotonic() + SETTLE_S
