@@ -16,6 +16,9 @@
 #   command   a user's own training script (benchmarks/user_train_loop.py) as a `command` with a --step-metric,
 #             host vs pod, then gpuvs cnn-train on the same model and settings, host vs pod; the two figures and
 #             their ratio in OUT/command_gpu.md (benchmarks/command_gpu.sh runs this part alone)
+#   nodes     one trial across nodes (issue 35, --env pod --num-nodes): the all-reduce sweep over 2 and NODES pods
+#             (one GPU each) beside the same collective in one process group on the host (--num-gpus 2 and NODES),
+#             then gpuvs compare cnn-train of 1 against NODES nodes (scaling efficiency and its interval)
 # The GPU machine has no container engine and no network: everything comes from CARRY, which
 # benchmarks/gpu_cluster_prepare.py packs here (it prints the device tool's calls).
 #
@@ -28,9 +31,9 @@
 #   SHARES="0.05 0.25" POWER_RUNS=2  the power part: for each share, POWER_RUNS fleet runs of the first FLEET
 #                  workload with a co-tenant that busy on SLOW_NODE's SLOW_GPU; how often the slowed GPU (or node)
 #                  is found and a healthy one flagged, in OUT/gpu_cluster.md and OUT/power.md
-#   PARTS=a,b      among validate, fleet, power, check, scaling, command (default: validate on 1 node, else fleet,scaling)
+#   PARTS=a,b      among validate, fleet, power, check, scaling, command, nodes (default: validate on 1 node, else fleet,scaling)
 #   TOTAL_S=540    the whole run's deadline, clean-up included: keep it 60 s under the device tool's timeout_s
-#   UP_S=180 VALIDATE_S=300 FLEET_S=150 (each fleet run) SCALING_S=300 COMMAND_S=330 CHECK_S=150: each part's own limit, never
+#   UP_S=180 VALIDATE_S=300 FLEET_S=150 (each fleet run) SCALING_S=300 COMMAND_S=330 CHECK_S=150 NODES_S=420: each part's own limit, never
 #                  past TOTAL_S;  CMD_TRIALS=3 CMD_STEPS=60: the command part's trials per arm and timed steps
 #   FLEET="cnn-train gemm"  TRIALS=4 MAX_TRIALS=4  SLOW_NODE=N (index; default the last)  SC_TRIALS=3 (cpu: 2)
 #   COTENANT_BUSY=1  the co-tenant's share of each 100 ms spent computing (0.05: a light co-tenant, busy 5% of the
@@ -63,7 +66,7 @@ TOTAL_S=${TOTAL_S:-540}; UP_S=${UP_S:-180}; VALIDATE_S=${VALIDATE_S:-300}; FLEET
 SCALING_S=${SCALING_S:-300}; TRIALS=${TRIALS:-4}; MAX_TRIALS=${MAX_TRIALS:-4}
 COTENANT_BUSY=${COTENANT_BUSY:-1}; COTENANT_SIZE=${COTENANT_SIZE:-8192}
 case "$COTENANT_BUSY" in 1|1.0|0.[0-9]*|.[0-9]*) ;; *) bad "COTENANT_BUSY=$COTENANT_BUSY: a share above 0, at most 1";; esac
-COMMAND_S=${COMMAND_S:-330}; CHECK_S=${CHECK_S:-150}; CMD_TRIALS=${CMD_TRIALS:-3}; CMD_STEPS=${CMD_STEPS:-60}
+COMMAND_S=${COMMAND_S:-330}; CHECK_S=${CHECK_S:-150}; NODES_S=${NODES_S:-420}; CMD_TRIALS=${CMD_TRIALS:-3}; CMD_STEPS=${CMD_STEPS:-60}
 GPUS_PER_NODE=${GPUS_PER_NODE:-1}; number GPUS_PER_NODE "$GPUS_PER_NODE"
 [ "$GPUS_PER_NODE" -ge 1 ] || bad "GPUS_PER_NODE=0: one GPU a node at least"
 if [ "$DEVICE" = cpu ]; then  # 2 trials per arm of the scaling check: a CPU trial there costs 20-40 s
@@ -72,11 +75,11 @@ else
   NODES=${NODES:-$(( $(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') / GPUS_PER_NODE ))}; PORT_OFFSET=${PORT_OFFSET:-0}
   FLEET=${FLEET:-cnn-train gemm}; SC_TRIALS=${SC_TRIALS:-3}
 fi
-for v in TOTAL_S UP_S VALIDATE_S FLEET_S SCALING_S COMMAND_S CHECK_S CMD_TRIALS CMD_STEPS TRIALS MAX_TRIALS SC_TRIALS NODES PORT_OFFSET COTENANT_SIZE; do number "$v" "${!v}"; done
+for v in TOTAL_S UP_S VALIDATE_S FLEET_S SCALING_S COMMAND_S CHECK_S NODES_S CMD_TRIALS CMD_STEPS TRIALS MAX_TRIALS SC_TRIALS NODES PORT_OFFSET COTENANT_SIZE; do number "$v" "${!v}"; done
 [ "$NODES" -ge 1 ] || bad "NODES=0: one kubelet at least (DEVICE=cuda: none without a GPU nvidia-smi lists)"
 if [ "$NODES" -ge 2 ]; then PARTS=${PARTS:-fleet,scaling}; else PARTS=${PARTS:-validate}; fi
 for p in ${PARTS//,/ }; do
-  case "$p" in validate|fleet|power|check|scaling|command) ;; *) bad "PARTS: $p? allowed validate, fleet, power, check, scaling, command";; esac
+  case "$p" in validate|fleet|power|check|scaling|command|nodes) ;; *) bad "PARTS: $p? allowed validate, fleet, power, check, scaling, command, nodes";; esac
 done
 for w in $FLEET; do case "$w" in cnn-train|gemm|spin) ;; *) bad "FLEET: $w? allowed cnn-train, gemm, spin";; esac; done
 SLOW_NODE=${SLOW_NODE:-$NODES}; number SLOW_NODE "$SLOW_NODE"
@@ -214,7 +217,7 @@ md "# GPU cluster kit: $NODES node(s) on $(uname -n), $GPU_NAME (issues 24 and 2
    "kubelet in one multi-call binary), etcd, containerd 1.6 + runc, CNI $CNI; one kubelet per $GPUS_PER_NODE GPU(s), each with its own" \
    "containerd, cgroup root, mount namespace and the project's device plugin ($PLUGIN_MODE); images pulled" \
    "from a registry on 127.0.0.1. The kit's cluster commands: \`$K/kit\` (scripts/test-cluster)."
-case ",$PARTS," in *,validate,*|*,fleet,*|*,power,*|*,check,*|*,command,*) ;; *) NO_CLUSTER=1;; esac  # scaling alone runs on the host
+case ",$PARTS," in *,validate,*|*,fleet,*|*,power,*|*,check,*|*,command,*|*,nodes,*) ;; *) NO_CLUSTER=1;; esac  # scaling alone runs on the host
 t=$(date +%s)
 if [ -n "${NO_CLUSTER:-}" ]; then
   md "" "(No cluster started: PARTS=$PARTS runs on the host.)"
@@ -468,6 +471,55 @@ PYEOF
   else
     md "" "**No table: a study did not store an experiment** (see gpu_cluster.log)."
   fi
+}
+
+# -- 7. one trial across nodes (issue 35): the all-reduce over N pods against one process group on the host -----------
+host_mounts() {  # --mount options: the host's interpreter, its packages and libraries, read-only, as part_command's
+  local m
+  echo --mount "$K/home:$K/home"
+  # a venv layered on another through .pth files reads the other's site-packages: their real folders too
+  for m in /usr /etc /opt "$REPO" $("$PY" -c 'import os, sys; print(sys.prefix, sys.base_prefix, *{os.path.realpath(p)
+      for p in sys.path if p.endswith("-packages") and os.path.isdir(p)})'); do
+    case "$m" in /usr/*|/opt/*|/etc/*|"$REPO"/*) continue;; esac
+    echo --mount "$m:$m:ro"
+  done | sort -u
+}
+part_nodes() {
+  local lim; lim=$(within "$NODES_S")
+  if [ "$NODES" -lt 2 ] || [ "$lim" -lt 60 ]; then md "" "## Across nodes: not run ($NODES node(s), ${lim} s left)"; return; fi
+  local end=$(( $(date +%s) + lim )) py; py=$("$PY" -c 'import sys; print(sys.executable)')
+  # the pods' own network (no --host-network): each pod is a host of its own to NCCL, which then goes through its
+  # socket transport between them, as between nodes; the host's process group is the reference on the same GPUs
+  local POD=(--env pod --image "$REG/gpuvs-node:gpu" --image-pull-policy IfNotPresent --kubeconfig "$KC" --python "$py"
+             --start-timeout 120 --env-var "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" --env-var "PATH=$PATH"
+             --env-var "HOME=$K/home" $(host_mounts))
+  local COLL=(collective --op all-reduce --device "$DEVICE" --min-bytes 1M --max-bytes 1G --factor 4 --trials 3)
+  local CNN=(cnn-train --device "$DEVICE" --model resnet50 --batch-size 128 --precision bf16 --warmup-steps 10
+             --steps 50 --trials "$SC_TRIALS")
+  if [ "$DEVICE" = cpu ]; then
+    COLL=(collective --op all-reduce --device cpu --min-bytes 64 --max-bytes 64K --factor 8 --warmup 1 --iters 5
+          --repeats 3 --trials 2)
+    CNN=(cnn-train --device cpu --model resnet18 --batch-size 2 --image-size 32 --warmup-steps 1 --steps 2
+         --trials "$SC_TRIALS")
+  fi
+  md "" "## Across nodes: the all-reduce over N pods, one GPU each, against one process group on the host" "" \
+     "Each N: \`gpuvs run ${COLL[*]} --num-gpus N\` on the host (the reference: N ranks in one process group), then" \
+     "the same with \`--num-gpus 1 --num-nodes N\` and the pod options below (N pods on N kubelets, rendezvous at the" \
+     "first pod's IP, NCCL between the pods' network namespaces)." "" '```' "gpuvs ... ${POD[*]}" '```'
+  local n rc t
+  for n in $(printf '%s\n' 2 "$NODES" | sort -nu); do
+    [ "$(date +%s)" -lt "$end" ] || break
+    t=$(date +%s); gpuvs_run $(( end - $(date +%s) )) run "${COLL[@]}" --num-gpus "$n" --store "$DB"; rc=$?
+    md "" "### $n ranks on the host: exit status $rc, $(( $(date +%s) - t )) s"; report
+    t=$(date +%s); gpuvs_run $(( end - $(date +%s) )) run "${COLL[@]}" --num-gpus 1 --num-nodes "$n" "${POD[@]}" --store "$DB"; rc=$?
+    md "" "### $n pods (--num-nodes $n): exit status $rc, $(( $(date +%s) - t )) s"; report
+  done
+  [ "$(date +%s)" -lt "$end" ] || return
+  md "" "## 1 against $NODES nodes of cnn-train" "" '```' "gpuvs compare ${CNN[*]} --arm one:num_nodes=1 --arm n:num_nodes=$NODES (pod options above)" '```'
+  t=$(date +%s)
+  gpuvs_run $(( end - $(date +%s) )) compare "${CNN[@]}" "${POD[@]}" --arm "one:num_nodes=1" \
+    --arm "nodes$NODES:num_nodes=$NODES" --store "$DB"; rc=$?
+  md "" "Exit status $rc, $(( $(date +%s) - t )) s."; report
 }
 
 for p in ${PARTS//,/ }; do

@@ -40,7 +40,7 @@ def kit(env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
     ({"DEVICE": "gpu"}, "DEVICE=gpu: allowed cuda, cpu"),
     ({"DEVICE": "cpu", "NODES": "0"}, "NODES=0: one kubelet at least (DEVICE=cuda: none without a GPU nvidia-smi lists)"),
     ({"DEVICE": "cpu", "NODES": "two"}, "NODES=two: a whole number"),
-    ({"DEVICE": "cpu", "PARTS": "validate,bogus"}, "PARTS: bogus? allowed validate, fleet, power, check, scaling, command"),
+    ({"DEVICE": "cpu", "PARTS": "validate,bogus"}, "PARTS: bogus? allowed validate, fleet, power, check, scaling, command, nodes"),
     ({"DEVICE": "cpu", "FLEET": "spin resnet"}, "FLEET: resnet? allowed cnn-train, gemm, spin"),
     ({"DEVICE": "cpu", "NODES": "3", "SLOW_NODE": "4"}, "SLOW_NODE=4: a node's index, 1 to 3"),
     ({"DEVICE": "cpu", "TOTAL_S": "9m"}, "TOTAL_S=9m: a whole number"),

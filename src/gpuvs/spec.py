@@ -79,6 +79,16 @@ def device_kind(device: str) -> str:
     return device.split(":", 1)[0]
 
 
+def nodes_asked(spec: RunSpec) -> int:
+    """How many nodes one trial spans: the pod environment's --num-nodes (one pod per node), else 1."""
+    return int(spec.env.options.get("num_nodes") or 1) if spec.env.kind == "pod" else 1
+
+
+def ranks_asked(spec: RunSpec) -> int:
+    """The trial's world size: --num-gpus ranks in each of its nodes' pods."""
+    return spec.num_gpus * nodes_asked(spec)
+
+
 def gpus_asked(spec: RunSpec) -> int:
     """How many GPUs a run asks for: its --num-gpus on a GPU device, none on the CPU."""
     return spec.num_gpus if device_kind(spec.device) == "cuda" else 0

@@ -29,7 +29,7 @@ from gpuvs.store.records import (
     json_value,
     latest_attempts,
 )
-from gpuvs.spec import EnvSpec, device_kind
+from gpuvs.spec import EnvSpec, device_kind, ranks_asked
 from gpuvs.analysis.timeshare import TimeShares
 
 TIMER_RESOLUTION_S = 1e-6  # the coarser of perf_counter's and CUDA events' (0.5 us) resolution, rounded up
@@ -350,7 +350,7 @@ def _arm(name: str, overrides: dict[str, Any], recs: list[TrialRecord], metrics:
     spec = recs[0].spec if recs else None
     ok = [r for r in recs if r.ok]
     arm = ArmResult(name=name, overrides=overrides, device=spec.device if spec else "-",
-                    num_gpus=spec.num_gpus if spec else 1, env=environments.label(spec.env if spec else EnvSpec()),
+                    num_gpus=ranks_asked(spec) if spec else 1, env=environments.label(spec.env if spec else EnvSpec()),
                     n_ok=len(ok), n_total=len(recs))
     for metric in metrics:
         values: dict[int, float] = {}
@@ -397,7 +397,8 @@ def _speedup(arms: list[ArmResult], head: Metric | None, confidence: float) -> l
 
 def _scaling(arms: list[ArmResult], head: Metric | None, confidence: float) -> list[Scaling]:
     """Scaling efficiency = N-GPU throughput / (N/N0 x N0-GPU throughput), against the arm with the
-    fewest GPUs; only for rates (higher is better) and where arms differ in num_gpus."""
+    fewest GPUs; only for rates (higher is better) and where arms differ in num_gpus (the trial's ranks: --num-gpus
+    times the pod environment's --num-nodes)."""
     if head is None or not head.higher_is_better:
         return []
     with_values = [a for a in arms if a.values.get(head.name)]

@@ -25,7 +25,7 @@ from gpuvs.store.records import (
     TrialRecord,
     summaries_from_dict,
 )
-from gpuvs.spec import RunSpec, check_device_syntax
+from gpuvs.spec import RunSpec, check_device_syntax, nodes_asked
 from gpuvs.trial.overrides import SPEC_FIELDS, Overrides  # noqa: F401  (SPEC_FIELDS: the arm keys that are RunSpec fields)
 from gpuvs.store.db import Store, StoreError
 
@@ -152,6 +152,10 @@ def validate_spec(spec: RunSpec) -> dict[str, Any]:
         raise UsageError(f"--num-gpus must be at least 1, got {spec.num_gpus}")
     if spec.num_gpus > 1 and not workload.multi_gpu:
         raise UsageError(f"{workload.name} runs on one device; --num-gpus {spec.num_gpus} is not supported for it")
+    if nodes_asked(spec) > 1 and not workload.multi_gpu:
+        raise UsageError(f"--num-nodes {nodes_asked(spec)}: {workload.name} runs in one process; across nodes run a "
+                         "workload of one process per device: "
+                         + ", ".join(w.name for w in workloads.all_workloads() if w.multi_gpu))
     workload.check_spec(spec, params)
     if spec.timeout_s is not None and spec.timeout_s <= 0:
         raise UsageError(f"--timeout must be positive, got {spec.timeout_s}")

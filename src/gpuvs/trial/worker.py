@@ -134,9 +134,9 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
 
     sampler = telemetry.start_for(spec, emit)
     try:
-        if spec.num_gpus > 1 and workload.multi_gpu:
-            from gpuvs.trial import multiproc
+        from gpuvs.trial import multiproc
 
+        if (spec.num_gpus > 1 or multiproc.across_nodes()[0] > 1) and workload.multi_gpu:
             multiproc.run_ranks(spec, params, collect)
         else:
             from gpuvs.workloads.base import RunContext

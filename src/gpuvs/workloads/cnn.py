@@ -85,9 +85,12 @@ class _CnnBase(Workload):
         _timed.check(params)
 
     def check_spec(self, spec, params: dict[str, Any]) -> None:
-        if spec.num_gpus > 1 and _timed.Plan.from_params(params).adaptive:
-            raise UsageError("--target-se and --seconds stop one device's timed phase; with --num-gpus "
-                             f"{spec.num_gpus} every rank must run the same steps: give --steps N")
+        from gpuvs.spec import ranks_asked
+
+        if ranks_asked(spec) > 1 and _timed.Plan.from_params(params).adaptive:
+            raise UsageError("--target-se and --seconds stop one device's timed phase; with "
+                             f"{ranks_asked(spec)} ranks (--num-gpus, --num-nodes) every rank must run the same "
+                             "steps: give --steps N")
 
     # -- pieces ------------------------------------------------------------------------------
 

@@ -157,9 +157,12 @@ class Collective(Workload):
         params["min_bytes"], params["max_bytes"] = str(low), str(high)
 
     def check_spec(self, spec, params: dict[str, Any]) -> None:
-        if spec.num_gpus < 2:
+        from gpuvs.spec import ranks_asked
+
+        if ranks_asked(spec) < 2:
             raise UsageError(f"{params['op']} is a collective: it needs at least 2 ranks; give --num-gpus N with "
-                             "N >= 2 (one process per GPU, or N gloo processes with --device cpu)")
+                             "N >= 2 (one process per GPU, or N gloo processes with --device cpu), or --num-nodes "
+                             "N >= 2 with --env pod")
 
     def sizes(self, params: dict[str, Any]) -> list[int]:
         return sweep(int(params["min_bytes"]), int(params["max_bytes"]), params["factor"])

@@ -86,6 +86,9 @@ PARAMS = (
     Param("schedule_timeout", float, 30.0, "seconds a pod may stay unschedulable before the trial fails", min=0.1),
     Param("start_timeout", float, 300.0, "seconds from creation to a running container (image pull included)",
           min=0.1),
+    Param("num_nodes", int, 1, "run one trial as N pods, one per node (a workload of one process per device: "
+          "collective, cnn-train), each with --num-gpus ranks, torch.distributed across them (NCCL on GPUs, gloo on "
+          "the CPU); the first pod's figures are the trial's", min=1, max=1024),
     Param("node_lost_timeout", float, 60.0, "seconds the pod's node may be not Ready (or the API server silent) "
           "before the trial fails",
           min=0.1),
@@ -121,6 +124,7 @@ class PodSettings:
     schedule_timeout: float = 30.0
     start_timeout: float = 300.0
     node_lost_timeout: float = 60.0
+    num_nodes: int = 1
     kubeconfig: str | None = None
     context: str | None = None
     namespace: str | None = None
@@ -202,6 +206,11 @@ def parse_options(options: dict[str, Any]) -> PodSettings:
     for name in (s.node, s.runtime_class, s.service_account, s.priority_class):
         if name is not None and not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name):
             raise UsageError(f"{name!r} is not a Kubernetes object name (lower-case letters, digits, - and .)")
+    if options.get("num_nodes") is not None:
+        s.num_nodes = int(options["num_nodes"])
+    if s.num_nodes > 1 and (s.node or s.bypass_scheduler):
+        raise UsageError(f"--num-nodes {s.num_nodes} places one pod on each of {s.num_nodes} nodes: it cannot be "
+                         "given with --node or --bypass-scheduler (one node); use --node-selector to choose among nodes")
     if s.bypass_scheduler and not s.node:
         raise UsageError("--bypass-scheduler needs --node NAME (the node the pod is bound to)")
     s.node_selector = _kv("node_selector", options.get("node_selector"), _LABEL_KEY, _LABEL_VALUE)
@@ -440,6 +449,11 @@ class PodEnvironment(Environment):
         if entry is not None:
             body["spec"]["containers"][0]["command"] = [s.python, *entry]
         waits = Waits(schedule=s.schedule_timeout, start=s.start_timeout, node_lost=s.node_lost_timeout)
+        if s.num_nodes > 1:  # one pod per node, one worker stream (gang.py)
+            from gpuvs.environments.pod import gang
+
+            return gang.GangLaunched(cluster, gang.bodies(body, s.num_nodes, RUN_ID), waits,
+                                     memory_limit=self.settings.memory, launched_at=spec.launched_at)
         return PodLaunched(cluster, body, waits, memory_limit=self.settings.memory,
                            launched_at=spec.launched_at)
 
