@@ -1,16 +1,36 @@
 """Data-parallel runs: one process per GPU (NCCL) or per CPU rank (gloo). Rank 0's events reach
 the worker's protocol stream through a queue; every rank's failure does too. Ranks are stopped
-on every exit path."""
+on every exit path.
+
+How the ranks start (docs/trials.md, "Across several GPUs"): forked from the worker, which holds the
+workload's imports already (multiprocessing's "fork"), under the zygote's rules: the worker must be
+single-threaded at the fork (its parent watch is paused for it; pools that shut down at fork, OpenBLAS's,
+do so at an empty fork first) and CUDA not initialised in it (the worker forks its ranks before anything of
+its own touches CUDA). Where either does not hold, or GPUVS_RANKS=spawn asks for it, the ranks are spawned
+as before (a fresh interpreter each, every import paid again) and the reason is logged and stored. Each rank
+then sets its own device and makes its own CUDA context and process group.
+
+Each rank reports when it ran, had its imports and had its process group; the worker stores, per trial, the
+ranks' start as start-up items (ranks_s and its parts ranks_process_s, ranks_import_s, ranks_group_s) and how
+they started as config items (ranks_started_by, ranks_spawn_reason, ranks_preloaded: torch was imported
+in every rank before its code ran, rank_import_s: each rank's own import seconds)."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
-from typing import Any, Callable
+import sys
+import time
+from typing import Any, Callable, Iterable
 
+from gpuvs import events
 from gpuvs.errors import WorkloadError
+
+MODE_ENV = "GPUVS_RANKS"  # "spawn": the ranks start as before issue 36 (for before/after figures); else fork where safe
+MODES = ("fork", "spawn")
 
 
 def _free_port() -> int:
@@ -19,7 +39,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(spec_json: str, params: dict[str, Any], rank: int, world: int, port: int, q) -> None:
+def _as_new_process(close_fds: Iterable[int]) -> None:
+    """A forked rank starts as a spawned one would: default signal handling (the worker's SIGTERM handler
+    is not its own), random state drawn anew (numpy's and torch's CPU generator would be the worker's copies;
+    Python's random reseeds itself at fork), none of the worker's own descriptors (its protocol stream)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for fd in close_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.seed()
+
+
+def _rank_main(spec_json: str, params: dict[str, Any], rank: int, world: int, port: int, q,
+               forked: bool = False, close_fds: tuple[int, ...] = ()) -> None:
+    entered = time.time()
+    preloaded = "torch" in sys.modules  # forked from a worker that imported it, or a fresh interpreter
+    if forked:
+        _as_new_process(close_fds)
+    import importlib
+
     from gpuvs import workloads
     from gpuvs.spec import RunSpec
     from gpuvs.probes.failures import classify
@@ -29,8 +75,14 @@ def _rank_main(spec_json: str, params: dict[str, Any], rank: int, world: int, po
                       LOCAL_RANK=str(rank))
     spec = RunSpec.from_json(spec_json)
     try:
+        workload = workloads.get(spec.workload)
+        t0 = time.perf_counter()
+        for module in sorted(workload.imports(params), key=lambda m: m != "torch"):  # as the worker imports them
+            importlib.import_module(module)
         import torch.distributed as dist
 
+        import_s = time.perf_counter() - t0
+        imported = time.time()
         cuda = spec.device.startswith("cuda")
         if cuda:
             import torch
@@ -38,8 +90,9 @@ def _rank_main(spec_json: str, params: dict[str, Any], rank: int, world: int, po
             torch.cuda.set_device(rank)
             spec.device = f"cuda:{rank}"
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+        q.put({"type": "_started", "rank": rank, "entered": entered, "imported": imported, "grouped": time.time(),
+               "import_s": import_s, "preloaded": preloaded})
         try:
-            workload = workloads.get(spec.workload)
             for event in workload.run(RunContext(spec=spec, params=params, rank=rank, world_size=world)):
                 if rank == 0 and event.get("type") != "telemetry":
                     q.put(event)
@@ -51,37 +104,100 @@ def _rank_main(spec_json: str, params: dict[str, Any], rank: int, world: int, po
         q.put({"type": "_failed", "rank": rank, "kind": kind, "message": f"rank {rank}: {message}"})
 
 
-def run_ranks(spec, params: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> None:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    world = spec.num_gpus
-    procs = [ctx.Process(target=_rank_main, args=(spec.to_json(), params, r, world, port, q), name=f"gpuvs-rank{r}")
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    done: set[int] = set()
-    try:
-        while len(done) < world:
+def fork_problem(asked: str | None = None) -> str | None:
+    """Why the ranks must be spawned rather than forked from this process now, or None. `asked`: GPUVS_RANKS."""
+    if asked == "spawn":
+        return f"{MODE_ENV}=spawn asks for it"
+    if "fork" not in mp.get_all_start_methods():
+        return "this platform cannot fork"
+    from gpuvs.trial import zygote
+
+    problem = zygote.fork_problem("the worker")
+    if problem and problem.startswith("the worker runs"):
+        # pools that shut themselves down at fork (numpy's OpenBLAS) do so at an empty fork, as in the zygote
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        problem = zygote.fork_problem("the worker")
+    return problem
+
+
+class Ranks:
+    """The ranks of one trial: started (forked where safe) by start(), read by wait(), ended by stop()."""
+
+    def __init__(self, spec, params: dict[str, Any], close_fds: tuple[int, ...] = ()):
+        self.world = spec.num_gpus
+        self.started_at = time.time()
+        asked = os.environ.get(MODE_ENV) or None
+        self.reason = fork_problem(asked)
+        self.mode = "spawn" if self.reason else "fork"
+        ctx = mp.get_context(self.mode)
+        self.q = ctx.Queue()
+        port = _free_port()
+        forked = self.mode == "fork"
+        self.procs = [ctx.Process(target=_rank_main, name=f"gpuvs-rank{r}",
+                                  args=(spec.to_json(), params, r, self.world, port, self.q, forked,
+                                        tuple(close_fds) if forked else ()))
+                      for r in range(self.world)]
+        self.started: dict[int, dict[str, Any]] = {}
+        try:
+            for p in self.procs:
+                p.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def config(self) -> dict[str, Any]:
+        """How the ranks started, as the trial's config items."""
+        items: dict[str, Any] = {"ranks_started_by": self.mode}
+        if self.reason:
+            items["ranks_spawn_reason"] = self.reason
+        return items
+
+    def _startup(self) -> list[dict[str, Any]]:
+        """The ranks' start, once every rank has its process group: the last rank running its code, having its
+        imports, having its group (each from the ranks' start), as start-up items."""
+        s = self.started.values()
+        ran, imported, grouped = (max(r[k] for r in s) for k in ("entered", "imported", "grouped"))
+        return [events.config(ranks_preloaded=all(r["preloaded"] for r in s),
+                              rank_import_s=[round(self.started[r]["import_s"], 4) for r in sorted(self.started)]),
+                events.startup("ranks_s", grouped - self.started_at),
+                events.startup("ranks_process_s", ran - self.started_at),
+                events.startup("ranks_import_s", imported - ran),
+                events.startup("ranks_group_s", grouped - imported)]
+
+    def wait(self, emit: Callable[[dict[str, Any]], None]) -> None:
+        done: set[int] = set()
+        while len(done) < self.world:
             try:
-                event = q.get(timeout=1.0)
+                event = self.q.get(timeout=1.0)
             except queue.Empty:
-                dead = [p for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
+                dead = [p for p in self.procs if not p.is_alive() and p.exitcode not in (0, None)]
                 if dead:
                     raise WorkloadError("crash", f"{dead[0].name} exited with status {dead[0].exitcode}")
                 continue
-            if event["type"] == "_done":
+            if event["type"] == "_started":
+                self.started[event["rank"]] = event
+                if len(self.started) == self.world:
+                    for e in self._startup():
+                        emit(e)
+            elif event["type"] == "_done":
                 done.add(event["rank"])
             elif event["type"] == "_failed":
                 raise WorkloadError(event["kind"], event["message"])
             else:
                 emit(event)
-    finally:
-        for p in procs:
+
+    def stop(self) -> None:
+        for p in self.procs:
             if p.is_alive():
                 p.terminate()
-        for p in procs:
+        for p in self.procs:
+            if p._popen is None:  # never started
+                continue
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
                 p.join()
+

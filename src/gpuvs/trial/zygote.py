@@ -112,15 +112,16 @@ def cuda_state() -> str:
     return "not initialised" if rc == CUDA_ERROR_NOT_INITIALIZED else f"initialised (the driver answers {rc})"
 
 
-def fork_problem() -> str | None:
-    """Why a fork now would not give a clean child, or None."""
+def fork_problem(who: str = "the zygote") -> str | None:
+    """Why a fork now would not give a clean child, or None (`who`: this process, as the reason names it; the
+    worker asks this before it forks the ranks of a run across several GPUs: multiproc.py)."""
     names = threads()
     if len(names) != 1:
-        return (f"the zygote runs {len(names)} threads ({', '.join(names)}), not 1: a thread pool or the CUDA "
+        return (f"{who} runs {len(names)} threads ({', '.join(names)}), not 1: a thread pool or the CUDA "
                 "driver started in it, and a child forked now could inherit locks held by threads it does not have")
     state = cuda_state()
     if state.startswith("initialised"):
-        return f"CUDA is {state} in the zygote: a forked child could not use the GPU"
+        return f"CUDA is {state} in {who}: a forked child could not use the GPU"
     return None
 
 
