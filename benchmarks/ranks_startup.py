@@ -62,20 +62,23 @@ def run(mode: str, db: Path, log) -> dict:
 
 
 def _verdict(data: dict) -> str:
-    for row in data.get("verdicts") or data.get("family") or []:
-        if isinstance(row, dict) and row.get("verdict"):
-            return str(row.get("verdict"))
+    """The headline's verdict: 'equivalent, b/a 1.001 [0.996-1.005]; a 1234, b 1236 images/sec'."""
+    for v in data.get("verdicts") or []:
+        if v.get("headline"):
+            return (f"{v['verdict']}, b/a {v['ratio']:.3f} [{v['ci_low']:.3f}–{v['ci_high']:.3f}]; a {v['mean_a']:.4g}, "
+                    f"b {v['mean_b']:.4g} {v['unit']}")
     return "-"
 
 
 def table(results: list[dict]) -> str:
     head = ("| ranks | trials | wall (s) | start-up /trial (s) | ranks' start /trial (s): processes, imports, "
-            "process group | warm-up /trial (s) | timed /trial (s) | start-up share | warm-up share | timed share |")
-    rows = [head, "|" + " --- |" * 10]
+            "process group | warm-up /trial (s) | timed /trial (s) | start-up share | warm-up share | timed share | "
+            "verdict (headline) |")
+    rows = [head, "|" + " --- |" * 11]
     for r in results:
         t = r.get("time") or {}
         if not t:
-            rows.append(f"| {r['mode']} | failed ({r['code']}) | {r['wall']:.1f} |" + " - |" * 7)
+            rows.append(f"| {r['mode']} | failed ({r['code']}) | {r['wall']:.1f} |" + " - |" * 8)
             continue
         per, sh, ranks = t["per_trial"], t["shares"], (t.get("ranks") or {}).get("per_trial") or {}
         how = ", ".join(f"{k} {n}" for k, n in ((t.get("ranks") or {}).get("started_by") or {}).items())
@@ -83,7 +86,7 @@ def table(results: list[dict]) -> str:
                  f"{ranks['ranks_group_s']:.2f} ({how})") if ranks else "-"
         rows.append(f"| {r['mode']} | {t['trials']} | {t['wall_s']:.1f} | {per['start_up']:.2f} | {parts} | "
                     f"{per['warm_up']:.2f} | {per['measured']:.2f} | {100 * sh['start_up']:.1f}% | "
-                    f"{100 * sh['warm_up']:.1f}% | {100 * sh['measured']:.1f}% |")
+                    f"{100 * sh['warm_up']:.1f}% | {100 * sh['measured']:.1f}% | {r.get('verdict', '-')} |")
     return "\n".join(rows)
 
 
