@@ -141,6 +141,7 @@ class Ranks:
                                         tuple(close_fds) if forked else ()))
                       for r in range(self.world)]
         self.started: dict[int, dict[str, Any]] = {}
+        self.reported = False
         try:
             for p in self.procs:
                 p.start()
@@ -148,24 +149,28 @@ class Ranks:
             self.stop()
             raise
 
-    def config(self) -> dict[str, Any]:
-        """How the ranks started, as the trial's config items."""
+    def report(self, emit: Callable[[dict[str, Any]], None]) -> None:
+        """How the ranks started (config items) and, once every rank had its process group, the ranks' start (the
+        last rank running its code, having its imports, having its group, each from the ranks' start), as start-up
+        items; once, after the workload's own events (the step log shows a trial's first config event as its
+        header), or on the way out of a failed trial."""
+        if self.reported:
+            return
+        self.reported = True
         items: dict[str, Any] = {"ranks_started_by": self.mode}
         if self.reason:
             items["ranks_spawn_reason"] = self.reason
-        return items
-
-    def _startup(self) -> list[dict[str, Any]]:
-        """The ranks' start, once every rank has its process group: the last rank running its code, having its
-        imports, having its group (each from the ranks' start), as start-up items."""
         s = self.started.values()
+        if len(self.started) == self.world:
+            items.update(ranks_preloaded=all(r["preloaded"] for r in s),
+                         rank_import_s=[round(self.started[r]["import_s"], 4) for r in sorted(self.started)])
+        emit(events.config(**items))
+        if len(self.started) < self.world:
+            return
         ran, imported, grouped = (max(r[k] for r in s) for k in ("entered", "imported", "grouped"))
-        return [events.config(ranks_preloaded=all(r["preloaded"] for r in s),
-                              rank_import_s=[round(self.started[r]["import_s"], 4) for r in sorted(self.started)]),
-                events.startup("ranks_s", grouped - self.started_at),
-                events.startup("ranks_process_s", ran - self.started_at),
-                events.startup("ranks_import_s", imported - ran),
-                events.startup("ranks_group_s", grouped - imported)]
+        for name, seconds in (("ranks_s", grouped - self.started_at), ("ranks_process_s", ran - self.started_at),
+                              ("ranks_import_s", imported - ran), ("ranks_group_s", grouped - imported)):
+            emit(events.startup(name, seconds))
 
     def wait(self, emit: Callable[[dict[str, Any]], None]) -> None:
         done: set[int] = set()
@@ -179,15 +184,13 @@ class Ranks:
                 continue
             if event["type"] == "_started":
                 self.started[event["rank"]] = event
-                if len(self.started) == self.world:
-                    for e in self._startup():
-                        emit(e)
             elif event["type"] == "_done":
                 done.add(event["rank"])
             elif event["type"] == "_failed":
                 raise WorkloadError(event["kind"], event["message"])
             else:
                 emit(event)
+        self.report(emit)
 
     def stop(self) -> None:
         for p in self.procs:

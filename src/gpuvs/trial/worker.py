@@ -165,10 +165,8 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
             ranks = multiproc.Ranks(spec, params, close_fds=(PROTOCOL_FD,) if PROTOCOL_FD is not None else ())
     sampler = None
     try:
-        if ranks is not None:
-            emit(events.config(**ranks.config()))
-            if ranks.reason:
-                emit(events.log(f"ranks spawned, not forked: {ranks.reason}"))
+        if ranks is not None and ranks.reason:
+            emit(events.log(f"ranks spawned, not forked: {ranks.reason}"))
         emit({"type": "fingerprint", "data": fingerprint.take(import_torch="torch" in workload.requires)})
         samples: list[dict[str, Any]] = []  # the sample events, summarised by the workload (the command
         # workload's summary is plain Python: its worker may run in an image whose Python has no numpy)
@@ -191,6 +189,10 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
             sampler.stop()
         if ranks is not None:
             ranks.stop()
+            try:
+                ranks.report(emit)  # where the trial failed: how its ranks started is kept all the same
+            except OSError:  # the protocol stream is gone (gpuvs ended): the failure itself is what counts
+                pass
     if spec.launched_at:  # the workload is done: what follows until exit is teardown (timeshare.py)
         emit(events.startup("launch_to_done_s", time.time() - spec.launched_at))
     # `samples`: how many sample events this worker sent, so that the runner can tell a whole read from a cut one
