@@ -110,16 +110,16 @@ def fork_problem(asked: str | None = None) -> str | None:
         return f"{MODE_ENV}=spawn asks for it"
     if "fork" not in mp.get_all_start_methods():
         return "this platform cannot fork"
-    from gpuvs.trial import zygote
+    from gpuvs.trial import forksafe
 
-    problem = zygote.fork_problem("the worker")
+    problem = forksafe.fork_problem("the worker")
     if problem and problem.startswith("the worker runs"):
         # pools that shut themselves down at fork (numpy's OpenBLAS) do so at an empty fork, as in the zygote
         pid = os.fork()
         if pid == 0:
             os._exit(0)
         os.waitpid(pid, 0)
-        problem = zygote.fork_problem("the worker")
+        problem = forksafe.fork_problem("the worker")
     return problem
 
 
