@@ -40,6 +40,25 @@ def test_the_parts_add_up_to_the_wall_time():
     assert timeshare.shares(30.0, trials).seconds["other"] == 0.0
 
 
+def test_the_ranks_start_is_named_inside_start_up():
+    ranks = {"ranks_s": 3.0, "ranks_process_s": 0.5, "ranks_import_s": 2.0, "ranks_group_s": 0.5}
+    base = {"launch_to_exit_s": 10.0, "launch_to_timed_s": 5.0, "warmup_s": 1.0}
+    trials = [timeshare.trial_time({**base, **ranks}, {"main": SeriesSummary(total_seconds=4.0)},
+                                   {"ranks_started_by": how}) for how in ("spawn", "fork", "fork")]
+    plain = timeshare.trial_time(base, {"main": SeriesSummary(total_seconds=4.0)})
+    ts = timeshare.shares(40.0, trials + [plain])
+    assert ts.seconds["start_up"] == pytest.approx(4 * 4.0)  # a part of start-up, not a part of its own
+    assert ts.ranks == {"trials": 3, "started_by": {"fork": 2, "spawn": 1},
+                        "per_trial": {**ranks, "start_up_s": pytest.approx(4.0)}}
+    assert ts.to_dict()["ranks"]["trials"] == 3
+    assert "ranks" not in timeshare.shares(40.0, [plain]).to_dict()  # the JSON of other experiments is as it was
+    from gpuvs.report.tables import time_shares_table
+
+    assert time_shares_table(ts).note.endswith(
+        "; across ranks in 3 trial(s), start-up 4.00 s per trial of which the ranks' start 3.00 s (processes 0.50, "
+        "imports 2.00, process group 0.50); ranks forked 2, spawned 1")
+
+
 def test_run_and_compare_say_where_the_time_went(cli, tmp_path):
     r = cli("compare", "selftest", "--device", "cpu", "--steps", "5", "--trials", "2", "--quiet",
             "--arm", "a:step_seconds=0.02", "--arm", "b:step_seconds=0.03")

@@ -8,7 +8,8 @@ does not report it, launch_to_done_s minus the timed steps; failing that, L minu
 - warm-up: the first step and the warm-up steps (warmup_s); an adaptive warm-up also says how many steps it
   ran and why it stopped (steady, cap: the trial's config items warmup_steps and warmup_stop);
 - start-up: T0 minus fork and warm-up: the interpreter and imports (exec), the fingerprint, the device's
-  context, the model and data;
+  context, the model and data; across several GPUs or CPU ranks it holds the ranks' start (ranks_s: the ranks'
+  processes started, their imports, their process group), which the breakdown names as a part of start-up;
 - teardown: L minus T0 minus measured: the end of the timed phase (its final synchronise, the workload's
   last figures), the summary and the process's exit (its GPU context released).
 A command job (the command workload: its trials record `job_start_s` and their `wall_time_s`, wrapped or bare) is
@@ -37,6 +38,7 @@ JOB = "job"  # a command job's run: a part of its own, where an experiment has s
 LABELS = {"measured": "measured (timed steps)", JOB: "the job's run (its wall time)", "start_up": "start-up",
           "warm_up": "warm-up", "fork": "fork", "teardown": "teardown", "other": "other (the runner's own)"}
 WALL_TIME = "wall_time_s"  # the command workload's own series (workloads/command/outputs/base.py: WALL_TIME)
+RANK_PARTS = ("ranks_s", "ranks_process_s", "ranks_import_s", "ranks_group_s")  # trial/multiproc.py: the ranks' start
 JOB_STARTS = ("job_start_s", "container_started_s", "pod_started_s")  # a command job's start, first known wins
 
 
@@ -51,6 +53,8 @@ class TrialTime:
     job_s: float | None = None  # a command job's run (its wall time); None: not a command job
     warm_up_steps: int | None = None  # an adaptive warm-up's steps (config warmup_steps with warmup_stop); else None
     warm_up_stop: str | None = None  # why it stopped: 'steady' or 'cap' (workloads/_warmup.py)
+    ranks: dict[str, float] | None = None  # across ranks: RANK_PARTS -> seconds, inside start-up; else None
+    ranks_started_by: str | None = None  # 'fork' or 'spawn' (trial/multiproc.py); None: not stored
 
 
 @dataclass
@@ -62,6 +66,7 @@ class TimeShares:
     per_trial: dict[str, float]  # part -> mean seconds per such trial (other: none)
     zygote_starts_s: list[float] = field(default_factory=list)
     warm_ups: list[tuple[int, str]] = field(default_factory=list)  # each adaptive warm-up: (steps, why it stopped)
+    ranks: dict[str, Any] | None = None  # trials across ranks: {trials, started_by: {how: n}, per_trial: {part: s}}
 
     def to_dict(self) -> dict[str, Any]:
         """As --format json writes it: warm_ups only where a trial warmed up adaptively (the keys of before)."""
@@ -69,6 +74,8 @@ class TimeShares:
         out.pop("warm_ups")
         if self.warm_ups:
             out["warm_ups"] = [{"steps": n, "stopped": why} for n, why in self.warm_ups]
+        if out["ranks"] is None:  # only where trials ran across ranks (the keys of before)
+            out.pop("ranks")
         return out
 
     def parts(self) -> list[str]:
@@ -112,8 +119,11 @@ def trial_time(startup: Mapping[str, float], summary: Mapping[str, SeriesSummary
     stop = config.get("warmup_stop")
     steps = config.get("warmup_steps")
     adaptive = isinstance(stop, str) and isinstance(steps, int)
+    ranks = {k: float(startup[k]) for k in RANK_PARTS if startup.get(k) is not None}
+    how = config.get("ranks_started_by")
     return TrialTime(wall, measured, fork, warm, start, teardown, warm_up_steps=steps if adaptive else None,
-                     warm_up_stop=stop if adaptive else None)
+                     warm_up_stop=stop if adaptive else None, ranks=ranks if "ranks_s" in ranks else None,
+                     ranks_started_by=how if isinstance(how, str) else None)
 
 
 def shares(wall_s: float | None, trials: Iterable[TrialTime | None], timing: Mapping[str, Any] | None = None
@@ -142,7 +152,22 @@ def shares(wall_s: float | None, trials: Iterable[TrialTime | None], timing: Map
     return TimeShares(wall_s=wall, seconds=sec, shares={k: v / wall for k, v in sec.items()}, trials=n, per_trial=per,
                       zygote_starts_s=[float(x) for x in timing.get("zygote_starts_s") or []],
                       warm_ups=[(t.warm_up_steps, t.warm_up_stop) for t in known
-                                if t.warm_up_steps is not None and t.warm_up_stop is not None])
+                                if t.warm_up_steps is not None and t.warm_up_stop is not None],
+                      ranks=_ranks(known))
+
+
+def _ranks(known: list[TrialTime]) -> dict[str, Any] | None:
+    """The ranks' start of the trials that ran across ranks: how many, how their ranks started, the mean
+    seconds of each of its parts per such trial (each inside that trial's start-up); None where there were none."""
+    across = [t for t in known if t.ranks]
+    if not across:
+        return None
+    how: dict[str, int] = {}
+    for t in across:
+        how[t.ranks_started_by or "unknown"] = how.get(t.ranks_started_by or "unknown", 0) + 1
+    per = {k: sum(t.ranks.get(k, 0.0) for t in across) / len(across) for k in RANK_PARTS}
+    per["start_up_s"] = sum(t.start_up_s for t in across) / len(across)
+    return {"trials": len(across), "started_by": dict(sorted(how.items())), "per_trial": per}
 
 
 def from_records(records: Iterable[Any], wall_s: float | None, timing: Mapping[str, Any] | None = None

@@ -5,17 +5,37 @@ on every exit path.
 One host: the rendezvous is on 127.0.0.1 at a free port. A trial across nodes (the pod environment's
 --num-nodes, environments/pod/gang.py) sets GPUVS_NUM_NODES, GPUVS_NODE_RANK, GPUVS_MASTER_ADDR and
 GPUVS_MASTER_PORT in each pod: this pod's ranks are NODE_RANK x --num-gpus + 0..--num-gpus-1 of a world of
-NUM_NODES x --num-gpus, and global rank 0 (in the first pod) holds the store the others meet at."""
+NUM_NODES x --num-gpus, and global rank 0 (in the first pod) holds the store the others meet at.
+
+How the ranks start (docs/trials.md, "Across several GPUs"): forked from the worker, which holds the
+workload's imports already (multiprocessing's "fork"), under the zygote's rules: the worker must be
+single-threaded at the fork (its parent watch is paused for it; pools that shut down at fork, OpenBLAS's,
+do so at an empty fork first) and CUDA not initialised in it (the worker forks its ranks before anything of
+its own touches CUDA). Where either does not hold, or GPUVS_RANKS=spawn asks for it, the ranks are spawned
+as before (a fresh interpreter each, every import paid again) and the reason is logged and stored. Each rank
+then sets its own device and makes its own CUDA context and process group.
+
+Each rank reports when it ran, had its imports and had its process group; the worker stores, per trial, the
+ranks' start as start-up items (ranks_s and its parts ranks_process_s, ranks_import_s, ranks_group_s) and how
+they started as config items (ranks_started_by, ranks_spawn_reason, ranks_preloaded: torch was imported
+in every rank before its code ran, rank_import_s: each rank's own import seconds)."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
-from typing import Any, Callable
+import sys
+import time
+from typing import Any, Callable, Iterable
 
+from gpuvs import events
 from gpuvs.errors import WorkloadError
+
+MODE_ENV = "GPUVS_RANKS"  # "spawn": the ranks start as before issue 36 (for before/after figures); else fork where safe
+MODES = ("fork", "spawn")
 
 
 def _free_port() -> int:
@@ -33,8 +53,34 @@ def across_nodes() -> tuple[int, int, str | None, int | None]:
             int(port) if port else None)
 
 
+def _as_new_process(close_fds: Iterable[int]) -> None:
+    """A forked rank starts as a spawned one would: default signal handling (the worker's SIGTERM handler
+    is not its own), random state drawn anew (numpy's and torch's CPU generator would be the worker's copies;
+    Python's random reseeds itself at fork), none of the worker's own descriptors (its protocol stream)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for fd in close_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.seed()
+
+
 def _rank_main(spec_json: str, params: dict[str, Any], rank: int, world: int, port: int, q,
-               local: int | None = None, addr: str = "127.0.0.1") -> None:
+               forked: bool = False, close_fds: tuple[int, ...] = (), local: int | None = None,
+               addr: str = "127.0.0.1") -> None:
+    entered = time.time()
+    preloaded = "torch" in sys.modules  # forked from a worker that imported it, or a fresh interpreter
+    if forked:
+        _as_new_process(close_fds)
+    import importlib
+
     from gpuvs import workloads
     from gpuvs.spec import RunSpec
     from gpuvs.probes.failures import classify
@@ -45,8 +91,14 @@ def _rank_main(spec_json: str, params: dict[str, Any], rank: int, world: int, po
                       LOCAL_RANK=str(local))
     spec = RunSpec.from_json(spec_json)
     try:
+        workload = workloads.get(spec.workload)
+        t0 = time.perf_counter()
+        for module in sorted(workload.imports(params), key=lambda m: m != "torch"):  # as the worker imports them
+            importlib.import_module(module)
         import torch.distributed as dist
 
+        import_s = time.perf_counter() - t0
+        imported = time.time()
         cuda = spec.device.startswith("cuda")
         if cuda:
             import torch
@@ -54,8 +106,9 @@ def _rank_main(spec_json: str, params: dict[str, Any], rank: int, world: int, po
             torch.cuda.set_device(local)
             spec.device = f"cuda:{local}"
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+        q.put({"type": "_started", "rank": rank, "entered": entered, "imported": imported, "grouped": time.time(),
+               "import_s": import_s, "preloaded": preloaded})
         try:
-            workload = workloads.get(spec.workload)
             for event in workload.run(RunContext(spec=spec, params=params, rank=rank, world_size=world)):
                 if rank == 0 and event.get("type") != "telemetry":
                     q.put(event)
@@ -67,41 +120,107 @@ def _rank_main(spec_json: str, params: dict[str, Any], rank: int, world: int, po
         q.put({"type": "_failed", "rank": rank, "kind": kind, "message": f"rank {rank}: {message}"})
 
 
-def run_ranks(spec, params: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> None:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    nodes, node_rank, addr, port = across_nodes()
-    port = port or _free_port()
-    per = spec.num_gpus
-    world = per * nodes
-    first = node_rank * per  # this node's first global rank
-    procs = [ctx.Process(target=_rank_main, args=(spec.to_json(), params, first + r, world, port, q, r,
-                                                  addr or "127.0.0.1"), name=f"gpuvs-rank{first + r}")
-             for r in range(per)]
-    for p in procs:
-        p.start()
-    done: set[int] = set()
-    try:
-        while len(done) < per:
+def fork_problem(asked: str | None = None) -> str | None:
+    """Why the ranks must be spawned rather than forked from this process now, or None. `asked`: GPUVS_RANKS."""
+    if asked == "spawn":
+        return f"{MODE_ENV}=spawn asks for it"
+    if "fork" not in mp.get_all_start_methods():
+        return "this platform cannot fork"
+    from gpuvs.trial import forksafe
+
+    problem = forksafe.fork_problem("the worker")
+    if problem and problem.startswith("the worker runs"):
+        # pools that shut themselves down at fork (numpy's OpenBLAS) do so at an empty fork, as in the zygote
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        problem = forksafe.fork_problem("the worker")
+    return problem
+
+
+class Ranks:
+    """This host's (or pod's) ranks of one trial: started (forked where safe) here, read by wait(), ended by
+    stop(). `per` ranks here, of a world of `per` x the trial's nodes."""
+
+    def __init__(self, spec, params: dict[str, Any], close_fds: tuple[int, ...] = ()):
+        nodes, node_rank, addr, port = across_nodes()
+        self.per = spec.num_gpus
+        self.world = self.per * nodes
+        first = node_rank * self.per  # this node's first global rank
+        self.started_at = time.time()
+        asked = os.environ.get(MODE_ENV) or None
+        self.reason = fork_problem(asked)
+        self.mode = "spawn" if self.reason else "fork"
+        ctx = mp.get_context(self.mode)
+        self.q = ctx.Queue()
+        port = port or _free_port()
+        forked = self.mode == "fork"
+        self.procs = [ctx.Process(target=_rank_main, name=f"gpuvs-rank{first + r}",
+                                  args=(spec.to_json(), params, first + r, self.world, port, self.q, forked,
+                                        tuple(close_fds) if forked else (), r, addr or "127.0.0.1"))
+                      for r in range(self.per)]
+        self.started: dict[int, dict[str, Any]] = {}
+        self.reported = False
+        try:
+            for p in self.procs:
+                p.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def report(self, emit: Callable[[dict[str, Any]], None]) -> None:
+        """How the ranks started (config items) and, once every rank had its process group, the ranks' start (the
+        last rank running its code, having its imports, having its group, each from the ranks' start), as start-up
+        items; once, after the workload's own events (the step log shows a trial's first config event as its
+        header), or on the way out of a failed trial."""
+        if self.reported:
+            return
+        self.reported = True
+        items: dict[str, Any] = {"ranks_started_by": self.mode}
+        if self.reason:
+            items["ranks_spawn_reason"] = self.reason
+        s = self.started.values()
+        if len(self.started) == self.per:
+            items.update(ranks_preloaded=all(r["preloaded"] for r in s),
+                         rank_import_s=[round(self.started[r]["import_s"], 4) for r in sorted(self.started)])
+        emit(events.config(**items))
+        if len(self.started) < self.per:
+            return
+        ran, imported, grouped = (max(r[k] for r in s) for k in ("entered", "imported", "grouped"))
+        for name, seconds in (("ranks_s", grouped - self.started_at), ("ranks_process_s", ran - self.started_at),
+                              ("ranks_import_s", imported - ran), ("ranks_group_s", grouped - imported)):
+            emit(events.startup(name, seconds))
+
+    def wait(self, emit: Callable[[dict[str, Any]], None]) -> None:
+        done: set[int] = set()
+        while len(done) < self.per:
             try:
-                event = q.get(timeout=1.0)
+                event = self.q.get(timeout=1.0)
             except queue.Empty:
-                dead = [p for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
+                dead = [p for p in self.procs if not p.is_alive() and p.exitcode not in (0, None)]
                 if dead:
                     raise WorkloadError("crash", f"{dead[0].name} exited with status {dead[0].exitcode}")
                 continue
-            if event["type"] == "_done":
+            if event["type"] == "_started":
+                self.started[event["rank"]] = event
+            elif event["type"] == "_done":
                 done.add(event["rank"])
             elif event["type"] == "_failed":
                 raise WorkloadError(event["kind"], event["message"])
             else:
                 emit(event)
-    finally:
-        for p in procs:
+        self.report(emit)
+
+    def stop(self) -> None:
+        for p in self.procs:
             if p.is_alive():
                 p.terminate()
-        for p in procs:
+        for p in self.procs:
+            if p._popen is None:  # never started
+                continue
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
                 p.join()
+

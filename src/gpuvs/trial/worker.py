@@ -7,6 +7,7 @@ stays clean in every environment."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
@@ -30,10 +31,16 @@ T = TypeVar("T")
 
 def _protocol_stream():
     """Keep fd 1 for the protocol; send everything else that writes to fd 1 to stderr."""
+    global PROTOCOL_FD
     proto = os.fdopen(os.dup(1), "w", buffering=1)
+    PROTOCOL_FD = proto.fileno()
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     return proto
+
+
+_WATCH: list = []  # the running parent watch: (its thread, the event that stops it)
+PROTOCOL_FD: int | None = None  # the protocol stream's descriptor (not for the ranks a worker forks)
 
 
 def watch_parent() -> None:
@@ -43,14 +50,39 @@ def watch_parent() -> None:
     parent = os.environ.get("GPUVS_PARENT_PID")
     if not parent or not parent.isdigit() or os.getpgrp() != os.getpid() or os.getppid() != int(parent):
         return  # not a host worker started by this gpuvs (a container's, a rank of --num-gpus)
+    _start_watch(int(parent))
+
+
+def _start_watch(parent: int) -> None:
     import threading
 
+    stop = threading.Event()
+
     def watch() -> None:
-        while os.getppid() == int(parent):
-            time.sleep(0.5)
+        while os.getppid() == parent:
+            if stop.wait(0.5):
+                return
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
-    threading.Thread(target=watch, name="gpuvs-parent-watch", daemon=True).start()
+    thread = threading.Thread(target=watch, name="gpuvs-parent-watch", daemon=True)
+    _WATCH[:] = [thread, stop]
+    thread.start()
+
+
+@contextlib.contextmanager
+def watch_paused():
+    """The parent watch stopped while the worker forks its ranks (a fork must find it single-threaded:
+    multiproc.py), then started again; it checks the parent at once, so a gpuvs that died meanwhile is seen."""
+    if not _WATCH or not _WATCH[0].is_alive():
+        yield
+        return
+    thread, stop = _WATCH
+    stop.set()
+    thread.join()
+    try:
+        yield
+    finally:
+        _start_watch(int(os.environ["GPUVS_PARENT_PID"]))
 
 
 def end_group_if_orphaned() -> None:
@@ -123,21 +155,30 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
     if not FORKED:  # a zygote's child has its imports already
         bytecode.keep(workload.imports(params))
     import_requirements(workload, emit, spec)
-    emit({"type": "fingerprint", "data": fingerprint.take(import_torch="torch" in workload.requires)})
-    samples: list[dict[str, Any]] = []  # the sample events, summarised by the workload (the command workload's
-    # summary is plain Python: its worker may run in an image whose Python has no numpy)
+    from gpuvs.trial import multiproc
 
-    def collect(event: dict[str, Any]) -> None:
-        if event["type"] == "sample":
-            samples.append(event)
-        emit(event)
-
-    sampler = telemetry.start_for(spec, emit)
+    ranks = None
+    if (spec.num_gpus > 1 or multiproc.across_nodes()[0] > 1) and workload.multi_gpu:
+        # the ranks first, forked from this worker while it is single-threaded and CUDA-free: the fingerprint
+        # asks torch whether CUDA is available (that starts the driver) and telemetry starts a thread
+        with watch_paused():
+            ranks = multiproc.Ranks(spec, params, close_fds=(PROTOCOL_FD,) if PROTOCOL_FD is not None else ())
+    sampler = None
     try:
-        from gpuvs.trial import multiproc
+        if ranks is not None and ranks.reason:
+            emit(events.log(f"ranks spawned, not forked: {ranks.reason}"))
+        emit({"type": "fingerprint", "data": fingerprint.take(import_torch="torch" in workload.requires)})
+        samples: list[dict[str, Any]] = []  # the sample events, summarised by the workload (the command
+        # workload's summary is plain Python: its worker may run in an image whose Python has no numpy)
 
-        if (spec.num_gpus > 1 or multiproc.across_nodes()[0] > 1) and workload.multi_gpu:
-            multiproc.run_ranks(spec, params, collect)
+        def collect(event: dict[str, Any]) -> None:
+            if event["type"] == "sample":
+                samples.append(event)
+            emit(event)
+
+        sampler = telemetry.start_for(spec, emit)
+        if ranks is not None:
+            ranks.wait(collect)
         else:
             from gpuvs.workloads.base import RunContext
 
@@ -146,6 +187,12 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
     finally:
         if sampler is not None:
             sampler.stop()
+        if ranks is not None:
+            ranks.stop()
+            try:
+                ranks.report(emit)  # where the trial failed: how its ranks started is kept all the same
+            except OSError:  # the protocol stream is gone (gpuvs ended): the failure itself is what counts
+                pass
     if spec.launched_at:  # the workload is done: what follows until exit is teardown (timeshare.py)
         emit(events.startup("launch_to_done_s", time.time() - spec.launched_at))
     # `samples`: how many sample events this worker sent, so that the runner can tell a whole read from a cut one

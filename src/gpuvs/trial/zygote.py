@@ -52,12 +52,12 @@ from typing import Any
 
 from gpuvs import spawn
 from gpuvs.trial import bytecode
+from gpuvs.trial.forksafe import cuda_state, fork_problem, threads
 
 MAX_PACKET = 1 << 20
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 TRIAL_NAME = b"gpuvs-trial"  # a child's name (comm: what ps -e and top show), apart from its zygote's
-CUDA_ERROR_NOT_INITIALIZED = 3
 ENTRIES = ("worker", "inside")
 # What the worker itself imports before it reads its spec: paid once here too.
 OWN = ("gpuvs.trial.worker", "gpuvs.events", "gpuvs.probes.failures", "gpuvs.probes.fingerprint", "gpuvs.analysis.stats", "gpuvs.probes.telemetry",
@@ -84,44 +84,7 @@ def receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     return json.loads(data), list(fds)
 
 
-# -- what makes a fork safe -------------------------------------------------------------------------
-
-def threads() -> list[str]:
-    """The names of this process's threads (the kernel's view: native pools count, not only Python's)."""
-    names = []
-    for tid in sorted(os.listdir("/proc/self/task"), key=int):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as fh:
-                names.append(fh.read().strip())
-        except OSError:
-            continue
-    return names
-
-
-def cuda_state() -> str:
-    """'initialised (...)', 'not initialised', or 'absent' (no CUDA driver here and torch's flag not set)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "initialised (torch)"
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return "absent"
-    count = ctypes.c_int(0)
-    rc = lib.cuDeviceGetCount(ctypes.byref(count))
-    return "not initialised" if rc == CUDA_ERROR_NOT_INITIALIZED else f"initialised (the driver answers {rc})"
-
-
-def fork_problem() -> str | None:
-    """Why a fork now would not give a clean child, or None."""
-    names = threads()
-    if len(names) != 1:
-        return (f"the zygote runs {len(names)} threads ({', '.join(names)}), not 1: a thread pool or the CUDA "
-                "driver started in it, and a child forked now could inherit locks held by threads it does not have")
-    state = cuda_state()
-    if state.startswith("initialised"):
-        return f"CUDA is {state} in the zygote: a forked child could not use the GPU"
-    return None
+# -- what makes a fork safe: forksafe.py (the worker asks the same before it forks its ranks) -----------------
 
 
 def _die_with_parent(sig: int) -> None:
