@@ -132,7 +132,7 @@ def test_wrong_elements_are_counted_against_known_values():
 def test_bad_params_are_refused_in_one_line(cli):
     w = workloads.get("collective")
     for raw, words in [({"min_bytes": "1X"}, "--min-bytes '1X' is not a size"),
-                       ({"max_bytes": "32G"}, "--max-bytes 32G is out of range"),
+                       ({"max_bytes": "32G"}, "--max-bytes '32G' is out of range: from 1 byte to 16G"),
                        ({"min_bytes": "1M", "max_bytes": "4K"}, "--max-bytes 4096 is below --min-bytes 1048576"),
                        ({"min_bytes": "2", "precision": "fp32"}, "less than one float32 element"),
                        ({"op": "all-to-all"}, "all-to-all"), ({"factor": 1}, "factor")]:

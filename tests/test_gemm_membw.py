@@ -135,6 +135,11 @@ def test_sizes_parse():
     for bad in ("0", "-1MiB", "4 parsecs", "2TiB"):
         with pytest.raises(UsageError, match="--size"):
             parse_size(bad)
+    # one reading of a size for every workload: collective's 'M' is nccl-tests' 2^20, its 'MB' membw's 10^6
+    from gpuvs.workloads import collective
+
+    for text, want in (("64M", 64 << 20), ("64MB", 64 * 10**6), ("64MiB", 64 << 20), ("8K", 8192), ("1.5K", 1536)):
+        assert parse_size(text) == collective.parse_size("min_bytes", text) == want, text
 
 
 def test_membw_counts_bytes_read_and_written_on_the_cpu(cli, tmp_path):

@@ -12,13 +12,13 @@ Every size's result is checked once with known values (rank r fills r + 1): a wr
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from gpuvs import events
 from gpuvs.errors import UsageError, WorkloadError
+from gpuvs.workloads._sizes import parse_bytes
 from gpuvs.params import Param
 from gpuvs.workloads import register
 from gpuvs.workloads.base import MetricDecl, RunContext, Workload, duration, rate
@@ -27,7 +27,6 @@ OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "send-recv")
 PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MAX_BYTES = 16 << 30
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)i?b?\s*$", re.IGNORECASE)
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -37,15 +36,8 @@ def bus_factor(op: str, n: int) -> float:
 
 
 def parse_size(name: str, value: Any) -> int:
-    """Bytes from a whole number or one with K, M or G (1024-based, as nccl-tests' -b and -e)."""
-    m = _SIZE.match(str(value))
-    if not m:
-        raise UsageError(f"--{name.replace('_', '-')} {str(value).strip()!r} is not a size: a whole number of bytes, "
-                         "or with K, M or G (1024-based), e.g. 8, 64K, 128M")
-    size = int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
-    if not 1 <= size <= MAX_BYTES:
-        raise UsageError(f"--{name.replace('_', '-')} {str(value).strip()} is out of range: from 1 byte to 16G")
-    return size
+    """Bytes from a number or one with K, M or G (1024-based, as nccl-tests' -b and -e; workloads/_sizes.py)."""
+    return parse_bytes(f"--{name.replace('_', '-')}", value, MAX_BYTES, "16G")
 
 
 def sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
@@ -134,8 +126,10 @@ class Collective(Workload):
     params = (
         Param("op", str, "all-reduce", "the collective: all-reduce (sum), all-gather, reduce-scatter (sum), "
               "broadcast (from rank 0), send-recv (each rank to the next, in a ring)", choices=OPS),
-        Param("min_bytes", str, "8", "smallest size (nccl-tests -b): bytes, or with K, M or G"),
-        Param("max_bytes", str, "128M", "largest size (nccl-tests -e): bytes, or with K, M or G"),
+        Param("min_bytes", str, "8", "smallest size (nccl-tests -b): bytes, or with K, M, G (1024-based) or "
+              "KB, MB, GB"),
+        Param("max_bytes", str, "128M", "largest size (nccl-tests -e): bytes, or with K, M, G (1024-based) or "
+              "KB, MB, GB"),
         Param("factor", int, 2, "each size is the one before times this (nccl-tests -f)", min=2, max=1024),
         Param("precision", str, "fp32", "element type: fp32 (float32), fp16 (float16) or bf16 (bfloat16)",
               choices=tuple(PRECISIONS), aliases=("dtype",)),

@@ -5,33 +5,23 @@ the PCIe link NVML reports (h2d, d2h). On the CPU, d2d is a host memory copy (me
 
 from __future__ import annotations
 
-import re
 from typing import Any, Iterator
 
 from gpuvs import events
 from gpuvs.probes import peaks
 from gpuvs.errors import UsageError, WorkloadError
+from gpuvs.workloads._sizes import parse_bytes
 from gpuvs.params import Param
 from gpuvs.workloads import register
 from gpuvs.workloads._devtime import inner_count, is_cuda, sync, timed_blocks, window_blocks
 from gpuvs.workloads.base import RunContext, Workload, level, rate
 
 KINDS = ("d2d", "h2d", "d2h")
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
-    """'64MiB' -> 67108864; '1GB' -> 10^9; a plain number is bytes."""
-    m = _SIZE.match(text)
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _UNITS:
-        raise UsageError(f"--size {text.strip()!r} is not a size; use e.g. 4MiB, 256MiB, 1GiB or 1GB")
-    value = int(float(m.group(1)) * _UNITS[unit])
-    if not 1 <= value <= 1 << 40:
-        raise UsageError(f"--size {text.strip()!r} must be from 1 byte to 1 TiB")
-    return value
+    """'64MiB' -> 67108864; '1GB' -> 10^9; a plain number is bytes (workloads/_sizes.py)."""
+    return parse_bytes("--size", text, 1 << 40, "1 TiB")
 
 
 def parse_sizes(values: list[str] | None) -> list[int]:
