@@ -205,11 +205,16 @@ def test_a_gang_that_cannot_be_placed_fails_within_its_schedule_timeout(kube, tm
     assert left(kube) == []
 
 
+def long_collective(kube, tmp_path):
+    """A 2-node collective of 5,000 repeats a size: long enough to stop or break in its middle."""
+    return gpuvs_cli(tmp_path, "run", "collective", "--device", "cpu", *TINY, "--repeats", "5000", "--trials", "1",
+                     "--num-nodes", "2", "--quiet", *pod_args(kube), *torch_mounts())
+
+
 @pytest.mark.cluster
 def test_sigterm_mid_collective_leaves_no_pod(kube, tmp_path):
     api = kube.core()
-    proc = gpuvs_cli(tmp_path, "run", "collective", "--device", "cpu", *TINY, "--repeats", "5000", "--trials", "1",
-                     "--num-nodes", "2", "--quiet", *pod_args(kube), *torch_mounts())
+    proc = long_collective(kube, tmp_path)
     try:
         deadline = time.monotonic() + 150
         timing = False
@@ -238,8 +243,7 @@ def test_sigterm_mid_collective_leaves_no_pod(kube, tmp_path):
 @pytest.mark.cluster
 def test_a_pod_other_than_the_first_failing_fails_the_trial_with_its_line(kube, tmp_path):
     api = kube.core()
-    proc = gpuvs_cli(tmp_path, "run", "collective", "--device", "cpu", *TINY, "--repeats", "5000", "--trials", "1",
-                     "--num-nodes", "2", "--quiet", *pod_args(kube), *torch_mounts())
+    proc = long_collective(kube, tmp_path)
     try:
         deadline = time.monotonic() + 150
         second = None
