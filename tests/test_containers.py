@@ -54,8 +54,17 @@ def processes(match):
     return out
 
 
+def in_a_pod(pid: int) -> bool:
+    """A process of a Kubernetes pod (the test cluster's, which runs its pods' workers on this machine too)."""
+    try:
+        return "/kubepods" in open(f"/proc/{pid}/cgroup").read()
+    except OSError:
+        return False
+
+
 def inside_processes():
-    return processes(lambda cmd: b"gpuvs.trial.inside" in cmd)
+    """This machine's containerised workers, not a pod's: another suite's cluster tests may run beside these."""
+    return [p for p in processes(lambda cmd: b"gpuvs.trial.inside" in cmd) if not in_a_pod(p)]
 
 
 def container_spec(workload="selftest", device="cpu", **params):
