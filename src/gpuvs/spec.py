@@ -80,8 +80,9 @@ def device_kind(device: str) -> str:
 
 
 def nodes_asked(spec: RunSpec) -> int:
-    """How many nodes one trial spans: the pod environment's --num-nodes (one pod per node), else 1."""
-    return int(spec.env.options.get("num_nodes") or 1) if spec.env.kind == "pod" else 1
+    """How many nodes one trial spans: --num-nodes (one pod per node; only an environment kind that spans nodes
+    takes it, and a spec's options are its kind's own), else 1."""
+    return int(spec.env.options.get("num_nodes") or 1)
 
 
 def ranks_asked(spec: RunSpec) -> int:
