@@ -49,9 +49,10 @@ def pair_rows(res: PairFleetResult) -> list[tuple[str, str, str, str]]:
 def text(res: PairFleetResult, width: int = 80) -> str:
     lines = [res.outcome.summary(), ""]
     lines.append(f"pair fleet of {len(res.nodes)} nodes: {res.workload}, {res.trials} trials per pair, "
-                 f"{len(res.first)} pairs first, {len(res.second_pairs)} second"
-                 + (f" (suspects: {', '.join(res.suspects)})" if res.suspects else "")
-                 + f"; {res.pod_starts} pod starts, {res.seconds:.0f} s")
+                 f"{len(res.first)} pairs first, {len(res.second_pairs)} second; {res.pod_starts} pod starts, "
+                 f"{res.seconds:.0f} s")
+    if res.suspects:
+        lines.append(f"suspects after the first pass: {', '.join(res.suspects)}")
     for title, rows in (("nodes (speed of its links against the fleet's)", node_rows(res)),
                         ("pairs (speed against the fleet's)", pair_rows(res))):
         lines += ["", title]
