@@ -132,3 +132,40 @@ def test_the_slowed_node_is_named_and_no_other(kube, tmp_path):  # noqa: F811
     assert res["summary"].startswith(f"{slow}'s links are "), res["summary"]
     assert left(kube) == []
     print(f"\nslowed {slow} to 30% of one CPU: {res['summary']}; {res['pod_starts']} pod starts, {took:.0f} s wall")
+
+
+@pytest.mark.cluster
+def test_ctrl_c_between_pairs_stops_the_run_keeps_its_trials_and_leaves_no_pod(kube, tmp_path):  # noqa: F811
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import gpuvs_env
+
+    nodes = three(kube)
+    store = tmp_path / "gpuvs.db"
+    p = subprocess.Popen([sys.executable, "-m", "gpuvs", "fleet", "collective", "--pairs", "--device", "cpu", *SMALL,
+                          "--trials", "2", "--nodes", ",".join(nodes), "--store", str(store), *pod_args(kube),
+                          *torch_mounts()], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=gpuvs_env(), cwd=tmp_path)
+    try:
+        deadline, done = time.monotonic() + 150, 0
+        while time.monotonic() < deadline and not done:  # the first pair trial ended: the run is between trials
+            if store.exists():
+                with sqlite3.connect(store) as db:
+                    done = db.execute("SELECT count(*) FROM trials WHERE status != 'running'").fetchone()[0]
+            time.sleep(0.3)
+        assert done, "no pair trial ended"
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode != 0 and "Traceback" not in err, err[-2000:]
+    with sqlite3.connect(store) as db:
+        kept = db.execute("SELECT status FROM trials").fetchall()
+    assert ("ok",) in kept, kept  # the trial measured before the stop is kept
+    deadline = time.monotonic() + 30
+    while left(kube) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert left(kube) == []
