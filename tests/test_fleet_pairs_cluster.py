@@ -121,17 +121,29 @@ def test_a_healthy_pair_fleet_names_no_node_and_leaves_nothing(kube, tmp_path): 
 def test_the_slowed_node_is_named_and_no_other(kube, tmp_path):  # noqa: F811
     nodes = three(kube)
     slow = nodes[1]
-    kube.script("slow", slow, "30")
+    core = kube.core()
+    kube.script("slow", slow, "15")
     try:  # 50 operations a repeat span several of the quota's 100 ms periods: the throttling is averaged
-        r, res, took = pair_fleet(kube, tmp_path, nodes, trials=3, sizes=(*SMALL[:6], "--iters", "50", "--repeats", "3"))
+        r, res, took = pair_fleet(kube, tmp_path, nodes, "--label", trials=3,
+                                  sizes=(*SMALL[:6], "--iters", "50", "--repeats", "3"))
+        got = {n: {k: v for k, v in (core.read_node(n).metadata.labels or {}).items() if k.startswith("gpuvs.io/links")}
+               for n in nodes}
+        details = json.loads(core.read_node(slow).metadata.annotations["gpuvs.io/links-details"])
     finally:
         kube.script("slow", slow, "0")
+        for n in nodes:
+            core.patch_node(n, {"metadata": {"labels": {"gpuvs.io/links": None, "gpuvs.io/links-ratio": None},
+                                             "annotations": {"gpuvs.io/links-details": None}}})
     verdict = {v["node"]: v for v in res["node_verdicts"]}
     assert verdict[slow]["verdict"] == "slower", res["node_verdicts"]
     assert not [n for n in nodes if n != slow and verdict[n]["verdict"].startswith("slower")], res["node_verdicts"]
     assert res["summary"].startswith(f"{slow}'s links are "), res["summary"]
+    speed = next(v["speed"] for v in res["node_verdicts"] if v["node"] == slow)
+    assert got[slow] == {"gpuvs.io/links": "slower", "gpuvs.io/links-ratio": f"{speed:.3f}"}, got
+    assert all(got[n]["gpuvs.io/links"] != "slower" for n in nodes if n != slow), got
+    assert details["experiment"] == res["id"] and details["verdict"] == "slower"
     assert left(kube) == []
-    print(f"\nslowed {slow} to 30% of one CPU: {res['summary']}; {res['pod_starts']} pod starts, {took:.0f} s wall")
+    print(f"\nslowed {slow} to 15% of one CPU: {res['summary']}; {res['pod_starts']} pod starts, {took:.0f} s wall")
 
 
 @pytest.mark.cluster

@@ -5,7 +5,8 @@ node run at once, in rounds (pairs.rounds), at most --parallel pairs at a time, 
 The first pass is judged, each suspect is paired with good nodes (the second pass), and everything is judged
 again. Every trial is stored as it arrives (the runner's LiveTrial, through fleet/run.py's Executor); the
 result is kept in the experiment's meta (`pair_fleet`) so `gpuvs report ID` renders it; every pod of the run is
-swept at the end, however it ended. No labels, metrics or agent schedule for pairs (docs/fleet.md)."""
+swept at the end, however it ended. --label writes gpuvs.io/links on the judged nodes (fleet/labels.py); no
+metric and no agent schedule for pairs yet (docs/fleet.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 
 from gpuvs import workloads
 from gpuvs.errors import UsageError
-from gpuvs.fleet import kube, nodes as fleet_nodes, pair_verdicts, pairs
+from gpuvs.fleet import kube, labels, nodes as fleet_nodes, pair_verdicts, pairs
 from gpuvs.fleet.pair_verdicts import Pair, PairControl, PairNodeVerdict, PairOutcome, PairVerdict
 from gpuvs.fleet.run import Executor, FleetHooks, FleetOptions, FleetStart, headline_higher
 from gpuvs.kube import package
@@ -58,6 +59,7 @@ class PairFleetResult:
     pod_starts: int = 0  # pods created (2 per pair trial started)
     command: str = ""
     excluded: list[dict[str, str]] = field(default_factory=list)
+    labels: list[dict[str, Any]] = field(default_factory=list)  # with --label: node, labels, status
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "outcome"}
@@ -96,11 +98,13 @@ def check(base: RunSpec, o: FleetOptions) -> None:
     env = base.env.options
     if env.get("num_nodes") not in (None, 1) or env.get("gang_nodes") or env.get("node"):
         raise UsageError("--pairs places each pair's two pods itself: leave --num-nodes, --gang-nodes and --node out")
-    for flag, on in (("--per-gpu", o.per_gpu), ("--reference", o.reference), ("--label", o.label),
-                     ("--max-trials", o.max_trials is not None)):
+    for flag, on in (("--per-gpu", o.per_gpu), ("--reference", o.reference), ("--condition", o.condition),
+                     ("--taint", o.taint), ("--max-trials", o.max_trials is not None)):
         if on:
             raise UsageError(f"{flag} is not supported with --pairs (each pair runs --trials trials; a node is "
-                             "judged against the fleet from its pairs; pairs write no labels yet)")
+                             "judged against the fleet from its pairs; --label writes gpuvs.io/links)")
+    if o.dry_run and not o.label:
+        raise UsageError("--dry-run applies with --label (it shows the labels instead of writing them)")
     if o.trials < 2:
         raise UsageError(f"--trials {o.trials}: a pair needs at least 2 trials for its spread")
 
@@ -176,5 +180,10 @@ def run_pair_fleet(base: RunSpec, store: str | Path, o: FleetOptions, plan: pair
             second_pairs=second, failed=dict(ex.failed_nodes), values={arm_name(p): v for p, v in values.items()},
             outcome=final, seconds=time.monotonic() - t0, pod_starts=2 * len(ex.results), command=o.command,
             excluded=[{"node": e.node, "reason": e.reason} for e in excluded])
+        if o.label:
+            changes = labels.plan_links(final.nodes, experiment_id=exp.id, workload=base.workload)
+            status = (dict((c.node, "dry run: not written") for c in changes) if o.dry_run
+                      else {n: err or "written" for n, err in labels.apply(cluster.core, changes)})
+            result.labels = [{"node": c.node, "labels": c.labels, "status": status[c.node]} for c in changes]
         st.update_meta(exp.id, pair_fleet=result.to_dict())
     return result

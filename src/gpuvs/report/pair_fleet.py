@@ -62,6 +62,8 @@ def text(res: PairFleetResult, width: int = 80) -> str:
     c = res.outcome.control
     lines += ["", f"{c.confidence:.0%} confidence for the whole run: {c.method}, {c.looks} looks; "
                   f"margin ±{res.margin:.0%}"]
+    for lab in res.labels:
+        lines.append(f"label {lab['node']}: {lab['labels']} ({lab['status']})")
     for e in res.excluded:
         lines.append(f"node {e['node']}: left out, {e['reason']}")
     return "\n".join(safe_text(x) for x in lines) + "\n"

@@ -7,6 +7,9 @@ gpuvs fleet history [NODE] [options]: each node against its own past, from the s
                 [--label [--condition] [--taint [--taint-effect E] [--taint-max-share 0.1]] [--dry-run]]
                 [--format term|md|html|json|csv -o FILE] [pod options]
 
+    gpuvs fleet collective --pairs --device cpu --image IMAGE [--partners 4] [--second-pass 2] [--trials 4]
+                [--parallel N] [--nodes a,b,c] [--label [--dry-run]] [--format term|md|html|json -o FILE] [pod options]
+
     gpuvs fleet history [NODE] [--workload W] [--format term|md|html|json -o FILE] [--label [--condition] [--dry-run]]
 
 Exit status: 0 when the fleet ran (whatever the verdicts), 1 when a node ran no trial, 2 on bad input."""
