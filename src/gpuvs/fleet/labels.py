@@ -15,6 +15,12 @@ gpuvs.io/drift        the same words, against the node's own past (no reference)
 gpuvs.io/drift-ratio  the latest run against the node's past (its speed against its peers), e.g. 0.937
 annotation gpuvs.io/drift-details  JSON: workload, run, verdict, ratio, interval, checks, change point, time
 
+gpuvs fleet collective --pairs --label writes each node's verdict from its pairs (fleet/pair_run.py):
+
+gpuvs.io/links        the same words: the node's links (its pairs, less its partners' effects) against the fleet's
+gpuvs.io/links-ratio  e.g. 0.616
+annotation gpuvs.io/links-details  JSON: experiment, workload, verdict, ratio, interval, partners, time
+
 A scheduler's affinity or a person can act on them (e.g. gpuvs.io/perf NotIn [slower]). gpuvs never cordons a
 node; the condition, Events and the gpuvs.io/slow taint are opt-in (fleet/signals.py)."""
 
@@ -62,6 +68,26 @@ def plan(rows: list[NodeRow], *, experiment_id: str, workload: str) -> list[Labe
                    "interval": [r.speed_low, r.speed_high], "reference": r.reference, "trials": r.n_ok,
                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         out.append(LabelChange(r.node, labels, {DETAILS: json.dumps(details, sort_keys=True)}))
+    return out
+
+
+LINKS = "gpuvs.io/links"
+LINKS_RATIO = "gpuvs.io/links-ratio"
+LINKS_DETAILS = "gpuvs.io/links-details"
+
+
+def plan_links(nodes: list[Any], *, experiment_id: str, workload: str) -> list[LabelChange]:
+    """A pair fleet's labels: each judged node's verdict (pair_verdicts.PairNodeVerdict) and speed; a node
+    with no verdict (fewer than 2 measured pairs) is left as it is."""
+    out = []
+    for v in nodes:
+        if v.speed is None:
+            continue
+        details = {"experiment": experiment_id, "workload": workload, "verdict": v.verdict, "speed": v.speed,
+                   "interval": [v.ci_low, v.ci_high], "partners": v.partners,
+                   "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        out.append(LabelChange(v.node, {LINKS: word(v.verdict), LINKS_RATIO: f"{v.speed:.3f}"},
+                               {LINKS_DETAILS: json.dumps(details, sort_keys=True)}))
     return out
 
 

@@ -18,7 +18,7 @@ link's members meet good nodes and come out clean.
 
 The measuring is a callable (pair -> the figure of each of its trials, higher is better: all-reduce bus
 bandwidth between the two nodes, say); the trial across nodes (environments/pod/) plugs in there.
-`gpuvs fleet --pairs` is not wired to the CLI yet."""
+`gpuvs fleet collective --pairs` runs it on a cluster through pair_run.py (its own rounds, the same plan and verdicts)."""
 
 from __future__ import annotations
 

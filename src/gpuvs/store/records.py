@@ -410,6 +410,7 @@ class ExperimentMeta:
     base: RunSpec | None = None
     # what each kind keeps of its own (as the kind wrote it: options and results of that command)
     fleet: dict[str, Any] | None = None  # gpuvs fleet: its FleetResult (fleet.result.FleetResult.from_dict)
+    pair_fleet: dict[str, Any] | None = None  # gpuvs fleet --pairs: its PairFleetResult (fleet.pair_run)
     share: dict[str, Any] | None = None  # gpuvs share: its options
     pairs: list[Any] | None = None  # advise-mps: the pairs of jobs
     options: dict[str, Any] | None = None  # advise-mps: its options

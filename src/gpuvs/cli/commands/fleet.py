@@ -7,6 +7,9 @@ gpuvs fleet history [NODE] [options]: each node against its own past, from the s
                 [--label [--condition] [--taint [--taint-effect E] [--taint-max-share 0.1]] [--dry-run]]
                 [--format term|md|html|json|csv -o FILE] [pod options]
 
+    gpuvs fleet collective --pairs --device cpu --image IMAGE [--partners 4] [--second-pass 2] [--trials 4]
+                [--parallel N] [--nodes a,b,c] [--label [--dry-run]] [--format term|md|html|json -o FILE] [pod options]
+
     gpuvs fleet history [NODE] [--workload W] [--format term|md|html|json -o FILE] [--label [--condition] [--dry-run]]
 
 Exit status: 0 when the fleet ran (whatever the verdicts), 1 when a node ran no trial, 2 on bad input."""
@@ -34,7 +37,15 @@ from gpuvs.report import terminal
 from gpuvs.trial.runner import TrialResult
 from gpuvs.safetext import safe_text
 
-FLEET_OPTIONS = fleet_run.PARAMS + (
+PAIR_OPTIONS = (
+    Param("pairs", bool, False, "which node or link is slow: pairs of nodes, each a trial across the two (--num-nodes 2 "
+          "pinned to them), of the collective workload; a verdict per node and per pair (docs/fleet.md)"),
+    Param("partners", int, 4, "with --pairs: partners of each node in the first pass (every pair where the fleet is "
+          "smaller)", min=3, max=100),
+    Param("second_pass", int, 2, "with --pairs: good nodes each suspect is paired with in the second pass", min=0,
+          max=100),
+)
+FLEET_OPTIONS = fleet_run.PARAMS + PAIR_OPTIONS + (
     Param("format", str, "term", "report format", choices=report.FORMATS),
     Param("output", str, None, "write the report here (else standard output)"),
 )
@@ -58,6 +69,11 @@ def fleet(args: Args) -> None:
         condition=o["condition"], taint=o["taint"], taint_effect=o["taint_effect"],
         taint_max_share=o["taint_max_share"], per_gpu=o["per_gpu"],
         order_seed=run["order_seed"], timeout_s=run["timeout"], command="gpuvs fleet " + shlex.join(args.argv))
+    if o["pairs"]:
+        return _pairs(args, o, prep, opts, console)
+    for flag in ("partners", "second_pass"):
+        if flag in args.given:
+            raise UsageError(f"--{flag.replace('_', '-')} applies with --pairs")
     fleet_run.check(prep.base, opts)
     if o["output"] and not Path(o["output"]).resolve().parent.is_dir():
         raise UsageError(f"--output {o['output']}: folder {Path(o['output']).parent} does not exist")
@@ -89,6 +105,43 @@ def fleet(args: Args) -> None:
     failed = [r for r in result.rows if r.verdict == "failed"]
     if failed:
         raise RunFailed(f"{len(failed)} node(s) ran no trial: " + "; ".join(f"{r.node}: {r.reason}" for r in failed))
+
+
+def _pairs(args: Args, o, prep, opts: fleet_run.FleetOptions, console: Console) -> None:
+    """gpuvs fleet collective --pairs: the pair fleet (fleet/pair_run.py), its report (report/pair_fleet.py)."""
+    from gpuvs.fleet import pair_run, pairs
+    from gpuvs.report import pair_fleet
+
+    if o["format"] not in pair_fleet.FORMATS:
+        raise UsageError(f"--format {o['format']}: a pair fleet is reported as {', '.join(pair_fleet.FORMATS)}")
+    if o["output"] and not Path(o["output"]).resolve().parent.is_dir():
+        raise UsageError(f"--output {o['output']}: folder {Path(o['output']).parent} does not exist")
+
+    def on_start(s: fleet_run.FleetStart) -> None:
+        for e in s.excluded:
+            console.print(safe_text(f"node {e.node}: left out, {e.reason}"), style="yellow")
+        console.print(f"pair fleet of {len(s.nodes)} node(s): {s.workload}, {opts.trials} trial(s) per pair, "
+                      f"{s.parallel} pair(s) at once", style="dim")
+
+    def on_end(r: TrialResult) -> None:
+        console.print(terminal.trial_line(r), style=None if r.ok else "red", highlight=False)
+
+    plan = pairs.PairPlan(partners=o["partners"], second=o["second_pass"])
+    result = pair_run.run_pair_fleet(prep.base, prep.run["store"], opts, plan,
+                                     fleet_run.FleetHooks(on_start, on_end))
+    text = pair_fleet.render(o["format"], result)
+    if o["output"]:
+        Path(o["output"]).write_text(text, encoding="utf-8")
+        console.print(pair_fleet.text(result), end="")
+        console.print(f"wrote {o['output']}", style="dim")
+    elif o["format"] == "term":
+        console.print(text, end="")
+    else:
+        sys.stdout.write(text)
+    console.print(f"experiment {result.id} in {prep.run['store']} (gpuvs report {result.id})", style="dim")
+    if result.failed:
+        raise RunFailed(f"{len(result.failed)} pair(s) ran no trial: "
+                        + "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items())))
 
 
 def _fleet_run_options() -> tuple:

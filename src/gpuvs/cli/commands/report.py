@@ -62,6 +62,14 @@ def report(args: Args) -> None:
         page = {} if output or fmt != "term" else {"width": Console().width}  # on the terminal: its width
         if exp.kind == validation.KIND:
             return _write(validation.render(fmt, exp, **page), output, exp_id)
+        if exp.meta.pair_fleet:  # a gpuvs fleet --pairs run: its node and pair verdicts
+            from gpuvs.fleet.pair_run import PairFleetResult
+            from gpuvs.report import pair_fleet
+
+            if fmt_name.lower() == "csv":
+                raise UsageError("--format csv: a pair fleet run is reported as term, md, html or json")
+            return _write(pair_fleet.render(fmt_name.lower(), PairFleetResult.from_dict(exp.meta.pair_fleet),
+                                            **({"width": page["width"]} if page else {})), output, exp_id)
         if exp.meta.fleet:  # a gpuvs fleet run: its own report (one row per node)
             from gpuvs.fleet.result import FleetResult
             from gpuvs.report import fleet as fleet_report

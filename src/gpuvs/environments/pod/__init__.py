@@ -89,6 +89,9 @@ PARAMS = (
     Param("num_nodes", int, 1, "run one trial as N pods, one per node (a workload of one process per device: "
           "collective, cnn-train), each with --num-gpus ranks, torch.distributed across them (NCCL on GPUs, gloo on "
           "the CPU); the first pod's figures are the trial's", min=1, max=1024),
+    Param("gang_nodes", str, None, "with --num-nodes: place the pods only on these nodes (comma-separated; a "
+          "required node affinity, kubernetes.io/hostname In the names; gpuvs fleet --pairs pins each pair so)",
+          multiple=True),
     Param("node_lost_timeout", float, 60.0, "seconds the pod's node may be not Ready (or the API server silent) "
           "before the trial fails",
           min=0.1),
@@ -125,6 +128,7 @@ class PodSettings:
     start_timeout: float = 300.0
     node_lost_timeout: float = 60.0
     num_nodes: int = 1
+    gang_nodes: list[str] = field(default_factory=list)  # with num_nodes: only these nodes (node affinity In)
     kubeconfig: str | None = None
     context: str | None = None
     namespace: str | None = None
@@ -211,6 +215,13 @@ def parse_options(options: dict[str, Any]) -> PodSettings:
     if s.num_nodes > 1 and (s.node or s.bypass_scheduler):
         raise UsageError(f"--num-nodes {s.num_nodes} places one pod on each of {s.num_nodes} nodes: it cannot be "
                          "given with --node or --bypass-scheduler (one node); use --node-selector to choose among nodes")
+    s.gang_nodes = [n.strip() for item in options.get("gang_nodes") or [] for n in str(item).split(",") if n.strip()]
+    for name in s.gang_nodes:
+        if not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name):
+            raise UsageError(f"--gang-nodes: {name!r} is not a Kubernetes node name (lower-case letters, digits, - and .)")
+    if s.gang_nodes and len(s.gang_nodes) < s.num_nodes:
+        raise UsageError(f"--gang-nodes names {len(s.gang_nodes)} node(s): --num-nodes {s.num_nodes} needs at least "
+                         f"{s.num_nodes} (one pod per node)")
     if s.bypass_scheduler and not s.node:
         raise UsageError("--bypass-scheduler needs --node NAME (the node the pod is bound to)")
     s.node_selector = _kv("node_selector", options.get("node_selector"), _LABEL_KEY, _LABEL_VALUE)
@@ -345,6 +356,9 @@ def manifest(spec: RunSpec, s: PodSettings, package: bool = True) -> dict[str, A
         selector["kubernetes.io/hostname"] = s.node
     if selector:
         pod_spec["nodeSelector"] = selector
+    if s.gang_nodes:
+        pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": list(s.gang_nodes)}]}]}}}
     if s.tolerations:
         pod_spec["tolerations"] = list(s.tolerations)
     if s.runtime_class:
@@ -370,7 +384,7 @@ class PodEnvironment(Environment):
     runs_bare = True
     fingerprint_fields = (("in_pod", "in a pod"), ("node_name", "node"), ("container_image", "image"))
     explains = {"env": ("*",), "image": SOFTWARE_FIELDS, "node": ("*",), "node_selector": ("*",),
-                "gpu_resource": ("gpu_count", "gpu_name")}
+                "gang_nodes": ("*",), "gpu_resource": ("gpu_count", "gpu_name")}
     fork_refusal = ("cannot hold a zygote: its trials' output would have to pass through the API server's exec "
                     "streams, with no way to hand a child its own pipes or to see its exit status first-hand")
 

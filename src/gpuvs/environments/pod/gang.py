@@ -45,7 +45,7 @@ def store_port(run_id: str) -> int:
 
 def bodies(body: dict[str, Any], nodes: int, run_id_label: str) -> list[dict[str, Any]]:
     """The N pods of one trial from the one pod's manifest: names -n0..-n{N-1}, each's node rank, the store's port,
-    and the anti-affinity that puts each on a node of its own (plain data: tested without a cluster)."""
+    and the anti-affinity that puts each on a node of its own (beside a node affinity --gang-nodes set; plain data: tested without a cluster)."""
     run_id = body["metadata"]["labels"][run_id_label]
     out = []
     for i in range(nodes):
@@ -57,8 +57,8 @@ def bodies(body: dict[str, Any], nodes: int, run_id_label: str) -> list[dict[str
         if i == 0:
             extra["GPUVS_MASTER_ADDR"] = "127.0.0.1"  # rank 0 holds the store; the others get this pod's IP
         env[-1:-1] = [{"name": k, "value": v} for k, v in extra.items()]  # GPUVS_SPEC stays last
-        b["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": {run_id_label: run_id}}, "topologyKey": "kubernetes.io/hostname"}]}}
+        b["spec"].setdefault("affinity", {})["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {run_id_label: run_id}}, "topologyKey": "kubernetes.io/hostname"}]}
         out.append(b)
     return out
 
