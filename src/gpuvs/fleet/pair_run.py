@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuvs import workloads
+from gpuvs import environments, workloads
 from gpuvs.errors import UsageError
 from gpuvs.fleet import kube, labels, nodes as fleet_nodes, pair_verdicts, pairs
 from gpuvs.fleet.pair_verdicts import Pair, PairControl, PairNodeVerdict, PairOutcome, PairVerdict
@@ -89,9 +89,10 @@ class PairFleetResult:
 
 def check(base: RunSpec, o: FleetOptions) -> None:
     """What --pairs does not apply to, one line each."""
-    if base.env.kind != "pod":
-        raise UsageError(f"--pairs runs each pair as one trial across two nodes' pods: --env {base.env.kind} is not "
-                         "allowed (leave --env out, or give --env pod)")
+    spanning = environments.takers("num_nodes")  # the kinds that run one trial across nodes
+    if base.env.kind not in spanning:
+        raise UsageError(f"--pairs runs each pair as one trial across two nodes: --env {base.env.kind} is not "
+                         f"allowed (leave --env out, or give --env {' or '.join(spanning)})")
     if base.workload not in WORKLOADS:
         raise UsageError(f"--pairs measures the link between two nodes: workload {base.workload} is not allowed "
                          f"(use {' or '.join(WORKLOADS)})")

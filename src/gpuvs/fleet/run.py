@@ -207,7 +207,7 @@ PARAMS = (  # the fleet's options: `gpuvs fleet`'s, but for its report's format 
     Param("margin", float, 0.05, "equivalence margin of a node against the fleet (0.05: ±5%)", min=0.0, max=0.5),
     Param("confidence", float, 0.95, "1 - the false-call rate for the whole fleet", min=0.5, max=0.999),
     Param("label", bool, False, "write gpuvs.io/perf (the verdict: slower, equivalent, ...; docs/vocabulary.md) and "
-          "gpuvs.io/perf-ratio on the nodes"),
+          "gpuvs.io/perf-ratio on the nodes (with --pairs: gpuvs.io/links and gpuvs.io/links-ratio)"),
     Param("condition", bool, False, "with --label: keep the NodeCondition GpuvsPerformance current and post Events on "
           "the nodes whose verdict changed (needs nodes/status: gpuvs deploy --condition)"),
     Param("taint", bool, False, "with --label: taint the nodes found slower gpuvs.io/slow=true:EFFECT, untaint them "
