@@ -225,9 +225,22 @@ def gpuvs_objects(cluster) -> list[str]:
 
 @pytest.fixture(scope="module")
 def namespace(cluster):
-    api = core(cluster)
-    api.create_namespace({"metadata": {"name": NS}})
+    """This session's namespace, made for each module that uses it and deleted after it. A module right after
+    another finds the last one's still terminating (409 "object is being deleted"): it waits for it to go."""
     import time
+
+    from kubernetes.client.exceptions import ApiException
+
+    api = core(cluster)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            api.create_namespace({"metadata": {"name": NS}})
+            break
+        except ApiException as exc:
+            if exc.status != 409 or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
 
     for _ in range(150):  # pods need the namespace's default service account, which the controller-manager makes
         if api.list_namespaced_service_account(NS).items:
