@@ -27,6 +27,7 @@ from test_pod import NS, kube, namespace, pod_args  # noqa: F401  (this session'
 from gpuvs.environments import pod
 from gpuvs.environments.pod import gang
 from gpuvs.errors import UsageError
+from gpuvs import environments
 from gpuvs.spec import EnvSpec, RunSpec, ranks_asked
 from gpuvs.trial import multiproc
 
@@ -56,7 +57,11 @@ def test_each_pod_has_its_node_rank_the_store_and_a_node_of_its_own():
     assert {e["name"]: e.get("value") for e in bodies[0]["spec"]["containers"][0]["env"]}["GPUVS_MASTER_ADDR"] == \
         "127.0.0.1"  # the others get the first pod's IP once it has one
     assert ranks_asked(spec) == 6 and ranks_asked(_spec()) == 2
-    assert ranks_asked(RunSpec(workload="collective", num_gpus=2, env=EnvSpec("host", {"num_nodes": 3}))) == 2
+    # spec.nodes_asked reads --num-nodes wherever it is: only a kind that spans nodes takes it, so no other
+    # kind's spec carries it (refused in one line; an experiment file's options are filtered by kind)
+    with pytest.raises(UsageError, match="--num-nodes applies to --env pod, not to the host"):
+        environments.check_options("host", {"num_nodes": 3})
+    assert environments.options_for("host", {"num_nodes": 3}) == {}
 
 
 @pytest.mark.parametrize("options, words", [
