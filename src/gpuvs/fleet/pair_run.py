@@ -19,9 +19,9 @@ from typing import Any
 
 from gpuvs import environments, workloads
 from gpuvs.errors import UsageError
-from gpuvs.fleet import kube, labels, nodes as fleet_nodes, pair_verdicts, pairs
+from gpuvs.fleet import kube, labels, pair_verdicts, pairs
 from gpuvs.fleet.pair_verdicts import Pair, PairControl, PairNodeVerdict, PairOutcome, PairVerdict
-from gpuvs.fleet.run import Executor, FleetHooks, FleetOptions, FleetStart, headline_higher
+from gpuvs.fleet.run import Executor, FleetHooks, FleetOptions, FleetStart, headline_higher, select_nodes
 from gpuvs.kube import package
 from gpuvs.spec import RunSpec
 from gpuvs.store.db import Store
@@ -118,17 +118,7 @@ def run_pair_fleet(base: RunSpec, store: str | Path, o: FleetOptions, plan: pair
         raise UsageError(f"--partners {plan.partners}: at least 3 (with 2, a slow link and a slow node look alike)")
     if plan.second < 0:
         raise UsageError(f"--second-pass {plan.second}: 0 or more good partners per suspect")
-    from gpuvs.environments.pod import parse_options
-    from gpuvs.kube import client
-
-    pod = base.env.options
-    settings = parse_options(pod)
-    cluster = client.connect(pod.get("kubeconfig"), pod.get("context"), pod.get("namespace"))
-    found = kube.nodes(cluster)
-    chosen, excluded = fleet_nodes.select(found, names=o.nodes, labels=o.node_labels,
-                                          gpu_resource=settings.gpu_resource, need_gpus=not o.all_nodes,
-                                          image=settings.image, pull_never=settings.pull_policy == "Never",
-                                          tolerations=settings.tolerations)
+    cluster, _, _, chosen, excluded = select_nodes(base, o)
     names = [n.name for n in chosen]
     if len(names) < 3:
         why = "; ".join(f"{e.node}: {e.reason}" for e in excluded) or "no other node matched"

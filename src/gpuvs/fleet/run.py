@@ -313,13 +313,10 @@ def plan_of(o: FleetOptions) -> adaptive.Plan:
     return adaptive.Plan(trials=o.trials, max_trials=max_trials, step=o.trials)
 
 
-def run_fleet(base: RunSpec, store: str | Path, o: FleetOptions, hooks: FleetHooks | None = None) -> FleetResult:
-    """Run `base` (its workload's parameters checked, its device resolved) on the fleet's nodes; the result,
-    labels included, is stored with the experiment (meta `fleet`) and returned. A node that ran no trial is a
-    row with verdict `failed`, not an exception; bad options and a fleet of fewer than 2 usable nodes are
-    UsageErrors, raised before anything starts."""
-    hooks = hooks or FleetHooks()
-    plan = check(base, o)
+def select_nodes(base: RunSpec, o: FleetOptions):
+    """The cluster of the pod options, the pod settings, every node found, and the nodes chosen by --nodes,
+    --node-label, GPUs, image and taints with those left out and why: what the node fleet and the pair fleet
+    start from."""
     from gpuvs.environments.pod import parse_options
     from gpuvs.kube import client
 
@@ -331,6 +328,17 @@ def run_fleet(base: RunSpec, store: str | Path, o: FleetOptions, hooks: FleetHoo
                                           gpu_resource=settings.gpu_resource, need_gpus=not o.all_nodes,
                                           image=settings.image, pull_never=settings.pull_policy == "Never",
                                           tolerations=settings.tolerations)
+    return cluster, settings, found, chosen, excluded
+
+
+def run_fleet(base: RunSpec, store: str | Path, o: FleetOptions, hooks: FleetHooks | None = None) -> FleetResult:
+    """Run `base` (its workload's parameters checked, its device resolved) on the fleet's nodes; the result,
+    labels included, is stored with the experiment (meta `fleet`) and returned. A node that ran no trial is a
+    row with verdict `failed`, not an exception; bad options and a fleet of fewer than 2 usable nodes are
+    UsageErrors, raised before anything starts."""
+    hooks = hooks or FleetHooks()
+    plan = check(base, o)
+    cluster, settings, found, chosen, excluded = select_nodes(base, o)
     if o.reference and o.reference not in {n.name for n in chosen}:
         raise UsageError(f"--reference {o.reference}: not one of the fleet's nodes that can run the pod "
                          f"({', '.join(n.name for n in chosen) or 'none'})")
