@@ -112,3 +112,24 @@ def test_no_rank_outlives_its_trial_when_a_rank_dies_or_gpuvs_is_stopped(tmp_pat
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143 and "stopped by SIGTERM" in err, err
     wait_for(lambda: gpuvs_processes() == [], 15, "the end of the worker and both ranks")
+
+
+def test_a_pod_of_a_trial_across_nodes_starts_no_cuda_before_its_ranks(monkeypatch):
+    """On four H200s a pod of `--num-nodes N --num-gpus 1` spawned its rank: the worker had started CUDA's context
+    in a thread (start_device, for single-process runs), and the fork check saw the driver's thread. A pod whose
+    ranks span nodes starts no context before its ranks; a plain one-GPU trial still starts it early."""
+    import threading
+
+    from gpuvs import workloads
+    from gpuvs.spec import RunSpec
+    from gpuvs.trial import worker
+
+    started: list[str] = []
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self.name))
+    spec = RunSpec(workload="collective", device="cuda", num_gpus=1)
+    monkeypatch.setenv("GPUVS_NUM_NODES", "2")
+    worker.start_device(spec, workloads.get("collective"))
+    assert started == []
+    monkeypatch.delenv("GPUVS_NUM_NODES")
+    worker.start_device(spec, workloads.get("collective"))
+    assert started == ["gpuvs-cuda-init"]

@@ -124,8 +124,14 @@ def start_device(spec: RunSpec, workload) -> None:
     """Create the CUDA context in a background thread while the worker imports the rest, takes its
     fingerprint and builds the model on the host: none of that is measured, and the context (about
     a second) no longer waits its turn. torch's lazy initialisation is guarded by a lock, so the
-    first CUDA call of the workload simply waits for it. Single-process CUDA runs only."""
+    first CUDA call of the workload simply waits for it. Single-process CUDA runs only: a worker whose ranks are
+    forked from it (several GPUs, or a pod of a trial across nodes, even with one GPU of its own) must reach
+    the fork with CUDA not started."""
+    from gpuvs.trial import multiproc
+
     if "torch" not in workload.requires or not spec.device.startswith("cuda") or spec.num_gpus > 1:
+        return
+    if multiproc.across_nodes()[0] > 1:
         return
     import threading
 
