@@ -16,6 +16,9 @@
 #   command   a user's own training script (benchmarks/user_train_loop.py) as a `command` with a --step-metric,
 #             host vs pod, then gpuvs cnn-train on the same model and settings, host vs pod; the two figures and
 #             their ratio in OUT/command_gpu.md (benchmarks/command_gpu.sh runs this part alone)
+#   pairs     gpuvs fleet collective --pairs over the nodes (issue 35, item 3): every pair of nodes an all-reduce across
+#             its two pods, with a co-tenant outside Kubernetes (COTENANT_BUSY) on SLOW_NODE's GPU; the verdict per
+#             node and per pair (SLOW_NODE=0: no co-tenant)
 #   nodes     one trial across nodes (issue 35, --env pod --num-nodes): the all-reduce sweep over 2 and NODES pods
 #             (one GPU each) beside the same collective in one process group on the host (--num-gpus 2 and NODES),
 #             then gpuvs compare cnn-train of 1 against NODES nodes (scaling efficiency and its interval)
@@ -28,12 +31,15 @@
 #   GPUS_PER_NODE=K  K GPUs a kubelet (node i: the machine's GPUs (i-1)K to iK-1; NODES defaults to the GPUs / K)
 #   PER_GPU=1      the fleet runs measure every GPU (`gpuvs fleet --per-gpu`), not every node
 #   SLOW_GPU=J     the co-tenant's GPU on SLOW_NODE: its J-th (1 to K; default 1)
+#   NODE_COUNTS="2 4" NODES_MAX_BYTES=1G  the nodes part's pod counts and largest all-reduce (over sockets a 1 GiB one
+#                  takes 70 s a trial); PAIR_BYTES=64M PAIR_TRIALS=3  the pairs part's all-reduce size and trials a pair;
+#                  PAIR_SLOW=N  its co-tenant's node (default SLOW_NODE; 0: none)
 #   SHARES="0.05 0.25" POWER_RUNS=2  the power part: for each share, POWER_RUNS fleet runs of the first FLEET
 #                  workload with a co-tenant that busy on SLOW_NODE's SLOW_GPU; how often the slowed GPU (or node)
 #                  is found and a healthy one flagged, in OUT/gpu_cluster.md and OUT/power.md
-#   PARTS=a,b      among validate, fleet, power, check, scaling, command, nodes (default: validate on 1 node, else fleet,scaling)
+#   PARTS=a,b      among validate, fleet, power, check, scaling, command, nodes, pairs (default: validate on 1 node, else fleet,scaling)
 #   TOTAL_S=540    the whole run's deadline, clean-up included: keep it 60 s under the device tool's timeout_s
-#   UP_S=180 VALIDATE_S=300 FLEET_S=150 (each fleet run) SCALING_S=300 COMMAND_S=330 CHECK_S=150 NODES_S=420: each part's own limit, never
+#   UP_S=180 VALIDATE_S=300 FLEET_S=150 (each fleet run) SCALING_S=300 COMMAND_S=330 CHECK_S=150 NODES_S=420 PAIRS_S=420: each part's own limit, never
 #                  past TOTAL_S;  CMD_TRIALS=3 CMD_STEPS=60: the command part's trials per arm and timed steps
 #   FLEET="cnn-train gemm"  TRIALS=4 MAX_TRIALS=4  SLOW_NODE=N (index; default the last)  SC_TRIALS=3 (cpu: 2)
 #   COTENANT_BUSY=1  the co-tenant's share of each 100 ms spent computing (0.05: a light co-tenant, busy 5% of the
@@ -66,7 +72,7 @@ TOTAL_S=${TOTAL_S:-540}; UP_S=${UP_S:-180}; VALIDATE_S=${VALIDATE_S:-300}; FLEET
 SCALING_S=${SCALING_S:-300}; TRIALS=${TRIALS:-4}; MAX_TRIALS=${MAX_TRIALS:-4}
 COTENANT_BUSY=${COTENANT_BUSY:-1}; COTENANT_SIZE=${COTENANT_SIZE:-8192}
 case "$COTENANT_BUSY" in 1|1.0|0.[0-9]*|.[0-9]*) ;; *) bad "COTENANT_BUSY=$COTENANT_BUSY: a share above 0, at most 1";; esac
-COMMAND_S=${COMMAND_S:-330}; CHECK_S=${CHECK_S:-150}; NODES_S=${NODES_S:-420}; CMD_TRIALS=${CMD_TRIALS:-3}; CMD_STEPS=${CMD_STEPS:-60}
+COMMAND_S=${COMMAND_S:-330}; CHECK_S=${CHECK_S:-150}; NODES_S=${NODES_S:-420}; PAIRS_S=${PAIRS_S:-420}; PAIR_TRIALS=${PAIR_TRIALS:-3}; CMD_TRIALS=${CMD_TRIALS:-3}; CMD_STEPS=${CMD_STEPS:-60}
 GPUS_PER_NODE=${GPUS_PER_NODE:-1}; number GPUS_PER_NODE "$GPUS_PER_NODE"
 [ "$GPUS_PER_NODE" -ge 1 ] || bad "GPUS_PER_NODE=0: one GPU a node at least"
 if [ "$DEVICE" = cpu ]; then  # 2 trials per arm of the scaling check: a CPU trial there costs 20-40 s
@@ -75,11 +81,11 @@ else
   NODES=${NODES:-$(( $(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') / GPUS_PER_NODE ))}; PORT_OFFSET=${PORT_OFFSET:-0}
   FLEET=${FLEET:-cnn-train gemm}; SC_TRIALS=${SC_TRIALS:-3}
 fi
-for v in TOTAL_S UP_S VALIDATE_S FLEET_S SCALING_S COMMAND_S CHECK_S NODES_S CMD_TRIALS CMD_STEPS TRIALS MAX_TRIALS SC_TRIALS NODES PORT_OFFSET COTENANT_SIZE; do number "$v" "${!v}"; done
+for v in TOTAL_S UP_S VALIDATE_S FLEET_S SCALING_S COMMAND_S CHECK_S NODES_S PAIRS_S PAIR_TRIALS CMD_TRIALS CMD_STEPS TRIALS MAX_TRIALS SC_TRIALS NODES PORT_OFFSET COTENANT_SIZE; do number "$v" "${!v}"; done
 [ "$NODES" -ge 1 ] || bad "NODES=0: one kubelet at least (DEVICE=cuda: none without a GPU nvidia-smi lists)"
 if [ "$NODES" -ge 2 ]; then PARTS=${PARTS:-fleet,scaling}; else PARTS=${PARTS:-validate}; fi
 for p in ${PARTS//,/ }; do
-  case "$p" in validate|fleet|power|check|scaling|command|nodes) ;; *) bad "PARTS: $p? allowed validate, fleet, power, check, scaling, command, nodes";; esac
+  case "$p" in validate|fleet|power|check|scaling|command|nodes|pairs) ;; *) bad "PARTS: $p? allowed validate, fleet, power, check, scaling, command, nodes, pairs";; esac
 done
 for w in $FLEET; do case "$w" in cnn-train|gemm|spin) ;; *) bad "FLEET: $w? allowed cnn-train, gemm, spin";; esac; done
 SLOW_NODE=${SLOW_NODE:-$NODES}; number SLOW_NODE "$SLOW_NODE"
@@ -217,7 +223,7 @@ md "# GPU cluster kit: $NODES node(s) on $(uname -n), $GPU_NAME (issues 24 and 2
    "kubelet in one multi-call binary), etcd, containerd 1.6 + runc, CNI $CNI; one kubelet per $GPUS_PER_NODE GPU(s), each with its own" \
    "containerd, cgroup root, mount namespace and the project's device plugin ($PLUGIN_MODE); images pulled" \
    "from a registry on 127.0.0.1. The kit's cluster commands: \`$K/kit\` (scripts/test-cluster)."
-case ",$PARTS," in *,validate,*|*,fleet,*|*,power,*|*,check,*|*,command,*|*,nodes,*) ;; *) NO_CLUSTER=1;; esac  # scaling alone runs on the host
+case ",$PARTS," in *,validate,*|*,fleet,*|*,power,*|*,check,*|*,command,*|*,nodes,*|*,pairs,*) ;; *) NO_CLUSTER=1;; esac  # scaling alone runs on the host
 t=$(date +%s)
 if [ -n "${NO_CLUSTER:-}" ]; then
   md "" "(No cluster started: PARTS=$PARTS runs on the host.)"
@@ -493,7 +499,7 @@ part_nodes() {
   local POD=(--env pod --image "$REG/gpuvs-node:gpu" --image-pull-policy IfNotPresent --kubeconfig "$KC" --python "$py"
              --start-timeout 120 --env-var "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" --env-var "PATH=$PATH"
              --env-var "HOME=$K/home" $(host_mounts))
-  local COLL=(collective --op all-reduce --device "$DEVICE" --min-bytes 1M --max-bytes 1G --factor 4 --trials 3)
+  local COLL=(collective --op all-reduce --device "$DEVICE" --min-bytes 1M --max-bytes "${NODES_MAX_BYTES:-1G}" --factor 4 --trials 3)
   local CNN=(cnn-train --device "$DEVICE" --model resnet50 --batch-size 128 --precision bf16 --warmup-steps 10
              --steps 50 --trials "$SC_TRIALS")
   if [ "$DEVICE" = cpu ]; then
@@ -507,7 +513,7 @@ part_nodes() {
      "the same with \`--num-gpus 1 --num-nodes N\` and the pod options below (N pods on N kubelets, rendezvous at the" \
      "first pod's IP, NCCL between the pods' network namespaces)." "" '```' "gpuvs ... ${POD[*]}" '```'
   local n rc t
-  for n in $(printf '%s\n' 2 "$NODES" | sort -nu); do
+  for n in ${NODE_COUNTS:-$(printf '%s\n' 2 "$NODES" | sort -nu)}; do
     [ "$(date +%s)" -lt "$end" ] || break
     t=$(date +%s); gpuvs_run $(( end - $(date +%s) )) run "${COLL[@]}" --num-gpus "$n" --store "$DB"; rc=$?
     md "" "### $n ranks on the host: exit status $rc, $(( $(date +%s) - t )) s"; report
@@ -519,6 +525,34 @@ part_nodes() {
   t=$(date +%s)
   gpuvs_run $(( end - $(date +%s) )) compare "${CNN[@]}" "${POD[@]}" --arm "one:num_nodes=1" \
     --arm "nodes$NODES:num_nodes=$NODES" --store "$DB"; rc=$?
+  md "" "Exit status $rc, $(( $(date +%s) - t )) s."; report
+}
+
+part_pairs() {  # which node or link: the pair fleet, with a co-tenant on SLOW_NODE's GPU
+  local lim; lim=$(within "$PAIRS_S")
+  if [ "$NODES" -lt 3 ] || [ "$lim" -lt 60 ]; then md "" "## Pairs of nodes: not run ($NODES node(s), ${lim} s left)"; return; fi
+  local py; py=$("$PY" -c 'import sys; print(sys.executable)')
+  # as the nodes part: the pods' own network, so NCCL goes through its socket transport between each pair's pods
+  local POD=(--image "$REG/gpuvs-node:gpu" --image-pull-policy IfNotPresent --kubeconfig "$KC" --python "$py"
+             --start-timeout 120 --env-var "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" --env-var "PATH=$PATH"
+             --env-var "HOME=$K/home" $(host_mounts))
+  local COLL=(collective --op all-reduce --device "$DEVICE" --min-bytes "${PAIR_BYTES:-64M}" --max-bytes "${PAIR_BYTES:-64M}" --trials "$PAIR_TRIALS")
+  [ "$DEVICE" = cpu ] && COLL=(collective --op all-reduce --device cpu --min-bytes 256K --max-bytes 256K --warmup 2
+                               --iters 10 --repeats 3 --trials "$PAIR_TRIALS")
+  local n="-" title="no co-tenant" slow=${PAIR_SLOW:-$SLOW_NODE}
+  number PAIR_SLOW "$slow"
+  if [ "$slow" -gt 0 ]; then
+    n=$(node "$slow"); title="co-tenant on $n, busy $COTENANT_BUSY"
+    cotenant_start "$slow" || { md "" "## Pairs of nodes: not run (the co-tenant did not start)"; cotenant_stop; return; }
+  fi
+  md "" "## Pairs of nodes ($title)" "" "Every pair of the $NODES nodes an all-reduce across its two pods (the pods' own network:" \
+     "NCCL's socket transport between them), \`--trials $PAIR_TRIALS\` each, pairs without a node in common two at a time."
+  [ "$slow" -gt 0 ] && md "" "Co-tenant outside Kubernetes on $n: $COTENANT_UUID."
+  cmdline fleet "${COLL[@]}" --pairs --parallel 2 "${POD[@]}"
+  local t; t=$(date +%s)
+  gpuvs_run "$lim" fleet "${COLL[@]}" --pairs --parallel 2 --store "$DB" --name "kit: pairs, $title" "${POD[@]}"; local rc=$?
+  cotenant_stop
+  [ "$slow" -gt 0 ] && [ "$DEVICE" = cuda ] && md "" "Co-tenant's own rate while it ran: $(grep '^cotenant rate' "$K/cotenant.log" | sed 's/cotenant rate=//' | xargs) (one figure every 5 s)."
   md "" "Exit status $rc, $(( $(date +%s) - t )) s."; report
 }
 
