@@ -48,3 +48,99 @@ def test_the_terminal_report_wraps_at_the_width_and_loses_no_word(width):
     assert max(len(x) for x in out.splitlines()) <= width, out
     assert out.split() == wide.split()  # every word, in order: only the breaks moved
     assert out.count("\n") > wide.count("\n")
+
+
+# -- the metrics of the last pair fleet, from a real store ------------------------------------------------------
+
+def stored_agent(tmp_path, res: PairFleetResult, at: float, older: PairFleetResult | None = None):
+    """An agent over a store that holds `res` as pair_run stores it (the experiment's meta `pair_fleet`) and the
+    ledger's run that made it (and before it `older`): its state read back as at its start."""
+    from gpuvs.agent.config import AgentConfig
+    from gpuvs.agent.ledger import FleetOutcome, Ledger, RunRecord
+    from gpuvs.agent.service import Agent
+    from gpuvs.store.db import Store
+    from gpuvs.store.records import ExperimentMeta
+
+    store = tmp_path / "gpuvs.db"
+    ledger = Ledger(store)
+    for i, r in enumerate([x for x in (older, res) if x is not None]):
+        with Store(store) as st:
+            st.create_experiment(r.id, "agent pairs", "fleet", ExperimentMeta(command=r.command))
+            st.update_meta(r.id, pair_fleet=r.to_dict())
+        t = at - 3600 * (1 - i) if older else at
+        ledger.save(RunRecord(f"20261127-00000{i}-aaaa", "schedule", "ok", queued_at=t, started_at=t, finished_at=t,
+                              reached=True, tested=list(r.nodes), fleets=[FleetOutcome("collective", r.id)]))
+    ledger.close()
+    agent = Agent(AgentConfig(store=str(store), every_s=6 * 3600))
+    agent._restore()
+    return agent
+
+
+def scrape(agent) -> str:
+    from gpuvs.agent.metrics import exposition
+
+    return exposition(agent.registry).decode()
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_the_agents_metrics_carry_the_stored_pair_fleets_node_and_pair_verdicts(tmp_path):
+    import time
+
+    names = ["node-1", "node-2", "node-3", "node-4", "node-5"]
+    res = result(names, slow="node-3", link=("node-1", "node-5"), seed=5)
+    at = time.time() - 60
+    m = samples(scrape(stored_agent(tmp_path, res, at)))
+    for v in res.outcome.nodes:
+        key = (("node", v.node), ("workload", "collective"))
+        assert m[("gpuvs_node_link_ratio", key)] == pytest.approx(v.speed)
+        for end, value in (("low", v.ci_low), ("high", v.ci_high)):
+            assert m[("gpuvs_node_link_interval_ratio", tuple(sorted(key + (("bound", end),))))] == pytest.approx(value)
+        assert m[("gpuvs_node_link_stale", key)] == 0.0
+        assert m[("gpuvs_node_link_last_success_timestamp_seconds", key)] == pytest.approx(at)
+        verdicts = {dict(k[1])["verdict"]: val for k, val in m.items()
+                    if k[0] == "gpuvs_node_link_verdict" and dict(k[1])["node"] == v.node}
+        assert verdicts[v.verdict] == 1.0 and sum(verdicts.values()) == 1.0
+    slow = {dict(k[1])["node"] for k, val in m.items() if k[0] == "gpuvs_node_link_verdict" and val == 1.0
+            and dict(k[1])["verdict"] == "slower"}
+    assert slow == {"node-3"}  # the slow node, and not the link's two ends
+    assert m[("gpuvs_node_link_ratio", (("node", "node-3"), ("workload", "collective")))] == pytest.approx(0.6, abs=0.05)
+    assert len(res.outcome.pairs) == 10
+    for v in res.outcome.pairs:
+        key = (("node_a", v.pair[0]), ("node_b", v.pair[1]), ("workload", "collective"))
+        assert m[("gpuvs_link_ratio", key)] == pytest.approx(v.speed)
+        assert m[("gpuvs_link_verdict", tuple(sorted(key + (("cause", v.cause), ("verdict", v.verdict)))))] == 1.0
+    link = (("node_a", "node-1"), ("node_b", "node-5"), ("workload", "collective"))
+    assert m[("gpuvs_link_verdict", tuple(sorted(link + (("cause", "link"), ("verdict", "slower")))))] == 1.0
+    assert m[("gpuvs_link_ratio", link)] == pytest.approx(0.7, abs=0.05)
+    assert m[("gpuvs_node_gone", (("node", "node-3"),))] == 0.0  # a node known from its links only
+
+
+def test_a_node_the_last_pair_fleet_did_not_judge_keeps_its_links_figure_stale(tmp_path):
+    import time
+
+    older = result(["node-1", "node-2", "node-3", "node-4"], slow="node-4", rid="e0older")
+    newer = result(["node-1", "node-2", "node-3"], slow=None, rid="e1newer")
+    m = samples(scrape(stored_agent(tmp_path, newer, time.time() - 60, older=older)))
+    n4 = (("node", "node-4"), ("workload", "collective"))
+    assert m[("gpuvs_node_link_stale", n4)] == 1.0 and m[("gpuvs_node_link_ratio", n4)] < 0.7
+    assert m[("gpuvs_node_link_stale", (("node", "node-1"), ("workload", "collective")))] == 0.0
+    pairs_now = {dict(k[1])["node_a"] + "+" + dict(k[1])["node_b"] for k in m if k[0] == "gpuvs_link_ratio"}
+    assert pairs_now == {"node-1+node-2", "node-1+node-3", "node-2+node-3"}  # the last run's pairs only
+
+
+def test_promtool_lints_the_metrics_of_a_pair_fleet_clean(tmp_path):
+    import subprocess
+    import time
+
+    from test_alerting import promtool
+
+    text = scrape(stored_agent(tmp_path, result(), time.time()))
+    assert "gpuvs_node_link_ratio{" in text and "gpuvs_link_verdict{" in text
+    r = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
