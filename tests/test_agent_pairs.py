@@ -144,3 +144,48 @@ def test_promtool_lints_the_metrics_of_a_pair_fleet_clean(tmp_path):
     assert "gpuvs_node_link_ratio{" in text and "gpuvs_link_verdict{" in text
     r = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
+
+
+# -- the agent's pair fleet: --workload collective:pairs=true,... ------------------------------------------------
+
+def test_a_pairs_workload_becomes_the_pair_fleet_the_library_runs():
+    """pairs=true, partners=, second-pass= as a PairPlan; the collective's parameters and the run options as for a
+    node fleet; no --condition, --taint or --max-trials (the pair fleet refuses them: the agent's own are left
+    out); the options pass pair_run's own check; the command line it stands for is `gpuvs fleet ... --pairs`."""
+    from gpuvs.agent.config import AgentConfig, WorkloadSpec
+    from gpuvs.agent.ledger import RunRecord
+    from gpuvs.agent.runs import fleet_request
+    from gpuvs.fleet import pair_run
+
+    c = AgentConfig(store="a.db", trials=4, max_trials=8, condition=True, taint=True)
+    w = WorkloadSpec.parse("collective:pairs=true,partners=3,second-pass=1,min-bytes=256K,max-bytes=256K,trials=3")
+    plan = w.pair_plan()
+    assert (plan.partners, plan.second) == (3, 1)
+    base, o = fleet_request(c, RunRecord("r1", "schedule"), "ns", "img:1", ["n1", "n2", "n3"], w)
+    assert base.workload == "collective" and base.env.kind == "pod" and base.device == "cpu"
+    assert int(base.params["min_bytes"]) == int(base.params["max_bytes"]) == 256 * 1024
+    assert (o.trials, o.max_trials, o.condition, o.taint, o.label) == (3, None, False, False, True)
+    pair_run.check(base, o)  # what `gpuvs fleet --pairs` would refuse, it does not
+    assert o.command.startswith("gpuvs fleet collective --image img:1 ")
+    assert o.command.endswith("--pairs --partners 3 --second-pass 1") and "--condition" not in o.command
+    assert "--max-trials" not in o.command and "--taint" not in o.command
+    # a node fleet of the same workload keeps the agent's own options, and has no plan
+    w2 = WorkloadSpec.parse("collective:min-bytes=256K")
+    assert w2.pair_plan() is None
+    _, o2 = fleet_request(c, RunRecord("r2", "schedule"), "ns", "img", ["n1", "n2"], w2)
+    assert (o2.max_trials, o2.condition, o2.taint) == (8, True, True) and "--pairs" not in o2.command
+
+
+@pytest.mark.parametrize("text, said", [
+    ("spin:pairs=true", "pairs=true measures the link between two nodes: workload spin is not allowed (use "
+                        "collective)"),
+    ("collective:partners=5", "partners applies with pairs=true"),
+    ("collective:pairs=true,partners=2", "--partners: '2' is not allowed; expected an integer from 3 to 100"),
+    ("collective:pairs=maybe", "--pairs: 'maybe' is not allowed; expected true or false"),
+])
+def test_a_bad_pairs_workload_is_one_line_at_start(tmp_path, text, said):
+    from conftest import run_cli
+
+    r = run_cli("agent", "--workload", text, "--store", str(tmp_path / "a.db"), cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len([x for x in r.stderr.splitlines() if x.strip()]) == 1, r.stderr
