@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from cluster import cluster  # noqa: F401  (the session fixture)
+from test_pod import kube, namespace  # noqa: F401  (this session's namespace, emptied per test)
 
 from gpuvs.fleet import pair_verdicts, pairs
 from gpuvs.fleet.pair_run import PairFleetResult, arm_name
@@ -189,3 +191,90 @@ def test_a_bad_pairs_workload_is_one_line_at_start(tmp_path, text, said):
     r = run_cli("agent", "--workload", text, "--store", str(tmp_path / "a.db"), cwd=tmp_path, timeout=60)
     assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len([x for x in r.stderr.splitlines() if x.strip()]) == 1, r.stderr
+
+
+# -- on the real test cluster: one agent run of a pair fleet ----------------------------------------------------
+
+@pytest.mark.cluster
+def test_the_agent_runs_its_pair_fleet_labels_the_nodes_and_exports_the_verdicts(kube, tmp_path):
+    """`gpuvs agent --workload collective:pairs=true,...` by hand against the test cluster (3 nodes: every pair),
+    one run asked for with POST /runs: it ends ok, tested every node, its fleet's experiment is the pair fleet's;
+    /metrics has each node's links figure (fresh) and each pair's, equal to the stored result; each node carries
+    gpuvs.io/links with the verdict the metrics give; nothing is left (pods, gpuvs.io/testing). Labels and the
+    priority class are removed whatever happens."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from conftest import gpuvs_env, stop_process, wait_for
+    from test_agent_cluster import free_port, http, labelled_testing, post_run, runs
+    from test_fleet_pairs_cluster import three
+    from test_pod import IMAGE, NS
+    from test_pod_nodes import left, torch_mounts
+    from gpuvs.fleet.vocabulary import word
+    from gpuvs.store.db import Store
+
+    nodes = sorted(three(kube))
+    core = kube.core()
+    sched = client.SchedulingV1Api(core.api_client)
+    made_class = False
+    try:
+        sched.create_priority_class({"metadata": {"name": "gpuvs-trial"}, "value": -100,
+                                     "preemptionPolicy": "Never", "description": "gpuvs's agent test"})
+        made_class = True
+    except ApiException as exc:
+        assert exc.status == 409
+    mounts = torch_mounts()
+    pod_opts = [f"{k.removeprefix('--')}={v}" for k, v in zip(mounts[::2], mounts[1::2])]
+    spec = ",".join(["collective:pairs=true", "partners=3", "second-pass=0", "trials=2", "min-bytes=256K",
+                     "max-bytes=256K", "warmup=2", "iters=10", "repeats=3", *pod_opts])
+    store, port, log = tmp_path / "gpuvs.db", free_port(), tmp_path / "agent.log"
+    (tmp_path / "token").write_text("pairs-test-token")
+    agent = None
+    t0 = time.monotonic()
+    try:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "gpuvs", "agent", "--kubeconfig", str(kube.kubeconfig), "--namespace", NS,
+             "--image", IMAGE, "--image-pull-policy", "Never", "--validate", "false", "--workload", spec,
+             "--parallel", "3", "--margin", "0.3", "--every", "1h", "--first-after", "1h", "--store", str(store),
+             "--listen", f"127.0.0.1:{port}", "--token-file", str(tmp_path / "token"), "--min-interval", "10s"],
+            stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=gpuvs_env(), cwd=tmp_path)
+        wait_for(lambda: http(port, "/readyz")[0] == 200, 60, "the agent ready")
+        code, body = post_run(port, "pairs-test-token")
+        assert code == 202, body
+        run_id = json.loads(body)["id"]
+        done = wait_for(lambda: next((x for x in runs(port) if x["id"] == run_id
+                                      and x["status"] not in ("queued", "running")), None), 300,
+                        f"agent run {run_id} to end", step=1)
+        assert done["status"] == "ok" and done["tested"] == nodes, (done, log.read_text()[-3000:])
+        exp = done["fleets"][0]["experiment"]
+        text = http(port, "/metrics")[1].decode()
+        m = samples(text)
+        with Store(store) as st:
+            res = PairFleetResult.from_dict(st.experiment(exp).meta.pair_fleet)
+        assert sorted(res.nodes) == nodes and len(res.first) == 3 and res.pod_starts == 12
+        assert res.command.endswith("--pairs --partners 3 --second-pass 0")
+        got = {n: (core.read_node(n).metadata.labels or {}).get("gpuvs.io/links") for n in nodes}
+        for v in res.outcome.nodes:
+            key = (("node", v.node), ("workload", "collective"))
+            assert m[("gpuvs_node_link_ratio", key)] == pytest.approx(v.speed)
+            assert m[("gpuvs_node_link_stale", key)] == 0.0
+            assert m[("gpuvs_node_link_verdict", tuple(sorted(key + (("verdict", v.verdict),))))] == 1.0
+            assert got[v.node] == word(v.verdict), (got, v.verdict)
+        assert len([k for k in m if k[0] == "gpuvs_link_ratio"]) == 3
+        assert f"run {run_id}: pair fleet collective:pairs=true" in log.read_text()
+        print(f"\nagent pair fleet: {res.outcome.summary()}; {res.pod_starts} pod starts, "
+              f"{time.monotonic() - t0:.0f} s in all")
+    finally:
+        if agent is not None:
+            assert stop_process(agent, 60) == 0, log.read_text()[-2000:]
+        for n in nodes:
+            core.patch_node(n, {"metadata": {"labels": {"gpuvs.io/links": None, "gpuvs.io/links-ratio": None},
+                                             "annotations": {"gpuvs.io/links-details": None}}})
+        if made_class:
+            sched.delete_priority_class("gpuvs-trial")
+    assert left(kube) == [] and labelled_testing(core) == []
