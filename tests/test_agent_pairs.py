@@ -31,10 +31,11 @@ def result(names=LONG, slow: str | None = LONG[2], link: tuple[str, str] | None 
         values[p] = [f * rng.gauss(1, 0.01) for _ in range(4)]
     outcome = pair_verdicts.judge(names, values, margin=0.05, confidence=0.95, looks=2)
     return PairFleetResult(id=rid, workload="collective", unit="GB/s", margin=0.05, confidence=0.95, partners=4,
-                           second=2, trials=4, parallel=2, nodes=list(names), first=every, suspects=[slow] if slow else [],
-                           second_pairs=[], failed={arm_name((names[0], "gpu-node-z-rack-99.example.internal")):
-                                                    "the pod could not be placed on gpu-node-z-rack-99.example.internal "
-                                                    "within its start timeout of 120 s (Unschedulable)"},
+                           second=2, trials=4, parallel=2, nodes=list(names), first=every,
+                           suspects=[slow] if slow else [], second_pairs=[],
+                           failed={arm_name((names[0], "gpu-node-z-rack-99.example.internal")):
+                                   "the pod could not be placed on gpu-node-z-rack-99.example.internal within its "
+                                   "start timeout of 120 s (Unschedulable)"},
                            values={arm_name(p): v for p, v in values.items()}, outcome=outcome, seconds=412.0,
                            pod_starts=80, command="gpuvs fleet collective --pairs")
 
@@ -111,7 +112,8 @@ def test_the_agents_metrics_carry_the_stored_pair_fleets_node_and_pair_verdicts(
     slow = {dict(k[1])["node"] for k, val in m.items() if k[0] == "gpuvs_node_link_verdict" and val == 1.0
             and dict(k[1])["verdict"] == "slower"}
     assert slow == {"node-3"}  # the slow node, and not the link's two ends
-    assert m[("gpuvs_node_link_ratio", (("node", "node-3"), ("workload", "collective")))] == pytest.approx(0.6, abs=0.05)
+    n3 = (("node", "node-3"), ("workload", "collective"))
+    assert m[("gpuvs_node_link_ratio", n3)] == pytest.approx(0.6, abs=0.05)
     assert len(res.outcome.pairs) == 10
     for v in res.outcome.pairs:
         key = (("node_a", v.pair[0]), ("node_b", v.pair[1]), ("workload", "collective"))

@@ -244,7 +244,8 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
     if max_trials is not None and "max_trials" not in own:
         argv += ["--max-trials", str(max_trials)]
     argv += ["--condition"] if condition else []
-    argv += ["--taint", "--taint-effect", c.taint_effect, "--taint-max-share", f"{c.taint_max_share:g}"] if taint else []
+    argv += (["--taint", "--taint-effect", c.taint_effect, "--taint-max-share", f"{c.taint_max_share:g}"] if taint
+             else [])
     pair_keys = {p.name for p in pairs.PARAMS}
     argv += [a for k, v in w.options if k.replace("-", "_") not in pair_keys for a in (f"--{k}", v)]
     argv += ["--pairs", "--partners", str(plan.partners), "--second-pass", str(plan.second)] if plan else []

@@ -136,8 +136,9 @@ def rounds(pairs: Sequence[Pair]) -> list[list[Pair]]:
 
 
 PARAMS = (  # `gpuvs fleet`'s pair options; the agent's `--workload collective:pairs=true,...` too
-    Param("pairs", bool, False, "which node or link is slow: pairs of nodes, each a trial across the two (--num-nodes 2 "
-          "pinned to them), of the collective workload; a verdict per node and per pair (docs/fleet.md)"),
+    Param("pairs", bool, False, "which node or link is slow: pairs of nodes, each a trial across the two "
+          "(--num-nodes 2 pinned to them), of the collective workload; a verdict per node and per pair "
+          "(docs/fleet.md)"),
     Param("partners", int, 4, "with --pairs: partners of each node in the first pass (every pair where the fleet is "
           "smaller)", min=3, max=100),
     Param("second_pass", int, 2, "with --pairs: good nodes each suspect is paired with in the second pass", min=0,
