@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import k8s_build  # noqa: F401  (a session fixture)
 from conftest import ROOT, missing_part, require
+from test_agent_pairs import result as pair_result
 from gpuvs.agent.ledger import FleetOutcome, RunRecord
 from gpuvs.agent.metrics import exposition, registry
 from gpuvs.agent.state import DriftFigure, State
@@ -32,7 +33,7 @@ DASHBOARD = ROOT / "deploy/grafana/gpuvs-dashboard.json"
 TARGET = {"job": "gpuvs-agent", "instance": "10.0.0.5:8080"}  # what a scrape adds to every series
 NODES = ("gpu-1", "gpu-2", "gpu-3")
 VERDICTS = ("slower", "faster", "equivalent", "inconclusive", "reference")
-ALERTS = ("GpuvsNodeSlow", "GpuvsNodeDrifting", "GpuvsValidateFailing", "GpuvsFiguresStale", "GpuvsAgentDown",
+ALERTS = ("GpuvsNodeSlow", "GpuvsNodeDrifting", "GpuvsNodeLinksSlow", "GpuvsValidateFailing", "GpuvsFiguresStale", "GpuvsAgentDown",
           "GpuvsClusterUnreachable", "GpuvsStoreFailing")
 EXEC, SHARING = "functional: GPU pod: exec works", "functional: GPU sharing"
 
@@ -67,6 +68,17 @@ def fleet(ratios: dict[str, float], verdicts: dict[str, str], n: int, stale: set
             out += [series("gpuvs_node_drift_verdict", f"{int(v == verdict)}x{n}", **key, verdict=v)
                     for v in VERDICTS[:4]]
             out.append(series("gpuvs_node_drift_stale", f"{int(node in stale)}x{n}", **key))
+    return out
+
+
+def links(verdicts: dict[str, tuple[float, str]], n: int, stale: set[str] = frozenset()) -> list[dict]:
+    """What the agent exports of a pair fleet's nodes (gpuvs_node_link_*), constant over n+1 samples."""
+    out = []
+    for node, (ratio, verdict) in verdicts.items():
+        key = {"node": node, "workload": "collective"}
+        out.append(series("gpuvs_node_link_ratio", f"{ratio}x{n}", **key))
+        out += [series("gpuvs_node_link_verdict", f"{int(v == verdict)}x{n}", **key, verdict=v) for v in VERDICTS[:4]]
+        out.append(series("gpuvs_node_link_stale", f"{int(node in stale)}x{n}", **key))
     return out
 
 
@@ -113,15 +125,19 @@ def scenarios() -> list[dict]:
                                   {"gpu-1": "equivalent", "gpu-2": "slower", "gpu-3": "reference"}, 60,
                                   drift={"gpu-1": (0.7, "slower"), "gpu-2": (0.98, "equivalent"),
                                          "gpu-3": (1.0, "equivalent")})
-            + agent(60, checks={EXEC: (0, 0), SHARING: (0, 1)}),
+            + agent(60, checks={EXEC: (0, 0), SHARING: (0, 1)})
+            + links({"gpu-1": (1.0, "equivalent"), "gpu-2": (0.98, "equivalent"), "gpu-3": (0.6, "slower")}, 60),
             "alert_rule_test": expect("3m", {})  # pending: `for: 5m` rides out a scrape or two
             + expect("30m", {"GpuvsNodeSlow": [firing("GpuvsNodeSlow", 0.62, **node("gpu-2"))],
+                             "GpuvsNodeLinksSlow": [firing("GpuvsNodeLinksSlow", 0.6,
+                                                           **{**node("gpu-3"), "workload": "collective"})],
                              "GpuvsNodeDrifting": [firing("GpuvsNodeDrifting", 0.7, **node("gpu-1"))],
                              "GpuvsValidateFailing": [firing("GpuvsValidateFailing", check=EXEC, **TARGET)]})}
     healthy = {"interval": "1m", "name": "a healthy fleet",
                "input_series": fleet({"gpu-1": 0.98, "gpu-2": 1.0, "gpu-3": 1.02},
                                      {"gpu-1": "equivalent", "gpu-2": "reference", "gpu-3": "equivalent"}, 120,
-                                     drift={n: (1.0, "equivalent") for n in NODES}) + agent(120),
+                                     drift={n: (1.0, "equivalent") for n in NODES}) + agent(120)
+               + links({n: (1.0, "equivalent") for n in NODES}, 120),
                "alert_rule_test": expect("30m", {}) + expect("2h", {})}
     # the agent is up but measures nothing: the API server away, every figure stale (gpu-3 gone from the cluster);
     # gpu-2's old `slower` stays silent, being stale, and so does the check that failed long ago
@@ -129,7 +145,7 @@ def scenarios() -> list[dict]:
              "input_series": fleet({"gpu-1": 1.0, "gpu-2": 0.6, "gpu-3": 1.0},
                                    {"gpu-1": "equivalent", "gpu-2": "slower", "gpu-3": "reference"}, 120,
                                    stale=set(NODES), gone={"gpu-3"}, drift={"gpu-2": (0.5, "slower")})
-             + agent(120, api=0, checks={EXEC: (0, 1)}),
+             + agent(120, api=0, checks={EXEC: (0, 1)}) + links({"gpu-2": (0.5, "slower")}, 120, stale={"gpu-2"}),
              "alert_rule_test": expect("20m", {})
              + expect("90m", {"GpuvsFiguresStale": [firing("GpuvsFiguresStale", **node("gpu-1")),
                                                     firing("GpuvsFiguresStale", **node("gpu-2"))],
@@ -293,7 +309,7 @@ def test_promtool_parses_every_query_of_the_dashboard(tmp_path):
 
 def exposition_text() -> str:
     """The agent's /metrics (its collector, rendered by prometheus-client as the agent serves it) with every family
-    present: a fleet, a drift, checks, a run with failed and skipped, a node gone, one under test."""
+    present: a fleet, a pair fleet, a drift, checks, a run with failed and skipped, a node gone, one under test."""
     now = time.time()
     state = State(stale_after_s=100)
     rows = [NodeRow(n, "slower" if s < 0.9 else "equivalent", n_ok=4, n_trials=4, speed=s, speed_low=s * 0.9,
@@ -302,6 +318,7 @@ def exposition_text() -> str:
                             1, rows), "gemm", now)
     state.drift = {("gpu-2", "gemm"): DriftFigure("gpu-2", "gemm", "slower", 0.7, 0.6, 0.8, "e1", now)}
     state.validate({EXEC: "pass"}, now)
+    state.pair_fleet(pair_result(["gpu-1", "gpu-2", "gpu-3"], slow="gpu-2"), "collective", now)
     state.ended(RunRecord("r1", "schedule", "ok", skipped={"gpu-3": "busy"},
                           fleets=[FleetOutcome("gemm", "e1", failed_trials={"preempted": 1})]), now)
     state.nodes_now({"gpu-1"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuvs.errors import UsageError
 
@@ -27,6 +28,9 @@ def duration(option: str, text: str | float) -> float:
         raise UsageError(f"--{option} {shown}: at most 365d (a year); expected a duration like 90s, 15m, 6h or 1d "
                          "(seconds if no unit)")
     return seconds
+
+
+PAIR_WORKLOADS = ("collective",)  # fleet.pair_run.WORKLOADS, not imported at start (it loads the trial runner)
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,35 @@ class WorkloadSpec:
                 raise UsageError(f"--workload {text!r}: expected NAME[:KEY=VALUE,...] (KEY a fleet option without "
                                  f"its dashes, e.g. spin:steps=10,ops=3000000), got {item.strip()!r}")
             options.append((key, value))
-        return cls(name, tuple(options))
+        spec = cls(name, tuple(options))
+        spec.pair_plan()  # pairs=true and its options checked here: bad input is one line at start
+        return spec
+
+    def pair_plan(self) -> Any:
+        """With pairs=true (`gpuvs fleet collective --pairs`): the pair fleet's plan (fleet.pairs.PairPlan) from
+        partners= and second-pass=; None for a fleet of nodes. A pair option without pairs=true, or pairs of
+        another workload than the collective, is one line."""
+        from gpuvs.fleet import pairs
+
+        params = {p.name: p for p in pairs.PARAMS}
+        given = {}
+        for key, value in self.options:
+            k = key.replace("-", "_")
+            if k in params:
+                try:
+                    given[k] = params[k].coerce(value)
+                except UsageError as exc:
+                    raise UsageError(f"--workload {self}: {exc}") from None
+        if not given.get("pairs"):
+            if set(given) - {"pairs"}:
+                raise UsageError(f"--workload {self}: {', '.join(sorted(set(given) - {'pairs'}))} applies with "
+                                 "pairs=true")
+            return None
+        if self.name not in PAIR_WORKLOADS:
+            raise UsageError(f"--workload {self}: pairs=true measures the link between two nodes: workload "
+                             f"{self.name} is not allowed (use {' or '.join(PAIR_WORKLOADS)})")
+        return pairs.PairPlan(partners=given.get("partners", params["partners"].default),
+                              second=given.get("second_pass", params["second_pass"].default))
 
     def argv(self) -> list[str]:
         return [a for k, v in self.options for a in (f"--{k}", v)]

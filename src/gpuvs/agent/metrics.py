@@ -21,6 +21,7 @@ VERDICTS = ("slower", "faster", "equivalent", "slower-within-margin", "faster-wi
             "reference")
 DRIFT_VERDICTS = ("slower", "faster", "equivalent", "slower-within-margin", "faster-within-margin",
                   "inconclusive")  # against the node's own past
+LINK_VERDICTS = DRIFT_VERDICTS  # a node's links, a pair: against the fleet's (pair_verdicts: no reference)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -102,9 +103,11 @@ class AgentCollector(Collector):
                 d_at.add_metric(key, fig.measured_at)
             yield from (d_ratio, d_bound, d_verdict, d_stale, d_at)
 
+            yield from self.links(s, now)
+
             gone = GaugeMetricFamily("gpuvs_node_gone", "1 for a node with results that is no longer in the "
                                      "cluster (its figures are kept, stale)", labels=["node"])
-            for node in sorted({n for n, _ in s.figures}):
+            for node in sorted(s.known_nodes()):
                 gone.add_metric([node], 1.0 if node in s.gone else 0.0)
             yield gone
             skipped = GaugeMetricFamily("gpuvs_node_skipped", "1 for a node the last run did not test (its GPUs "
@@ -165,6 +168,55 @@ class AgentCollector(Collector):
                                  labels=["version"])
         info.add_metric([__version__], 1.0)
         yield info
+
+
+    @staticmethod
+    def links(s: State, now: float) -> Iterator[Metric]:
+        """The last pair fleet's verdicts (`--workload collective:pairs=true`): each node's links, each pair."""
+        labels = ["node", "workload"]
+        ratio = GaugeMetricFamily("gpuvs_node_link_ratio", "The node's links against the fleet's in the last pair "
+                                  "fleet that judged it: its pairs' figure, less its partners' (below 1: slower)",
+                                  labels=labels)
+        bound = GaugeMetricFamily("gpuvs_node_link_interval_ratio", "The ends of gpuvs_node_link_ratio's interval, "
+                                  "simultaneous over the run's nodes and pairs (bound: low, high)",
+                                  labels=labels + ["bound"])
+        verdict = GaugeMetricFamily("gpuvs_node_link_verdict", "1 for the verdict on the node's links against the "
+                                    "fleet's, 0 for the others (the label gpuvs.io/links)", labels=labels + ["verdict"])
+        stale = GaugeMetricFamily("gpuvs_node_link_stale", "1 when the last pair fleet of the workload did not "
+                                  "judge the node (skipped, failed, gone) or the figure is older than --stale-after",
+                                  labels=labels)
+        success = GaugeMetricFamily("gpuvs_node_link_last_success_timestamp_seconds", "When the node's links were "
+                                    "judged (Unix time)", labels=labels)
+        for fig in sorted(s.links.values(), key=lambda f: (f.node, f.workload)):
+            key = [fig.node, fig.workload]
+            if fig.ratio is not None:
+                ratio.add_metric(key, fig.ratio)
+            for end, value in (("low", fig.low), ("high", fig.high)):
+                if value is not None:
+                    bound.add_metric(key + [end], value)
+            for v in LINK_VERDICTS:
+                verdict.add_metric(key + [v], 1.0 if fig.verdict == v else 0.0)
+            stale.add_metric(key, 1.0 if s.stale(fig, now) else 0.0)
+            success.add_metric(key, fig.measured_at)
+        yield from (ratio, bound, verdict, stale, success)
+        pair = ["node_a", "node_b", "workload"]
+        p_ratio = GaugeMetricFamily("gpuvs_link_ratio", "The pair's figure against the fleet's in the workload's "
+                                    "last pair fleet (below 1: slower)", labels=pair)
+        p_bound = GaugeMetricFamily("gpuvs_link_interval_ratio", "The ends of gpuvs_link_ratio's interval "
+                                    "(bound: low, high)", labels=pair + ["bound"])
+        p_verdict = GaugeMetricFamily("gpuvs_link_verdict", "1 for the pair's verdict against the fleet's, 0 for the "
+                                      "others; cause: what a slower pair is blamed on (the link, its slower "
+                                      "member(s)), empty otherwise", labels=pair + ["verdict", "cause"])
+        for fig in sorted(s.pair_links.values(), key=lambda f: (f.workload, f.a, f.b)):
+            key = [fig.a, fig.b, fig.workload]
+            if fig.ratio is not None:
+                p_ratio.add_metric(key, fig.ratio)
+            for end, value in (("low", fig.low), ("high", fig.high)):
+                if value is not None:
+                    p_bound.add_metric(key + [end], value)
+            for v in LINK_VERDICTS:
+                p_verdict.add_metric(key + [v, fig.cause], 1.0 if fig.verdict == v else 0.0)
+        yield from (p_ratio, p_bound, p_verdict)
 
 
 def registry(state: State) -> CollectorRegistry:

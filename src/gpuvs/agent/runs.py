@@ -182,6 +182,13 @@ def fleet_in_child(emit: Emit, base: RunSpec, store: str, options: Any) -> Fleet
     return run_fleet(base, store, options)
 
 
+def pair_fleet_in_child(emit: Emit, base: RunSpec, store: str, options: Any, plan: Any) -> Any:
+    """In the child: run_pair_fleet (`gpuvs fleet collective --pairs`), its PairFleetResult."""
+    from gpuvs.fleet.pair_run import run_pair_fleet
+
+    return run_pair_fleet(base, store, options, plan)
+
+
 def _validate(ctx: Context, run: RunRecord, namespace: str, image: str, node: str, core: Any = None) -> None:
     c = ctx.config
     settings = dict(image=image, pull=c.pull_policy, resource=c.gpu_resource, node=node,
@@ -216,11 +223,13 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
     are `gpuvs fleet`'s without their dashes: fleet options, trials, order_seed, device, num_gpus, timeout,
     telemetry_interval, pod options, the workload's parameters; others are the agent's own (one line if given)."""
     from gpuvs import environments, workloads
+    from gpuvs.fleet import pairs
     from gpuvs.fleet import run as fleet_run
     from gpuvs.trial.overrides import SPEC_PARAMS
     from gpuvs.trial.plan import STUDY_PARAMS
 
     workload = workloads.get(w.name)
+    plan = w.pair_plan()  # a pair fleet: no --condition, --taint or --max-trials (pair_run.check)
     argv = [w.name, "--image", image, "--image-pull-policy", c.pull_policy, "--nodes", ",".join(nodes), "--label",
             "--priority-class", c.priority_class, "--pod-security", c.pod_security, "--package", c.package,
             "--python", c.python, "--gpu-resource", c.gpu_resource, "--margin", str(c.margin), "--parallel",
@@ -230,14 +239,19 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
     own = {k.replace("-", "_") for k, _ in w.options}
     argv += [] if "device" in own else ["--device", c.device]
     argv += [] if "trials" in own else ["--trials", str(c.trials)]
-    if c.max_trials is not None and "max_trials" not in own:
-        argv += ["--max-trials", str(c.max_trials)]
-    argv += ["--condition"] if c.condition else []
-    argv += ["--taint", "--taint-effect", c.taint_effect, "--taint-max-share", f"{c.taint_max_share:g}"] if c.taint else []
-    argv += w.argv()
+    max_trials = c.max_trials if plan is None else None
+    condition, taint = c.condition and plan is None, c.taint and plan is None
+    if max_trials is not None and "max_trials" not in own:
+        argv += ["--max-trials", str(max_trials)]
+    argv += ["--condition"] if condition else []
+    argv += (["--taint", "--taint-effect", c.taint_effect, "--taint-max-share", f"{c.taint_max_share:g}"] if taint
+             else [])
+    pair_keys = {p.name for p in pairs.PARAMS}
+    argv += [a for k, v in w.options if k.replace("-", "_") not in pair_keys for a in (f"--{k}", v)]
+    argv += ["--pairs", "--partners", str(plan.partners), "--second-pass", str(plan.second)] if plan else []
     o = fleet_run.FleetOptions(nodes=list(nodes), label=True, margin=c.margin, parallel=c.parallel, trials=c.trials,
-                               max_trials=c.max_trials, name=f"agent {run.id} {w}", timeout_s=3600.0,
-                               command="gpuvs fleet " + shlex.join(argv), condition=c.condition, taint=c.taint,
+                               max_trials=max_trials, name=f"agent {run.id} {w}", timeout_s=3600.0,
+                               command="gpuvs fleet " + shlex.join(argv), condition=condition, taint=taint,
                                taint_effect=c.taint_effect, taint_max_share=c.taint_max_share)
     kind = fleet_run.node_kinds()[0]  # the kind that places a worker on a named node (the pod), as gpuvs fleet's
     env: dict[str, Any] = {"env": kind, "image": image, "image_pull_policy": c.pull_policy,
@@ -256,6 +270,8 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
     names = {p.name for p in workload.params}
     for key, value in w.options:
         k = key.replace("-", "_")
+        if k in pair_keys:
+            continue  # the plan's (w.pair_plan)
         if k in fleet_params:
             v = fleet_params[k].coerce(value)
             if k == "node_label":
@@ -289,6 +305,10 @@ def _fleet(ctx: Context, run: RunRecord, namespace: str, image: str, nodes: list
     except UsageError as exc:
         out = Outcome(error=str(exc), exit_code=exc.exit_code)
     else:
+        plan = w.pair_plan()
+        if plan is not None:
+            return _pair_fleet(ctx, run, outcome, nodes, w, _call(ctx, pair_fleet_in_child, dict(
+                base=base, store=c.store, options=options, plan=plan)))
         out = _call(ctx, fleet_in_child, dict(base=base, store=c.store, options=options))
     result: FleetResult | None = out.value
     if result is not None:
@@ -299,13 +319,7 @@ def _fleet(ctx: Context, run: RunRecord, namespace: str, image: str, nodes: list
                 log(f"run {run.id}: {sig.what} {sig.detail} on {sig.node}: {sig.status}")
         if c.taint:
             ctx.state.circuit(w.name, result.circuit_open)
-        from gpuvs.store.db import Store
-
-        with Store(c.store) as st:
-            for t in st.trials(result.id):
-                if t.status != "ok":
-                    reason = t.error_kind or t.status
-                    outcome.failed_trials[reason] = outcome.failed_trials.get(reason, 0) + 1
+        _failed_trials(c.store, result.id, outcome)
     else:
         ctx.state.not_renewed(w.name)
     failed = [r for r in result.rows if r.verdict == "failed"] if result is not None else []
@@ -317,4 +331,44 @@ def _fleet(ctx: Context, run: RunRecord, namespace: str, image: str, nodes: list
         + (f": {_last_line(why)}" if code else "")
         + ("; " + ", ".join(f"{r.node} {r.verdict} {r.speed:.3f}" for r in result.measured() if r.speed is not None)
            if result else ""))
+    return outcome
+
+
+def _failed_trials(store: str, experiment: str, outcome: FleetOutcome) -> None:
+    """The experiment's trials that did not end ok, counted by reason (preempted, crash, ...)."""
+    from gpuvs.store.db import Store
+
+    with Store(store) as st:
+        for t in st.trials(experiment):
+            if t.status != "ok":
+                reason = t.error_kind or t.status
+                outcome.failed_trials[reason] = outcome.failed_trials.get(reason, 0) + 1
+
+
+def _pair_fleet(ctx: Context, run: RunRecord, outcome: FleetOutcome, nodes: list[str], w: WorkloadSpec,
+                out: Outcome) -> FleetOutcome:
+    """A pair fleet's end (pairs=true): its verdicts into the state (gpuvs_node_link_*, gpuvs_link_*), its labels
+    written by the run itself (gpuvs.io/links, as `gpuvs fleet --pairs --label`), its failed trials counted. A
+    pair with no figure is in the log, as a node that ran no trial is; the run fails only where no result came."""
+    c = ctx.config
+    result = out.value
+    if c.condition or c.taint:
+        log(f"run {run.id}: fleet {w}: --condition and --taint apply to node fleets, not to pairs (gpuvs.io/links "
+            "is written)")
+    if result is not None:
+        outcome.experiment = result.id
+        ctx.state.pair_fleet(result, w.name, time.time())
+        _failed_trials(c.store, result.id, outcome)
+        for lab in result.labels:
+            if lab["status"] != "written":
+                log(f"run {run.id}: labels {lab['labels']} on {lab['node']}: {lab['status']}")
+    else:
+        ctx.state.not_renewed(w.name)
+        outcome.status = "failed"
+        outcome.error = _last_line(out.error or "") or f"gpuvs fleet --pairs exited {out.exit_code}"
+    code = out.exit_code or (1 if result is not None and result.failed else 0)
+    why = out.error or ("; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items())) if result else "")
+    log(f"run {run.id}: pair fleet {w} on {len(nodes)} node(s) exited {code}"
+        + (f": {_last_line(why)}" if code else "")
+        + (f"; {result.outcome.summary()}" if result is not None else ""))
     return outcome

@@ -91,6 +91,7 @@ class Agent:
 
     def _restore(self) -> None:
         """The runs cut short by a killed agent are marked interrupted; earlier figures come back from the store."""
+        from gpuvs.fleet.pair_run import PairFleetResult
         from gpuvs.fleet.result import FleetResult
         from gpuvs.store.db import Store
 
@@ -115,9 +116,11 @@ class Agent:
                     at = r.finished_at or r.queued_at
                     for f in r.fleets:
                         if f.experiment:
-                            fleet = st.experiment(f.experiment).meta.fleet
-                            if fleet:
-                                self.state.fleet(FleetResult.from_dict(fleet), f.workload, at)
+                            meta = st.experiment(f.experiment).meta
+                            if meta.fleet:
+                                self.state.fleet(FleetResult.from_dict(meta.fleet), f.workload, at)
+                            elif meta.pair_fleet:
+                                self.state.pair_fleet(PairFleetResult.from_dict(meta.pair_fleet), f.workload, at)
                     if r.checks:
                         self.state.validate(r.checks, at)
                     if r.status in ("ok", "failed", "interrupted"):

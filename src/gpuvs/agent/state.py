@@ -10,7 +10,11 @@ deleted from the cluster keeps its last figures, marked gone (gpuvs_node_gone 1)
 Each node's drift (its latest run against its own past, docs/history.md) is read from the store by
 gpuvs.fleet.stored.read when a run ends and at start (drift_from), not at each scrape. A drift figure is stale
 when the node's figure against the fleet is, or when it is not from the run that measured that figure (the node
-was not measured in the workload's latest stored run: its last drift is kept)."""
+was not measured in the workload's latest stored run: its last drift is kept).
+
+A pair fleet (`--workload collective:pairs=true`, fleet/pair_run.py) gives each judged node's links against the
+fleet's (LinkFigure: renewed, stale and gone as a node's figure is) and each measured pair's verdict (PairFigure:
+the last pair fleet's pairs of the workload, replaced whole by the next one)."""
 
 from __future__ import annotations
 
@@ -20,8 +24,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from gpuvs.agent.ledger import RunRecord
+from typing import TYPE_CHECKING
+
 from gpuvs.fleet.result import FleetResult
 from gpuvs.fleet.stored import FleetHistory
+
+if TYPE_CHECKING:
+    from gpuvs.fleet.pair_run import PairFleetResult
 
 PASS_STATUSES = ("pass", "shared")  # validate's row statuses that count as ok (shared: a finding, not a failure)
 
@@ -68,6 +77,37 @@ class DriftFigure:
 
 
 @dataclass
+class LinkFigure:
+    """A node's links against the fleet's in the last pair fleet that judged it (PairNodeVerdict)."""
+
+    node: str
+    workload: str
+    ratio: float | None
+    verdict: str
+    low: float | None
+    high: float | None
+    measured_at: float
+    experiment: str
+    renewed: bool = True  # the latest pair fleet of this workload judged the node
+
+
+@dataclass
+class PairFigure:
+    """One pair's figure against the fleet's in the workload's last pair fleet (PairVerdict)."""
+
+    a: str
+    b: str
+    workload: str
+    ratio: float | None
+    verdict: str
+    low: float | None
+    high: float | None
+    cause: str  # a pair called slower: its member(s) called slower, or "link"
+    measured_at: float
+    experiment: str
+
+
+@dataclass
 class CheckState:
     check: str
     ok: bool
@@ -83,6 +123,8 @@ class State:
     # (node, gpu, uuid, workload) -> the GPU's figure in the workload's latest --per-gpu fleet that measured its node
     gpu_figures: dict[tuple[str, int, str, str], GpuFigure] = field(default_factory=dict)
     checks: dict[str, CheckState] = field(default_factory=dict)
+    links: dict[tuple[str, str], LinkFigure] = field(default_factory=dict)  # (node, workload): from pair fleets
+    pair_links: dict[tuple[str, str, str], PairFigure] = field(default_factory=dict)  # (a, b, workload)
     drift: dict[tuple[str, str], DriftFigure] = field(default_factory=dict)
     gone: set[str] = field(default_factory=set)
     skipped: dict[str, str] = field(default_factory=dict)  # the last run's skipped nodes and why
@@ -141,6 +183,27 @@ class State:
                 if w == workload and node not in measured:
                     fig.renewed = False
 
+    def pair_fleet(self, result: PairFleetResult, workload: str, at: float) -> None:
+        """A pair fleet's verdicts: each judged node's links figure is renewed, the others of this workload are not;
+        the workload's pairs are this run's."""
+        with self.lock:
+            judged = set()
+            for v in result.outcome.nodes:
+                if v.speed is None:
+                    continue
+                self.links[(v.node, workload)] = LinkFigure(v.node, workload, v.speed, v.verdict, v.ci_low, v.ci_high,
+                                                            at, result.id)
+                judged.add(v.node)
+            for (node, w), fig in self.links.items():
+                if w == workload and node not in judged:
+                    fig.renewed = False
+            for key in [k for k in self.pair_links if k[2] == workload]:
+                del self.pair_links[key]
+            for v in result.outcome.pairs:
+                a, b = v.pair
+                self.pair_links[(a, b, workload)] = PairFigure(a, b, workload, v.speed, v.verdict, v.ci_low, v.ci_high,
+                                                               v.cause, at, result.id)
+
     def drift_from(self, history: FleetHistory) -> None:
         """Each node's drift verdict at its workload's latest stored run. A node not measured in that run keeps
         the drift it had (stale: not from the run of its latest figure)."""
@@ -163,7 +226,7 @@ class State:
     def not_renewed(self, workload: str | None = None) -> None:
         """A run that measured nothing (of this workload, or of any): every figure it would have renewed."""
         with self.lock:
-            for (node, w), fig in self.figures.items():
+            for (node, w), fig in [*self.figures.items(), *self.links.items()]:
                 if workload is None or w == workload:
                     fig.renewed = False
             if workload is None:
@@ -180,8 +243,12 @@ class State:
     def nodes_now(self, names: set[str]) -> None:
         """The cluster's nodes now: a node with figures that is not among them is gone (and back if it returns)."""
         with self.lock:
-            known = {node for node, _ in self.figures}
-            self.gone = known - names
+            self.gone = self.known_nodes() - names
+
+    def known_nodes(self) -> set[str]:
+        """The nodes with a figure against the fleet or of their links."""
+        with self.lock:
+            return {node for node, _ in self.figures} | {node for node, _ in self.links}
 
     def ended(self, run: RunRecord, at: float) -> None:
         with self.lock:
@@ -195,11 +262,11 @@ class State:
                     self.failed_trials[(f.workload, reason)] += n
             self.running = None
 
-    def stale(self, fig: NodeFigure | CheckState | DriftFigure, now: float | None = None) -> bool:
+    def stale(self, fig: NodeFigure | LinkFigure | CheckState | DriftFigure, now: float | None = None) -> bool:
         now = time.time() if now is None else now
         if isinstance(fig, DriftFigure):
             perf = self.figures.get((fig.node, fig.workload))
             return perf is None or perf.experiment != fig.run_id or self.stale(perf, now)
-        at = fig.measured_at if isinstance(fig, NodeFigure) else fig.at
-        gone = isinstance(fig, NodeFigure) and fig.node in self.gone
+        at = fig.measured_at if isinstance(fig, (NodeFigure, LinkFigure)) else fig.at
+        gone = isinstance(fig, (NodeFigure, LinkFigure)) and fig.node in self.gone
         return gone or not fig.renewed or now - at > self.stale_after_s

@@ -5,8 +5,8 @@ node run at once, in rounds (pairs.rounds), at most --parallel pairs at a time, 
 The first pass is judged, each suspect is paired with good nodes (the second pass), and everything is judged
 again. Every trial is stored as it arrives (the runner's LiveTrial, through fleet/run.py's Executor); the
 result is kept in the experiment's meta (`pair_fleet`) so `gpuvs report ID` renders it; every pod of the run is
-swept at the end, however it ended. --label writes gpuvs.io/links on the judged nodes (fleet/labels.py); no
-metric and no agent schedule for pairs yet (docs/fleet.md)."""
+swept at the end, however it ended. --label writes gpuvs.io/links on the judged nodes (fleet/labels.py); the
+agent runs it for a `--workload collective:pairs=true` (agent/runs.py) and exports its verdicts (agent/metrics.py)."""
 
 from __future__ import annotations
 

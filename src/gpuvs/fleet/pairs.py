@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from gpuvs.fleet import pair_verdicts
+from gpuvs.params import Param
 from gpuvs.fleet.pair_verdicts import Pair, PairOutcome
 
 Measure = Callable[[Pair], Sequence[float]]
@@ -132,6 +133,17 @@ def rounds(pairs: Sequence[Pair]) -> list[list[Pair]]:
         else:
             out.append((set(p), [p]))
     return [members for _, members in out]
+
+
+PARAMS = (  # `gpuvs fleet`'s pair options; the agent's `--workload collective:pairs=true,...` too
+    Param("pairs", bool, False, "which node or link is slow: pairs of nodes, each a trial across the two "
+          "(--num-nodes 2 pinned to them), of the collective workload; a verdict per node and per pair "
+          "(docs/fleet.md)"),
+    Param("partners", int, 4, "with --pairs: partners of each node in the first pass (every pair where the fleet is "
+          "smaller)", min=3, max=100),
+    Param("second_pass", int, 2, "with --pairs: good nodes each suspect is paired with in the second pass", min=0,
+          max=100),
+)
 
 
 @dataclass

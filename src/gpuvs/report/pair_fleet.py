@@ -2,12 +2,15 @@
 links are 0.62x the fleet's [..]; pairs without node-X are equivalent"), then a row per node (slowest first:
 speed against the fleet, its interval, verdict, partners) and a row per pair (speed, interval, verdict, mean
 figure, trials, cause), each row stacked onto a second line where it would pass the width (80 by default);
-JSON is the result's to_dict(); markdown the same rows as tables; every text escaped (safetext.py)."""
+every line of text wider than the width (the summary sentence, a pair's notes) wrapped at words (textwrap), a
+row's continuation indented; JSON is the result's to_dict(); markdown the same rows as tables; every text
+escaped (safetext.py) before it is measured."""
 
 from __future__ import annotations
 
 import html as html_lib
 import json
+import textwrap
 
 from gpuvs.fleet.pair_run import PairFleetResult
 from gpuvs.fleet.pair_verdicts import UnitVerdict
@@ -24,10 +27,23 @@ def _speed(v: UnitVerdict) -> str:
     return f"{v.speed:.3f}x [{v.ci_low:.3f}-{v.ci_high:.3f}]"
 
 
+def _wrap(line: str, width: int, indent: str = "") -> list[str]:
+    """The line, escaped, wrapped at words to the width (a word is never cut: a node's name stays whole, hyphens
+    included); continuation lines indented as the line is, plus `indent`."""
+    line = safe_text(line)
+    if len(line) <= width:
+        return [line]
+    lead = line[:len(line) - len(line.lstrip(" "))]
+    return textwrap.wrap(line, width, initial_indent="", subsequent_indent=lead + indent, break_long_words=False,
+                         break_on_hyphens=False) or [line]
+
+
 def _fit(head: str, tail: str, width: int) -> list[str]:
-    """One row, or two where it would pass the width: the tail stacked under the head, indented."""
+    """One row, or, where it would pass the width, the tail stacked under the head, indented, each wrapped."""
     line = f"{head}  {tail}" if tail else head
-    return [line] if len(line) <= width or not tail else [head, "    " + tail]
+    if len(safe_text(line)) <= width or not tail:
+        return _wrap(line, width, "    ")
+    return _wrap(head, width, "    ") + _wrap("    " + tail, width, "  ")
 
 
 def node_rows(res: PairFleetResult) -> list[tuple[str, str, str, str]]:
@@ -47,7 +63,7 @@ def pair_rows(res: PairFleetResult) -> list[tuple[str, str, str, str]]:
 
 
 def text(res: PairFleetResult, width: int = 80) -> str:
-    lines = [res.outcome.summary(), ""]
+    lines: list[str | list[str]] = [res.outcome.summary(), ""]
     lines.append(f"pair fleet of {len(res.nodes)} nodes: {res.workload}, {res.trials} trials per pair, "
                  f"{len(res.first)} pairs first, {len(res.second_pairs)} second; {res.pod_starts} pod starts, "
                  f"{res.seconds:.0f} s")
@@ -58,7 +74,7 @@ def text(res: PairFleetResult, width: int = 80) -> str:
         lines += ["", title]
         w = max(len(r[0]) for r in rows) if rows else 0
         for name, verdict, speed, notes in rows:
-            lines += _fit(f"  {name:<{w}}  {verdict:<20}  {speed}", notes, width)
+            lines.append(_fit(f"  {name:<{w}}  {verdict:<20}  {speed}", notes, width))
     c = res.outcome.control
     lines += ["", f"{c.confidence:.0%} confidence for the whole run: {c.method}, {c.looks} looks; "
                   f"margin ±{res.margin:.0%}"]
@@ -66,7 +82,10 @@ def text(res: PairFleetResult, width: int = 80) -> str:
         lines.append(f"label {lab['node']}: {lab['labels']} ({lab['status']})")
     for e in res.excluded:
         lines.append(f"node {e['node']}: left out, {e['reason']}")
-    return "\n".join(safe_text(x) for x in lines) + "\n"
+    out: list[str] = []
+    for x in lines:
+        out += x if isinstance(x, list) else _wrap(x, width, "  ")
+    return "\n".join(out) + "\n"
 
 
 def markdown(res: PairFleetResult) -> str:

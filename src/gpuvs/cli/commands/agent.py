@@ -14,8 +14,9 @@ AGENT_OPTIONS = (
     Param("every", str, "6h", "how often a run starts (90s, 15m, 6h, 1d)"),
     Param("first_after", str, "5m", "when the first scheduled run starts after the agent does (0: at once)"),
     Param("workload", str, None, "a workload to run as a fleet, NAME[:KEY=VALUE,...] with fleet options as KEY "
-          "(e.g. spin:steps=10,ops=3000000; may be repeated; default: gpu-check on the GPU where the nodes advertise "
-          "GPUs, spin on the CPU where none do)", multiple=True),
+          "(e.g. spin:steps=10,ops=3000000; collective:pairs=true for the pair fleet, which node or link is slow; "
+          "may be repeated; default: gpu-check on the GPU where the nodes advertise GPUs, spin on the CPU where none "
+          "do)", multiple=True),
     Param("device", str, "cpu", "the workloads' device unless a --workload names its own (cpu, cuda)"),
     Param("validate", bool, True, "run the functional validate suite on a free node in each run "
           "(--validate false: fleets only)"),

@@ -28,7 +28,7 @@ from gpuvs.cli import common, options
 from gpuvs.cli.options import STORE
 from gpuvs.cli.command import Args, Command, Group, Positional
 from gpuvs.errors import RunFailed, UsageError
-from gpuvs.fleet import labels
+from gpuvs.fleet import labels, pairs
 from gpuvs.fleet import run as fleet_run
 from gpuvs.fleet.run import DEFAULT_TRIALS, MIN_TRIALS, node_kinds
 from gpuvs.params import Param
@@ -37,14 +37,7 @@ from gpuvs.report import terminal
 from gpuvs.trial.runner import TrialResult
 from gpuvs.safetext import safe_text
 
-PAIR_OPTIONS = (
-    Param("pairs", bool, False, "which node or link is slow: pairs of nodes, each a trial across the two (--num-nodes 2 "
-          "pinned to them), of the collective workload; a verdict per node and per pair (docs/fleet.md)"),
-    Param("partners", int, 4, "with --pairs: partners of each node in the first pass (every pair where the fleet is "
-          "smaller)", min=3, max=100),
-    Param("second_pass", int, 2, "with --pairs: good nodes each suspect is paired with in the second pass", min=0,
-          max=100),
-)
+PAIR_OPTIONS = pairs.PARAMS  # --pairs, --partners, --second-pass: the agent takes them too
 FLEET_OPTIONS = fleet_run.PARAMS + PAIR_OPTIONS + (
     Param("format", str, "term", "report format", choices=report.FORMATS),
     Param("output", str, None, "write the report here (else standard output)"),
@@ -109,7 +102,7 @@ def fleet(args: Args) -> None:
 
 def _pairs(args: Args, o, prep, opts: fleet_run.FleetOptions, console: Console) -> None:
     """gpuvs fleet collective --pairs: the pair fleet (fleet/pair_run.py), its report (report/pair_fleet.py)."""
-    from gpuvs.fleet import pair_run, pairs
+    from gpuvs.fleet import pair_run
     from gpuvs.report import pair_fleet
 
     if o["format"] not in pair_fleet.FORMATS:
