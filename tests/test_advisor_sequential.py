@@ -33,7 +33,9 @@ class Replay:
         self.rng = np.random.default_rng(seed)
         self.asked: list[str] = []
 
-    def group(self, specs, label, mps, gpm_window=False):
+    window_s = 1.0
+
+    def group(self, specs, label, mps, gpm_window=False, window_s=None):
         self.asked.append(label)
         g = Group(label=label, mps=mps)
         if len(specs) == 1:

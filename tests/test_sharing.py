@@ -146,6 +146,8 @@ def test_capacity_sweep_measures_every_count_in_its_own_window(store_path):
     (["share", "selftest", "--repeats", "0"], "--repeats"),
     (["advise-mps", "--pairs", "/nonexistent.yaml"], "/nonexistent.yaml: no such file"),
     (["advise-mps", "selftest", "selftest", "--pairs", "x.yaml"], "either two quoted jobs or --pairs FILE, not both"),
+    (["advise-mps", "selftest", "selftest", "--duration", "2", "--max-duration", "1"],
+     "--max-duration 1 is shorter than --duration 2: the longest calibrated window must be at least the shortest"),
 ])
 def test_share_bad_input(cli, args, message):
     r = cli(*args)
@@ -153,15 +155,31 @@ def test_share_bad_input(cli, args, message):
 
 
 def test_advise_mps_runs_solo_then_together_on_cpu(cli, tmp_path):
-    r = cli("advise-mps", "selftest --step-seconds 0.05", "selftest --step-seconds 0.02", "--duration", "1",
-            "--repeats", "2", "--max-repeats", "5", "--json", tmp_path / "advice.json")
+    # windows calibrated (sharing/windows.py): A's 50 ms steps give 20 in the 1 s --duration, fewer than the 50
+    # wanted, so A is measured alone again at 2.5 s and the pair gets the window A needs taking turns (5 s), capped
+    # by --max-duration 3; B's 10 ms steps give 100 in 1 s and keep it
+    r = cli("advise-mps", "selftest --step-seconds 0.05", "selftest --step-seconds 0.01", "--duration", "1",
+            "--max-duration", "3", "--repeats", "2", "--max-repeats", "5", "--json", tmp_path / "advice.json")
     assert r.returncode == 0, r.stderr
     assert "prediction: no difference (from none)" in r.stdout and "no GPU telemetry" in r.stdout
     assert "A alone" in r.stdout and "A+B" in r.stdout and "measured: no verdict (MPS needs a GPU" in r.stdout
+    out = " ".join(r.stdout.split())
+    assert "A alone: window 2.5" in out and "1 s would hold 20 steps (at least 50 wanted)" in out, out
+    assert "A+B: window 3 s, capped by --max-duration (it needs 5" in out and "B alone: window 1 s (--duration)" in out
     data = json.loads((tmp_path / "advice.json").read_text())
     assert data["predicted"] == "no difference" and data["measured"] is None and len(data["solo"]) == 2
-    rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm FROM trials").fetchall()
-    assert [a for a, in rows] == ["A alone", "B alone", "A+B", "A+B"] * 2
+    assert data["window"]["seconds"] == 3.0 and data["window"]["deciding"] == "selftest --step-seconds 0.05"
+    assert 2.4 < data["solo_windows"]["A alone"]["seconds"] < 2.9 and data["solo_windows"]["B alone"]["seconds"] == 1.0
+    db = sqlite3.connect(tmp_path / "gpuvs.db")
+    rows = db.execute("SELECT arm, spec, (SELECT count(*) FROM samples WHERE trial_id = trials.id) FROM trials "
+                      "ORDER BY id").fetchall()
+    # A's short window is stored (its calibration); later repeats measure it at its own window straight away
+    assert [a for a, _, _ in rows] == ["A alone", "A alone", "B alone", "A+B", "A+B", "A alone", "B alone", "A+B", "A+B"]
+    windows = [json.loads(spec)["barrier"]["window_s"] for _, spec, _ in rows]
+    assert windows[0] == 1.0 and windows[2] == windows[6] == 1.0 and windows[3:5] == windows[7:9] == [3.0, 3.0]
+    assert windows[1] == windows[5] == data["solo_windows"]["A alone"]["seconds"]
+    steps = [n for _, _, n in rows]
+    assert steps[0] <= 21 and steps[1] >= 45 and steps[5] >= 45 and steps[3] >= 55, steps  # A: 50 ms steps
 
 
 def _solo(busy, gpm=None, mem=1000.0, mem_util=20.0):
@@ -418,7 +436,9 @@ def test_advise_mps_pairs_file_runs_each_job_alone_once_per_repeat(cli, tmp_path
     f = tmp_path / "pairs.yaml"
     f.write_text('pairs:\n  - ["selftest --step-seconds 0.02", "selftest --step-seconds 0.03"]\n'
                  '  - ["selftest --step-seconds 0.02", "selftest --step-seconds 0.04"]\n')
-    r = cli("advise-mps", "--pairs", f, "--repeats", "1", "--duration", "0.5", "--json", tmp_path / "a.json")
+    # --max-duration at --duration: every window 0.5 s, uncalibrated
+    r = cli("advise-mps", "--pairs", f, "--repeats", "1", "--duration", "0.5", "--max-duration", "0.5",
+            "--json", tmp_path / "a.json")
     assert r.returncode == 0, r.stderr
     assert "predicted against measured, 2 pairs" in r.stdout and "hit rate: 0/0" in r.stdout
     arms = [a for a, in sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm FROM trials ORDER BY id")]
@@ -429,7 +449,8 @@ def test_advise_mps_pairs_file_runs_each_job_alone_once_per_repeat(cli, tmp_path
     assert [d["b"] for d in data] == ["selftest --step-seconds 0.03", "selftest --step-seconds 0.04"]
     # two sleeping jobs barely slow each other: work near 2 (wide bounds: 0.5 s windows on a loaded machine)
     assert all(len(d["work"]["A+B"]) == 1 and 1.3 < d["work"]["A+B"][0] < 2.7 for d in data), data
-    r = cli("advise-mps", "--pairs", f, "--repeats", "1", "--duration", "0.5", "--predict-only", "--store", "p.db")
+    r = cli("advise-mps", "--pairs", f, "--repeats", "1", "--duration", "0.5", "--max-duration", "0.5",
+            "--predict-only", "--store", "p.db")
     assert r.returncode == 0, r.stderr
     assert len(sqlite3.connect(tmp_path / "p.db").execute("SELECT arm FROM trials").fetchall()) == 3
 

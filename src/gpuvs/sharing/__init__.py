@@ -6,6 +6,7 @@
 - `matrix.py`: the pairs file (`share-matrix`, `advise-mps --pairs`) and the matrix's runs
 - `stats.py`: sharing's figures with intervals and verdicts (statistics only: no rendering)
 - `advice.py`: the advisor's prediction rule
+- `windows.py`: the advisor's windows, calibrated from each job's solo steps
 - `mps.py`, `knobs.py`: gpuvs's own MPS daemon; MPS client settings as arms
 - `gpm.py`: NVML GPM readings over a window
 - the start/stop barrier the workers meet at is gpuvs.workloads._barrier (the worker side imports it)

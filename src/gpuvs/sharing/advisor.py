@@ -2,14 +2,17 @@
 time-sliced and under MPS, in fresh process groups every repeat; the prediction (advice.py) from the
 solo windows against the measured verdict (stats.py). With a cap above the planned repeats, repeats
 are added, one at a time and only for the pairs not yet settled, until each pair's verdict settles or
-the cap: compare --until-confident's sequential rule (stats.mps_verdict with a plan)."""
+the cap: compare --until-confident's sequential rule (stats.mps_verdict with a plan). Windows are
+calibrated (windows.py): a job's first solo window, at --duration, gives its step times; a job that needs
+longer is measured alone again at its own window (the short one, stored, was its calibration, as
+pyperf's calibration run), and each pair gets the window both its jobs need together, up to the cap."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
 
-from gpuvs.sharing import stats
+from gpuvs.sharing import stats, windows
 from gpuvs.sharing.advice import Advice, predict
 from gpuvs.sharing.group import Coordinator, Group, normalized_sum
 from gpuvs.sharing.stats import Plan
@@ -42,6 +45,8 @@ class PairRuns:
     work: dict[str, list[float | None]] = field(default_factory=lambda: {"A+B": [], "A+B, MPS": []})
     plan: Plan | None = None  # the looks of a measurement that adds repeats until it settles
     margin: float = 0.05
+    window: windows.Window | None = None  # the pair's calibrated window (None: the coordinator's, uncalibrated)
+    solo_windows: dict[str, windows.Window] = field(default_factory=dict)  # "A alone", "B alone": each job's
 
     def verdict(self) -> stats.MpsVerdict | None:
         """The measured MPS verdict over the repeats so far (None before any MPS group)."""
@@ -61,16 +66,31 @@ class PairRuns:
         return v is not None and v.settled
 
 
+def job_steps(job: str, group: Group) -> windows.StepTimes | None:
+    """A job's step times from its solo group (its first series); None where the group failed."""
+    trial = group.trials[0] if group.ok and group.trials else None
+    if trial is None or not trial.samples:
+        return None
+    series = trial.samples[0].series
+    return windows.step_times(job, [s.seconds for s in trial.samples if s.series == series])
+
+
 def measure(coord: Coordinator, specs: dict[str, RunSpec], pairs: list[PairRuns], repeats: int, cuda: bool,
             save: Callable[[], None] = lambda: None, predict_only: bool = False,
-            heading: Callable[[str], None] = lambda s: None) -> None:
+            heading: Callable[[str], None] = lambda s: None, max_window_s: float | None = None,
+            say: Callable[[str], None] = lambda s: None) -> None:
     """Each job alone once per repeat (NVML and GPM over its window), then each pair time-sliced and
     under MPS; fresh process groups every time. Solo runs of a job are shared by every pair that has it.
     Past `repeats`, a pair with a plan (PairRuns.plan) gets one more repeat at a time until it settles
     or reaches its cap; only the jobs of such pairs run alone then. `save` is called whenever a part is
-    measured, so that what was measured survives a stop."""
+    measured, so that what was measured survives a stop. max_window_s: the cap of a calibrated window
+    (windows.py; the floor is the coordinator's window); None or at the floor: every window the floor."""
     single = len(pairs) == 1
     sequential = cuda and not predict_only
+    floor = coord.window_s
+    calibrating = max_window_s is not None and max_window_s > floor
+    steps: dict[str, windows.StepTimes | None] = {}
+    solo_window: dict[str, windows.Window] = {}
     cap = max([repeats] + [pr.plan.cap for pr in pairs if pr.plan and sequential])
     for rep in range(cap):
         todo = pairs if rep < repeats else [pr for pr in pairs if sequential and pr.plan and not pr.settled()]
@@ -82,18 +102,33 @@ def measure(coord: Coordinator, specs: dict[str, RunSpec], pairs: list[PairRuns]
         solo: dict[str, Group] = {}
         for i, text in enumerate(jobs):
             label = ("A alone" if i == 0 else "B alone") if single else f"alone: {text}"
-            solo[text] = coord.group([specs[text]], label, False, gpm_window=True)
+            win = solo_window.get(text)
+            g = coord.group([specs[text]], label, False, gpm_window=True, window_s=win.seconds if win else None)
+            if calibrating and win is None and g.ok:
+                steps[text] = job_steps(text, g)
+                win = solo_window[text] = windows.choose([steps[text]], floor, max_window_s)
+                say(f"{label}: {win.reason}" + ("; measured alone again at it" if win.seconds > floor else ""))
+                if win.seconds > floor:
+                    save()
+                    g = coord.group([specs[text]], label, False, gpm_window=True, window_s=win.seconds)
+            solo[text] = g
         for pr in todo:
             pr.runs["A alone"].append(solo[pr.a])
             pr.runs["B alone"].append(solo[pr.b])
+            pr.solo_windows.update({k: solo_window[t] for k, t in (("A alone", pr.a), ("B alone", pr.b))
+                                    if t in solo_window})
         save()
         for n, pr in [] if predict_only else [(pairs.index(pr), pr) for pr in todo]:
+            if calibrating and pr.window is None and pr.a in steps and pr.b in steps:
+                pr.window = windows.choose([steps[pr.a], steps[pr.b]], floor, max_window_s, windows.PAIR_SLOWDOWN)
+                say(f"{'A+B' if single else f'pair {n + 1}'}: {pr.window.reason}")
             alone = [solo[pr.a].value(0), solo[pr.b].value(0)]
             for label, mps in (("A+B", False), ("A+B, MPS", True)):
                 if mps and not cuda:
                     continue
                 arm = label if single else f"pair {n + 1}: {label}"
-                pr.runs[label].append(coord.group([specs[pr.a], specs[pr.b]], arm, mps))
+                pr.runs[label].append(coord.group([specs[pr.a], specs[pr.b]], arm, mps,
+                                                  window_s=pr.window.seconds if pr.window else None))
                 pr.work[label].append(normalized_sum(pr.runs[label][-1], alone))
             save()
 

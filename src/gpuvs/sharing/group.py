@@ -32,6 +32,7 @@ class Group:
     label: str
     mps: bool
     trials: list[TrialResult] = field(default_factory=list)
+    window_s: float | None = None  # the window it measured
     memory_used_mib: float | None = None
     memory_total_mib: float | None = None
     clients_attached: int | None = None
@@ -143,7 +144,8 @@ class Coordinator:
         return None
 
     def _run_window(self, group: Group, lives: list[LiveTrial], folder: str, mps: MpsDaemon | None,
-                    gpm_window: bool = False) -> None:
+                    gpm_window: bool = False, window_s: float | None = None) -> None:
+        window_s = window_s or self.window_s
         sink: list[dict[str, Any]] = []
         spec = lives[0].result.spec
         sampler = self._sampler(spec, sink)
@@ -151,13 +153,13 @@ class Coordinator:
         try:
             start = barrier.release(folder)
             if gpm_window and spec.device.startswith("cuda"):
-                time.sleep(max(0.0, start - time.time()) + min(0.3, self.window_s / 10))
+                time.sleep(max(0.0, start - time.time()) + min(0.3, window_s / 10))
                 window, group.gpm_note = gpm.start(telemetry.visible_gpu_indices(spec.device, 1)[0])
-                gpm_end = time.monotonic() + self.window_s - min(0.5, self.window_s / 5)
+                gpm_end = time.monotonic() + window_s - min(0.5, window_s / 5)
             if mps is not None:
-                time.sleep(min(1.0, self.window_s / 4))
+                time.sleep(min(1.0, window_s / 4))
                 group.clients_attached = mps.clients()
-            grace = time.monotonic() + self.window_s + 120
+            grace = time.monotonic() + window_s + 120
             while not all(lv.done for lv in lives):
                 self._pump(lives)
                 if window is not None and (time.monotonic() >= gpm_end or any(lv.done for lv in lives)):
@@ -165,7 +167,7 @@ class Coordinator:
                 if time.monotonic() > grace:
                     for lv in lives:
                         if not lv.done:
-                            lv.fail("timeout", f"still running {self.window_s + 120:g} s after the start")
+                            lv.fail("timeout", f"still running {window_s + 120:g} s after the start")
                     break
                 time.sleep(0.01)
         finally:
@@ -202,12 +204,14 @@ class Coordinator:
             shutil.rmtree(folder, ignore_errors=True)
 
     def group(self, specs: list[RunSpec], label: str, mps: bool, client_env: list[dict[str, str]] | None = None,
-              gpm_window: bool = False) -> Group:
+              gpm_window: bool = False, window_s: float | None = None) -> Group:
         """Start every spec, wait until all are warmed up at the barrier, measure one window. client_env:
-        per worker, MPS client settings; gpm_window: read NVML GPM over the window (solo runs)."""
-        group = Group(label=label, mps=mps)
+        per worker, MPS client settings; gpm_window: read NVML GPM over the window (solo runs); window_s:
+        this group's window (advise-mps's calibrated one), else the coordinator's."""
+        window_s = window_s or self.window_s
+        group = Group(label=label, mps=mps, window_s=window_s)
         with self._workers(mps) as (folder, daemon, lives):
-            ws = [worker_spec(s, folder, f"w{i}", self.window_s, label, i, daemon,
+            ws = [worker_spec(s, folder, f"w{i}", window_s, label, i, daemon,
                               (client_env or [])[i] if client_env and i < len(client_env) else None)
                   for i, s in enumerate(specs)]
             for spec in ws:
@@ -221,7 +225,7 @@ class Coordinator:
                     if not lv.done:
                         lv.fail("stopped", "stopped: another worker of its group failed before the start")
             else:
-                self._run_window(group, lives, folder, daemon, gpm_window)
+                self._run_window(group, lives, folder, daemon, gpm_window, window_s)
         group.trials = [lv.result for lv in lives]
         return group
 

@@ -26,8 +26,14 @@ from gpuvs.sharing.group import Coordinator, check_shareable, gpu_memory_total_m
 from gpuvs.spec import RunSpec
 from gpuvs.store.db import Store
 
+MAX_DURATION_TIMES = 4  # the default cap of a calibrated window, in --duration
+
 ADVISE_OPTIONS = (
-    Param("duration", float, 10.0, "seconds of each measured window", min=0.5, max=3600),
+    Param("duration", float, 10.0, "seconds of each measured window at least (each job's first solo window; windows "
+          "are calibrated from it up to --max-duration)", min=0.5, max=3600),
+    Param("max_duration", float, None, "longest calibrated window: a job or pair with too few or too uneven steps for "
+          f"its rate's error to be within 1% in --duration gets a longer window, up to this (default: "
+          f"{MAX_DURATION_TIMES} x --duration; at --duration: every window --duration)", min=0.5, max=36000),
     Param("margin", float, 0.05, "work ratio (MPS / time-sliced) within which both count as equal", min=0, max=0.9),
     Param("repeats", int, 3, "fresh process groups per run (the verdict needs 2 or more)", min=1, max=1000),
     Param("max_repeats", int, 8, "add repeats, one at a time and only for pairs not yet settled, until the measured "
@@ -67,6 +73,10 @@ def advise_mps(args: Args) -> None:
             specs[text] = common.job_spec(text, base)
             check_shareable(specs[text])
             validate_spec(specs[text])
+    max_window = ao["max_duration"] if ao["max_duration"] is not None else MAX_DURATION_TIMES * ao["duration"]
+    if max_window < ao["duration"]:
+        raise UsageError(f"--max-duration {ao['max_duration']:g} is shorter than --duration {ao['duration']:g}: "
+                         "the longest calibrated window must be at least the shortest")
     plan = repeats_plan(ao["repeats"], ao["max_repeats"])
     pairs = [PairRuns(x, y, plan=plan, margin=ao["margin"]) for x, y in texts]
     exp_id = common.experiment_id()
@@ -76,18 +86,21 @@ def advise_mps(args: Args) -> None:
     with Store(run["store"]) as store:
         store.create_experiment(exp_id, run["name"] or f"advise-mps {len(pairs)} pair(s)", "advise-mps",
                                 ExperimentMeta(pairs=texts, options=ao))
-        runner = Runner(store, timeout_s=run["timeout"] + ao["duration"])
+        runner = Runner(store, timeout_s=run["timeout"] + max_window)
         coord = Coordinator(runner, ao["duration"], say=lambda s: console.print("  " + safe_text(s)))
         save = (lambda: _write_json(ao["json"], pairs, total, ao["margin"])) if ao["json"] else (lambda: None)
         measure(coord, specs, pairs, ao["repeats"], device.startswith("cuda"), save, ao["predict_only"],
-                heading=lambda text: terminal.heading(console, text))
+                heading=lambda text: terminal.heading(console, text), max_window_s=max_window,
+                say=lambda s: console.print("  " + safe_text(s)))
     if len(pairs) == 1:
         _one_pair(console, pairs[0], total, ao["margin"])
     else:
         table, hit_rate = sharing.advise_pairs_table(pairs, total, ao["margin"])
         console.print(table)
         console.print(hit_rate, style="bold")
-        for pr in pairs:
+        for n, pr in enumerate(pairs, 1):
+            if pr.window is not None:
+                console.print(f"pair {n}: {safe_text(pr.window.reason)}")
             why = unsettled_why(pr.verdict())
             if why:
                 console.print(f"{safe_text(pr.a)} + {safe_text(pr.b)}: {why}")
@@ -97,6 +110,8 @@ def advise_mps(args: Args) -> None:
 def _one_pair(console, pr: PairRuns, total, margin: float) -> None:
     solo, advice, verdict = verdicts(pr, total, margin)
     console.print(sharing.advise_table((pr.a, pr.b), pr.runs, pr.work, total))
+    for label, win in [*pr.solo_windows.items(), *([("A+B", pr.window)] if pr.window else [])]:
+        console.print(f"{label}: {safe_text(win.reason)}")
     note = next((g.gpm_note for g in pr.runs["A alone"] + pr.runs["B alone"] if g.gpm_note), "")
     console.print(f"prediction: {advice.prediction} (from {advice.source}{': ' + note if note else ''})", style="bold")
     for reason in advice.reasons:
@@ -124,6 +139,8 @@ def _write_json(path: str, pairs: list[PairRuns], total, margin: float) -> None:
                     "measured_ci": [verdict.ci_low, verdict.ci_high] if ok else None,
                     "repeats": len(pr.work["A+B, MPS"]) or len(pr.work["A+B"]),
                     "unsettled_why": unsettled_why(verdict) if ok else None,
+                    "window": pr.window.to_dict() if pr.window else None,
+                    "solo_windows": {k: w.to_dict() for k, w in pr.solo_windows.items()},
                     "work": pr.work, "solo": [{"telemetry": t, "gpm": g, "memory_mib": m} for t, g, m in solo]})
     try:
         Path(path).write_text(json.dumps(out if len(out) > 1 else out[0], indent=1) + "\n")
