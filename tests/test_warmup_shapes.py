@@ -101,10 +101,10 @@ class Ramping(GemmOp):
 def test_the_figures_after_a_ramp_equal_a_long_fixed_warm_ups(one_thread):
     """Not a performance claim: on the CPU, a shape whose steps ramp for 0.8 s (40 blocks of 20 ms, as the
     rule's own clock ramp spans 30 steps) gives the same figure after the adaptive warm-up as after a long fixed
-    one (past the ramp), the median of 5 trials within 10% (other work on this shared CPU is noise the rule must not take for a
-    ramp), while a warm-up held to the floor (capped at its 11 blocks, inside the ramp)
-    is far off: the bound can fail. (A ramp within 10 blocks changes the blocks by under the rule's 1%, which
-    it does not see: docs/trials.md.)"""
+    one (past the ramp), the median of 5 trials within 10% (other work on this shared CPU is noise the rule must
+    not take for a ramp), while a warm-up held to the floor (capped at its 11 blocks, inside the ramp) is far
+    off: the bound can fail. A second attempt where the first fails. (A ramp within 10 blocks that changes the
+    blocks by under the rule's 1% is not seen: docs/hardware.md.)"""
     dims = (16, 16, 16)
 
     def figure(**given):
@@ -113,15 +113,26 @@ def test_the_figures_after_a_ramp_equal_a_long_fixed_warm_ups(one_thread):
                                                          torch.Generator().manual_seed(0))
         return flops(dims) * inner / statistics.median(secs), warm_s, warm
 
-    long_fixed, long_s, _ = figure(warmup=10000)  # 10000 steps of at least 100 us: past the ramp
-    trials = [figure(warmup=0) for _ in range(5)]  # a median of trials, as gpuvs's figures: a preempted block or two
-    adaptive = statistics.median(f for f, _, _ in trials)  # at the end of a window can end one warm-up early
-    floor_only, _, (held, _) = figure(warmup=0, warmup_max_steps=PLAN.floor)
-    assert long_s > Ramping.RAMP_S and sum(d.stopped == "steady" for _, _, (d, _) in trials) >= 3
-    # it went on while the steps were getting faster
-    assert statistics.median(s for _, s, _ in trials) >= 0.75 * Ramping.RAMP_S, [d for _, _, (d, _) in trials]
-    assert abs(adaptive / long_fixed - 1) <= 0.10, (adaptive, long_fixed, [d for _, _, (d, _) in trials])
-    assert held.stopped == "cap" and floor_only / long_fixed - 1 < -0.30, (floor_only, long_fixed)
+    def attempt() -> list[str]:
+        """What is wrong with one attempt (nothing: it passed)."""
+        long_fixed, long_s, _ = figure(warmup=10000)  # 10000 steps of at least 100 us: past the ramp
+        trials = [figure(warmup=0) for _ in range(5)]  # a median of trials, as gpuvs's figures: a preempted block
+        adaptive = statistics.median(f for f, _, _ in trials)  # or two at the end of a window can end one early
+        floor_only, _, (held, _) = figure(warmup=0, warmup_max_steps=PLAN.floor)
+        decided = [(round(s, 2), d.steps, d.stopped) for _, s, (d, _) in trials]
+        checks = {"the long warm-up passed the ramp": long_s > Ramping.RAMP_S,
+                  "most adaptive warm-ups ended steady": sum(d.stopped == "steady" for _, _, (d, _) in trials) >= 3,
+                  "they went on while the steps got faster":
+                      statistics.median(s for _, s, _ in trials) >= 0.75 * Ramping.RAMP_S,
+                  "adaptive figure within 10% of the long warm-up's": abs(adaptive / long_fixed - 1) <= 0.10,
+                  "the floor alone is far off": held.stopped == "cap" and floor_only / long_fixed - 1 < -0.30}
+        return [f"{what}: no (adaptive {adaptive:.4g}, long {long_fixed:.4g}, floor only {floor_only:.4g}; "
+                f"warm-ups {decided})" for what, ok in checks.items() if not ok]
+
+    # a burst of other work on this shared CPU can disturb one attempt; a broken warm-up fails both
+    first = attempt()
+    assert not first or not attempt(), first
+
 
 def test_shape_warm_ups_in_where_the_time_went():
     startup = {"launch_to_exit_s": 10.0, "launch_to_timed_s": 6.0, "warmup_s": 1.0}
