@@ -50,6 +50,24 @@ def test_ranks_are_forked_with_the_imports_and_spawned_when_asked(cli, tmp_path)
     assert gpuvs_processes() == []
 
 
+def test_cpu_ranks_share_the_cores_unless_omp_num_threads_says(cli, tmp_path, monkeypatch):
+    """Each CPU rank runs torch with the cores // the ranks (at least 1), not every core's threads each (which
+    oversubscribes them: torchrun sets OMP_NUM_THREADS=1 per rank); OMP_NUM_THREADS, where the user set it, wins.
+    Both are stored with the trial, as each rank's torch reports its threads."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    r = cli("compare", *JOB, "--steps", "2", "--display-every", "2", "--trials", "1", "--arm", "shared:seed=1",
+            "--arm", "given:env_var=OMP_NUM_THREADS=2")
+    assert r.returncode == 0, r.stderr + r.stdout
+    db = sqlite3.connect(tmp_path / "gpuvs.db")
+    cfg = {arm: json.loads(config) for arm, config in db.execute("SELECT arm, config FROM trials WHERE status = 'ok'")}
+    cores = len(os.sched_getaffinity(0))
+    want = max(1, cores // 2)
+    assert cfg["shared"]["rank_threads"] == [want, want], cfg["shared"]
+    assert cfg["shared"]["rank_threads_by"] == f"{cores} cores // 2 ranks"
+    assert cfg["given"]["rank_threads"] == [2, 2] and cfg["given"]["rank_threads_by"] == "OMP_NUM_THREADS=2"
+    assert gpuvs_processes() == []
+
+
 def test_a_worker_with_another_thread_spawns_its_ranks_and_says_why():
     code = ("import threading, time\n"
             "from gpuvs.trial import multiproc\n"

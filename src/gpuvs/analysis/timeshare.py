@@ -6,7 +6,8 @@ does not report it, launch_to_done_s minus the timed steps; failing that, L minu
 - measured: the timed steps' own seconds (the headline series' total_seconds: what the figure is made of);
 - fork: the fork request to the child running (fork_s; 0 for a fresh exec);
 - warm-up: the first step and the warm-up steps (warmup_s); an adaptive warm-up also says how many steps it
-  ran and why it stopped (steady, cap: the trial's config items warmup_steps and warmup_stop);
+  ran and why it stopped (steady, cap: the trial's config items warmup_steps and warmup_stop); a workload that
+  warms up each shape alone (gemm, membw) says so per shape (the config item warmup_shapes: blocks, why);
 - start-up: T0 minus fork and warm-up: the interpreter and imports (exec), the fingerprint, the device's
   context, the model and data; across several GPUs or CPU ranks it holds the ranks' start (ranks_s: the ranks'
   processes started, their imports, their process group), which the breakdown names as a part of start-up;
@@ -53,6 +54,7 @@ class TrialTime:
     job_s: float | None = None  # a command job's run (its wall time); None: not a command job
     warm_up_steps: int | None = None  # an adaptive warm-up's steps (config warmup_steps with warmup_stop); else None
     warm_up_stop: str | None = None  # why it stopped: 'steady' or 'cap' (workloads/_warmup.py)
+    shape_warm_ups: list[tuple[int, str]] | None = None  # per shape (gemm, membw): (blocks, why it stopped); else None
     ranks: dict[str, float] | None = None  # across ranks: RANK_PARTS -> seconds, inside start-up; else None
     ranks_started_by: str | None = None  # 'fork' or 'spawn' (trial/multiproc.py); None: not stored
 
@@ -66,14 +68,16 @@ class TimeShares:
     per_trial: dict[str, float]  # part -> mean seconds per such trial (other: none)
     zygote_starts_s: list[float] = field(default_factory=list)
     warm_ups: list[tuple[int, str]] = field(default_factory=list)  # each adaptive warm-up: (steps, why it stopped)
+    shape_warm_ups: list[tuple[int, str]] = field(default_factory=list)  # each shape's (gemm, membw): (blocks, why)
     ranks: dict[str, Any] | None = None  # trials across ranks: {trials, started_by: {how: n}, per_trial: {part: s}}
 
     def to_dict(self) -> dict[str, Any]:
         """As --format json writes it: warm_ups only where a trial warmed up adaptively (the keys of before)."""
         out = asdict(self)
-        out.pop("warm_ups")
-        if self.warm_ups:
-            out["warm_ups"] = [{"steps": n, "stopped": why} for n, why in self.warm_ups]
+        for key in ("warm_ups", "shape_warm_ups"):  # only where a trial warmed up adaptively (the keys of before)
+            out.pop(key)
+            if getattr(self, key):
+                out[key] = [{"steps": n, "stopped": why} for n, why in getattr(self, key)]
         if out["ranks"] is None:  # only where trials ran across ranks (the keys of before)
             out.pop("ranks")
         return out
@@ -121,9 +125,13 @@ def trial_time(startup: Mapping[str, float], summary: Mapping[str, SeriesSummary
     adaptive = isinstance(stop, str) and isinstance(steps, int)
     ranks = {k: float(startup[k]) for k in RANK_PARTS if startup.get(k) is not None}
     how = config.get("ranks_started_by")
+    shapes = config.get("warmup_shapes")  # workloads/_warmup.py SHAPES_ITEM
+    per_shape = [(int(d["steps"]), str(d["stop"])) for d in shapes.values() if isinstance(d, dict)
+                 and isinstance(d.get("steps"), int) and isinstance(d.get("stop"), str)] \
+        if isinstance(shapes, dict) else []
     return TrialTime(wall, measured, fork, warm, start, teardown, warm_up_steps=steps if adaptive else None,
                      warm_up_stop=stop if adaptive else None, ranks=ranks if "ranks_s" in ranks else None,
-                     ranks_started_by=how if isinstance(how, str) else None)
+                     ranks_started_by=how if isinstance(how, str) else None, shape_warm_ups=per_shape or None)
 
 
 def shares(wall_s: float | None, trials: Iterable[TrialTime | None], timing: Mapping[str, Any] | None = None
@@ -153,6 +161,7 @@ def shares(wall_s: float | None, trials: Iterable[TrialTime | None], timing: Map
                       zygote_starts_s=[float(x) for x in timing.get("zygote_starts_s") or []],
                       warm_ups=[(t.warm_up_steps, t.warm_up_stop) for t in known
                                 if t.warm_up_steps is not None and t.warm_up_stop is not None],
+                      shape_warm_ups=[w for t in known for w in t.shape_warm_ups or ()],
                       ranks=_ranks(known))
 
 

@@ -241,7 +241,8 @@ def time_shares_table(ts: TimeShares | None) -> Table | None:
     zyg = (f"; start-up holds {len(ts.zygote_starts_s)} zygote start(s) of "
            + ", ".join(f"{s:.1f}" for s in ts.zygote_starts_s) + " s") if ts.zygote_starts_s else ""
     note = (f"{ts.trials} trial(s); per trial: mean seconds from launch to exit (docs/trials.md defines each "
-            f"part){zyg}{_warm_ups(ts.warm_ups)}{_ranks(ts.ranks)}")
+            f"part){zyg}{_warm_ups(ts.warm_ups)}{_warm_ups(ts.shape_warm_ups, 'shape(s)', 'blocks')}"
+            f"{_ranks(ts.ranks)}")
     return Table("time", "Where the time went", ["part", "seconds", "share", "per trial (s)"], rows, note=note,
                  right={1, 2, 3})
 
@@ -259,9 +260,9 @@ def _ranks(ranks: dict | None) -> str:
             f"{per['ranks_import_s']:.2f}, process group {per['ranks_group_s']:.2f}); ranks {how}")
 
 
-def _warm_ups(warm_ups: list[tuple[int, str]]) -> str:
+def _warm_ups(warm_ups: list[tuple[int, str]], what: str = "trial(s)", unit: str = "steps") -> str:
     """The adaptive warm-ups: their steps and why they stopped ('; warm-up until steady in 6 trial(s): 11 to 14
-    steps (median 11); cap 1, steady 5')."""
+    steps (median 11); cap 1, steady 5'); per shape (gemm, membw) 'in 9 shape(s): 11 to 12 blocks ...'."""
     if not warm_ups:
         return ""
     steps = sorted(n for n, _ in warm_ups)
@@ -269,7 +270,7 @@ def _warm_ups(warm_ups: list[tuple[int, str]]) -> str:
     median = steps[mid] if len(steps) % 2 else (steps[mid - 1] + steps[mid]) / 2
     why = ", ".join(f"{stop} {sum(1 for _, s in warm_ups if s == stop)}" for stop in sorted({s for _, s in warm_ups}))
     span = f"{steps[0]}" if steps[0] == steps[-1] else f"{steps[0]} to {steps[-1]}"
-    return f"; warm-up until steady in {len(warm_ups)} trial(s): {span} steps (median {median:g}); {why}"
+    return f"; warm-up until steady in {len(warm_ups)} {what}: {span} {unit} (median {median:g}); {why}"
 
 
 def _time_table(a: Analysis) -> Table | None:

@@ -18,7 +18,12 @@ then sets its own device and makes its own CUDA context and process group.
 Each rank reports when it ran, had its imports and had its process group; the worker stores, per trial, the
 ranks' start as start-up items (ranks_s and its parts ranks_process_s, ranks_import_s, ranks_group_s) and how
 they started as config items (ranks_started_by, ranks_spawn_reason, ranks_preloaded: torch was imported
-in every rank before its code ran, rank_import_s: each rank's own import seconds)."""
+in every rank before its code ran, rank_import_s: each rank's own import seconds).
+
+CPU ranks each set torch's intra-op threads to the cores this process may use // the ranks on this host (at
+least 1), or to OMP_NUM_THREADS where the user set it: each rank with every core's threads would oversubscribe
+the cores (torchrun sets OMP_NUM_THREADS=1 per rank for this). Stored as config items rank_threads (each
+rank's, as torch reports it) and rank_threads_by (what decided it)."""
 
 from __future__ import annotations
 
@@ -36,6 +41,20 @@ from gpuvs.errors import WorkloadError
 
 MODE_ENV = "GPUVS_RANKS"  # "spawn": the ranks start as before issue 36 (for before/after figures); else fork where safe
 MODES = ("fork", "spawn")
+THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def rank_threads(ranks: int) -> tuple[int, str]:
+    """Each CPU rank's torch intra-op threads and what decided them: OMP_NUM_THREADS where the user set it (a
+    whole number from 1), else the cores this process may use // the `ranks` on this host, at least 1."""
+    given = os.environ.get(THREADS_ENV, "").strip()
+    if given.isdigit() and int(given) >= 1:
+        return int(given), f"{THREADS_ENV}={given}"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // ranks), f"{cores} cores // {ranks} ranks"
 
 
 def _free_port() -> int:
@@ -74,7 +93,7 @@ def _as_new_process(close_fds: Iterable[int]) -> None:
 
 def _rank_main(spec_json: str, params: dict[str, Any], rank: int, world: int, port: int, q,
                forked: bool = False, close_fds: tuple[int, ...] = (), local: int | None = None,
-               addr: str = "127.0.0.1") -> None:
+               addr: str = "127.0.0.1", threads: int | None = None) -> None:
     entered = time.time()
     preloaded = "torch" in sys.modules  # forked from a worker that imported it, or a fresh interpreter
     if forked:
@@ -100,14 +119,16 @@ def _rank_main(spec_json: str, params: dict[str, Any], rank: int, world: int, po
         import_s = time.perf_counter() - t0
         imported = time.time()
         cuda = spec.device.startswith("cuda")
-        if cuda:
-            import torch
+        import torch
 
+        if cuda:
             torch.cuda.set_device(local)
             spec.device = f"cuda:{local}"
+        elif threads:
+            torch.set_num_threads(threads)
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
         q.put({"type": "_started", "rank": rank, "entered": entered, "imported": imported, "grouped": time.time(),
-               "import_s": import_s, "preloaded": preloaded})
+               "import_s": import_s, "preloaded": preloaded, "threads": torch.get_num_threads()})
         try:
             for event in workload.run(RunContext(spec=spec, params=params, rank=rank, world_size=world)):
                 if rank == 0 and event.get("type") != "telemetry":
@@ -156,9 +177,10 @@ class Ranks:
         self.q = ctx.Queue()
         port = port or _free_port()
         forked = self.mode == "fork"
+        self.threads, self.threads_by = (None, None) if spec.device.startswith("cuda") else rank_threads(self.per)
         self.procs = [ctx.Process(target=_rank_main, name=f"gpuvs-rank{first + r}",
                                   args=(spec.to_json(), params, first + r, self.world, port, self.q, forked,
-                                        tuple(close_fds) if forked else (), r, addr or "127.0.0.1"))
+                                        tuple(close_fds) if forked else (), r, addr or "127.0.0.1", self.threads))
                       for r in range(self.per)]
         self.started: dict[int, dict[str, Any]] = {}
         self.reported = False
@@ -184,6 +206,9 @@ class Ranks:
         if len(self.started) == self.per:
             items.update(ranks_preloaded=all(r["preloaded"] for r in s),
                          rank_import_s=[round(self.started[r]["import_s"], 4) for r in sorted(self.started)])
+            if self.threads:
+                items.update(rank_threads=[self.started[r]["threads"] for r in sorted(self.started)],
+                             rank_threads_by=self.threads_by)
         emit(events.config(**items))
         if len(self.started) < self.per:
             return

@@ -1,5 +1,6 @@
 """The warm-up of step-based workloads (cnn-train, cnn-infer): a fixed `--warmup-steps N`, or, where none is
-given, adaptive: it ends when the steps are steady.
+given, adaptive: it ends when the steps are steady. The hardware workloads (gemm, membw) warm up each shape
+(size) alone by the same rule (`per_shape`): a step there is one block of about --block-ms.
 
 The rule (pyperf calibrates its warm-ups; tf_cnn_benchmarks runs a fixed count). The first step is always
 warm-up (cuDNN's autotuning, the allocator's first blocks) and never tested. Of the step times after it, once
@@ -48,8 +49,9 @@ class WarmupPlan:
     max_seconds: float = 60.0
 
     @classmethod
-    def from_params(cls, params: dict[str, Any]) -> WarmupPlan:
-        return cls(steps=int(params.get("warmup_steps") or 0), max_steps=int(params.get("warmup_max_steps") or 100),
+    def from_params(cls, params: dict[str, Any], count: str = "warmup_steps") -> WarmupPlan:
+        """From a run's parameters; `count` names the fixed count's (0: adaptive)."""
+        return cls(steps=int(params.get(count) or 0), max_steps=int(params.get("warmup_max_steps") or 100),
                    max_seconds=float(params.get("warmup_max_seconds") or 60.0))
 
     @property
@@ -61,10 +63,10 @@ class WarmupPlan:
         """The fewest steps an adaptive warm-up runs: the first step and two windows."""
         return 1 + 2 * WINDOW
 
-    def describe(self) -> str:
+    def describe(self, unit: str = "steps") -> str:
         if not self.adaptive:
             return str(self.steps)
-        return f"adaptive, until steady: {self.floor} to {self.max_steps} steps or {self.max_seconds:g} s"
+        return f"adaptive, until steady: {self.floor} to {self.max_steps} {unit} or {self.max_seconds:g} s"
 
     def stop(self, launched: int, times: Sequence[float], elapsed_s: float) -> str | None:
         """Stop warming up after `launched` steps? `times`: the seconds of the steps read so far, the first
@@ -167,6 +169,48 @@ def config_items(decision: WarmupDecision, times: Sequence[float]) -> dict[str, 
     stopped, and the step times it decided on)."""
     return {"warmup_steps": decision.steps, "warmup_stop": decision.stopped,
             "warmup_times_s": [round(float(t), 7) for t in times[:KEPT_TIMES]]}
+
+
+SHAPES_ITEM = "warmup_shapes"  # the config item of a workload that warms up each shape alone (gemm, membw)
+
+
+def shape_items(decisions: dict[str, tuple[WarmupDecision, Sequence[float]]]) -> dict[str, Any]:
+    """What the adaptive warm-ups of a trial's shapes decided, as one config item (stored with the trial):
+    {shape: {steps, stop, times_s}}, as config_items says it for one warm-up (steps: blocks, the first's first)."""
+    return {SHAPES_ITEM: {name: {"steps": d.steps, "stop": d.stopped,
+                                 "times_s": [round(float(t), 7) for t in times[:KEPT_TIMES]]}
+                          for name, (d, times) in decisions.items()}}
+
+
+def per_shape_described(params: dict[str, Any], what: str) -> str:
+    """The warm-up of a workload that warms up each shape alone (its `--warmup`: a count of `what`, 0 adaptive),
+    as its config item `warmup`."""
+    plan = WarmupPlan.from_params(params, "warmup")
+    return plan.describe("blocks") + ", per shape" if plan.adaptive else f"{plan.steps} {what} per shape"
+
+
+def per_shape(plan: WarmupPlan, step: Callable[[], Any], calibrate: Callable[[], int], sync: Callable[[], None],
+              clock: Callable[[], float] = time.perf_counter
+              ) -> tuple[int, tuple[WarmupDecision, list[float]] | None]:
+    """One shape's warm-up on the host's clock. Fixed: its count of `step`, then `calibrate` (the steps per
+    block, as before). Adaptive: `calibrate` first, then blocks of that many steps (as the timed samples run
+    them) until they are steady by the rule, the first block its first step. Returns the steps per block and
+    what the adaptive warm-up decided with its blocks' times (None: fixed)."""
+    if not plan.adaptive:
+        for _ in range(plan.steps):
+            step()
+        sync()
+        return calibrate(), None
+    inner = calibrate()
+
+    def block() -> None:
+        for _ in range(inner):
+            step()
+
+    t0 = clock()
+    block()
+    sync()
+    return inner, on_host(plan, block, clock() - t0, sync, clock)
 
 
 def on_host(plan: WarmupPlan, step: Callable[[], Any], first_s: float, sync: Callable[[], None],

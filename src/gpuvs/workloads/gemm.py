@@ -3,8 +3,10 @@
 Convention (DeepBench's): a shape MxNxK is C[M x N] = A[M x K] . B[K x N], neither operand
 transposed ("NN"), 2*M*N*K floating-point operations. Inputs are random normal values (never
 zeros), several operand sets are rotated so that the cache does not flatter small shapes, and time
-is taken with CUDA events around blocks of GEMMs. Before timing, the same code path multiplies a
-small shape and is checked against a float64 NumPy reference with a tolerance per precision."""
+is taken with CUDA events around blocks of GEMMs. Each shape warms up alone: a fixed --warmup N GEMMs, or
+(--warmup 0, a GPU's default) blocks until they are steady (workloads/_warmup.py's rule). Before timing, the
+same code path multiplies a small shape and is checked against a float64 NumPy reference with a tolerance per
+precision."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from gpuvs.probes import peaks
 from gpuvs.probes.precision import dtype as precision_dtype, matmul_precision
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.params import Param
-from gpuvs.workloads import register
+from gpuvs.workloads import _warmup, register
 from gpuvs.workloads._devtime import inner_count, is_cuda, sync, timed_blocks, window_blocks
 from gpuvs.workloads.aggregate import Totals
 from gpuvs.workloads.base import RunContext, Workload, duration, level, rate
@@ -204,14 +206,15 @@ class Gemm(Workload):
               choices=PRECISIONS),
         Param("repeats", int, 10, "timed samples per shape (each a block of GEMMs of about --block-ms)",
               min=1, max=100000),
-        Param("warmup", int, 3, "untimed GEMMs per shape before timing", min=0, max=100000),
+        Param("warmup", int, 0, "untimed GEMMs per shape before timing (0: adaptive, blocks of about --block-ms "
+              "until they are steady, per shape)", min=0, max=100000),
         Param("block_ms", float, 5.0, "aim for samples of about this many milliseconds (1 GEMM at least)",
               min=0.0, max=60000.0),
         Param("buffers", int, 0, "operand sets rotated (0: enough to exceed 4x the last-level cache)",
               min=0, max=1024),
         Param("check", bool, True, "check a small GEMM against a float64 reference first"),
         Param("seed", int, 0, "random seed of the operands", min=0),
-    )
+    ) + _warmup.PARAMS
     cpu_defaults = {"set": "small", "repeats": 5, "warmup": 1, "block_ms": 10.0}
 
     def validate(self, raw: dict[str, Any], device: str | None = None) -> dict[str, Any]:
@@ -248,7 +251,8 @@ class Gemm(Workload):
         yield events.config(workload="gemm", precision=precision, shapes=len(shapes),
                             convention="MxNxK: C[MxN] = A[MxK].B[KxN], NN, 2MNK flops",
                             device_name=gpu or "cpu", peak_tflops=peak_rate if peak_rate else "unknown",
-                            repeats=p["repeats"], timing="CUDA events" if cuda else "host clock")
+                            repeats=p["repeats"], timing="CUDA events" if cuda else "host clock",
+                            warmup=_warmup.per_shape_described(p, "GEMMs"))
         if precision == "tf32" and not cuda:
             yield events.log("note: tf32 has no meaning on the CPU; the multiply runs in fp32")
         op = GemmOp(torch, precision, device)
@@ -264,6 +268,7 @@ class Gemm(Workload):
         if ctx.spec.barrier and len(shapes) != 1:
             raise WorkloadError("input", "gpuvs share runs one GEMM shape per job: give --shape MxNxK")
         warm_total = 0.0
+        decided: dict[str, tuple[_warmup.WarmupDecision, list[float]]] = {}
         done = 0
         total = Totals()
         for dims in shapes:
@@ -271,12 +276,17 @@ class Gemm(Workload):
                 yield events.log(f"{label(dims)}: skipped: fp8 GEMMs need every dimension a multiple of 16")
                 continue
             try:
-                secs, inner, nbuf, warm_s = self.time_shape(torch, op, dims, cuda, p, gen, ctx)
+                secs, inner, nbuf, warm_s, warm = self.time_shape(torch, op, dims, cuda, p, gen, ctx)
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
                 yield events.log(f"{label(dims)}: skipped: out of GPU memory")
                 continue
             warm_total += warm_s
+            if warm is not None:
+                decided[label(dims)] = warm
+                yield events.config(**_warmup.shape_items(decided))
+                yield events.log(f"{label(dims)}: warm-up {warm[0].steps} blocks of {inner} GEMMs "
+                                 f"({warm[0].seconds:.2f} s), {warm[0].stopped}")
             done += 1
             for i, sec in enumerate(secs, 1):
                 total.add(i, flops(dims) * inner / 1e12, sec)
@@ -309,17 +319,16 @@ class Gemm(Workload):
             return op(sets[next(turn) % nbuf], out)
 
         t0 = time.perf_counter()
-        for _ in range(p["warmup"]):
-            step()
-        sync(torch, cuda)
-        inner = inner_count(torch, cuda, step, p["block_ms"] / 1000.0)
+        inner, warm = _warmup.per_shape(_warmup.WarmupPlan.from_params(p, "warmup"), step,
+                                        lambda: inner_count(torch, cuda, step, p["block_ms"] / 1000.0),
+                                        lambda: sync(torch, cuda))
         warm_s = time.perf_counter() - t0
         if ctx is not None and ctx.spec.barrier:
             ctx.start_window()
             secs = window_blocks(torch, cuda, step, inner, ctx.window_open, p["repeats"])
         else:
             secs = timed_blocks(torch, cuda, step, inner, p["repeats"])
-        return secs, inner, nbuf, warm_s
+        return secs, inner, nbuf, warm_s, warm
 
     def shape_events(self, dims, secs: list[float], inner: int, nbuf: int, peak_rate) -> Iterator[dict[str, Any]]:
         series = label(dims)

@@ -1,10 +1,13 @@
 """membw: memory bandwidth. Device-to-device copy (bytes read + written are counted, as in STREAM
 and nvbandwidth), host-to-device and device-to-host copies from pinned and from pageable host memory,
 over a sweep of sizes; GB/s (10^9 bytes/s) and percent of the datasheet memory bandwidth (d2d) or of
-the PCIe link NVML reports (h2d, d2h). On the CPU, d2d is a host memory copy (memcpy-like)."""
+the PCIe link NVML reports (h2d, d2h). On the CPU, d2d is a host memory copy (memcpy-like). Each copy
+(kind and size) warms up alone, after its checked copy: a fixed --warmup N copies, or (--warmup 0, a GPU's
+default) blocks until they are steady (workloads/_warmup.py's rule)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator
 
 from gpuvs import events
@@ -12,7 +15,7 @@ from gpuvs.probes import peaks
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.workloads._sizes import parse_bytes
 from gpuvs.params import Param
-from gpuvs.workloads import register
+from gpuvs.workloads import _warmup, register
 from gpuvs.workloads._devtime import inner_count, is_cuda, sync, timed_blocks, window_blocks
 from gpuvs.workloads.base import RunContext, Workload, level, rate
 
@@ -81,9 +84,12 @@ class MemBw(Workload):
         Param("repeats", int, 10, "timed samples per kind and size", min=1, max=100000),
         Param("block_ms", float, 5.0, "aim for samples of about this many milliseconds (1 copy at least)",
               min=0.0, max=60000.0),
+        Param("warmup", int, 0, "untimed copies per kind and size before timing (0: adaptive, blocks of about "
+              "--block-ms until they are steady, per kind and size)", min=0, max=100000),
         Param("seed", int, 0, "random seed of the buffer contents", min=0),
-    )
-    cpu_defaults = {"size": "1MiB,16MiB,256MiB", "repeats": 5}  # the largest is beyond any CPU's last-level cache
+    ) + _warmup.PARAMS
+    # the largest size is beyond any CPU's last-level cache; a fixed warm-up on the CPU, as cnn-train's
+    cpu_defaults = {"size": "1MiB,16MiB,256MiB", "repeats": 5, "warmup": 1}
 
     def validate(self, raw: dict[str, Any], device: str | None = None) -> dict[str, Any]:
         values = super().validate(raw, device)
@@ -133,22 +139,31 @@ class MemBw(Workload):
         yield events.config(workload="membw", device_name=gpu or "cpu", kinds=", ".join(
             f"{k} {m}".strip() for k, m in plan), sizes=", ".join(size_label(s) for s in sizes),
             peak_memory_gbps=hbm or "unknown", pcie_link_gbps=round(link, 1) if link else "unknown",
-            bytes_counted="d2d: read + written; h2d, d2h: transferred", repeats=p["repeats"])
+            bytes_counted="d2d: read + written; h2d, d2h: transferred", repeats=p["repeats"],
+            warmup=_warmup.per_shape_described(p, "copies"))
         gen = torch.Generator(device=device).manual_seed(p["seed"])
         if ctx.spec.barrier and len(plan) * len(sizes) != 1:
             raise WorkloadError("input", "gpuvs share runs one copy per job: give one --kind (and --host-memory) "
                                 "and one --size")
         done = 0
+        warm_total = 0.0
+        decided: dict[str, tuple[_warmup.WarmupDecision, list[float]]] = {}
         for kind, mem in plan:
             for size in sizes:
                 series = series_name(kind, mem, size)
                 try:
-                    secs, inner = self.time_copy(torch, kind, mem, size, device, cuda, p, gen, ctx)
+                    secs, inner, warm_s, warm = self.time_copy(torch, kind, mem, size, device, cuda, p, gen, ctx)
                 except torch.cuda.OutOfMemoryError:
                     torch.cuda.empty_cache()
                     yield events.log(f"{series}: skipped: out of GPU memory")
                     continue
                 done += 1
+                warm_total += warm_s
+                if warm is not None:
+                    decided[series] = warm
+                    yield events.config(**_warmup.shape_items(decided))
+                    yield events.log(f"{series}: warm-up {warm[0].steps} blocks of {inner} copies "
+                                     f"({warm[0].seconds:.2f} s), {warm[0].stopped}")
                 moved = (2 if kind == "d2d" else 1) * size * inner / 1e9
                 for i, sec in enumerate(secs, 1):
                     yield events.sample(i, moved / sec, self.unit, series=series, seconds=sec, items=moved,
@@ -162,12 +177,15 @@ class MemBw(Workload):
                                  f"{'datasheet' if kind == 'd2d' else 'PCIe link'}" if pct is not None else ""))
                 if cuda:
                     torch.cuda.empty_cache()
+        yield events.startup("warmup_s", warm_total)
         if not done:
             raise WorkloadError("oom", "no size could be run (see the log lines above)")
 
     def time_copy(self, torch, kind: str, mem: str, size: int, device: str, cuda: bool, p: dict[str, Any], gen,
                   ctx: RunContext | None = None):
-        """Random bytes (never zeros) copied src -> dst; the copy is checked once, then timed."""
+        """Random bytes (never zeros) copied src -> dst; the copy is checked once, warmed up, then timed. Returns
+        the blocks' seconds, the copies per block, the warm-up's seconds (the block's calibration included) and
+        what an adaptive warm-up decided (None: a fixed count)."""
         data = torch.randint(0, 256, (size,), dtype=torch.uint8, device=device, generator=gen)
         if kind == "d2d":
             src, dst = data, torch.empty_like(data)
@@ -185,8 +203,12 @@ class MemBw(Workload):
         def step():
             dst.copy_(src, non_blocking=non_blocking)
 
-        inner = inner_count(torch, cuda, step, p["block_ms"] / 1000.0)
+        t0 = time.perf_counter()
+        inner, warm = _warmup.per_shape(_warmup.WarmupPlan.from_params(p, "warmup"), step,
+                                        lambda: inner_count(torch, cuda, step, p["block_ms"] / 1000.0),
+                                        lambda: sync(torch, cuda))
+        warm_s = time.perf_counter() - t0
         if ctx is not None and ctx.spec.barrier:
             ctx.start_window()
-            return window_blocks(torch, cuda, step, inner, ctx.window_open, p["repeats"]), inner
-        return timed_blocks(torch, cuda, step, inner, p["repeats"]), inner
+            return window_blocks(torch, cuda, step, inner, ctx.window_open, p["repeats"]), inner, warm_s, warm
+        return timed_blocks(torch, cuda, step, inner, p["repeats"]), inner, warm_s, warm
