@@ -33,7 +33,7 @@
 #   SLOW_GPU=J     the co-tenant's GPU on SLOW_NODE: its J-th (1 to K; default 1)
 #   NODE_COUNTS="2 4" NODES_MAX_BYTES=1G  the nodes part's pod counts and largest all-reduce (over sockets a 1 GiB one
 #                  takes 70 s a trial); PAIR_BYTES=64M PAIR_TRIALS=3  the pairs part's all-reduce size and trials a pair;
-#                  PAIR_SLOW=N  its co-tenant's node (default SLOW_NODE; 0: none)
+#                  PAIR_SLOW=N  its co-tenant's node (default SLOW_NODE; 0: none); PAIR_PARALLEL=2  pairs at once
 #   SHARES="0.05 0.25" POWER_RUNS=2  the power part: for each share, POWER_RUNS fleet runs of the first FLEET
 #                  workload with a co-tenant that busy on SLOW_NODE's SLOW_GPU; how often the slowed GPU (or node)
 #                  is found and a healthy one flagged, in OUT/gpu_cluster.md and OUT/power.md
@@ -546,11 +546,11 @@ part_pairs() {  # which node or link: the pair fleet, with a co-tenant on SLOW_N
     cotenant_start "$slow" || { md "" "## Pairs of nodes: not run (the co-tenant did not start)"; cotenant_stop; return; }
   fi
   md "" "## Pairs of nodes ($title)" "" "Every pair of the $NODES nodes an all-reduce across its two pods (the pods' own network:" \
-     "NCCL's socket transport between them), \`--trials $PAIR_TRIALS\` each, pairs without a node in common two at a time."
+     "NCCL's socket transport between them), \`--trials $PAIR_TRIALS\` each, pairs without a node in common ${PAIR_PARALLEL:-2} at a time."
   [ "$slow" -gt 0 ] && md "" "Co-tenant outside Kubernetes on $n: $COTENANT_UUID."
-  cmdline fleet "${COLL[@]}" --pairs --parallel 2 "${POD[@]}"
+  cmdline fleet "${COLL[@]}" --pairs --parallel "${PAIR_PARALLEL:-2}" "${POD[@]}"
   local t; t=$(date +%s)
-  gpuvs_run "$lim" fleet "${COLL[@]}" --pairs --parallel 2 --store "$DB" --name "kit: pairs, $title" "${POD[@]}"; local rc=$?
+  gpuvs_run "$lim" fleet "${COLL[@]}" --pairs --parallel "${PAIR_PARALLEL:-2}" --store "$DB" --name "kit: pairs, $title" "${POD[@]}"; local rc=$?
   cotenant_stop
   [ "$slow" -gt 0 ] && [ "$DEVICE" = cuda ] && md "" "Co-tenant's own rate while it ran: $(grep '^cotenant rate' "$K/cotenant.log" | sed 's/cotenant rate=//' | xargs) (one figure every 5 s)."
   md "" "Exit status $rc, $(( $(date +%s) - t )) s."; report
