@@ -25,6 +25,19 @@ LINK_VERDICTS = DRIFT_VERDICTS  # a node's links, a pair: against the fleet's (p
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+def add_figure(key: list[str], fig, ratio: GaugeMetricFamily, bound: GaugeMetricFamily,
+               verdict: GaugeMetricFamily, verdicts: tuple[str, ...], extra: tuple[str, ...] = ()) -> None:
+    """One figure's rows: its ratio, its interval's ends (bound: low, high) and a 1/0 row per verdict (with the
+    `extra` label values after the verdict's, as a pair's cause)."""
+    if fig.ratio is not None:
+        ratio.add_metric(key, fig.ratio)
+    for end, value in (("low", fig.low), ("high", fig.high)):
+        if value is not None:
+            bound.add_metric(key + [end], value)
+    for v in verdicts:
+        verdict.add_metric(key + [v, *extra], 1.0 if fig.verdict == v else 0.0)
+
+
 class AgentCollector(Collector):
     def __init__(self, state: State):
         self.state = state
@@ -45,13 +58,7 @@ class AgentCollector(Collector):
                                         "measured (Unix time)", labels=["node", "workload"])
             for fig in sorted(s.figures.values(), key=lambda f: (f.node, f.workload)):
                 key = [fig.node, fig.workload]
-                if fig.ratio is not None:
-                    ratio.add_metric(key, fig.ratio)
-                for end, value in (("low", fig.low), ("high", fig.high)):
-                    if value is not None:
-                        bound.add_metric(key + [end], value)
-                for v in VERDICTS:
-                    verdict.add_metric(key + [v], 1.0 if fig.verdict == v else 0.0)
+                add_figure(key, fig, ratio, bound, verdict, VERDICTS)
                 stale.add_metric(key, 1.0 if s.stale(fig, now) else 0.0)
                 success.add_metric(key, fig.measured_at)
             yield from (ratio, bound, verdict, stale, success)
@@ -92,13 +99,7 @@ class AgentCollector(Collector):
                                      "made (Unix time)", labels=labels)
             for fig in sorted(s.drift.values(), key=lambda f: (f.node, f.workload)):
                 key = [fig.node, fig.workload]
-                if fig.ratio is not None:
-                    d_ratio.add_metric(key, fig.ratio)
-                for end, value in (("low", fig.low), ("high", fig.high)):
-                    if value is not None:
-                        d_bound.add_metric(key + [end], value)
-                for v in DRIFT_VERDICTS:
-                    d_verdict.add_metric(key + [v], 1.0 if fig.verdict == v else 0.0)
+                add_figure(key, fig, d_ratio, d_bound, d_verdict, DRIFT_VERDICTS)
                 d_stale.add_metric(key, 1.0 if s.stale(fig, now) else 0.0)
                 d_at.add_metric(key, fig.measured_at)
             yield from (d_ratio, d_bound, d_verdict, d_stale, d_at)
@@ -189,13 +190,7 @@ class AgentCollector(Collector):
                                     "judged (Unix time)", labels=labels)
         for fig in sorted(s.links.values(), key=lambda f: (f.node, f.workload)):
             key = [fig.node, fig.workload]
-            if fig.ratio is not None:
-                ratio.add_metric(key, fig.ratio)
-            for end, value in (("low", fig.low), ("high", fig.high)):
-                if value is not None:
-                    bound.add_metric(key + [end], value)
-            for v in LINK_VERDICTS:
-                verdict.add_metric(key + [v], 1.0 if fig.verdict == v else 0.0)
+            add_figure(key, fig, ratio, bound, verdict, LINK_VERDICTS)
             stale.add_metric(key, 1.0 if s.stale(fig, now) else 0.0)
             success.add_metric(key, fig.measured_at)
         yield from (ratio, bound, verdict, stale, success)
@@ -209,13 +204,7 @@ class AgentCollector(Collector):
                                       "member(s)), empty otherwise", labels=pair + ["verdict", "cause"])
         for fig in sorted(s.pair_links.values(), key=lambda f: (f.workload, f.a, f.b)):
             key = [fig.a, fig.b, fig.workload]
-            if fig.ratio is not None:
-                p_ratio.add_metric(key, fig.ratio)
-            for end, value in (("low", fig.low), ("high", fig.high)):
-                if value is not None:
-                    p_bound.add_metric(key + [end], value)
-            for v in LINK_VERDICTS:
-                p_verdict.add_metric(key + [v, fig.cause], 1.0 if fig.verdict == v else 0.0)
+            add_figure(key, fig, p_ratio, p_bound, p_verdict, LINK_VERDICTS, (fig.cause,))
         yield from (p_ratio, p_bound, p_verdict)
 
 

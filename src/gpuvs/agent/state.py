@@ -76,19 +76,9 @@ class DriftFigure:
     measured_at: float  # when that run was made
 
 
-@dataclass
-class LinkFigure:
-    """A node's links against the fleet's in the last pair fleet that judged it (PairNodeVerdict)."""
-
-    node: str
-    workload: str
-    ratio: float | None
-    verdict: str
-    low: float | None
-    high: float | None
-    measured_at: float
-    experiment: str
-    renewed: bool = True  # the latest pair fleet of this workload judged the node
+class LinkFigure(NodeFigure):
+    """A node's links against the fleet's in the last pair fleet that judged it (PairNodeVerdict); renewed: the
+    latest pair fleet of this workload judged the node. The fields of a node's figure."""
 
 
 @dataclass
