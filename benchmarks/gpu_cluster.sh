@@ -91,6 +91,13 @@ for w in $FLEET; do case "$w" in cnn-train|gemm|spin) ;; *) bad "FLEET: $w? allo
 SLOW_NODE=${SLOW_NODE:-$NODES}; number SLOW_NODE "$SLOW_NODE"
 [ -z "${FAKE_GPUS:-}" ] || [ "$DEVICE" = cpu ] || bad "FAKE_GPUS=$FAKE_GPUS applies to DEVICE=cpu (a machine without GPUs)"
 { [ "$SLOW_NODE" -ge 1 ] && [ "$SLOW_NODE" -le "$NODES" ]; } || bad "SLOW_NODE=$SLOW_NODE: a node's index, 1 to $NODES"
+PAIR_SLOW=${PAIR_SLOW:-$SLOW_NODE}; number PAIR_SLOW "$PAIR_SLOW"
+[ "$PAIR_SLOW" -le "$NODES" ] || bad "PAIR_SLOW=$PAIR_SLOW: a node's index, 1 to $NODES, or 0 (no co-tenant)"
+PAIR_PARALLEL=${PAIR_PARALLEL:-2}; number PAIR_PARALLEL "$PAIR_PARALLEL"
+[ "$PAIR_PARALLEL" -ge 1 ] || bad "PAIR_PARALLEL=0: one pair at a time at least"
+for v in ${NODE_COUNTS:-}; do
+  number NODE_COUNTS "$v"; { [ "$v" -ge 2 ] && [ "$v" -le "$NODES" ]; } || bad "NODE_COUNTS: $v? each 2 to NODES ($NODES)"
+done
 SLOW_GPU=${SLOW_GPU:-1}; number SLOW_GPU "$SLOW_GPU"
 { [ "$SLOW_GPU" -ge 1 ] && [ "$SLOW_GPU" -le "$GPUS_PER_NODE" ]; } || bad "SLOW_GPU=$SLOW_GPU: a GPU of the node, 1 to $GPUS_PER_NODE"
 SHARES=${SHARES:-0.05 0.25}; POWER_RUNS=${POWER_RUNS:-2}; number POWER_RUNS "$POWER_RUNS"
@@ -539,18 +546,17 @@ part_pairs() {  # which node or link: the pair fleet, with a co-tenant on SLOW_N
   local COLL=(collective --op all-reduce --device "$DEVICE" --min-bytes "${PAIR_BYTES:-64M}" --max-bytes "${PAIR_BYTES:-64M}" --trials "$PAIR_TRIALS")
   [ "$DEVICE" = cpu ] && COLL=(collective --op all-reduce --device cpu --min-bytes 256K --max-bytes 256K --warmup 2
                                --iters 10 --repeats 3 --trials "$PAIR_TRIALS")
-  local n="-" title="no co-tenant" slow=${PAIR_SLOW:-$SLOW_NODE}
-  number PAIR_SLOW "$slow"
+  local n="-" title="no co-tenant" slow=$PAIR_SLOW
   if [ "$slow" -gt 0 ]; then
     n=$(node "$slow"); title="co-tenant on $n, busy $COTENANT_BUSY"
     cotenant_start "$slow" || { md "" "## Pairs of nodes: not run (the co-tenant did not start)"; cotenant_stop; return; }
   fi
   md "" "## Pairs of nodes ($title)" "" "Every pair of the $NODES nodes an all-reduce across its two pods (the pods' own network:" \
-     "NCCL's socket transport between them), \`--trials $PAIR_TRIALS\` each, pairs without a node in common ${PAIR_PARALLEL:-2} at a time."
+     "NCCL's socket transport between them), \`--trials $PAIR_TRIALS\` each, pairs without a node in common $PAIR_PARALLEL at a time."
   [ "$slow" -gt 0 ] && md "" "Co-tenant outside Kubernetes on $n: $COTENANT_UUID."
-  cmdline fleet "${COLL[@]}" --pairs --parallel "${PAIR_PARALLEL:-2}" "${POD[@]}"
+  cmdline fleet "${COLL[@]}" --pairs --parallel "$PAIR_PARALLEL" "${POD[@]}"
   local t; t=$(date +%s)
-  gpuvs_run "$lim" fleet "${COLL[@]}" --pairs --parallel "${PAIR_PARALLEL:-2}" --store "$DB" --name "kit: pairs, $title" "${POD[@]}"; local rc=$?
+  gpuvs_run "$lim" fleet "${COLL[@]}" --pairs --parallel "$PAIR_PARALLEL" --store "$DB" --name "kit: pairs, $title" "${POD[@]}"; local rc=$?
   cotenant_stop
   [ "$slow" -gt 0 ] && [ "$DEVICE" = cuda ] && md "" "Co-tenant's own rate while it ran: $(grep '^cotenant rate' "$K/cotenant.log" | sed 's/cotenant rate=//' | xargs) (one figure every 5 s)."
   md "" "Exit status $rc, $(( $(date +%s) - t )) s."; report
