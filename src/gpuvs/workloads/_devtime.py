@@ -75,3 +75,21 @@ def inner_count(torch, cuda: bool, step: Callable[[], object], target_s: float, 
             break
         n = min(2 * n, max_inner)
     return max(1, min(max_inner, math.ceil(target_s / max(block / n, 1e-9))))
+
+
+def warm_and_time(torch, cuda: bool, step: Callable[[], object], p: dict, ctx=None):
+    """One shape of a block-timed workload (gemm, membw): its warm-up (workloads/_warmup.per_shape: a fixed
+    --warmup count, or blocks until steady, with the block's calibration), then its timed blocks, in the shared
+    window where the run has a barrier. Returns the blocks' seconds, the steps per block, the warm-up's seconds
+    and what an adaptive warm-up decided (None: a fixed count)."""
+    from gpuvs.workloads import _warmup
+
+    t0 = time.perf_counter()
+    inner, warm = _warmup.per_shape(_warmup.WarmupPlan.from_params(p, "warmup"), step,
+                                    lambda: inner_count(torch, cuda, step, p["block_ms"] / 1000.0),
+                                    lambda: sync(torch, cuda))
+    warm_s = time.perf_counter() - t0
+    if ctx is not None and ctx.spec.barrier:
+        ctx.start_window()
+        return window_blocks(torch, cuda, step, inner, ctx.window_open, p["repeats"]), inner, warm_s, warm
+    return timed_blocks(torch, cuda, step, inner, p["repeats"]), inner, warm_s, warm

@@ -24,8 +24,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
+from gpuvs import events
 from gpuvs.params import Param
 
 WINDOW = 5  # steps in each of the two windows compared
@@ -180,6 +181,18 @@ def shape_items(decisions: dict[str, tuple[WarmupDecision, Sequence[float]]]) ->
     return {SHAPES_ITEM: {name: {"steps": d.steps, "stop": d.stopped,
                                  "times_s": [round(float(t), 7) for t in times[:KEPT_TIMES]]}
                           for name, (d, times) in decisions.items()}}
+
+
+def shape_decided(decided: dict[str, tuple[WarmupDecision, list[float]]], name: str,
+                  warm: tuple[WarmupDecision, list[float]] | None, inner: int, what: str) -> Iterator[dict[str, Any]]:
+    """A shape's adaptive warm-up (per_shape's decision; None for a fixed count: nothing) added to `decided`, and
+    its events: the config item of every shape so far (shape_items) and its log line."""
+    if warm is None:
+        return
+    decided[name] = warm
+    d = warm[0]
+    yield events.config(**shape_items(decided))
+    yield events.log(f"{name}: warm-up {d.steps} blocks of {inner} {what} ({d.seconds:.2f} s), {d.stopped}")
 
 
 def per_shape_described(params: dict[str, Any], what: str) -> str:

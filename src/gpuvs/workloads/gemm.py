@@ -22,7 +22,7 @@ from gpuvs.probes.precision import dtype as precision_dtype, matmul_precision
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.params import Param
 from gpuvs.workloads import _warmup, register
-from gpuvs.workloads._devtime import inner_count, is_cuda, sync, timed_blocks, window_blocks
+from gpuvs.workloads._devtime import is_cuda, sync, warm_and_time
 from gpuvs.workloads.aggregate import Totals
 from gpuvs.workloads.base import RunContext, Workload, duration, level, rate
 
@@ -282,11 +282,7 @@ class Gemm(Workload):
                 yield events.log(f"{label(dims)}: skipped: out of GPU memory")
                 continue
             warm_total += warm_s
-            if warm is not None:
-                decided[label(dims)] = warm
-                yield events.config(**_warmup.shape_items(decided))
-                yield events.log(f"{label(dims)}: warm-up {warm[0].steps} blocks of {inner} GEMMs "
-                                 f"({warm[0].seconds:.2f} s), {warm[0].stopped}")
+            yield from _warmup.shape_decided(decided, label(dims), warm, inner, "GEMMs")
             done += 1
             for i, sec in enumerate(secs, 1):
                 total.add(i, flops(dims) * inner / 1e12, sec)
@@ -318,16 +314,7 @@ class Gemm(Workload):
         def step():
             return op(sets[next(turn) % nbuf], out)
 
-        t0 = time.perf_counter()
-        inner, warm = _warmup.per_shape(_warmup.WarmupPlan.from_params(p, "warmup"), step,
-                                        lambda: inner_count(torch, cuda, step, p["block_ms"] / 1000.0),
-                                        lambda: sync(torch, cuda))
-        warm_s = time.perf_counter() - t0
-        if ctx is not None and ctx.spec.barrier:
-            ctx.start_window()
-            secs = window_blocks(torch, cuda, step, inner, ctx.window_open, p["repeats"])
-        else:
-            secs = timed_blocks(torch, cuda, step, inner, p["repeats"])
+        secs, inner, warm_s, warm = warm_and_time(torch, cuda, step, p, ctx)
         return secs, inner, nbuf, warm_s, warm
 
     def shape_events(self, dims, secs: list[float], inner: int, nbuf: int, peak_rate) -> Iterator[dict[str, Any]]:

@@ -7,7 +7,6 @@ default) blocks until they are steady (workloads/_warmup.py's rule)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator
 
 from gpuvs import events
@@ -16,7 +15,7 @@ from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.workloads._sizes import parse_bytes
 from gpuvs.params import Param
 from gpuvs.workloads import _warmup, register
-from gpuvs.workloads._devtime import inner_count, is_cuda, sync, timed_blocks, window_blocks
+from gpuvs.workloads._devtime import is_cuda, sync, warm_and_time
 from gpuvs.workloads.base import RunContext, Workload, level, rate
 
 KINDS = ("d2d", "h2d", "d2h")
@@ -159,11 +158,7 @@ class MemBw(Workload):
                     continue
                 done += 1
                 warm_total += warm_s
-                if warm is not None:
-                    decided[series] = warm
-                    yield events.config(**_warmup.shape_items(decided))
-                    yield events.log(f"{series}: warm-up {warm[0].steps} blocks of {inner} copies "
-                                     f"({warm[0].seconds:.2f} s), {warm[0].stopped}")
+                yield from _warmup.shape_decided(decided, series, warm, inner, "copies")
                 moved = (2 if kind == "d2d" else 1) * size * inner / 1e9
                 for i, sec in enumerate(secs, 1):
                     yield events.sample(i, moved / sec, self.unit, series=series, seconds=sec, items=moved,
@@ -203,12 +198,4 @@ class MemBw(Workload):
         def step():
             dst.copy_(src, non_blocking=non_blocking)
 
-        t0 = time.perf_counter()
-        inner, warm = _warmup.per_shape(_warmup.WarmupPlan.from_params(p, "warmup"), step,
-                                        lambda: inner_count(torch, cuda, step, p["block_ms"] / 1000.0),
-                                        lambda: sync(torch, cuda))
-        warm_s = time.perf_counter() - t0
-        if ctx is not None and ctx.spec.barrier:
-            ctx.start_window()
-            return window_blocks(torch, cuda, step, inner, ctx.window_open, p["repeats"]), inner, warm_s, warm
-        return timed_blocks(torch, cuda, step, inner, p["repeats"]), inner, warm_s, warm
+        return warm_and_time(torch, cuda, step, p, ctx)
