@@ -30,9 +30,6 @@ def duration(option: str, text: str | float) -> float:
     return seconds
 
 
-PAIR_WORKLOADS = ("collective",)  # fleet.pair_run.WORKLOADS, not imported at start (it loads the trial runner)
-
-
 @dataclass(frozen=True)
 class WorkloadSpec:
     """One --workload: a gpuvs workload and the options its fleet is run with (KEY=VALUE → --KEY VALUE)."""
@@ -81,9 +78,9 @@ class WorkloadSpec:
                 raise UsageError(f"--workload {self}: {', '.join(sorted(set(given) - {'pairs'}))} applies with "
                                  "pairs=true")
             return None
-        if self.name not in PAIR_WORKLOADS:
+        if self.name not in pairs.WORKLOADS:
             raise UsageError(f"--workload {self}: pairs=true measures the link between two nodes: workload "
-                             f"{self.name} is not allowed (use {' or '.join(PAIR_WORKLOADS)})")
+                             f"{self.name} is not allowed (use {' or '.join(pairs.WORKLOADS)})")
         return pairs.PairPlan(partners=given.get("partners", params["partners"].default),
                               second=given.get("second_pass", params["second_pass"].default))
 

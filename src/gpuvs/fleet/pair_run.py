@@ -28,7 +28,7 @@ from gpuvs.store.db import Store
 from gpuvs.store.records import ExperimentMeta
 from gpuvs.trial.runner import Arm, Experiment, Runner, validate_spec
 
-WORKLOADS = ("collective",)  # a figure between two nodes: all-reduce bus bandwidth, higher is better
+WORKLOADS = pairs.WORKLOADS
 
 
 def arm_name(p: Pair) -> str:

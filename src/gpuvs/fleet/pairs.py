@@ -135,6 +135,7 @@ def rounds(pairs: Sequence[Pair]) -> list[list[Pair]]:
     return [members for _, members in out]
 
 
+WORKLOADS = ("collective",)  # a figure between two nodes: all-reduce bus bandwidth, higher is better
 PARAMS = (  # `gpuvs fleet`'s pair options; the agent's `--workload collective:pairs=true,...` too
     Param("pairs", bool, False, "which node or link is slow: pairs of nodes, each a trial across the two "
           "(--num-nodes 2 pinned to them), of the collective workload; a verdict per node and per pair "
