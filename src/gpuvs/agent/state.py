@@ -22,10 +22,9 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-
-from gpuvs.agent.ledger import RunRecord
 from typing import TYPE_CHECKING
 
+from gpuvs.agent.ledger import RunRecord
 from gpuvs.fleet.result import FleetResult
 from gpuvs.fleet.stored import FleetHistory
 
@@ -252,11 +251,11 @@ class State:
                     self.failed_trials[(f.workload, reason)] += n
             self.running = None
 
-    def stale(self, fig: NodeFigure | LinkFigure | CheckState | DriftFigure, now: float | None = None) -> bool:
+    def stale(self, fig: NodeFigure | CheckState | DriftFigure, now: float | None = None) -> bool:
         now = time.time() if now is None else now
         if isinstance(fig, DriftFigure):
             perf = self.figures.get((fig.node, fig.workload))
             return perf is None or perf.experiment != fig.run_id or self.stale(perf, now)
-        at = fig.measured_at if isinstance(fig, (NodeFigure, LinkFigure)) else fig.at
-        gone = isinstance(fig, (NodeFigure, LinkFigure)) and fig.node in self.gone
+        at = fig.measured_at if isinstance(fig, NodeFigure) else fig.at  # a LinkFigure is a NodeFigure
+        gone = isinstance(fig, NodeFigure) and fig.node in self.gone
         return gone or not fig.renewed or now - at > self.stale_after_s

@@ -144,8 +144,7 @@ class Coordinator:
         return None
 
     def _run_window(self, group: Group, lives: list[LiveTrial], folder: str, mps: MpsDaemon | None,
-                    gpm_window: bool = False, window_s: float | None = None) -> None:
-        window_s = window_s or self.window_s
+                    gpm_window: bool, window_s: float) -> None:
         sink: list[dict[str, Any]] = []
         spec = lives[0].result.spec
         sampler = self._sampler(spec, sink)
