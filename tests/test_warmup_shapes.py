@@ -52,6 +52,14 @@ def test_each_shape_warms_up_until_steady_stored_and_shown(cli, tmp_path, worklo
         assert f"{name}: warm-up {d['steps']} blocks of " in said and f"{what} " in said
     # the warm-up's seconds hold every shape's blocks (and each block's calibration before them)
     assert startup["warmup_s"] >= sum(sum(d["times_s"]) for d in decided.values())
+    # "where the time went" counts every shape's timed blocks as measured, not the headline's alone (membw's
+    # headline is one size of the two; gemm's is made of the others): timed_s is their sum
+    con = sqlite3.connect(tmp_path / "gpuvs.db")
+    summary = json.loads(con.execute("SELECT summary FROM trials ORDER BY rowid DESC").fetchone()[0])
+    per_shape = sum(summary[name]["total_seconds"] for name in shapes)
+    assert startup["timed_s"] == pytest.approx(per_shape, rel=1e-6) and startup["timed_s"] > 0
+    assert timeshare.trial_time(startup, {k: SeriesSummary(total_seconds=v["total_seconds"]) for k, v in
+                                          summary.items()}, config).measured_s == pytest.approx(per_shape, rel=1e-6)
     steps = sorted(d["steps"] for d in decided.values())
     span = f"{steps[0]}" if steps[0] == steps[-1] else f"{steps[0]} to {steps[-1]}"
     assert f"warm-up until steady in 2 shape(s): {span} blocks" in said

@@ -35,6 +35,11 @@ def sample(step: int, value: float, unit: str, *, series: str = "main", seconds:
             "seconds": seconds, "items": items, "extra": {k: _clean(v) for k, v in extra.items()}}
 
 
+# a startup item that is not a start-up milestone: the seconds of every timed block of a workload that times its
+# shapes one after another (gemm, membw); "where the time went" counts it as measured (analysis/timeshare.py)
+TIMED_S = "timed_s"
+
+
 def startup(name: str, seconds: float) -> dict[str, Any]:
     return {"type": "startup", "name": name, "seconds": float(seconds)}
 

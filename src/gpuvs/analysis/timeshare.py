@@ -3,7 +3,9 @@
 Per trial, from the launch (gpuvs starts the worker, or asks the zygote for a fork) to the exit that gpuvs
 sees (L = launch_to_exit_s), with T0 = launch to the first timed step (launch_to_timed_s; where a workload
 does not report it, launch_to_done_s minus the timed steps; failing that, L minus them):
-- measured: the timed steps' own seconds (the headline series' total_seconds: what the figure is made of);
+- measured: the timed steps' own seconds (the headline series' total_seconds: what the figure is made of; a
+  workload that times several shapes one after another, gemm and membw, says its timed blocks' seconds over
+  every shape itself, timed_s, since its headline is one shape (membw) or made of the others (gemm));
 - fork: the fork request to the child running (fork_s; 0 for a fresh exec);
 - warm-up: the first step and the warm-up steps (warmup_s); an adaptive warm-up also says how many steps it
   ran and why it stopped (steady, cap: the trial's config items warmup_steps and warmup_stop); a workload that
@@ -29,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from gpuvs.events import TIMED_S
 
 if TYPE_CHECKING:
     from gpuvs.store.records import ExperimentRecord, TrialRecord
@@ -110,6 +114,8 @@ def trial_time(startup: Mapping[str, float], summary: Mapping[str, SeriesSummary
         return TrialTime(wall, 0.0, fork, 0.0, start - fork, around - start, job_s=run)
     head = next(iter(summary.values()), None) if summary else None
     measured = float(head.total_seconds or 0.0) if head is not None else 0.0
+    if startup.get(TIMED_S) is not None:
+        measured = float(startup[TIMED_S])
     warm = float(startup.get("warmup_s") or 0.0)
     if startup.get("launch_to_timed_s") is not None:
         timed_at = float(startup["launch_to_timed_s"])

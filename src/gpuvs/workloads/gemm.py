@@ -267,7 +267,7 @@ class Gemm(Workload):
                              f"{worst:.2g} of |A|.|B| (tolerance {TOLERANCE[precision]:g}): ok")
         if ctx.spec.barrier and len(shapes) != 1:
             raise WorkloadError("input", "gpuvs share runs one GEMM shape per job: give --shape MxNxK")
-        warm_total = 0.0
+        warm_total = timed_total = 0.0
         decided: dict[str, tuple[_warmup.WarmupDecision, list[float]]] = {}
         done = 0
         total = Totals()
@@ -282,6 +282,7 @@ class Gemm(Workload):
                 yield events.log(f"{label(dims)}: skipped: out of GPU memory")
                 continue
             warm_total += warm_s
+            timed_total += sum(secs)
             yield from _warmup.shape_decided(decided, label(dims), warm, inner, "GEMMs")
             done += 1
             for i, sec in enumerate(secs, 1):
@@ -290,6 +291,7 @@ class Gemm(Workload):
             if cuda:
                 torch.cuda.empty_cache()
         yield events.startup("warmup_s", warm_total)
+        yield events.startup(events.TIMED_S, timed_total)  # every shape's timed blocks (analysis/timeshare.py)
         if not done:
             raise WorkloadError("oom" if cuda else "input", "no shape could be run (see the log lines above)")
         if done > 1:

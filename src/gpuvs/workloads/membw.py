@@ -145,7 +145,7 @@ class MemBw(Workload):
             raise WorkloadError("input", "gpuvs share runs one copy per job: give one --kind (and --host-memory) "
                                 "and one --size")
         done = 0
-        warm_total = 0.0
+        warm_total = timed_total = 0.0
         decided: dict[str, tuple[_warmup.WarmupDecision, list[float]]] = {}
         for kind, mem in plan:
             for size in sizes:
@@ -158,6 +158,7 @@ class MemBw(Workload):
                     continue
                 done += 1
                 warm_total += warm_s
+                timed_total += sum(secs)
                 yield from _warmup.shape_decided(decided, series, warm, inner, "copies")
                 moved = (2 if kind == "d2d" else 1) * size * inner / 1e9
                 for i, sec in enumerate(secs, 1):
@@ -173,6 +174,7 @@ class MemBw(Workload):
                 if cuda:
                     torch.cuda.empty_cache()
         yield events.startup("warmup_s", warm_total)
+        yield events.startup(events.TIMED_S, timed_total)  # every shape's timed blocks (analysis/timeshare.py)
         if not done:
             raise WorkloadError("oom", "no size could be run (see the log lines above)")
 
