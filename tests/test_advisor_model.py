@@ -132,3 +132,16 @@ def test_second_held_out_set_bad_file_is_one_line(fit, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"--heldout2 {bad}: not advise-mps's JSON")
     assert fit.main(["--heldout2"]) == 2
+
+
+def test_second_held_out_set_shares_no_job_with_the_21(pairs):
+    import yaml
+
+    text = (ROOT / "benchmarks" / "advisor-heldout2-pairs.yaml").read_text()
+    new = yaml.safe_load(text)["pairs"]
+    assert 10 <= len(new) <= 12 and all(len(p) == 2 for p in new)
+    seen = {j for p in pairs for j in (p["a"], p["b"])}
+    assert not {j for p in new for j in p} & seen
+    # the GPU command is written at the top, with the options the time estimate assumes
+    assert "--pairs benchmarks/advisor-heldout2-pairs.yaml --device cuda" in text
+    assert "--repeats 2 --max-repeats 3 --duration 1 --max-duration 3 --json $OUT/advise2.json" in text
