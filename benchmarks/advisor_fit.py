@@ -2,13 +2,21 @@
 
 Reads tests/data/advisor-pairs-h100.json: per pair, each job's solo readings (NVML telemetry, GPM SM activity,
 occupancy, tensor and DRAM activity, memory) and the measured work per repeat, time-sliced and under MPS; role
-"fit" (issue 15's eight pairs, which MPS_GAIN was fitted on) or "held-out" (issue 37's pairs, measured after the
-rule's form was chosen on the fit pairs). Prints the markdown table of BENCHMARKS.md ("the advisor's prediction,
-part 3"): the rule before issue 37 ("old": 2 / max of the GPM fill sums) and now (gpuvs.sharing.advice.predict),
-the measured MPS / time-sliced ratio with its interval (stats.mps_verdict, the advisor's own sequential rule for
-repeats 2 .. 4), and the hit rates: within ±15% of the measured ratio, and on the right side of the margin.
+"fit" (issue 15's eight pairs) or "held-out" (issue 37's first thirteen). Prints the markdown table of
+BENCHMARKS.md ("the advisor's prediction, part 3"): the rule before issue 37 ("old": 2 / max of the GPM fill
+sums) and now (gpuvs.sharing.advice.predict), the measured MPS / time-sliced ratio with its interval
+(stats.mps_verdict, the advisor's own sequential rule for repeats 2 .. 4), and the hit rates: within ±15% of
+the measured ratio, and on the right side of the margin.
 
-usage: PYTHONPATH=src python benchmarks/advisor_fit.py [DATA.json] [MARGIN]"""
+Then the choice of the rule's form: each candidate of benchmarks/advisor_candidates.py (written down before
+any was scored) scored by leave-one-out over all the recorded pairs (fit and held-out alike: the form and
+its coefficients were refitted on all 21, so none of them is held out any more), and the shipped
+coefficients refitted on all of them.
+
+--heldout2 ADVISE.json: the second held-out set (benchmarks/advisor-heldout2-pairs.yaml), read from the JSON
+that `gpuvs advise-mps --pairs ... --json` wrote, scored by the shipped rule and reported apart from the 21.
+
+usage: PYTHONPATH=src python benchmarks/advisor_fit.py [DATA.json] [MARGIN] [--heldout2 ADVISE.json]"""
 
 from __future__ import annotations
 
@@ -17,8 +25,13 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from gpuvs.sharing import stats
-from gpuvs.sharing.advice import FILL, SLICE_LOSS, predict
+from gpuvs.sharing.advice import BOTH_DRAM, FILL, RAMP, SLICE_LOSS, predict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from advisor_candidates import CANDIDATES  # noqa: E402  (benchmarks/ is not a package)
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "advisor-pairs-h100.json"
 TOTAL_MIB = 81559  # H100 80GB HBM3
@@ -47,9 +60,10 @@ def old_ratio(pair: dict) -> float:
 def measured(pair: dict, margin: float) -> stats.MpsVerdict:
     w = pair["work"]
     # the held-out run's plan (--repeats 2 --max-repeats 4: looks at 3 and 4), its cap raised to the repeats of
-    # the three pairs that got 3 more in a second call (5)
+    # the three pairs that got 3 more in a second call (5); a pair read from advise-mps's JSON carries its own
     n = len(w["A+B, MPS"])
-    plan = stats.repeats_plan(2, max(4, n)) if n > 1 else None
+    first, cap = pair.get("plan", (2, 4))
+    plan = stats.repeats_plan(first, max(cap, n)) if n > 1 else None
     return stats.mps_verdict(w["A+B"], w["A+B, MPS"], margin, plan)
 
 
@@ -61,11 +75,70 @@ def within(pred: float, meas: float, tol: float = 0.15) -> bool:
     return abs(pred / meas - 1.0) <= tol
 
 
-def fitted_gain(pairs: list[dict]) -> float:
-    """MPS_GAIN as fitted: the geometric mean of the measured ratios of the fit pairs whose busy times
-    add up to more than the GPU."""
-    r = [measured(p, 0.05).ratio for p in pairs if p["role"] == "fit" and busy_sum(p) > 1.0]
-    return math.exp(sum(map(math.log, r)) / len(r))
+CHOSEN = "ramp - both DRAM-heavy"  # the form shipped in sharing/advice.py (mps_gain)
+
+
+def measured_ratios(pairs: list[dict]) -> np.ndarray:
+    return np.array([measured(p, 0.05).ratio for p in pairs])
+
+
+def design(pairs: list[dict], name: str) -> np.ndarray:
+    """The candidate's features, one row a pair (from the two jobs' solo GPM readings)."""
+    return np.array([CANDIDATES[name]([s["gpm"] for s in p["solo"]]) for p in pairs], dtype=float) \
+        .reshape(len(pairs), -1)
+
+
+def coefficients(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares of (measured - 1) on the features, no intercept."""
+    return np.linalg.lstsq(x, y - 1.0, rcond=None)[0] if x.shape[1] else np.zeros(0)
+
+
+def loo(pairs: list[dict], margin: float = 0.05) -> dict[str, dict]:
+    """candidate -> {side, within, n, coef}: leave-one-out over the pairs (each predicted by the form fitted on
+    the others), and the coefficients fitted on all of them."""
+    y = measured_ratios(pairs)
+    out = {}
+    for name in CANDIDATES:
+        x = design(pairs, name)
+        right = close = 0
+        for i in range(len(pairs)):
+            keep = np.arange(len(pairs)) != i
+            pred = 1.0 + float(x[i] @ coefficients(x[keep], y[keep]))
+            right += side(pred, margin) == side(float(y[i]), margin)
+            close += within(pred, float(y[i]))
+        out[name] = {"side": right, "within": close, "n": len(pairs), "coef": [float(c) for c in coefficients(x, y)]}
+    return out
+
+
+def choose(scores: dict[str, dict]) -> str:
+    """The rule written down with the candidates: most on the right side, then most within ±15%, then fewer
+    coefficients."""
+    return max(scores, key=lambda k: (scores[k]["side"], scores[k]["within"], -len(scores[k]["coef"])))
+
+
+def loo_table(pairs: list[dict], margin: float = 0.05) -> str:
+    scores = loo(pairs, margin)
+    rows = ["| candidate | LOO right side of ±5% | LOO within ±15% | coefficients on all pairs |", "| --- | --- | --- | --- |"]
+    for name, s in scores.items():
+        rows.append(f"| {name} | {s['side']}/{s['n']} | {s['within']}/{s['n']} | "
+                    f"{', '.join(f'{c:+.4f}' for c in s['coef']) or '-'} |")
+    best = choose(scores)
+    rows.append("")
+    rows.append(f"chosen: {best}; shipped (sharing/advice.py): RAMP {RAMP}, BOTH_DRAM {BOTH_DRAM}")
+    return "\n".join(rows)
+
+
+def from_advise_json(path: Path | str, role: str = "held-out 2", plan: tuple[int, int] = (2, 3)) -> list[dict]:
+    """Pairs in this file's format from `gpuvs advise-mps --pairs ... --json` (plan: its --repeats and
+    --max-repeats); pairs without solo GPM or a measured ratio are left out and named on stderr."""
+    data = json.loads(Path(path).read_text())
+    out = []
+    for r in data if isinstance(data, list) else [data]:
+        if r.get("measured_ratio") is None or any(s.get("gpm") is None for s in r["solo"]):
+            print(f"{path}: {r['a']} + {r['b']}: no GPM or no measured ratio, left out", file=sys.stderr)
+            continue
+        out.append({"a": r["a"], "b": r["b"], "role": role, "solo": r["solo"], "work": r["work"], "plan": plan})
+    return out
 
 
 def score(pairs: list[dict], margin: float = 0.05) -> dict:
@@ -107,7 +180,7 @@ def table(pairs: list[dict], margin: float = 0.05) -> str:
         gpm = " · ".join("/".join(f"{s['gpm'][k]:.0f}" for k in ("sm_active", *FILL)) for s in p["solo"])
         ci = f" [{v.ci_low:.3f}, {v.ci_high:.3f}]" if v.ci_low is not None else ""
         n = len([x for x in p["work"]["A+B, MPS"] if x is not None])
-        role = "**held-out**" if p["role"] == "held-out" else "fit"
+        role = f"**{p['role']}**" if p["role"].startswith("held-out") else p["role"]
         rows.append(f"| {i} | {short(p['a'])} | {short(p['b'])} | {role} | {gpm} | {old_ratio(p):.2f} | {new:.2f} | "
                     f"{v.ratio:.3f}{ci} ({n}) | {v.words if n > 1 else side(v.ratio, margin) + ' (1 repeat)'} | "
                     f"{'yes' if within(new, v.ratio) else 'NO'} | "
@@ -119,10 +192,36 @@ def table(pairs: list[dict], margin: float = 0.05) -> str:
                      f"(old {s['old_side']}/{s['n']}); settled verdicts called right now {s['new_settled_right']}/"
                      f"{s['settled']}; the baseline 'always 1.00': within {s['one_within']}/{s['n']}, right side "
                      f"{s['one_side']}/{s['n']}")
-    lines.append(f"MPS_GAIN refitted from the fit pairs: {fitted_gain(pairs):.4f}")
     return "\n".join(lines)
 
 
+def main(argv: list[str]) -> int:
+    heldout2 = None
+    if "--heldout2" in argv:
+        i = argv.index("--heldout2")
+        if i + 1 >= len(argv):
+            print("--heldout2 wants the JSON that gpuvs advise-mps --pairs ... --json wrote", file=sys.stderr)
+            return 2
+        heldout2 = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
+    pairs = load(argv[0] if argv else DATA)
+    margin = float(argv[1]) if len(argv) > 1 else 0.05
+    print(table(pairs, margin))
+    print()
+    print(f"Leave-one-out over all {len(pairs)} recorded pairs (benchmarks/advisor_candidates.py):")
+    print(loo_table(pairs, margin))
+    if heldout2:
+        try:
+            new = from_advise_json(heldout2)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"--heldout2 {heldout2}: not advise-mps's JSON ({exc})", file=sys.stderr)
+            return 2
+        print()
+        print(f"The second held-out set ({heldout2}, {len(new)} pairs), scored by the shipped rule; none of "
+              f"them took part in choosing or fitting it:")
+        print(table(new, margin) if new else "no pair with GPM and a measured ratio")
+    return 0
+
+
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    print(table(load(args[0] if args else DATA), float(args[1]) if len(args) > 1 else 0.05))
+    sys.exit(main(sys.argv[1:]))

@@ -18,7 +18,7 @@ from gpuvs.trial.runner import Runner
 from gpuvs.sharing import knobs, mps
 from gpuvs.workloads import _barrier as barrier
 from gpuvs.sharing import stats as sharestats
-from gpuvs.sharing.advice import MPS_GAIN, predict
+from gpuvs.sharing.advice import mps_gain, predict
 from gpuvs.sharing.group import Coordinator, Group, normalized_sum, worker_spec
 from gpuvs.store.records import SampleRecord
 from gpuvs.spec import RunSpec
@@ -191,23 +191,33 @@ def _gpm(occ, tensor, dram):
 
 
 def test_mps_prediction_from_gpm():
-    # both busy in time (GPM SM activity 90% each, read inside the window): they contend, and MPS is credited
-    # with the fitted gain over taking turns, whatever the fills (occupancy 30% + 10% is no room for a second job)
+    # both busy in time (GPM SM activity 90% each, read inside the window): they contend; MPS is credited with
+    # 1 + RAMP x min(1, 1.80) + BOTH_DRAM x min(35%, 15%) = 1 + 0.0946 + 0.0575 x 0.15, whatever the fills
+    # (occupancy 30% + 10% is no room for a second job)
     a = predict([_solo(91, _gpm(30, 25, 35)), _solo(79, _gpm(10, 5, 15))], 80000, 0.05)
     assert a.prediction == "mps helps" and a.source == "gpm"
-    assert a.work_sliced == pytest.approx(2 / 1.80 * 0.91) and a.work_mps == pytest.approx(2 / 1.80 * 0.91 * MPS_GAIN)
-    assert a.ratio == pytest.approx(MPS_GAIN)
+    assert a.ratio == pytest.approx(1.1032, abs=1e-4) == mps_gain(1.8, 0.15)
+    assert a.work_sliced == pytest.approx(2 / 1.80 * 0.91) and a.work_mps == pytest.approx(1.1155, abs=1e-4)
     assert "busy time alone (GPM SM activity): 90% and 90%" in a.reasons[0]
     assert "sm_occupancy 30% + 10%" in a.reasons[1] and "busy together 180%" in a.reasons[2]
-    # both fill the memory system: the same gain (two 1 GiB copies measured 1.11, two 256 MiB copies 1.12)
+    assert "both streaming memory 15%" in a.reasons[2]
+    # both fill the memory system: the largest gain the rule gives, 1.152 (two 1 GiB copies measured 1.11,
+    # two 256 MiB copies 1.12)
     full = {**_gpm(40, 0, 100), "sm_active": 99.0}
-    assert predict([_solo(99, full), _solo(99, full)], 80000, 0.05).ratio == pytest.approx(MPS_GAIN)
+    assert predict([_solo(99, full), _solo(99, full)], 80000, 0.05).ratio == pytest.approx(1.1521, abs=1e-4)
     # a margin wider than the gain: no difference
-    assert predict([_solo(99, full), _solo(99, full)], 80000, 0.15).prediction == "no difference"
-    # idle half the time each: taking turns already fills the gaps
+    assert predict([_solo(99, full), _solo(99, full)], 80000, 0.16).prediction == "no difference"
+    # busy 40% and 50%: taking turns does not interleave their gaps, MPS gains 1 + 0.0946 x 0.9 + 0.0575 x 0.1;
+    # work with MPS is capped at both at full speed (2), so time-slicing is what falls short
     a = predict([_solo(40, {**_gpm(20, 0, 10), "sm_active": 40.0}), _solo(50, {**_gpm(20, 0, 10), "sm_active": 50.0})],
                 80000, 0.05)
-    assert a.prediction == "no difference" and a.ratio == pytest.approx(1.0)
+    assert a.prediction == "mps helps" and a.ratio == pytest.approx(1.0909, abs=1e-4)
+    assert a.work_mps == 2.0 and a.work_sliced == pytest.approx(2 / 1.0909, abs=1e-3)
+    assert any("gaps do not interleave" in r for r in a.reasons)
+    # two jobs each busy 4% of the time: next to nothing to overlap, no difference (1.008)
+    tiny = {**_gpm(2, 0, 1), "sm_active": 4.0}
+    a = predict([_solo(10, tiny), _solo(10, tiny)], 80000, 0.05)
+    assert a.prediction == "no difference" and a.ratio == pytest.approx(1.0081, abs=1e-4) and a.work_mps == 2.0
     assert predict([_solo(50, mem=50000), _solo(50, mem=40000)], 80000, 0.05).prediction == "will not fit"
 
 
