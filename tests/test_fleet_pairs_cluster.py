@@ -117,8 +117,8 @@ def _x(v: dict) -> str:
 
 
 @pytest.mark.cluster
-def test_a_pair_fleet_with_one_node_slowed_names_that_node_and_no_other_and_leaves_nothing(  # noqa: F811
-        cluster, kube, tmp_path):
+def test_a_pair_fleet_with_one_node_slowed_names_that_node_and_no_other_and_leaves_nothing(
+        cluster, kube, tmp_path):  # noqa: F811
     """One node at SLOW_PCT% of one CPU (a quota on its cgroup root, removed in a finally): its links are named
     slower, and its pairs; no other node and no pair without it is called slower; each pair's pods ran on
     exactly its two nodes; the pod starts are the cost model's; each node is labelled with its verdict; the
@@ -131,7 +131,7 @@ def test_a_pair_fleet_with_one_node_slowed_names_that_node_and_no_other_and_leav
     try:
         cluster.script("slow", slowed, str(SLOW_PCT))
         assert quota(slowed) not in ("max", "-1")
-        r, res, took = pair_fleet(kube, tmp_path, nodes, "--label", sizes=SLOWED)
+        _, res, took = pair_fleet(kube, tmp_path, nodes, "--label", sizes=SLOWED)
         got = {n: (core.read_node(n).metadata.labels or {}).get("gpuvs.io/links") for n in nodes}
     finally:
         cluster.script("slow", slowed, "0")
