@@ -1,7 +1,7 @@
 """gpuvs fleet collective --pairs on the project's real test cluster (tests/cluster.py: 3 kubelets on this
-machine, gloo on their CPUs; every pair of the 3 nodes is measured): a healthy run names no node; with one node
-slowed by a CPU quota on its cgroup root (test-cluster's `slow`, undone in a finally) it names that node and no
-other; each pair's trials ran on that pair's two nodes; the run is stored (gpuvs report ID); nothing is left;
+machine, gloo on their CPUs; every pair of the 3 nodes is measured): with one node slowed by a CPU quota on its
+cgroup root (test-cluster's `slow`, undone in a finally) it names that node and no other (the two healthy nodes
+stand for a healthy fleet: no separate healthy run); each pair's trials ran on that pair's two nodes; the run is stored (gpuvs report ID); nothing is left;
 the refusals. The pods get torch from this machine (test_pod_nodes.torch_mounts)."""
 
 from __future__ import annotations
