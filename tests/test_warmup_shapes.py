@@ -60,6 +60,11 @@ def test_each_shape_warms_up_until_steady_stored_and_shown(cli, tmp_path, worklo
     assert startup["timed_s"] == pytest.approx(per_shape, rel=1e-6) and startup["timed_s"] > 0
     assert timeshare.trial_time(startup, {k: SeriesSummary(total_seconds=v["total_seconds"]) for k, v in
                                           summary.items()}, config).measured_s == pytest.approx(per_shape, rel=1e-6)
+    # and it is not a start-up milestone: the report's start-up table has the warm-up, not the timed seconds
+    eid = con.execute("SELECT id FROM experiments ORDER BY rowid DESC").fetchone()[0]
+    md = cli("report", eid, "--format", "md").stdout
+    header = md[md.index("Start-up (seconds"):].split("\n")[2]
+    assert "| warmup |" in header and "timed" not in header, header
     steps = sorted(d["steps"] for d in decided.values())
     span = f"{steps[0]}" if steps[0] == steps[-1] else f"{steps[0]} to {steps[-1]}"
     assert f"warm-up until steady in 2 shape(s): {span} blocks" in said

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Mapping
 
 TYPES = ("config", "fingerprint", "startup", "sample", "metric", "telemetry", "summary", "error", "log", "output")
 
@@ -38,6 +38,12 @@ def sample(step: int, value: float, unit: str, *, series: str = "main", seconds:
 # a startup item that is not a start-up milestone: the seconds of every timed block of a workload that times its
 # shapes one after another (gemm, membw); "where the time went" counts it as measured (analysis/timeshare.py)
 TIMED_S = "timed_s"
+
+
+def milestones(startup: Mapping[str, float]) -> dict[str, float]:
+    """A trial's start-up items as start-up is shown (the start-up tables and chart): all but TIMED_S, which is
+    measured time."""
+    return {k: v for k, v in startup.items() if k != TIMED_S}
 
 
 def startup(name: str, seconds: float) -> dict[str, Any]:

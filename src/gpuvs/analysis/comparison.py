@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from gpuvs import environments
+from gpuvs import environments, events
 from gpuvs.analysis import family, programs
 from gpuvs.probes import fingerprint
 from gpuvs.analysis import stats
@@ -369,7 +369,7 @@ def _arm(name: str, overrides: dict[str, Any], recs: list[TrialRecord], metrics:
         arm.summaries[metric.name] = stats.summarize_trials(list(values.values()))
     startup: dict[str, list[float]] = {}
     for r in ok:
-        for k, v in r.startup.items():
+        for k, v in events.milestones(r.startup).items():
             startup.setdefault(k, []).append(float(v))
     arm.startup = {k: sum(v) / len(v) for k, v in startup.items()}
     arm.fingerprint = next((r.fingerprint for r in ok if r.fingerprint), next((r.fingerprint for r in recs), {}))

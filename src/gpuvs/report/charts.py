@@ -8,7 +8,6 @@ from typing import Any, Sequence
 
 from gpuvs.analysis.comparison import Analysis
 from gpuvs.report.numbers import fmt
-from gpuvs.events import TIMED_S
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")
@@ -225,10 +224,10 @@ def trials_chart(a: Analysis) -> dict[str, Any] | None:
 def startup_chart(a: Analysis) -> dict[str, Any] | None:
     """Start-up as a chart: per arm, each milestone's mean seconds from launch as a bar, one row per arm and
     milestone, so where start-up goes is seen side by side."""
-    keys = sorted({k for arm in a.arms for k in arm.startup} - {TIMED_S})  # measured, not start-up
+    keys = sorted({k for arm in a.arms for k in arm.startup})
     if not keys:
         return None
-    top = max(arm.startup[k] for arm in a.arms for k in keys if k in arm.startup)
+    top = max(v for arm in a.arms for v in arm.startup.values())
     xticks = nice_ticks(0.0, top * 1.05 or 1.0, 6)
     rows, k = [], 0
     bar_h = 12

@@ -15,7 +15,7 @@ from gpuvs.analysis import stats
 from gpuvs.report import tables
 from gpuvs.report.numbers import fmt, fmt_all, scale_unit
 from gpuvs.safetext import safe_text
-from gpuvs.events import TIMED_S
+from gpuvs import events
 from gpuvs.analysis.stats import SeriesSummary
 from gpuvs.trial.study import Look
 
@@ -176,9 +176,7 @@ def startup_table(results: Iterable, arms: Sequence[str] = ()) -> Table | None:
     groups: dict[str, dict[str, list[float]]] = {}
     for r in sorted(results, key=lambda r: _in_order(list(arms))(r.spec.arm)):
         if r.ok:
-            for k, v in r.startup.items():
-                if k == TIMED_S:  # measured, not start-up (where the time went shows it)
-                    continue
+            for k, v in events.milestones(r.startup).items():
                 groups.setdefault(r.spec.arm, {}).setdefault(k, []).append(v)
     if not groups:
         return None
