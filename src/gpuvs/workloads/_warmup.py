@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 from gpuvs import events
 from gpuvs.params import Param
@@ -183,16 +183,36 @@ def shape_items(decisions: dict[str, tuple[WarmupDecision, Sequence[float]]]) ->
                           for name, (d, times) in decisions.items()}}
 
 
-def shape_decided(decided: dict[str, tuple[WarmupDecision, list[float]]], name: str,
-                  warm: tuple[WarmupDecision, list[float]] | None, inner: int, what: str) -> Iterator[dict[str, Any]]:
-    """A shape's adaptive warm-up (per_shape's decision; None for a fixed count: nothing) added to `decided`, and
-    its events: the config item of every shape so far (shape_items) and its log line."""
-    if warm is None:
-        return
-    decided[name] = warm
-    d = warm[0]
-    yield events.config(**shape_items(decided))
-    yield events.log(f"{name}: warm-up {d.steps} blocks of {inner} {what} ({d.seconds:.2f} s), {d.stopped}")
+@dataclass
+class Shapes:
+    """What a workload that warms up and times each shape alone (gemm, membw) gathers over its shapes: each
+    adaptive warm-up's decision, the warm-ups' seconds and the timed blocks' seconds; `what` names its steps
+    ("GEMMs", "copies")."""
+    what: str
+    decided: dict[str, tuple[WarmupDecision, list[float]]] = field(default_factory=dict)
+    warm_s: float = 0.0
+    timed_s: float = 0.0
+    count: int = 0  # the shapes measured
+
+    def add(self, name: str, secs: Sequence[float], inner: int, warm_s: float,
+             warm: tuple[WarmupDecision, list[float]] | None) -> list[dict[str, Any]]:
+        """One shape warmed up and timed (warm_and_time's answer): its seconds added (now, not when the events
+        are read), and its events: where its warm-up was adaptive (warm: per_shape's decision; None for a fixed
+        count: none) the config item of every shape so far (shape_items) and its log line."""
+        self.count += 1
+        self.warm_s += warm_s
+        self.timed_s += sum(secs)
+        if warm is None:
+            return []
+        self.decided[name] = warm
+        d = warm[0]
+        return [events.config(**shape_items(self.decided)),
+                events.log(f"{name}: warm-up {d.steps} blocks of {inner} {self.what} ({d.seconds:.2f} s), {d.stopped}")]
+
+    def totals(self) -> list[dict[str, Any]]:
+        """The trial's warm-up seconds and its timed blocks' seconds over every shape (events.TIMED_S: "where the
+        time went" counts them as measured, analysis/timeshare.py)."""
+        return [events.startup("warmup_s", self.warm_s), events.startup(events.TIMED_S, self.timed_s)]
 
 
 def per_shape_described(params: dict[str, Any], what: str) -> str:

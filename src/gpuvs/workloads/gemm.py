@@ -267,9 +267,7 @@ class Gemm(Workload):
                              f"{worst:.2g} of |A|.|B| (tolerance {TOLERANCE[precision]:g}): ok")
         if ctx.spec.barrier and len(shapes) != 1:
             raise WorkloadError("input", "gpuvs share runs one GEMM shape per job: give --shape MxNxK")
-        warm_total = timed_total = 0.0
-        decided: dict[str, tuple[_warmup.WarmupDecision, list[float]]] = {}
-        done = 0
+        measured = _warmup.Shapes("GEMMs")
         total = Totals()
         for dims in shapes:
             if precision == "fp8" and any(d % 16 for d in dims):
@@ -281,22 +279,18 @@ class Gemm(Workload):
                 torch.cuda.empty_cache()
                 yield events.log(f"{label(dims)}: skipped: out of GPU memory")
                 continue
-            warm_total += warm_s
-            timed_total += sum(secs)
-            yield from _warmup.shape_decided(decided, label(dims), warm, inner, "GEMMs")
-            done += 1
+            yield from measured.add(label(dims), secs, inner, warm_s, warm)
             for i, sec in enumerate(secs, 1):
                 total.add(i, flops(dims) * inner / 1e12, sec)
             yield from self.shape_events(dims, secs, inner, nbuf, peak_rate)
             if cuda:
                 torch.cuda.empty_cache()
-        yield events.startup("warmup_s", warm_total)
-        yield events.startup(events.TIMED_S, timed_total)  # every shape's timed blocks (analysis/timeshare.py)
-        if not done:
+        yield from measured.totals()
+        if not measured.count:
             raise WorkloadError("oom" if cuda else "input", "no shape could be run (see the log lines above)")
-        if done > 1:
+        if measured.count > 1:
             # the figure to quote: all the shapes' work over all their time, one sample per repeat
-            repeats = total.complete(done)
+            repeats = total.complete(measured.count)
             for i, tflop, sec in repeats:
                 yield events.sample(i, tflop / sec, self.unit, series=ALL_SHAPES, seconds=sec, items=tflop,
                                     display=False)

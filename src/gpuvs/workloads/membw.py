@@ -144,9 +144,7 @@ class MemBw(Workload):
         if ctx.spec.barrier and len(plan) * len(sizes) != 1:
             raise WorkloadError("input", "gpuvs share runs one copy per job: give one --kind (and --host-memory) "
                                 "and one --size")
-        done = 0
-        warm_total = timed_total = 0.0
-        decided: dict[str, tuple[_warmup.WarmupDecision, list[float]]] = {}
+        measured = _warmup.Shapes("copies")
         for kind, mem in plan:
             for size in sizes:
                 series = series_name(kind, mem, size)
@@ -156,10 +154,7 @@ class MemBw(Workload):
                     torch.cuda.empty_cache()
                     yield events.log(f"{series}: skipped: out of GPU memory")
                     continue
-                done += 1
-                warm_total += warm_s
-                timed_total += sum(secs)
-                yield from _warmup.shape_decided(decided, series, warm, inner, "copies")
+                yield from measured.add(series, secs, inner, warm_s, warm)
                 moved = (2 if kind == "d2d" else 1) * size * inner / 1e9
                 for i, sec in enumerate(secs, 1):
                     yield events.sample(i, moved / sec, self.unit, series=series, seconds=sec, items=moved,
@@ -173,9 +168,8 @@ class MemBw(Workload):
                                  f"{'datasheet' if kind == 'd2d' else 'PCIe link'}" if pct is not None else ""))
                 if cuda:
                     torch.cuda.empty_cache()
-        yield events.startup("warmup_s", warm_total)
-        yield events.startup(events.TIMED_S, timed_total)  # every shape's timed blocks (analysis/timeshare.py)
-        if not done:
+        yield from measured.totals()
+        if not measured.count:
             raise WorkloadError("oom", "no size could be run (see the log lines above)")
 
     def time_copy(self, torch, kind: str, mem: str, size: int, device: str, cuda: bool, p: dict[str, Any], gen,
