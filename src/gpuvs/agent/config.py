@@ -78,9 +78,9 @@ class WorkloadSpec:
                 raise UsageError(f"--workload {self}: {', '.join(sorted(set(given) - {'pairs'}))} applies with "
                                  "pairs=true")
             return None
-        if self.name not in pairs.WORKLOADS:
-            raise UsageError(f"--workload {self}: pairs=true measures the link between two nodes: workload "
-                             f"{self.name} is not allowed (use {' or '.join(pairs.WORKLOADS)})")
+        why = pairs.workload_refused(self.name)
+        if why:
+            raise UsageError(f"--workload {self}: pairs=true {why}")
         return pairs.PairPlan(partners=given.get("partners", params["partners"].default),
                               second=given.get("second_pass", params["second_pass"].default))
 

@@ -28,8 +28,6 @@ from gpuvs.store.db import Store
 from gpuvs.store.records import ExperimentMeta
 from gpuvs.trial.runner import Arm, Experiment, Runner, validate_spec
 
-WORKLOADS = pairs.WORKLOADS
-
 
 def arm_name(p: Pair) -> str:
     return f"{p[0]}+{p[1]}"
@@ -93,9 +91,9 @@ def check(base: RunSpec, o: FleetOptions) -> None:
     if base.env.kind not in spanning:
         raise UsageError(f"--pairs runs each pair as one trial across two nodes: --env {base.env.kind} is not "
                          f"allowed (leave --env out, or give --env {' or '.join(spanning)})")
-    if base.workload not in WORKLOADS:
-        raise UsageError(f"--pairs measures the link between two nodes: workload {base.workload} is not allowed "
-                         f"(use {' or '.join(WORKLOADS)})")
+    why = pairs.workload_refused(base.workload)
+    if why:
+        raise UsageError(f"--pairs {why}")
     env = base.env.options
     if env.get("num_nodes") not in (None, 1) or env.get("gang_nodes") or env.get("node"):
         raise UsageError("--pairs places each pair's two pods itself: leave --num-nodes, --gang-nodes and --node out")

@@ -136,6 +136,16 @@ def rounds(pairs: Sequence[Pair]) -> list[list[Pair]]:
 
 
 WORKLOADS = ("collective",)  # a figure between two nodes: all-reduce bus bandwidth, higher is better
+
+
+def workload_refused(name: str) -> str | None:
+    """Why a workload cannot be a pair's figure (the end of the one line `gpuvs fleet --pairs` and the agent's
+    pairs=true say), or None."""
+    if name in WORKLOADS:
+        return None
+    return f"measures the link between two nodes: workload {name} is not allowed (use {' or '.join(WORKLOADS)})"
+
+
 PARAMS = (  # `gpuvs fleet`'s pair options; the agent's `--workload collective:pairs=true,...` too
     Param("pairs", bool, False, "which node or link is slow: pairs of nodes, each a trial across the two "
           "(--num-nodes 2 pinned to them), of the collective workload; a verdict per node and per pair "
