@@ -99,6 +99,9 @@ def test_every_op_on_gloo_ranks_with_nccl_tests_bandwidths(n):
             algbw = nbytes / 1e9 / per_op
             assert s["extra"]["algbw"] == pytest.approx(algbw, rel=1e-9)
             assert s["value"] == pytest.approx(algbw * FACTOR[op](n), rel=1e-9)  # busbw from the stored time
+        # "where the time went" counts every size's timed repeats as measured, not the headline size's alone
+        (timed,) = [e["seconds"] for e in evs if e["type"] == "startup" and e["name"] == "timed_s"]
+        assert timed == pytest.approx(sum(s["seconds"] for s in samples), rel=1e-9) and timed > 0
         per_size = [s for s in samples if s["series"] == series[-1]]
         assert len(per_size) == PARAMS["repeats"]
         mean_us = sum(s["seconds"] for s in per_size) / (PARAMS["repeats"] * PARAMS["iters"]) * 1e6

@@ -256,3 +256,8 @@ def test_gpuvs_run_gpu_check_stores_every_figure(cli, tmp_path):
     series = {s for (s,) in db.execute("SELECT DISTINCT series FROM samples")}
     assert {"fp32_fma", "d2d_copy", "h2d_pinned", "d2h_pinned", "launch"} <= series
     assert "fp32_fma" in r.stdout and "TFLOP/s" in r.stdout
+    # "where the time went" counts every figure's timed blocks as measured, not the headline's alone
+    blocks = [sec if sec is not None else json.loads(extra)["block_s"]
+              for sec, extra in db.execute("SELECT seconds, extra FROM samples")]
+    startup = json.loads(db.execute("SELECT startup FROM trials").fetchone()[0])
+    assert startup["timed_s"] == pytest.approx(sum(blocks), rel=1e-6) and startup["timed_s"] > 0

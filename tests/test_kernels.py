@@ -7,6 +7,9 @@ import sqlite3
 import numpy as np
 import pytest
 
+from gpuvs.analysis import timeshare
+from gpuvs.analysis.stats import SeriesSummary
+
 from conftest import pid_alive
 from threads import one_thread  # noqa: F401  (a fixture)
 from gpuvs.errors import UsageError, WorkloadError
@@ -97,5 +100,12 @@ def test_the_suite_runs_and_tabulates_through_the_cli(cli, tmp_path):
     assert metrics["nw/wall_ms"]["value"] == pytest.approx(sum(wall) / 2)
     assert metrics["pathfinder/data_mb"]["value"] == pytest.approx((100 * 500 * 4 + 500 * 4) / 1e6)
     assert {"hotspot_first_run_s", "nw_first_run_s"} <= set(startup)
+    # "where the time went" counts every app's timed runs (host clock) as measured; the first runs and checks
+    # are start-up. Before, the suite's headline has no seconds of its own and the trial read as all start-up.
+    timed = sum(json.loads(row[3])["wall_ms"] for row in rows) / 1e3
+    assert startup["timed_s"] == pytest.approx(timed, rel=1e-9) and timed > 0
+    parts = timeshare.trial_time(startup, {k: SeriesSummary(total_seconds=v.get("total_seconds")) for k, v in
+                                           summary.items()})
+    assert parts.measured_s == pytest.approx(timed, rel=1e-9) and parts.start_up_s > 0
     worker = json.loads(db.execute("SELECT fingerprint FROM trials").fetchone()[0])["pid"]
     assert not pid_alive(worker)  # the trial's worker is gone (others' tests may run workers of their own)

@@ -35,8 +35,10 @@ def sample(step: int, value: float, unit: str, *, series: str = "main", seconds:
             "seconds": seconds, "items": items, "extra": {k: _clean(v) for k, v in extra.items()}}
 
 
-# a startup item that is not a start-up milestone: the seconds of every timed block of a workload that times its
-# shapes one after another (gemm, membw); "where the time went" counts it as measured (analysis/timeshare.py)
+# a startup item that is not a start-up milestone: the seconds of every timed block of a workload that times
+# several series one after another (gemm's shapes, membw's sizes, collective's sizes, gpu-check's figures,
+# kernels' apps), where the headline series alone is not all that was measured; "where the time went" counts it
+# as measured (analysis/timeshare.py)
 TIMED_S = "timed_s"
 
 
