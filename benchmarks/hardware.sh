@@ -261,7 +261,7 @@ elif part == "telemetry_overhead":
         w = get("cnn-train")
         p = w.validate({"model": "resnet50", "batch_size": 128, "precision": "bf16", "data_format": "NHWC"}, "cuda")
         ctx = RunContext(spec=RunSpec(workload="cnn-train", device="cuda", params=p), params=p)
-        w.set_precision("bf16", None)
+        w.set_precision("bf16", "benchmark")
         model, dev = w.build(ctx)
         data = w.batches(ctx, dev)
         step = w.make_step(ctx, model, dev)

@@ -21,12 +21,19 @@ Issue 36 (warm-up that ends when the steps are steady; b is then the "before": -
      and what each trial's warm-up decided (steps, seconds, steady or cap); named twice, it runs twice
   l  the adaptive warm-up against a long fixed one (--warmup-steps 50), interleaved, 4 trials each: their
      rates' ratio and its interval (target within ±0.5%)
+  h  the A/A of w with --cudnn heuristics (cuDNN's heuristics choose the algorithms; nothing is timed in the
+     first step); named twice, it runs twice
+  k  the rate with cuDNN's algorithms timed (--cudnn benchmark) against its heuristics, 3 trials an arm, on
+     several jobs (K_JOBS: the A/A's, cnn-train's defaults, fp32 and fp16 at batch 256, ResNet-18, VGG-16)
+STEPS=N: the A/A's timed steps (default 30; cnn-train's own default is 100). W_LIMIT: the time limit of w and h.
+K_FIRST=N: the first k runs only the first N jobs; k named again runs the rest (PARTS=k,w,h,k: the A/A's job
+first, which also warms the machine, then the A/As, then the other jobs in what is left of TOTAL_S).
 
 Each part has a time limit (gpuvs is stopped with SIGTERM at it and keeps what it finished; c gets what is left
 of TOTAL_S); progress is printed as it goes and the markdown is rewritten after every part, so a stop returns
 what was done.
 
-usage: OUT=DIR [DEVICE=cuda|cpu] [TOTAL_S=530] [ROUNDS=8] [PARTS=e,b,a,d,c] [A_OLD=0] [SERIES_STEPS=100] PYTHONPATH=src python benchmarks/time_to_verdict.py
+usage: OUT=DIR [DEVICE=cuda|cpu] [TOTAL_S=530] [ROUNDS=8] [PARTS=e,b,a,d,c] [A_OLD=0] [SERIES_STEPS=100] [STEPS=30] PYTHONPATH=src python benchmarks/time_to_verdict.py
 issue 36, one call under 8 minutes: OUT=DIR TOTAL_S=450 PARTS=s,b,w,l PYTHONPATH=src python3 benchmarks/time_to_verdict.py
 PARTS: some parts only, in that order (each fits one device call when the whole does not); b and a may come
 again (a again: the new mechanism alone). A_OLD=0: a without its old run.
@@ -66,7 +73,7 @@ PY = sys.executable
 
 if GPU:
     JOB_BASE = ["--model", "resnet50", "--batch-size", "256", "--precision", "bf16", "--data-format", "NHWC",
-                "--steps", "30"]
+                "--steps", os.environ.get("STEPS") or "30"]
     JOB = JOB_BASE + ["--warmup-steps", "10"]  # the warm-up before issue 36: a fixed 10 steps
     ADAPTIVE: list[str] = []  # no --warmup-steps: the adaptive warm-up, as a user gets it
     SERIES_STEPS = int(os.environ.get("SERIES_STEPS") or 100)
@@ -75,7 +82,16 @@ if GPU:
     DISPLAY = 10
     UNTIL = []  # --max-trials at its default (20)
     LIMITS = {"e": 45, "b": 110, "a_new": 110, "a_old": 175, "d": 50,  # old trials take about 24 s each
-              "s": 90, "w": 110, "l": 120}
+              "s": 90, "w": int(os.environ.get("W_LIMIT") or 110), "l": 120, "h": int(os.environ.get("W_LIMIT") or 110),
+              "k": 100}
+    # k: jobs whose rate is compared with cuDNN's algorithms timed (benchmark) and chosen by its heuristics
+    K_JOBS = [["--model", "resnet50", "--batch-size", "256", "--precision", "bf16", "--data-format", "NHWC"],
+              [],  # cnn-train's defaults: ResNet-50, batch 64, fp32, NCHW
+              ["--model", "resnet50", "--batch-size", "256", "--precision", "fp32", "--data-format", "NCHW"],
+              ["--model", "resnet50", "--batch-size", "256", "--precision", "fp16", "--data-format", "NHWC"],
+              ["--model", "resnet18", "--batch-size", "256", "--precision", "bf16", "--data-format", "NHWC"],
+              ["--model", "vgg16", "--batch-size", "64", "--precision", "bf16", "--data-format", "NHWC"]]
+    K_STEPS = ["--steps", "50"]
 else:
     JOB_BASE = ["--model", "resnet18", "--batch-size", "2", "--image-size", "32", "--steps", "6"]
     JOB = JOB_BASE + ["--warmup-steps", "2"]
@@ -86,7 +102,9 @@ else:
                 "--steps", "8"]
     DISPLAY = 2
     UNTIL = ["--max-trials", "4"]
-    LIMITS = {"e": 60, "b": 90, "a_new": 60, "a_old": 60, "d": 60, "s": 90, "w": 120, "l": 120}
+    LIMITS = {"e": 60, "b": 90, "a_new": 60, "a_old": 60, "d": 60, "s": 90, "w": 120, "l": 120, "h": 120, "k": 90}
+    K_JOBS = [JOB_BASE[:-2]]
+    K_STEPS = ["--steps", "4", "--warmup-steps", "1"]
 
 results: dict[str, dict] = {}
 notes: list[str] = []
@@ -299,6 +317,36 @@ def part_w() -> None:
     runs.append({"run": run, "name": name})
 
 
+def part_h() -> None:
+    """The A/A of w with cuDNN's heuristics choosing the algorithms (--cudnn heuristics): nothing timed in the
+    first step."""
+    runs = results.setdefault("h", [])
+    name = "h: A/A until-confident, adaptive warm-up, cudnn heuristics" + (f" #{len(runs) + 1}" if runs else "")
+    run = gpuvs(name, ["compare", "cnn-train", *JOB_BASE, *ADAPTIVE, "--cudnn", "heuristics", "--margin", "0.01",
+                       "--arm", "a:seed=1", "--arm", "b:seed=2", "--until-confident", *UNTIL, "--order-seed", "7"],
+                LIMITS["h"])
+    runs.append({"run": run, "name": name})
+
+
+def part_k() -> None:
+    """Each job of K_JOBS with cuDNN's algorithms timed against chosen by its heuristics: 3 trials an arm,
+    interleaved; stops when what is left of TOTAL_S cannot hold the next job."""
+    runs = results.setdefault("k", [])
+    first = not runs
+    start = len(runs)
+    stop = start + int(os.environ.get("K_FIRST") or len(K_JOBS)) if first else len(K_JOBS)
+    for n, job in list(enumerate(K_JOBS, 1))[start:stop]:
+        if elapsed() + LIMITS["k"] + 10 > TOTAL_S:
+            notes.append(f"- k: jobs {n}..{len(K_JOBS)} not run: {TOTAL_S - elapsed():.0f} s left of TOTAL_S")
+            break
+        name = f"k{n}: cudnn benchmark vs heuristics"
+        run = gpuvs(name, ["compare", "cnn-train", *job, *K_STEPS, "--margin", "0.01", "--arm",
+                           "benchmark:cudnn=benchmark", "--arm", "heuristics:cudnn=heuristics", "--trials", "3",
+                           "--order-seed", "3"], LIMITS["k"])
+        runs.append({"run": run, "name": name, "job": " ".join(job) or "(defaults)"})
+        write()
+
+
 def part_l() -> None:
     adaptive = "adaptive:warmup_steps=0"
     run = gpuvs("l: adaptive vs long warm-up", ["compare", "cnn-train", *JOB_BASE, "--margin", "0.005", "--arm",
@@ -324,7 +372,7 @@ def write_36(L: list[str]) -> None:
               f"series written to warmup_series.json (copy it to tests/data/warmup/ as <gpu>-resnet50-bf16.json)", ""]
     rows = []
     for key, label in (("b", f"before: --warmup-steps {JOB[-1]} (fixed)"), ("w", "after: adaptive (" + (
-            " ".join(ADAPTIVE) or "no --warmup-steps") + ")")):
+            " ".join(ADAPTIVE) or "no --warmup-steps") + ")"), ("h", "adaptive, --cudnn heuristics")):
         for n, b in enumerate(results.get(key) or [], 1):
             a = analysis(b["name"])
             if not a:
@@ -337,7 +385,7 @@ def write_36(L: list[str]) -> None:
                         + (f"{100 * t.shares['measured']:.1f}% | {100 * t.shares['warm_up']:.1f}% | "
                            f"{t.per_trial.get('warm_up', 0):.2f} | {t.per_trial.get('wall', 0):.2f} |" if t else
                            "- | - | - | - |"))
-            if key == "w":
+            if key in ("w", "h"):
                 L_w.extend([f"- {label} #{n}: " + "; ".join(warm_ups(a))] + facts(a))
     if rows:
         L += ["## Issue 36: the A/A within ±1%, fixed warm-up against adaptive", "",
@@ -346,6 +394,24 @@ def write_36(L: list[str]) -> None:
               "| warm-up | wall s (command) | verdict | trials per arm | timed steps | warm-up | warm-up s a trial | "
               "wall s a trial |", "|---|---|---|---|---|---|---|---|"] + rows + [""] + L_w + [""]
         L_w.clear()
+    if results.get("k"):
+        L += ["## k. cuDNN's algorithms timed (benchmark, the default) against its heuristics", "",
+              f"`gpuvs compare cnn-train JOB {' '.join(K_STEPS)} --arm benchmark:cudnn=benchmark --arm "
+              "heuristics:cudnn=heuristics --trials 3 --margin 0.01`", "",
+              "| job | benchmark: rate, first step s | heuristics: rate, first step s | heuristics / benchmark |",
+              "|---|---|---|---|"]
+        for k in results["k"]:
+            a = analysis(k["name"])
+            cells = []
+            for arm in ("benchmark", "heuristics"):
+                vals = trial_values(a, arm) if a else []
+                firsts = [(r.startup or {}).get("first_step_s") for r in (a.records if a else []) if r.arm == arm]
+                firsts = [f for f in firsts if f is not None]
+                cells.append((f"{statistics.fmean(vals):.1f} (CV {100 * cv(vals):.2f}%)" if vals else "-")
+                             + (f", {min(firsts):.2f}–{max(firsts):.2f}" if firsts else ""))
+            L.append(f"| {k['job']}{' (stopped)' if k['run']['stopped'] else ''} | {cells[0]} | {cells[1]} | "
+                     f"{verdict_text(headline(a)) if a else '-'} |")
+        L.append("")
     if "l" in results:
         a = analysis("l: adaptive vs long warm-up")
         L += ["## l. Adaptive warm-up against a long fixed one (50 steps)", "", f"`{results['l']['run']['cmd']}`"
@@ -513,14 +579,14 @@ def main() -> int:
     LOG.write_text("")
     say(f"time_to_verdict: DEVICE={DEVICE}, TOTAL_S={TOTAL_S:.0f}, ROUNDS={ROUNDS}, OUT={OUT}")
     chosen = [p.strip() for p in (os.environ.get("PARTS") or "e,b,a,d,c").split(",") if p.strip()]
-    bad = [p for p in chosen if p not in "e b a d c s w l".split()]
+    bad = [p for p in chosen if p not in "e b a d c s w l h k".split()]
     if bad:
-        print(f"time_to_verdict: PARTS={','.join(bad)}: not among e, b, a, d, c, s, w, l", file=sys.stderr)
+        print(f"time_to_verdict: PARTS={','.join(bad)}: not among e, b, a, d, c, s, w, l, h, k", file=sys.stderr)
         return 2
     for part in [globals()[f"part_{p}"] for p in chosen]:
         key = part.__name__[len("part_"):]
         need = LIMITS.get(key, LIMITS.get("a_new", 0) if key == "a" else 0)
-        if key in "swlb" and elapsed() + need + 15 > TOTAL_S:  # what is left cannot hold it: say so, go on
+        if key in "swlbh" and elapsed() + need + 15 > TOTAL_S:  # what is left cannot hold it: say so, go on
             notes.append(f"- {part.__name__} skipped: its limit of {need:.0f} s does not fit in the "
                          f"{TOTAL_S - elapsed():.0f} s left of TOTAL_S")
             say(notes[-1])

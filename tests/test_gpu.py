@@ -31,6 +31,23 @@ def test_cnn_train_on_the_gpu_stores_fingerprint_and_telemetry(cli, tmp_path):
     assert db.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 40
 
 
+def test_cudnn_heuristics_skips_the_autotuning_that_benchmark_does_in_each_trials_first_step(cli, tmp_path):
+    """--cudnn reaches the worker: with benchmark, cuDNN times its candidate algorithms in the first step (seconds
+    on ResNet-50); with heuristics it does not. Heuristics runs first and last, so a cold machine's first-call
+    costs cannot make benchmark's first step the longer one by themselves."""
+    job = ["--model", "resnet50", "--batch-size", "64", "--precision", "bf16", "--data-format", "NHWC",
+           "--steps", "5", "--warmup-steps", "2", "--device", "cuda"]
+    for cudnn in ("heuristics", "benchmark", "heuristics"):
+        r = cli("run", "cnn-train", *job, "--cudnn", cudnn)
+        assert r.returncode == 0, r.stderr
+    db = sqlite3.connect(tmp_path / "gpuvs.db")
+    rows = [(json.loads(c)["cudnn"], json.loads(s)["first_step_s"])
+            for c, s in db.execute("SELECT config, startup FROM trials ORDER BY rowid")]
+    assert [c for c, _ in rows] == ["heuristics", "benchmark", "heuristics"]
+    first = {c: [f for k, f in rows if k == c] for c in ("heuristics", "benchmark")}
+    assert max(first["heuristics"]) < first["benchmark"][0] - 0.5, rows
+
+
 def test_gpu_out_of_memory_is_a_failed_trial(cli, tmp_path):
     r = cli("run", "cnn-train", "--model", "vgg16", "--batch-size", "16384", "--steps", "1", "--device", "cuda")
     assert r.returncode == 1 and "Traceback" not in r.stderr

@@ -42,6 +42,11 @@ MODELS: dict[str, tuple[str, int, int, dict[str, Any]]] = {
     "mobilenet_v2": ("mobilenet_v2", 224, 32, {}),
 }
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+# How cuDNN picks each convolution's algorithm. "benchmark" times the candidates at the first steps of every
+# trial's fresh process (tf_cnn_benchmarks' way; the cost is start-up, in the first step); "heuristics" is
+# PyTorch's own default (torch.backends.cudnn.benchmark = False): cuDNN's heuristics choose, nothing is timed,
+# and every trial gets the same algorithms. Which is faster depends on the job (docs/workloads.md).
+CUDNN = ("benchmark", "heuristics")
 
 COMMON = (
     Param("model", str, "resnet50", "torchvision model", choices=tuple(MODELS)),
@@ -49,6 +54,8 @@ COMMON = (
     Param("precision", str, "fp32", "fp32 (strict), tf32, fp16 or bf16 (autocast; fp16 with a grad scaler)",
           choices=PRECISIONS),
     Param("data_format", str, "NCHW", "NCHW or NHWC (channels_last)", choices=("NCHW", "NHWC")),
+    Param("cudnn", str, "benchmark", "how cuDNN picks convolution algorithms: benchmark (timed in each trial's "
+          "first step, counted as start-up) or heuristics (PyTorch's default: nothing timed)", choices=CUDNN),
     Param("warmup_steps", int, 0, "steps run before timing, excluded from throughput (0: adaptive, until the "
           "steps are steady)", min=0, max=100000),
     Param("steps", int, 100, "timed steps", min=1, max=10_000_000),
@@ -112,12 +119,13 @@ class _CnnBase(Workload):
         return model, device
 
     @staticmethod
-    def set_precision(precision_name: str, device) -> None:
-        """TF32 as --precision says (gpuvs.probes.precision), and cuDNN picks its fastest algorithms."""
+    def set_precision(precision_name: str, cudnn: str = "benchmark") -> None:
+        """TF32 as --precision says (gpuvs.probes.precision), and cuDNN's algorithms chosen as --cudnn says:
+        timed (benchmark) or by cuDNN's heuristics."""
         import torch
 
         precision.allow_tf32(precision_name)
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = cudnn == "benchmark"
 
     def batches(self, ctx: RunContext, device) -> Iterator[tuple[Any, Any]]:
         """Endless (images, labels) on the device: one fixed synthetic batch, or a real DataLoader."""
@@ -168,6 +176,8 @@ class _CnnBase(Workload):
                      steps=plan.describe() if plan is not None and plan.adaptive else p["steps"])
         if self.training:
             items["optimizer"] = p["optimizer"]
+        if ctx.device.startswith("cuda"):  # cuDNN plays no part on a CPU
+            items["cudnn"] = p["cudnn"]
         return events.config(**items)
 
     @staticmethod
@@ -188,7 +198,7 @@ class _CnnBase(Workload):
         p = ctx.params
         plan = _timed.Plan.from_params(p, windowed=bool(ctx.spec.barrier))
         yield self.config_event(ctx, plan)
-        self.set_precision(p["precision"], None)
+        self.set_precision(p["precision"], p["cudnn"])
         try:
             t0 = time.perf_counter()
             model, device = self.build(ctx)
