@@ -26,6 +26,7 @@ Issue 36 (warm-up that ends when the steps are steady; b is then the "before": -
   k  the rate with cuDNN's algorithms timed (--cudnn benchmark) against its heuristics, 3 trials an arm, on
      several jobs (K_JOBS: the A/A's, cnn-train's defaults, fp32 and fp16 at batch 256, ResNet-18, VGG-16)
 STEPS=N: the A/A's timed steps (default 30; cnn-train's own default is 100). W_LIMIT: the time limit of w and h.
+NUM_GPUS=N: the A/A's job (b, w, h) on N GPUs (DDP, a rank a GPU).
 K_FIRST=N: the first k runs only the first N jobs; k named again runs the rest (PARTS=k,w,h,k: the A/A's job
 first, which also warms the machine, then the A/As, then the other jobs in what is left of TOTAL_S).
 
@@ -74,6 +75,8 @@ PY = sys.executable
 if GPU:
     JOB_BASE = ["--model", "resnet50", "--batch-size", "256", "--precision", "bf16", "--data-format", "NHWC",
                 "--steps", os.environ.get("STEPS") or "30"]
+    if int(os.environ.get("NUM_GPUS") or 1) > 1:  # the A/A across several GPUs (their warm-up: a fixed 10 steps)
+        JOB_BASE[-2:-2] = ["--num-gpus", os.environ["NUM_GPUS"]]  # before --steps N (JOB_BASE[:-2] drops that)
     JOB = JOB_BASE + ["--warmup-steps", "10"]  # the warm-up before issue 36: a fixed 10 steps
     ADAPTIVE: list[str] = []  # no --warmup-steps: the adaptive warm-up, as a user gets it
     SERIES_STEPS = int(os.environ.get("SERIES_STEPS") or 100)
