@@ -76,14 +76,19 @@ def test_cudnn_says_whether_algorithms_are_timed_and_a_bad_choice_is_refused(cud
 
     from gpuvs.errors import UsageError
     w = workloads.get("cnn-train")
-    torch.backends.cudnn.benchmark = cudnn != "benchmark"  # the opposite, so that the call must set it
-    w.set_precision("fp32", w.validate({"cudnn": cudnn}, "cpu")["cudnn"])
-    assert torch.backends.cudnn.benchmark is (cudnn == "benchmark")
-    evs = run_inline("cnn-train", model="resnet18", batch_size=2, image_size=32, steps=2, warmup_steps=1,
-                     display_every=2, num_classes=4, cudnn=cudnn)
+    before = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = cudnn != "benchmark"  # the opposite, so that the call must set it
+        w.set_precision("fp32", w.validate({"cudnn": cudnn}, "cpu")["cudnn"])
+        assert torch.backends.cudnn.benchmark is (cudnn == "benchmark")
+        torch.backends.cudnn.benchmark = cudnn != "benchmark"  # again the opposite: the run itself must set it
+        evs = run_inline("cnn-train", model="resnet18", batch_size=2, image_size=32, steps=2, warmup_steps=1,
+                         display_every=2, num_classes=4, cudnn=cudnn)
+        assert torch.backends.cudnn.benchmark is (cudnn == "benchmark")
+    finally:
+        torch.backends.cudnn.benchmark = before
     cfg = next(e for e in evs if e["type"] == "config")["items"]
     assert "cudnn" not in cfg  # a CPU run: cuDNN plays no part, and the record does not pretend it did
-    assert torch.backends.cudnn.benchmark is (cudnn == "benchmark")
     with pytest.raises(UsageError, match="heuristics"):
         w.validate({"cudnn": "fastest"}, "cpu")
 

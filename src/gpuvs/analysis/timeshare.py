@@ -4,8 +4,9 @@ Per trial, from the launch (gpuvs starts the worker, or asks the zygote for a fo
 sees (L = launch_to_exit_s), with T0 = launch to the first timed step (launch_to_timed_s; where a workload
 does not report it, launch_to_done_s minus the timed steps; failing that, L minus them):
 - measured: the timed steps' own seconds (the headline series' total_seconds: what the figure is made of; a
-  workload that times several shapes one after another, gemm and membw, says its timed blocks' seconds over
-  every shape itself, timed_s, since its headline is one shape (membw) or made of the others (gemm));
+  workload that times several series one after another (gemm's shapes, membw's and collective's sizes,
+  gpu-check's figures, kernels' apps) says its timed blocks' seconds over all of them itself, timed_s, since
+  its headline is one of them or made of the others);
 - fork: the fork request to the child running (fork_s; 0 for a fresh exec);
 - warm-up: the first step and the warm-up steps (warmup_s); an adaptive warm-up also says how many steps it
   ran and why it stopped (steady, cap: the trial's config items warmup_steps and warmup_stop); a workload that

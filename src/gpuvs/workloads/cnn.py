@@ -45,7 +45,7 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 # How cuDNN picks each convolution's algorithm. "benchmark" times the candidates at the first steps of every
 # trial's fresh process (tf_cnn_benchmarks' way; the cost is start-up, in the first step); "heuristics" is
 # PyTorch's own default (torch.backends.cudnn.benchmark = False): cuDNN's heuristics choose, nothing is timed,
-# and every trial gets the same algorithms. Which is faster depends on the job (docs/workloads.md).
+# and every trial gets the same algorithms. Which is faster depends on the job (docs/trials.md, "cuDNN's algorithms").
 CUDNN = ("benchmark", "heuristics")
 
 COMMON = (
