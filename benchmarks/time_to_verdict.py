@@ -85,8 +85,8 @@ if GPU:
     DISPLAY = 10
     UNTIL = []  # --max-trials at its default (20)
     LIMITS = {"e": 45, "b": 110, "a_new": 110, "a_old": 175, "d": 50,  # old trials take about 24 s each
-              "s": 90, "w": int(os.environ.get("W_LIMIT") or 110), "l": 120, "h": int(os.environ.get("W_LIMIT") or 110),
-              "k": 100}
+              "s": 90, "l": 120, "k": 100}
+    LIMITS["w"] = LIMITS["h"] = int(os.environ.get("W_LIMIT") or 110)
     # k: jobs whose rate is compared with cuDNN's algorithms timed (benchmark) and chosen by its heuristics
     K_JOBS = [["--model", "resnet50", "--batch-size", "256", "--precision", "bf16", "--data-format", "NHWC"],
               [],  # cnn-train's defaults: ResNet-50, batch 64, fp32, NCHW
@@ -312,23 +312,23 @@ def part_s() -> None:
     results["s"]["trials"] = len(series)
 
 
-def part_w() -> None:
-    runs = results.setdefault("w", [])
-    name = "w: A/A until-confident, adaptive warm-up" + (f" #{len(runs) + 1}" if runs else "")
-    run = gpuvs(name, ["compare", "cnn-train", *JOB_BASE, *ADAPTIVE, "--margin", "0.01", "--arm", "a:seed=1", "--arm",
-                       "b:seed=2", "--until-confident", *UNTIL, "--order-seed", "7"], LIMITS["w"])
+def adaptive_aa(key: str, name: str, extra: list[str]) -> None:
+    """The A/A with the adaptive warm-up, until confident within ±1% (parts w and h); named again, once more."""
+    runs = results.setdefault(key, [])
+    name += f" #{len(runs) + 1}" if runs else ""
+    run = gpuvs(name, ["compare", "cnn-train", *JOB_BASE, *ADAPTIVE, *extra, "--margin", "0.01", "--arm", "a:seed=1",
+                       "--arm", "b:seed=2", "--until-confident", *UNTIL, "--order-seed", "7"], LIMITS[key])
     runs.append({"run": run, "name": name})
+
+
+def part_w() -> None:
+    adaptive_aa("w", "w: A/A until-confident, adaptive warm-up", [])
 
 
 def part_h() -> None:
     """The A/A of w with cuDNN's heuristics choosing the algorithms (--cudnn heuristics): nothing timed in the
     first step."""
-    runs = results.setdefault("h", [])
-    name = "h: A/A until-confident, adaptive warm-up, cudnn heuristics" + (f" #{len(runs) + 1}" if runs else "")
-    run = gpuvs(name, ["compare", "cnn-train", *JOB_BASE, *ADAPTIVE, "--cudnn", "heuristics", "--margin", "0.01",
-                       "--arm", "a:seed=1", "--arm", "b:seed=2", "--until-confident", *UNTIL, "--order-seed", "7"],
-                LIMITS["h"])
-    runs.append({"run": run, "name": name})
+    adaptive_aa("h", "h: A/A until-confident, adaptive warm-up, cudnn heuristics", ["--cudnn", "heuristics"])
 
 
 def part_k() -> None:
