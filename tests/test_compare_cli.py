@@ -158,6 +158,8 @@ def test_until_confident_adds_pairs_until_settled_or_the_cap(cli, tmp_path):
     (["compare", "--file", "ok.yaml", "--aa"], "ok.yaml:3: arm 'b' does not run as arm 'a' (at ok.yaml:3): an A/A "
      "run compares a setup with itself, its arms alike; to compare arms that differ, leave out aa: true"),
     (["report", "x"], "no store at gpuvs.db"),
+    (["compare", "selftest", "--device", "cpu", *[f"--arm=a{i}:steps={i + 1}" for i in range(257)]],
+     "--arm #257: 257 arms given; a comparison takes at most 256 (split a larger sweep into several comparisons)"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_started(cli, tmp_path, args, message):
     (tmp_path / "bad.yaml").write_text("workload: selftest\ndevice: cpu\narms: [{name: a}, {name: b, steps: 2}]\n"

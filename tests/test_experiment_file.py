@@ -285,6 +285,22 @@ def test_an_aa_run_makes_two_arms_alike_and_refuses_none(tmp_path):
         experiment.study({**doc, "aa": False, "arms": [{"name": "a"}, {"name": "b"}]})
 
 
+def test_planning_is_linear_in_the_arms_and_bounded(monkeypatch):
+    """Each arm's run is written out once (RunSpec.to_dict), not once per earlier arm: 256 arms, the most a
+    comparison takes, cost 256 of them (65,280 before), an A/A run's as many; 257 are refused with one line."""
+    calls = []
+    to_dict = RunSpec.to_dict
+    monkeypatch.setattr(RunSpec, "to_dict", lambda self, *a, **k: calls.append(1) or to_dict(self, *a, **k))
+    doc = {"workload": "selftest", "device": "cpu"}
+    arms = [{"name": f"a{i}", "steps": i + 1} for i in range(experiment.MAX_ARMS)]
+    assert len(experiment.study({**doc, "arms": arms}).experiment.arms) == 256 and len(calls) == 256
+    calls.clear()
+    alike = [{"name": f"a{i}"} for i in range(experiment.MAX_ARMS)]
+    assert len(experiment.study({**doc, "aa": True, "arms": alike}).experiment.arms) == 256 and len(calls) == 256
+    with pytest.raises(UsageError, match=r"^--arm #257: 257 arms given; a comparison takes at most 256 \(split"):
+        experiment.study({**doc, "arms": arms + [{"name": "one-more", "steps": 999}]})
+
+
 def test_build_arms_types_values_and_keeps_env_keys_apart():
     wl = get("selftest")
     base = RunSpec(workload="selftest", device="cpu", params=wl.validate({}, "cpu"))

@@ -49,6 +49,7 @@ STUDY_PARAMS = (
           "standard check of a measuring setup: its verdict should be no difference"),
 )
 AA_ARMS = ("a", "b")  # an A/A run's arms where none are given
+MAX_ARMS = 256  # arms a comparison may have: each runs every trial, so more is a sweep to split, not one comparison
 
 @dataclass
 class Study:
@@ -116,8 +117,12 @@ def build_arms(workload: workloads.Workload, base: RunSpec, raw_arms: list[RawAr
     if len(raw_arms) < 2:
         where = raw_arms[0][2] if raw_arms else "compare"
         raise UsageError(f"{where}: a comparison needs at least two arms, got {len(raw_arms)}")
+    if len(raw_arms) > MAX_ARMS:
+        raise UsageError(f"{raw_arms[MAX_ARMS][2]}: {len(raw_arms)} arms given; a comparison takes at most {MAX_ARMS} "
+                         "(split a larger sweep into several comparisons)")
     arms: list[Arm] = []
     seen: dict[str, str] = {}
+    runs_as: dict[str, str] = {}  # an arm's identity -> the first arm that runs so: one look-up per arm, not a scan
     probe = Experiment("probe", base, [], seed=0)
     for name, raw, where, key_where in raw_arms:
         if name in seen:
@@ -132,16 +137,18 @@ def build_arms(workload: workloads.Workload, base: RunSpec, raw_arms: list[RawAr
             environments.check_options(spec.env.kind, spec.env.options, cli=False)
         except UsageError as exc:
             raise UsageError(f"{where}: arm {name!r}: {exc}") from None
-        for other in arms:
-            alike = _identity(probe.spec_for(other, 0)) == _identity(spec)
-            if alike and not aa:
-                raise UsageError(f"{where}: arm {name!r} runs exactly as arm {other.name!r} (at {seen[other.name]}): "
-                                 f"arms must differ in something; to compare a setup with itself (an A/A run) "
-                                 f"{aa_on}")
-            if not alike and aa:
-                raise UsageError(f"{where}: arm {name!r} does not run as arm {other.name!r} (at {seen[other.name]}): "
-                                 "an A/A run compares a setup with itself, its arms alike; to compare arms that "
-                                 f"differ, {aa_off}")
+        identity = _identity(spec)
+        other = runs_as.get(identity)
+        if other is not None and not aa:
+            raise UsageError(f"{where}: arm {name!r} runs exactly as arm {other!r} (at {seen[other]}): "
+                             f"arms must differ in something; to compare a setup with itself (an A/A run) "
+                             f"{aa_on}")
+        if aa and runs_as and other is None:  # an A/A run's arms are all alike: unlike the first is unlike all
+            first = arms[0].name
+            raise UsageError(f"{where}: arm {name!r} does not run as arm {first!r} (at {seen[first]}): "
+                             "an A/A run compares a setup with itself, its arms alike; to compare arms that "
+                             f"differ, {aa_off}")
+        runs_as.setdefault(identity, name)
         seen[name] = where
         arms.append(arm)
     return arms
