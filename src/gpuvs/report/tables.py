@@ -3,7 +3,9 @@ renderers only lay them out, so every format says exactly the same thing."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuvs.analysis import stats
 from gpuvs.analysis.comparison import Analysis, fingerprint_rows
@@ -340,6 +342,16 @@ def headline_sentence(a: Analysis) -> str:
     return "; ".join(verdict_sentence(v, a) for v in a.headline_verdicts())
 
 
+def value_text(value: Any) -> str:
+    """A parameter's value as written, never as Python's repr: repr doubles every backslash (the regex (\\d+)
+    would read (\\\\d+)). A list's strings are quoted as a shell would, so that spaces and commas stay readable."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(shlex.quote(v) if isinstance(v, str) else value_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {value_text(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
 def header_lines(a: Analysis) -> list[tuple[str, str]]:
     """(label, value) lines that say what was compared."""
     import time
@@ -348,9 +360,10 @@ def header_lines(a: Analysis) -> list[tuple[str, str]]:
              ("created", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.created)) if a.created else "-")]
     meta = a.meta
     if meta.base is not None and meta.base.params:
-        lines.append(("parameters", " ".join(f"{k}={v}" for k, v in meta.base.params.items())))
+        lines.append(("parameters", " ".join(f"{k}={value_text(v)}" for k, v in meta.base.params.items())))
     for arm in a.arms:
-        lines.append((f"arm {arm.name}", " ".join(f"{k}={v}" for k, v in arm.overrides.items()) or "(the base)"))
+        lines.append((f"arm {arm.name}", " ".join(f"{k}={value_text(v)}" for k, v in arm.overrides.items())
+                      or "(the base)"))
     if meta.command:
         lines.append(("command", meta.command))
     if meta.file:
