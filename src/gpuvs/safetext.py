@@ -6,14 +6,19 @@ bidi override as \\u202e) and leaves the rest as it was; the store keeps the byt
 where text is shown, never where it is kept. Escaping twice changes nothing.
 
 Escaped: C0 controls (newline and tab kept where a multi-line log is shown: lines=True), DEL, C1 controls, the
-Unicode line and paragraph separators and bidirectional controls, and lone surrogates (an undecodable byte read
-with surrogateescape shows as that byte, \\xff; any other lone surrogate as \\udXXX). Backslashes are left alone.
+Unicode line and paragraph separators, every format character (category Cf: zero-width spaces and joiners, bidi
+controls, the BOM, tags), so that names `base` and `base\\u200b` read apart, and lone surrogates (an undecodable
+byte read with surrogateescape shows as that byte, \\xff; any other lone surrogate as \\udXXX). Backslashes are
+left alone.
 Rich markup is not this module's business: gpuvs's consoles print with markup off.
 
 Standard library only: job.py, which runs inside the user's image, uses it."""
 
 from __future__ import annotations
 
+import re
+import unicodedata
+from functools import lru_cache
 from typing import Any
 
 
@@ -23,20 +28,25 @@ _NAMED = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
 def _escape(cp: int) -> str:
     if cp in _NAMED:
         return _NAMED[cp]
-    return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}"
+    if cp < 0x100:
+        return f"\\x{cp:02x}"
+    return f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"  # as Python writes them: U+E0041 is \\U000e0041
 
 
+def _format_characters() -> list[int]:
+    """Category Cf as this Python's Unicode knows it: every one lies in planes 0, 1 and 14 (scanning them takes
+    about 20 ms, so it is done once, on first use)."""
+    return [cp for block in (range(0x20000), range(0xE0000, 0xE1000)) for cp in block
+            if unicodedata.category(chr(cp)) == "Cf"]
+
+
+@lru_cache(maxsize=2)
 def _table(kept: str) -> dict[int, str]:
-    codes = [*range(0x20), 0x7F, *range(0x80, 0xA0), 0x061C, 0x200E, 0x200F, 0x2028, 0x2029,
-             *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+    codes = [*range(0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029, *_format_characters()]
     table = {cp: _escape(cp) for cp in codes if chr(cp) not in kept}
     for cp in range(0xD800, 0xE000):  # lone surrogates; U+DC80..U+DCFF are bytes that were not UTF-8
         table[cp] = _escape(cp - 0xDC00) if 0xDC80 <= cp <= 0xDCFF else _escape(cp)
     return table
-
-
-_ONE_LINE = _table("")
-_LINES = _table("\n\t")
 
 
 def safe_text(text: Any, lines: bool = False) -> str:
@@ -46,10 +56,23 @@ def safe_text(text: Any, lines: bool = False) -> str:
         text = bytes(text).decode("utf-8", "surrogateescape")
     elif not isinstance(text, str):
         text = str(text)
-    return text.translate(_LINES if lines else _ONE_LINE)
+    return text.translate(_table("\n\t" if lines else ""))
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # OWASP's list: a spreadsheet reads such a cell as a formula
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def csv_cell(text: str) -> str:
+    """A CSV cell that no spreadsheet runs: text that starts as a formula would (= + - @, tab, carriage return)
+    gets a leading single quote, OWASP's rule; a number written as text (-1.5, +3e2) is left as it is."""
+    if text.startswith(FORMULA_STARTS) and not _NUMBER.fullmatch(text):
+        return "'" + text
+    return text
 
 
 def safe_row(cells: Any) -> list[Any]:
-    """A CSV row to print: its text cells through safe_text (a CSV goes to a terminal as often as to a file), its
-    numbers and None as they are. JSON needs none of this: it writes every control as a \\u escape itself."""
-    return [safe_text(c) if isinstance(c, (str, bytes)) else c for c in cells]
+    """A CSV row to print: its text cells through safe_text (a CSV goes to a terminal as often as to a file) and
+    csv_cell (a name such as `=HYPERLINK(...)` is not run by the spreadsheet that opens it), its numbers and None
+    as they are. JSON needs none of this: it writes every control as a \\u escape itself."""
+    return [csv_cell(safe_text(c)) if isinstance(c, (str, bytes)) else c for c in cells]
