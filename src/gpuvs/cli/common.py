@@ -1,12 +1,16 @@
 """What several commands share (not a command): a RunSpec prepared from parsed options, the device
 resolved with its CPU note, an experiment executed with the step log and progress, failed trials
 turned into the exit status, a job given as text (`--with "WORKLOAD --p v"`), the store opened for
-reading."""
+reading, a command's -o FILE written whole or not at all."""
 
 from __future__ import annotations
 
 import copy
+import errno
+import os
 import shlex
+import stat
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -180,3 +184,58 @@ def open_store(path: str) -> Store:
         if exc.reason != "full":
             raise
         return Store(path, readonly=True)
+
+
+def check_output(output: str | None, option: str = "-o") -> None:
+    """Refuse an -o that cannot be a file before any work is done: a folder, or a file in a folder that does not
+    exist."""
+    if not output:
+        return
+    path = Path(output)
+    if path.is_dir():
+        raise UsageError(f"{option} {output}: is a folder; name a file in it, e.g. {option} {path / 'NAME'}")
+    if not path.resolve().parent.is_dir():
+        raise UsageError(f"{option} {output}: folder {path.parent} does not exist")
+
+
+def write_output(output: str, text: str, option: str = "-o") -> None:
+    """`text` as the file `output`, whole or not at all: written to a temporary file beside it, synced, then
+    renamed over it, so that a full disk leaves no partial or empty file (and an earlier file as it was). A target
+    that is not a regular file (/dev/stdout, a FIFO) cannot be renamed over: it is written in place. Every
+    failure is one line."""
+    check_output(output, option)
+    path, data = Path(output), text.encode("utf-8")
+    try:
+        special = path.exists() and not stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        special = False
+    if special:
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
+        except OSError as exc:
+            raise UsageError(f"{option} {output}: cannot write it ({exc.strerror}); it is not a regular file (it is "
+                             "written in place, not replaced): name another file") from None
+        return
+    kept = "the file as it was is kept" if path.exists() else "no file was left there"
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise UsageError(f"{option} {output}: cannot write it: its folder {path.parent} takes no new file "
+                         f"({exc.strerror}); name a file where you can write") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~umask)  # mkstemp's 0600 is not
+        os.replace(tmp, path)                                                                # what open() would give
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        full = ": free some space, or name a file on another disk" if exc.errno == errno.ENOSPC else ""
+        raise UsageError(f"{option} {output}: cannot write it ({exc.strerror}); {kept}{full}") from None

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import sys
-from pathlib import Path
 
 from rich.console import Console
 
@@ -68,8 +67,7 @@ def fleet(args: Args) -> None:
         if flag in args.given:
             raise UsageError(f"--{flag.replace('_', '-')} applies with --pairs")
     fleet_run.check(prep.base, opts)
-    if o["output"] and not Path(o["output"]).resolve().parent.is_dir():
-        raise UsageError(f"--output {o['output']}: folder {Path(o['output']).parent} does not exist")
+    common.check_output(o["output"], "--output")
 
     def on_start(s: fleet_run.FleetStart) -> None:
         for e in s.excluded:
@@ -86,7 +84,7 @@ def fleet(args: Args) -> None:
     result = fleet_run.run_fleet(prep.base, run["store"], opts, fleet_run.FleetHooks(on_start, on_end, on_log))
     text = report.render(o["format"], result)
     if o["output"]:
-        Path(o["output"]).write_text(text, encoding="utf-8")
+        common.write_output(o["output"], text, "--output")
         report.terminal(console, result)
         console.print(f"wrote {o['output']}", style="dim")
     elif o["format"] == "term":
@@ -107,8 +105,7 @@ def _pairs(args: Args, o, prep, opts: fleet_run.FleetOptions, console: Console) 
 
     if o["format"] not in pair_fleet.FORMATS:
         raise UsageError(f"--format {o['format']}: a pair fleet is reported as {', '.join(pair_fleet.FORMATS)}")
-    if o["output"] and not Path(o["output"]).resolve().parent.is_dir():
-        raise UsageError(f"--output {o['output']}: folder {Path(o['output']).parent} does not exist")
+    common.check_output(o["output"], "--output")
 
     def on_start(s: fleet_run.FleetStart) -> None:
         for e in s.excluded:
@@ -124,7 +121,7 @@ def _pairs(args: Args, o, prep, opts: fleet_run.FleetOptions, console: Console) 
                                      fleet_run.FleetHooks(on_start, on_end))
     text = pair_fleet.render(o["format"], result)
     if o["output"]:
-        Path(o["output"]).write_text(text, encoding="utf-8")
+        common.write_output(o["output"], text, "--output")
         console.print(pair_fleet.text(result), end="")
         console.print(f"wrote {o['output']}", style="dim")
     elif o["format"] == "term":
@@ -174,8 +171,7 @@ def history(args: Args) -> None:
         raise UsageError("--dry-run applies with --label (it shows the labels instead of writing them)")
     if o["condition"] and not o["label"]:
         raise UsageError("--condition applies with --label (the node's drift is written as labels first)")
-    if o["output"] and not Path(o["output"]).resolve().parent.is_dir():
-        raise UsageError(f"--output {o['output']}: folder {Path(o['output']).parent} does not exist")
+    common.check_output(o["output"], "--output")
     with common.open_store(o["store"]) as st:
         found = stored.read(st, workload=o["workload"], window=o["window"], margin=o["margin"],
                             confidence=o["confidence"])
@@ -205,7 +201,7 @@ def history(args: Args) -> None:
     else:
         text = report_history.render(o["format"], found, node)
     if o["output"]:
-        Path(o["output"]).write_text(text, encoding="utf-8")
+        common.write_output(o["output"], text, "--output")
         report_history.terminal(console, found, node)
         console.print(f"wrote {o['output']}", style="dim")
     elif o["format"] == "term":

@@ -6,13 +6,12 @@ from __future__ import annotations
 import io
 import json
 import sys
-from pathlib import Path
 
 from rich.console import Console
 
 from gpuvs.analysis import comparison
 from gpuvs.cli.command import Args, Command, Group, Positional
-from gpuvs.cli.common import open_store
+from gpuvs.cli.common import check_output, open_store, write_output
 from gpuvs.cli.options import STORE
 from gpuvs.errors import UsageError
 from gpuvs.store.records import TrialRecord
@@ -54,8 +53,7 @@ def report(args: Args) -> None:
     fmt = FORMATS.get(fmt_name.lower())
     if fmt is None:
         raise UsageError(f"--format: {fmt_name!r} is not allowed; expected one of term, md, html, json, csv")
-    if output and not Path(output).resolve().parent.is_dir():
-        raise UsageError(f"-o {output}: folder {Path(output).parent} does not exist")
+    check_output(output)
     with open_store(store) as st:
         exp_id = experiment_of(st, ident)
         exp = st.experiment(exp_id)
@@ -86,7 +84,7 @@ def report(args: Args) -> None:
 
 def _write(text: str, output: str | None, exp_id: str) -> None:
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        write_output(output, text)
         print(f"experiment {exp_id}: wrote {output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
@@ -97,12 +95,11 @@ def status(args: Args) -> None:
     from gpuvs.report.status import render_status_page
 
     output = args["output"]
-    if output and not Path(output).resolve().parent.is_dir():
-        raise UsageError(f"-o {output}: folder {Path(output).parent} does not exist")
+    check_output(output)
     with open_store(args["store"]) as st:
         page = render_status_page(st, window=args["window"], margin=args["margin"], confidence=args["confidence"])
     if output:
-        Path(output).write_text(page, encoding="utf-8")
+        write_output(output, page)
         print(f"status page of {args['store']}: wrote {output}", file=sys.stderr)
     else:
         sys.stdout.write(page)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from rich.console import Console
 
 from gpuvs.cli.command import Args, Command, Group, Positional
-from gpuvs.cli.common import open_store
+from gpuvs.cli.common import check_output, open_store, write_output
 from gpuvs.cli.options import STORE
 from gpuvs.errors import UsageError
 from gpuvs.store.records import TrialRecord
@@ -80,11 +79,12 @@ def _trials_of(st: Store, ident: str) -> list[TrialRecord]:
 
 def export(args: Args) -> None:
     fmt_name, experiment, output = args["format"], args["experiment"], args["output"]
+    check_output(output)
     with open_store(args["store"]) as st:
         exp_id = st.experiment(experiment).id if experiment else None
         text = st.export(fmt_name, exp_id)
     if output:
-        Path(output).write_text(text)
+        write_output(output, text)
         print(f"wrote {output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
