@@ -5,13 +5,16 @@ one transaction. A gpuvs killed outright (SIGKILL) loses at most the last second
 flight: the next open marks that trial interrupted and keeps what it had measured. Several trials may
 be in flight at once (workers sharing a GPU). Every SQLite error is one line that says what is wrong (a
 folder, a full disk, read-only, busy, not a database, damaged: only the last gets the way to recover) and what
-to do; a store on a read-only mount is opened read-only and can still be listed, shown and reported.
+to do; a store on a read-only mount is opened read-only and can still be listed, shown and reported. A store that
+wrote something is checkpointed as it closes (its data in the main file, not only in the WAL), and the close fails
+with one line saying where the data is if the file was moved, replaced or deleted meanwhile, or does not read back.
 
 Rows are read into typed records (gpuvs.store.records: ExperimentRecord, TrialRecord, SampleRecord,
 TelemetryRecord) and written from them: the JSON of the store's columns is made and read there."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
@@ -20,6 +23,7 @@ import os
 import socket
 import sqlite3
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -119,6 +123,9 @@ class _Checked:
     def close(self) -> None:
         self._db.close()
 
+    def backup(self, target: sqlite3.Connection) -> None:
+        self._db.backup(target)
+
 
 class _CheckedCursor:
     """A cursor whose rows are read with the same care: a damaged page met while fetching is one line too."""
@@ -182,6 +189,37 @@ def _store_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
     return StoreError(f"store {path} cannot be used ({cause}); what it holds is kept: run with --store NEW.db")
 
 
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the file a path names now; None where it names nothing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _open_path_of(file_id: tuple[int, int] | None) -> Path | None:
+    """Where a file this process holds open is now, by its (st_dev, st_ino): the name /proc/self/fd gives it, while
+    that name still leads to it; None where it was deleted, or this system has no /proc."""
+    if file_id is None:
+        return None
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            st = os.stat(f"/proc/self/fd/{fd}")
+            if (st.st_dev, st.st_ino) != file_id:
+                continue
+            name = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+        if _file_id(name) == file_id:  # a deleted file reads "NAME (deleted)", which names nothing or another
+            return name
+    return None
+
+
 def volume_state(folder: Path) -> str:
     """What the file system of a folder says of itself: "read-only", "full" or "" (the store's and the agent's
     ledger's messages name it)."""
@@ -229,10 +267,13 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise _store_error(self.path, exc) from None
         self.db = _Checked(raw, self.path)
+        self._opened: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened
+        self._written: dict[str, set[int]] = {}  # experiment id -> its trials this Store wrote: what must read back
         if not self.readonly:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA foreign_keys=ON")
             self.db.executescript(SCHEMA)
+            self._opened = _file_id(self.path)
         else:
             self.db.execute("SELECT COUNT(*) FROM experiments").fetchone()  # a damaged file says so now
         self.flush_interval_s = flush_interval_s
@@ -242,14 +283,77 @@ class Store:
         if not self.readonly:
             self._reap_orphans()
 
-    def close(self) -> None:
+    def close(self, check: bool = True) -> None:
+        """Checkpoint what this Store wrote into the main file, close, and (check) make sure that it is where it
+        was said to be: the path still names the file opened (its device and inode), and every experiment written
+        reads back from it with its trials. Otherwise StoreError (reason "moved"), one line saying where the data is:
+        the file's new name, a copy saved beside the path when the file was deleted or replaced, or lost."""
+        problem = None
+        if not self.readonly:
+            moved = bool(self._written) and _file_id(self.path) != self._opened
+            try:  # TRUNCATE where moved: the WAL left at the old name must hold nothing another file could take
+                self.db.execute(f"PRAGMA wal_checkpoint({'TRUNCATE' if moved else 'PASSIVE'})").fetchone()
+            except StoreError:
+                pass  # a full disk: the WAL keeps it, and SQLite's own close tries again
+            if moved and check:
+                problem = self._where_now()
         self.db.close()
+        if problem:
+            message, kept_in = problem
+            missing = self._missing(kept_in) if kept_in else []
+            if missing:
+                message += f"; but {'; '.join(missing)} does not read back from {kept_in}"
+            raise StoreError(message, "moved")
+        if check and self._written and not self.readonly:
+            missing = self._missing(self.path)
+            if missing:
+                raise StoreError(f"store {self.path} does not read back what this run wrote: {'; '.join(missing)} "
+                                 "missing (was the file replaced as the run ended?); what is missing is lost", "moved")
+
+    def _where_now(self) -> tuple[str, Path | None]:
+        """The line for a store whose path no longer names the file this Store opened: where its data is now.
+        Still open, the file is found among this process's descriptors (Linux's /proc/self/fd names its new
+        path); a file deleted, or moved where that cannot tell, is copied out through this connection."""
+        exps = ", ".join(sorted(self._written))
+        now = "now names another file" if self.path.exists() else "no longer exists"
+        moved_to = _open_path_of(self._opened)
+        if moved_to is not None and moved_to != self.path.resolve():
+            return (f"store {self.path} was moved to {moved_to} while this run wrote it: experiment {exps} is kept "
+                    f"there, not in {self.path} (which {now}); read it with --store {moved_to}", moved_to)
+        rescue = self.path.with_name(f"{self.path.name}.rescued-{int(time.time())}.db")
+        try:
+            with contextlib.closing(sqlite3.connect(str(rescue))) as out:
+                self.db.backup(out)
+        except (sqlite3.Error, OSError) as exc:
+            return (f"store {self.path} was deleted or replaced while this run wrote it ({self.path} {now}), and "
+                    f"experiment {exps} could not be saved elsewhere ({exc}): it is lost", None)
+        return (f"store {self.path} was deleted or replaced while this run wrote it ({self.path} {now}): experiment "
+                f"{exps} was saved to {rescue}; read it with --store {rescue}", rescue)
+
+    def _missing(self, path: Path) -> list[str]:
+        """What this Store wrote that a new connection does not read from `path`: experiments, trials. The connection
+        may write (mode=rw, never creating the file), so that as the last one it removes the WAL files it made, as a
+        read-only one cannot."""
+        missing = []
+        try:
+            uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=rw"
+            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=30)) as db:
+                for exp, trials in self._written.items():
+                    if db.execute("SELECT 1 FROM experiments WHERE id=?", (exp,)).fetchone() is None:
+                        missing.append(f"experiment {exp}")
+                        continue
+                    found = db.execute("SELECT COUNT(*) FROM trials WHERE experiment_id=?", (exp,)).fetchone()[0]
+                    if found < len(trials):
+                        missing.append(f"{len(trials) - found} of experiment {exp}'s {len(trials)} trial(s)")
+        except sqlite3.Error as exc:
+            missing.append(f"anything ({exc})")
+        return missing
 
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(check=exc_type is None)  # an error on its way out is not replaced by this one
 
     def _reap_orphans(self) -> None:
         """Trials left 'running' by a gpuvs process that no longer exists were interrupted; what they had
@@ -273,6 +377,7 @@ class Store:
         """`created`: unix seconds (default now); a run imported from elsewhere keeps the time it was made."""
         self.db.execute("INSERT OR IGNORE INTO experiments (id, name, kind, created, meta) VALUES (?,?,?,?,?)",
                         (experiment_id, name, kind, time.time() if created is None else float(created), _json(meta)))
+        self._written.setdefault(experiment_id, set())
 
     def set_meta(self, experiment_id: str, meta: ExperimentMeta) -> None:
         """Replace an experiment's meta in one committed write (runs that are not trials, such as
@@ -293,6 +398,7 @@ class Store:
             (spec.experiment_id, spec.run_id, spec.arm, spec.trial, attempt, spec.workload, "running",
              spec.to_json(), time.time(), _owner()))
         trial_id = int(cur.lastrowid)
+        self._written.setdefault(spec.experiment_id, set()).add(trial_id)
         self._pending[trial_id] = []
         return trial_id
 
