@@ -73,7 +73,8 @@ def test_the_markdown_parameters_line_reads_back_as_the_regex_was_written(ran):
     assert r"(\d+)" in term and r"(\\d+)" not in term
 
 
-@pytest.mark.parametrize("command", [["results", "export", "--format", "csv"], ["report", "{ident}", "--format", "csv"]])
+@pytest.mark.parametrize("command", [["results", "export", "--format", "csv"],
+                                     ["report", "{ident}", "--format", "csv"]])
 def test_csv_cells_that_start_as_a_formula_get_a_leading_quote(ran, command):
     folder, ident, _ = ran
     r = gpuvs(*[c.format(ident=ident) for c in command], cwd=folder)
