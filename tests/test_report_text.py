@@ -57,6 +57,9 @@ def test_an_arm_named_with_a_zero_width_space_reads_apart_in_every_format(ran):
         assert "\u200b" not in out.stdout, fmt
         want = "base\\\\u200b" if fmt == "md" else "base\\u200b"  # markdown doubles a backslash; JSON's own escape
         assert want in out.stdout, (fmt, out.stdout[:3000])
+    both = gpuvs("compare", "--stored", f"{ident}:base", f"{ident}:{ZW}", cwd=folder)
+    assert both.returncode == 0 and "\u200b" not in both.stdout + both.stderr, both.stdout + both.stderr
+    assert f"experiment {ident}, arm base\\u200b" in both.stdout, both.stdout
     md = gpuvs("report", ident, "--format", "md", cwd=folder).stdout
     shown = html.unescape(re.sub(r"<[^>]+>", "", MarkdownIt("commonmark").render(md)))
     assert "whether base\\u200b differs from base on wall_time_s" in shown, shown[:2000]

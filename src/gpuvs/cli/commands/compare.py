@@ -25,6 +25,7 @@ from gpuvs.errors import NoVerdict, UsageError
 from gpuvs.trial.plan import STUDY_PARAMS, Study
 from gpuvs.params import Param
 from gpuvs.report import terminal
+from gpuvs.safetext import safe_text
 from gpuvs.trial.study import Look, Ran, run_comparison
 
 COMPARE_OPTIONS = (
@@ -136,7 +137,7 @@ def compare_stored(args: Args, console: Console) -> None:
         analysis = stored.compare(sides, args["margin"], args["confidence"])
     refuse_if_strict(args, analysis)
     terminal.comparison(console, analysis, keys=("verdicts", "arms", "per_trial", "failures", "fingerprints"))
-    console.print(stored.pairs(sides), style="dim", highlight=False, markup=False)
+    console.print(safe_text(stored.pairs(sides)), style="dim", highlight=False, markup=False)
 
 
 def refuse_if_strict(args: Args, analysis: comparison.Analysis, stored: str = "") -> None:
