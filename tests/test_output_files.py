@@ -85,3 +85,12 @@ def test_a_report_written_whole_is_renamed_into_place_with_the_usual_mode(store)
     os.umask(umask)
     assert (folder / "report.html").stat().st_mode & 0o777 == 0o666 & ~umask  # as open() makes it, not mkstemp's
     assert sorted(p.name for p in folder.iterdir() if not p.name.startswith("gpuvs.db")) == ["report.html"]
+
+
+def test_a_link_named_with_o_keeps_leading_to_the_report(store):
+    folder, ident = store
+    (folder / "real.md").write_text("old\n")
+    (folder / "link.md").symlink_to("real.md")
+    r = gpuvs("report", ident, "--format", "md", "-o", "link.md", cwd=folder)
+    assert r.returncode == 0, r.stderr
+    assert (folder / "link.md").is_symlink() and (folder / "real.md").read_text().startswith("## ")

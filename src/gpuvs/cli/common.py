@@ -205,6 +205,8 @@ def write_output(output: str, text: str, option: str = "-o") -> None:
     failure is one line."""
     check_output(output, option)
     path, data = Path(output), text.encode("utf-8")
+    if path.is_symlink():  # the file it leads to is replaced, as writing through it would, not the link itself
+        path = path.resolve()
     try:
         special = path.exists() and not stat.S_ISREG(path.stat().st_mode)
     except OSError:
