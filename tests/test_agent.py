@@ -650,6 +650,32 @@ def test_idle_half_sent_connections_are_closed_at_the_timeout_and_threads_stay_b
         assert agent.stop() == 0
 
 
+def test_health_is_answered_while_every_connection_slot_is_held_by_idle_sockets(tmp_path):
+    """32 sockets that connect and send nothing hold every slot: GET /healthz and /readyz still answer 200 (the
+    kubelet's probes must not fail, or anyone who can connect restarts the agent), while GET /runs gets 503."""
+    from gpuvs.agent.httpd import MAX_CONNECTIONS
+
+    agent = dead_agent(tmp_path)
+    socks = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            socks.append(socket.create_connection(("127.0.0.1", agent.port), timeout=20))
+        wait_for(lambda: get(agent.port, "/runs")[0] == 503, 5, "every slot held")
+        for path in ("/healthz", "/readyz", "/healthz/"):
+            code, body = get(agent.port, path)
+            assert code == 200, (path, code, body)
+        assert get(agent.port, "/healthz")[1] == "ok\n"
+        assert json.loads(get(agent.port, "/readyz")[1])["ready"] is True
+        code, body = get(agent.port, "/runs")
+        assert code == 503 and "connections at once" in body, (code, body)
+        assert get(agent.port, "/metrics")[0] == 503
+    finally:
+        for s in socks:
+            s.close()
+        assert agent.stop() == 0
+    assert "Traceback" not in agent.log.read_text()
+
+
 def test_bad_content_length_is_400_with_one_log_line_and_a_client_closing_early_writes_nothing(tmp_path):
     """Content-Length `abc`, `-1`, ` 1e3` and one over 64 KiB: 400 (413) at once, one log line each, no run even
     with the right token. Then 60 clients that ask for the status page (a store of 10 fleet runs: a large answer)
