@@ -341,6 +341,31 @@ def test_deploy_dry_run_prints_exactly_deploy_and_the_image_option_changes_only_
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_deploy_with_listen_moves_the_container_port_the_probes_and_the_scrape_to_that_port(tmp_path):
+    """--agent-arg=--listen :9090: the probes (named port http), the Service's targetPort and the NetworkPolicy
+    (the same name) reach 9090, as the scrape annotation says; a host other than all addresses is one line."""
+    for listen in (["--agent-arg=--listen", "--agent-arg=:9090"], ["--agent-arg=--listen=9090"]):
+        r = run_cli("deploy", "--dry-run", *listen, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        got = {m["kind"]: m for m in yaml.safe_load_all(r.stdout)}
+        c = got["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ports == {"http": 9090}
+        for probe in ("livenessProbe", "readinessProbe"):
+            port = c[probe]["httpGet"]["port"]
+            assert ports.get(port, port) == 9090, (probe, port)
+        svc = got["Service"]
+        assert ports[svc["spec"]["ports"][0]["targetPort"]] == 9090
+        assert svc["metadata"]["annotations"]["prometheus.io/port"] == "9090"
+        assert ports[got["NetworkPolicy"]["spec"]["ingress"][0]["ports"][0]["port"]] == 9090
+    for bad, why in (("--agent-arg=--listen=127.0.0.1:9090", "the probes and the Service reach the pod's own IP"),
+                     ("--agent-arg=--listen=:x", "expected HOST:PORT, :PORT or PORT"),
+                     ("--agent-arg=--listen=:70000", "expected 1-65535")):
+        r = run_cli("deploy", "--dry-run", bad, cwd=tmp_path)
+        assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stdout == ""
+
+
 def test_the_deployment_probes_the_agent_and_names_its_own_pod():
     d = next(m for m in deploy_manifests() if m["kind"] == "Deployment")
     c = d["spec"]["template"]["spec"]["containers"][0]
