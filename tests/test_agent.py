@@ -868,6 +868,72 @@ def test_a_hung_validate_is_stopped_at_the_run_timeout_cleans_up_and_its_experim
     assert 3.0 <= took < 3.0 + runs.STOP_GRACE_S and ctx.child.proc is None
 
 
+def test_a_fleet_in_which_every_trial_failed_is_no_verdict_not_a_success(tmp_path, monkeypatch, capsys):
+    """Every node's every trial failed (GPU not visible): the fleet and the run are no-verdict, not ok; /runs says
+    so, gpuvs_runs_total counts it under no-verdict, gpuvs_last_success_timestamp_seconds does not appear (nor
+    advance, after an ok run), gpuvs_last_run_status says no-verdict; an agent started again reads it back so."""
+    import agent_stand_ins
+
+    from gpuvs.agent import runs
+    from gpuvs.agent.config import AgentConfig
+    from gpuvs.agent.httpd import Server
+    from gpuvs.agent.service import Agent
+
+    monkeypatch.setattr(runs, "fleet_in_child", agent_stand_ins.fleet_all_failed)
+    config = AgentConfig(store=str(tmp_path / "agent.db"), image="img")
+    agent = Agent(config)
+    ctx = runs.Context(config, agent.state, lambda: "img", agent.stopping)
+    run = RunRecord("r6", "schedule", queued_at=time.time())
+    fleet = runs._fleet(ctx, run, "ns", "img", ["n1", "n2", "n3"], WorkloadSpec.parse("spin"))
+    assert fleet.status == "no-verdict" and fleet.experiment
+    assert fleet.error.startswith("no verdict: 3 of 3 node(s) failed every trial (n1: every trial failed: GPU not "
+                                  "visible;"), fleet.error
+    assert "fleet spin on 3 node(s) exited 1: n1: every trial failed: GPU not visible" in capsys.readouterr().err
+    run.fleets.append(fleet)
+    run.status, run.reason = runs.run_status(run.fleets)
+    assert (run.status, run.reason) == ("no-verdict", f"spin: {fleet.error}")
+    run.finished_at = time.time()
+    agent.save(run)
+    agent.state.ended(run, run.finished_at)
+    server = Server(agent, "127.0.0.1", 0)
+    server.start()
+    agent.started.set()
+    try:
+        (shown,) = json.loads(get(server.port, "/runs")[1])
+        assert (shown["status"], shown["fleets"][0]["status"]) == ("no-verdict", "no-verdict")
+        m = metrics_of(get(server.port, "/metrics")[1])
+        assert m[("gpuvs_runs_total", (("status", "no-verdict"), ("trigger", "schedule")))] == 1
+        assert ("gpuvs_runs_total", (("status", "ok"), ("trigger", "schedule"))) not in m
+        assert ("gpuvs_last_success_timestamp_seconds", ()) not in m
+        assert {k[1][0][1]: v for k, v in m.items() if k[0] == "gpuvs_last_run_status"} == {
+            "ok": 0, "no-verdict": 1, "failed": 0, "interrupted": 0}
+        # an ok run, then one more without a verdict: the last success stays at the ok run's end
+        good = RunRecord("r7", "schedule", "ok", queued_at=time.time(), finished_at=time.time() - 5,
+                         fleets=[FleetOutcome("spin", "e7")])
+        agent.state.ended(good, good.finished_at)
+        again = RunRecord("r8", "schedule", "no-verdict", queued_at=time.time(), finished_at=time.time(),
+                          fleets=[fleet])
+        agent.state.ended(again, again.finished_at)
+        m = metrics_of(get(server.port, "/metrics")[1])
+        assert m[("gpuvs_last_success_timestamp_seconds", ())] == pytest.approx(good.finished_at)
+        assert m[("gpuvs_runs_total", (("status", "no-verdict"), ("trigger", "schedule")))] == 2
+        assert m[("gpuvs_last_run_status", (("status", "no-verdict"),))] == 1
+    finally:
+        server.stop()
+        agent.ledger.close()
+    later = Agent(config)  # started again: the ledger's last run is read back as no success
+    later._restore()
+    assert (later.state.last_status, later.state.last_success_at) == ("no-verdict", None)
+    later.ledger.close()
+    # a failed fleet (no result) outweighs one without a verdict; an ok one does not hide it
+    assert runs.run_status([FleetOutcome("a", status="no-verdict", error="x"), FleetOutcome("b", status="failed",
+                                                                                              error="y")]) == (
+        "failed", "b: y")
+    assert runs.run_status([FleetOutcome("a"), FleetOutcome("b", status="no-verdict", error="z")]) == (
+        "no-verdict", "b: z")
+    assert runs.run_status([FleetOutcome("a")]) == ("ok", "")
+
+
 def test_a_workload_spec_becomes_the_fleet_the_library_runs():
     """--workload NAME:KEY=VALUE,... as typed values for run_fleet: workload parameters coerced and checked, run and
     fleet options set, pod options in the pod's EnvSpec, the command line it stands for kept; a key the agent

@@ -23,6 +23,7 @@ DRIFT_VERDICTS = ("slower", "faster", "equivalent", "slower-within-margin", "fas
                   "inconclusive")  # against the node's own past
 LINK_VERDICTS = DRIFT_VERDICTS  # a node's links, a pair: against the fleet's (pair_verdicts: no reference)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+RUN_STATUSES = ("ok", "no-verdict", "failed", "interrupted")  # how a run ends (ledger.STATUSES)
 
 
 def add_figure(key: list[str], fig, ratio: GaugeMetricFamily, bound: GaugeMetricFamily,
@@ -142,8 +143,14 @@ class AgentCollector(Collector):
                 yield GaugeMetricFamily("gpuvs_last_run_timestamp_seconds", "When the last run ended, whatever its "
                                         "outcome (Unix time)", value=s.last_run_at)
             if s.last_success_at is not None:
-                yield GaugeMetricFamily("gpuvs_last_success_timestamp_seconds", "When the last run that ran every "
-                                        "fleet ended (Unix time)", value=s.last_success_at)
+                yield GaugeMetricFamily("gpuvs_last_success_timestamp_seconds", "When the last ok run ended: every "
+                                        "fleet judged its nodes (Unix time)", value=s.last_success_at)
+            if s.last_status is not None:
+                last = GaugeMetricFamily("gpuvs_last_run_status", "1 for the last ended run's status, 0 for the "
+                                         "others (no-verdict: its fleets judged no node)", labels=["status"])
+                for status in RUN_STATUSES:
+                    last.add_metric([status], 1.0 if s.last_status == status else 0.0)
+                yield last
             yield GaugeMetricFamily("gpuvs_run_in_progress", "1 while a run is going on",
                                     value=1.0 if s.running is not None else 0.0)
             runs = CounterMetricFamily("gpuvs_runs", "Runs ended, by trigger and outcome", labels=["trigger",

@@ -123,8 +123,8 @@ class Agent:
                                 self.state.pair_fleet(PairFleetResult.from_dict(meta.pair_fleet), f.workload, at)
                     if r.checks:
                         self.state.validate(r.checks, at)
-                    if r.status in ("ok", "failed", "interrupted"):
-                        self.state.last_run_at = at
+                    if r.status in metrics.RUN_STATUSES:
+                        self.state.last_run_at, self.state.last_status = at, r.status
                     if r.status == "ok":
                         self.state.last_success_at = at
         except (GpuvsError, OSError) as exc:

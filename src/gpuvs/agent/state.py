@@ -121,7 +121,8 @@ class State:
     runs: Counter = field(default_factory=Counter)  # (trigger, status) -> runs ended
     failed_trials: Counter = field(default_factory=Counter)  # (workload, reason) -> trials
     last_run_at: float | None = None  # when the last run ended, whatever its outcome
-    last_success_at: float | None = None  # when the last run that reached the cluster and ran its fleets ended
+    last_success_at: float | None = None  # when the last ok run ended (every fleet judged its nodes)
+    last_status: str | None = None  # the last ended run's status (ok, no-verdict, failed, interrupted)
     running: RunRecord | None = None
     api_ok: bool | None = None  # None: not asked yet
     api_error: str = ""
@@ -242,8 +243,8 @@ class State:
     def ended(self, run: RunRecord, at: float) -> None:
         with self.lock:
             self.runs[(run.trigger, run.status)] += 1
-            self.last_run_at = at
-            if run.status == "ok":
+            self.last_run_at, self.last_status = at, run.status
+            if run.status == "ok":  # only ok: a run whose fleets judged no node is no success
                 self.last_success_at = at
             self.skipped = dict(run.skipped)
             for f in run.fleets:
