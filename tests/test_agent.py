@@ -499,6 +499,50 @@ def test_the_agent_serves_the_status_page_and_the_drift_of_its_store(tmp_path):
         assert agent.stop() == 0
 
 
+def test_the_status_page_counts_the_clusters_nodes_now_and_the_workloads_run_now(tmp_path):
+    """A store from a 3-node cluster that ran gpu-check (every node failed: no GPU), then spin (node-2 drifting;
+    node-9, since deleted, failed in the last run). The agent's page counts 1 node, node-2: gpu-check's results
+    and node-9 are named as not counted, still shown below. Without the cluster's view (`gpuvs report status`)
+    each node counts once: 4, not the 5 rows."""
+    import re
+
+    import numpy as np
+    from fleet_store import DAY, T0, sliding_fleet, store_fleet_run
+
+    from gpuvs.report.status import render_status_page
+
+    store = tmp_path / "gpuvs.db"
+    with Store(store) as st:
+        store_fleet_run(st, {}, created=T0 - 2 * DAY, rng=np.random.default_rng(1), workload="gpu-check",
+                        failed=("node-1", "node-2", "node-3"))
+    ids = sliding_fleet(store, runs=8, slide_from=4, slide=0.04, names=["node-1", "node-2", "node-3"],
+                        failed_last="node-9")
+    at = time.time() - 30
+    ledger = Ledger(store)  # the agent's last run: the cluster's nodes then, the workload it runs now
+    ledger.save(RunRecord("20261127-000000-aaaa", "schedule", "ok", queued_at=at, started_at=at, finished_at=at,
+                          reached=True, tested=["node-1", "node-2"], skipped={"node-3": "busy"},
+                          fleets=[FleetOutcome("spin", ids[-1])]))
+    ledger.close()
+
+    def looks(page: str) -> list[tuple[str, str]]:
+        return re.findall(r'<li class="attention-node" data-node="([^"]+)"><b>[^<]+</b> \(([^;]+);', page)
+
+    with Store(store) as st:
+        whole = render_status_page(st, now=0)
+        scoped = render_status_page(st, now=0, nodes={"node-1", "node-2", "node-3"}, workloads={"spin"})
+    assert "Needs a look: 4 node(s)" in whole and len(looks(whole)) == 5 and 'id="not-counted"' not in whole
+    assert looks(scoped) == [("node-2", "spin")] and "Needs a look: 1 node(s)" in scoped
+    agent = dead_agent(tmp_path, store=store)
+    try:
+        code, page = get(agent.port, "/")
+    finally:
+        assert agent.stop() == 0
+    assert code == 200 and "Needs a look: 1 node(s)" in page and looks(page) == [("node-2", "spin")]
+    assert ('<p class="note" id="not-counted">Not counted: the results of gpu-check, which the agent no longer runs '
+            '(it runs spin); node(s) node-9, not in the cluster now.</p>') in page
+    assert 'id="workload-gpu-check"' in page and "The agent no longer runs gpu-check" in page  # still shown
+
+
 def test_a_drift_not_renewed_by_the_latest_run_is_kept_and_stale():
     """The drift follows the node's figure: a node missing from the workload's latest run keeps its last drift,
     marked stale, as its figure is; a run that reached nothing marks every drift stale."""

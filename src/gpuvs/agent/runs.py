@@ -142,6 +142,7 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
                           + (f" ({'; '.join(f'{k}: {v}' for k, v in sorted(run.skipped.items()))})"
                              if run.skipped else ""))
             return
+        state.workloads_now = {w.name for w in c.workloads_for(gpu_nodes)}  # the status page counts these only
         for w in c.workloads_for(gpu_nodes):
             run.fleets.append(_fleet(ctx, run, cluster.namespace, image, free, w))
             save(run)

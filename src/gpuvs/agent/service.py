@@ -123,6 +123,10 @@ class Agent:
                                 self.state.pair_fleet(PairFleetResult.from_dict(meta.pair_fleet), f.workload, at)
                     if r.checks:
                         self.state.validate(r.checks, at)
+                    if r.reached:  # the cluster's nodes then: those tested and those skipped (with why)
+                        self.state.cluster_nodes = set(r.tested) | set(r.skipped)
+                    if r.fleets:
+                        self.state.workloads_now = {f.workload for f in r.fleets}
                     if r.status in metrics.RUN_STATUSES:
                         self.state.last_run_at, self.state.last_status = at, r.status
                     if r.status == "ok":
@@ -155,8 +159,12 @@ class Agent:
                 return self._page[1]
             if not os.path.exists(self.config.store):
                 raise GpuvsError(f"no store at {self.config.store} yet")
+            with self.state.lock:  # "Needs a look" counts the cluster's nodes now and the workloads run now only
+                nodes = set(self.state.cluster_nodes) if self.state.cluster_nodes is not None else None
+                workloads = ({w.name for w in self.config.workloads} if self.config.workloads else
+                             set(self.state.workloads_now) if self.state.workloads_now is not None else None)
             with Store(self.config.store, readonly=True) as st:
-                page = render_status_page(st)
+                page = render_status_page(st, nodes=nodes, workloads=workloads)
             self.state.page_rendered()
             self._page = (generation, page)
             return page

@@ -116,6 +116,8 @@ class State:
     pair_links: dict[tuple[str, str, str], PairFigure] = field(default_factory=dict)  # (a, b, workload)
     drift: dict[tuple[str, str], DriftFigure] = field(default_factory=dict)
     gone: set[str] = field(default_factory=set)
+    cluster_nodes: set[str] | None = None  # the cluster's nodes at the last run that reached it (None: not known)
+    workloads_now: set[str] | None = None  # the workloads the agent runs now (None: not known before a run)
     skipped: dict[str, str] = field(default_factory=dict)  # the last run's skipped nodes and why
     testing: set[str] = field(default_factory=set)
     runs: Counter = field(default_factory=Counter)  # (trigger, status) -> runs ended
@@ -234,6 +236,7 @@ class State:
         """The cluster's nodes now: a node with figures that is not among them is gone (and back if it returns)."""
         with self.lock:
             self.gone = self.known_nodes() - names
+            self.cluster_nodes = set(names)
 
     def known_nodes(self) -> set[str]:
         """The nodes with a figure against the fleet or of their links."""
