@@ -720,8 +720,8 @@ def test_idle_half_sent_connections_are_closed_at_the_timeout_and_threads_stay_b
 
 
 def test_health_is_answered_while_every_connection_slot_is_held_by_idle_sockets(tmp_path):
-    """32 sockets that connect and send nothing hold every slot: GET /healthz and /readyz still answer 200 (the
-    kubelet's probes must not fail, or anyone who can connect restarts the agent), while GET /runs gets 503."""
+    """32 sockets that connect and send nothing hold every slot, 50 more wait: GET /healthz and /readyz still
+    answer 200 (the kubelet's probes must not fail, or anyone who can connect restarts the agent), GET /runs 503."""
     from gpuvs.agent.httpd import MAX_CONNECTIONS
 
     agent = dead_agent(tmp_path)
@@ -730,6 +730,8 @@ def test_health_is_answered_while_every_connection_slot_is_held_by_idle_sockets(
         for _ in range(MAX_CONNECTIONS):
             socks.append(socket.create_connection(("127.0.0.1", agent.port), timeout=20))
         wait_for(lambda: get(agent.port, "/runs")[0] == 503, 5, "every slot held")
+        for _ in range(50):  # more idle ones, waiting in the overflow beside the probes: none holds them up
+            socks.append(socket.create_connection(("127.0.0.1", agent.port), timeout=20))
         for path in ("/healthz", "/readyz", "/healthz/"):
             code, body = get(agent.port, path)
             assert code == 200, (path, code, body)

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Callable, Protocol
 from urllib.parse import parse_qs, urlsplit
@@ -276,6 +277,7 @@ class Overflow:
         self.lock = threading.Lock()
         self.wake_r, self.wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
+        self.wake_w.setblocking(False)  # a full pipe means a wake-up is pending already
         self.selector.register(self.wake_r, selectors.EVENT_READ)
         self.closed = False
         self.thread = threading.Thread(target=self._loop, name="gpuvs-agent-http-overflow", daemon=True)
@@ -291,7 +293,13 @@ class Overflow:
             self.selector.register(request, selectors.EVENT_READ)
         if oldest is not None:
             self._end(oldest, None)
-        self.wake_w.send(b"x")
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self.wake_w.send(b"x")
+        except OSError:
+            pass
 
     def _end(self, request: socket.socket, answer: Response | None) -> None:
         """Answer (or refuse, with None) and close it, once."""
@@ -302,7 +310,7 @@ class Overflow:
         if answer is None:
             self.server.refuse(request)
             return
-        head = f"HTTP/1.0 {answer.status} {'OK' if answer.status == 200 else 'Service Unavailable'}\r\n"
+        head = f"HTTP/1.0 {answer.status} {HTTPStatus(answer.status).phrase}\r\n"
         try:
             request.setblocking(True)
             request.settimeout(1.0)  # a few hundred bytes: the socket's buffer takes them at once
@@ -348,24 +356,34 @@ class Overflow:
 
     def _loop(self) -> None:
         while True:
-            with self.lock:
-                if self.closed:
+            try:
+                if not self._turn():
                     return
-                deadlines = [d for d, _ in self.waiting.values()]
-            wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-            for key, _ in self.selector.select(min(wait, 1.0) if wait is not None else 1.0):
-                if key.fileobj is self.wake_r:
-                    try:
-                        self.wake_r.recv(4096)
-                    except OSError:
-                        pass
-                    continue
-                self._read(key.fileobj)  # type: ignore[arg-type]
-            now = time.monotonic()
-            with self.lock:
-                late = [r for r, (d, _) in self.waiting.items() if d <= now]
-            for r in late:
-                self._end(r, None)
+            except Exception as exc:  # never the overflow's end: its sockets would never be answered
+                log(f"HTTP: the overflow: {type(exc).__name__}: {exc}")
+                time.sleep(0.1)
+
+    def _turn(self) -> bool:
+        """One select and what it found; False once stopped."""
+        with self.lock:
+            if self.closed:
+                return False
+            deadlines = [d for d, _ in self.waiting.values()]
+        wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 1.0
+        for key, _ in self.selector.select(min(wait, 1.0)):
+            if key.fileobj is self.wake_r:
+                try:
+                    self.wake_r.recv(4096)
+                except OSError:
+                    pass
+                continue
+            self._read(key.fileobj)  # type: ignore[arg-type]
+        now = time.monotonic()
+        with self.lock:
+            late = [r for r, (d, _) in self.waiting.items() if d <= now]
+        for r in late:
+            self._end(r, None)
+        return True
 
     def start(self) -> None:
         self.thread.start()
@@ -374,7 +392,7 @@ class Overflow:
         with self.lock:
             self.closed = True
             left = list(self.waiting)
-        self.wake_w.send(b"x")
+        self._wake()
         self.thread.join(5)
         for r in left:
             self._end(r, None)
@@ -454,15 +472,19 @@ class Server(HTTPServer):
         except OSError:
             pass
         self.shutdown_request(request)
-        self.refused += 1
+        with self.lock:  # the overflow's thread and the accepting one both refuse
+            self.refused += 1
         self._refused_line()
 
     def _refused_line(self) -> None:
         now = time.monotonic()
-        if self.refused and now - self.refused_logged >= REFUSED_LOG_EVERY_S:
-            log(f"HTTP: {self.refused} connection(s) refused with 503: {MAX_CONNECTIONS} already open (each is "
+        with self.lock:
+            n = self.refused if self.refused and now - self.refused_logged >= REFUSED_LOG_EVERY_S else 0
+            if n:
+                self.refused, self.refused_logged = 0, now
+        if n:
+            log(f"HTTP: {n} connection(s) refused with 503: {MAX_CONNECTIONS} already open (each is "
                 f"closed at most {self.timeout_s:g} s after it was accepted)")
-            self.refused, self.refused_logged = 0, now
 
     def was_cut(self, request: Any) -> bool:
         with self.lock:
