@@ -502,8 +502,8 @@ def test_the_agent_serves_the_status_page_and_the_drift_of_its_store(tmp_path):
 def test_the_status_page_counts_the_clusters_nodes_now_and_the_workloads_run_now(tmp_path):
     """A store from a 3-node cluster that ran gpu-check (every node failed: no GPU), then spin (node-2 drifting;
     node-9, since deleted, failed in the last run). The agent's page counts 1 node, node-2: gpu-check's results
-    and node-9 are named as not counted, still shown below. Without the cluster's view (`gpuvs report status`)
-    each node counts once: 4, not the 5 rows."""
+    and node-9 are named as not counted, still shown below; /metrics has no gpu-check figure. Without the
+    cluster's view (`gpuvs report status`) each node counts once: 4, not the 5 rows."""
     import re
 
     import numpy as np
@@ -512,16 +512,20 @@ def test_the_status_page_counts_the_clusters_nodes_now_and_the_workloads_run_now
     from gpuvs.report.status import render_status_page
 
     store = tmp_path / "gpuvs.db"
+    rng = np.random.default_rng(1)
     with Store(store) as st:
-        store_fleet_run(st, {}, created=T0 - 2 * DAY, rng=np.random.default_rng(1), workload="gpu-check",
-                        failed=("node-1", "node-2", "node-3"))
+        gpu = [store_fleet_run(st, {"node-1": 1.0, "node-2": 1.0, "node-3": 0.7}, created=T0 - 3 * DAY, rng=rng,
+                               workload="gpu-check"),
+               store_fleet_run(st, {}, created=T0 - 2 * DAY, rng=rng, workload="gpu-check",
+                               failed=("node-1", "node-2", "node-3"))]
     ids = sliding_fleet(store, runs=8, slide_from=4, slide=0.04, names=["node-1", "node-2", "node-3"],
                         failed_last="node-9")
     at = time.time() - 30
-    ledger = Ledger(store)  # the agent's last run: the cluster's nodes then, the workload it runs now
-    ledger.save(RunRecord("20261127-000000-aaaa", "schedule", "ok", queued_at=at, started_at=at, finished_at=at,
-                          reached=True, tested=["node-1", "node-2"], skipped={"node-3": "busy"},
-                          fleets=[FleetOutcome("spin", ids[-1])]))
+    ledger = Ledger(store)  # the agent's runs: gpu-check twice, then spin (the cluster's nodes, the workload now)
+    for i, (workload, exp_id) in enumerate([("gpu-check", gpu[0]), ("gpu-check", gpu[1]), ("spin", ids[-1])]):
+        ledger.save(RunRecord(f"20261127-00000{i}-aaaa", "schedule", "ok", queued_at=at + i, started_at=at + i,
+                              finished_at=at + i, reached=True, tested=["node-1", "node-2"],
+                              skipped={"node-3": "busy"}, fleets=[FleetOutcome(workload, exp_id)]))
     ledger.close()
 
     def looks(page: str) -> list[tuple[str, str]]:
@@ -535,9 +539,13 @@ def test_the_status_page_counts_the_clusters_nodes_now_and_the_workloads_run_now
     agent = dead_agent(tmp_path, store=store)
     try:
         code, page = get(agent.port, "/")
+        m = agent.metrics()
     finally:
         assert agent.stop() == 0
     assert code == 200 and "Needs a look: 1 node(s)" in page and looks(page) == [("node-2", "spin")]
+    # /metrics: the retired gpu-check's figures (node-3 was slower) are left out; spin's are there
+    assert [k for k in m if ("workload", "gpu-check") in k[1]] == []
+    assert m[("gpuvs_node_perf_verdict", (("node", "node-2"), ("verdict", "slower"), ("workload", "spin")))] == 1
     assert ('<p class="note" id="not-counted">Not counted: the results of gpu-check, which the agent no longer runs '
             '(it runs spin); node(s) node-9, not in the cluster now.</p>') in page
     assert 'id="workload-gpu-check"' in page and "The agent no longer runs gpu-check" in page  # still shown

@@ -34,6 +34,8 @@ class Agent:
     def __init__(self, config: AgentConfig):
         self.config = config
         self.state = State(config.stale_after())
+        if config.workloads:
+            self.state.workloads_now = {w.name for w in config.workloads}
         self.registry = metrics.registry(self.state)
         self.ledger = Ledger(config.store)
         self.schedule = Schedule(config.every_s, config.first_after_s, config.backoff_max_s)
@@ -125,7 +127,7 @@ class Agent:
                         self.state.validate(r.checks, at)
                     if r.reached:  # the cluster's nodes then: those tested and those skipped (with why)
                         self.state.cluster_nodes = set(r.tested) | set(r.skipped)
-                    if r.fleets:
+                    if r.fleets and not self.config.workloads:  # the default by node: what the last run ran
                         self.state.workloads_now = {f.workload for f in r.fleets}
                     if r.status in metrics.RUN_STATUSES:
                         self.state.last_run_at, self.state.last_status = at, r.status
@@ -161,8 +163,7 @@ class Agent:
                 raise GpuvsError(f"no store at {self.config.store} yet")
             with self.state.lock:  # "Needs a look" counts the cluster's nodes now and the workloads run now only
                 nodes = set(self.state.cluster_nodes) if self.state.cluster_nodes is not None else None
-                workloads = ({w.name for w in self.config.workloads} if self.config.workloads else
-                             set(self.state.workloads_now) if self.state.workloads_now is not None else None)
+                workloads = set(self.state.workloads_now) if self.state.workloads_now is not None else None
             with Store(self.config.store, readonly=True) as st:
                 page = render_status_page(st, nodes=nodes, workloads=workloads)
             self.state.page_rendered()

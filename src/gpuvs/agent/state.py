@@ -5,7 +5,8 @@ cluster, the runs and their failed trials, and whether the API server and the st
 A figure is stale when the last run did not renew it (the node was skipped, failed, gone; the run could not reach
 the cluster) or when it is older than --stale-after (default twice --every); stale figures are still shown, with
 gpuvs_node_perf_stale 1 and their own gpuvs_node_perf_last_success_timestamp_seconds. Nothing is dropped: a node
-deleted from the cluster keeps its last figures, marked gone (gpuvs_node_gone 1) and stale.
+deleted from the cluster keeps its last figures, marked gone (gpuvs_node_gone 1) and stale. A workload the agent
+no longer runs (not among its last run's, or --workload's) keeps its figures here, left out of /metrics.
 
 Each node's drift (its latest run against its own past, docs/history.md) is read from the store by
 gpuvs.fleet.stored.read when a run ends and at start (drift_from), not at each scrape. A drift figure is stale
@@ -254,6 +255,12 @@ class State:
                 for reason, n in f.failed_trials.items():
                     self.failed_trials[(f.workload, reason)] += n
             self.running = None
+
+    def current(self, workload: str) -> bool:
+        """Whether the agent runs the workload now (unknown before its first run: every one). A retired
+        workload's figures stay here and in the store; /metrics and the status page's count leave them out."""
+        with self.lock:
+            return self.workloads_now is None or workload in self.workloads_now
 
     def stale(self, fig: NodeFigure | CheckState | DriftFigure, now: float | None = None) -> bool:
         now = time.time() if now is None else now
