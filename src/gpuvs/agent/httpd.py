@@ -20,8 +20,8 @@ prefix ending in /) to it, so a new page is one function and one entry.
 The server: a thread per connection, at most MAX_CONNECTIONS at once. One more waits in the overflow (one thread,
 non-blocking, at most OVERFLOW_MAX sockets): GET /healthz and /readyz are answered there, anything else gets 503,
 so idle sockets cannot fail the kubelet's probes. Each connection is closed --http-timeout after it was accepted,
-whatever it has sent (a request not whole by then is dropped, never acted on). A bad request is one line in the log (4xx but 409, and 500), a
-client that went away nothing; never a traceback."""
+whatever it has sent (a request not whole by then is dropped, never acted on). A bad request is one line in the
+log (4xx but 409, and 500), a client that went away nothing; never a traceback."""
 
 from __future__ import annotations
 
