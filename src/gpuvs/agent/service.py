@@ -125,7 +125,7 @@ class Agent:
                                 self.state.pair_fleet(PairFleetResult.from_dict(meta.pair_fleet), f.workload, at)
                     if r.checks:
                         self.state.validate(r.checks, at)
-                    if r.reached:  # the cluster's nodes then: those tested and those skipped (with why)
+                    if r.reached and (r.tested or r.skipped):  # the cluster's nodes then: tested and skipped
                         self.state.cluster_nodes = set(r.tested) | set(r.skipped)
                     if r.fleets and not self.config.workloads:  # the default by node: what the last run ran
                         self.state.workloads_now = {f.workload for f in r.fleets}
