@@ -39,3 +39,20 @@ def validate_hangs(emit, settings, store, **kw):
         time.sleep(600)
     finally:
         Path(store).with_suffix(".cleaned").write_text("yes")
+
+
+def fleet_all_failed(emit, base, store, options):
+    """A fleet whose every trial failed on every node (the GPU check where no GPU is visible): a result, stored,
+    that judges no node."""
+    from gpuvs.fleet.adaptive import Plan
+    from gpuvs.fleet.result import FleetResult, NodeRow
+    from gpuvs.fleet.verdicts import ErrorControl
+
+    exp_id = time.strftime("%Y%m%d-%H%M%S-") + "allbad"
+    rows = [NodeRow(n, "failed", "every trial failed: GPU not visible", n_ok=0, n_trials=4) for n in options.nodes]
+    result = FleetResult(exp_id, base.workload, "ops/s", True, 0.05, 0.95, Plan(4, 12, 4),
+                         ErrorControl(0.95, 3, len(rows)), 1, rows)
+    with Store(store) as st:
+        st.create_experiment(exp_id, options.name, "fleet", ExperimentMeta(fleet=result.to_dict()))
+    print("gpuvs fleet: GPU not visible", file=sys.stderr, flush=True)
+    return result

@@ -341,6 +341,31 @@ def test_deploy_dry_run_prints_exactly_deploy_and_the_image_option_changes_only_
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_deploy_with_listen_moves_the_container_port_the_probes_and_the_scrape_to_that_port(tmp_path):
+    """--agent-arg=--listen :9090: the probes (named port http), the Service's targetPort and the NetworkPolicy
+    (the same name) reach 9090, as the scrape annotation says; a host other than all addresses is one line."""
+    for listen in (["--agent-arg=--listen", "--agent-arg=:9090"], ["--agent-arg=--listen=9090"]):
+        r = run_cli("deploy", "--dry-run", *listen, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        got = {m["kind"]: m for m in yaml.safe_load_all(r.stdout)}
+        c = got["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ports == {"http": 9090}
+        for probe in ("livenessProbe", "readinessProbe"):
+            port = c[probe]["httpGet"]["port"]
+            assert ports.get(port, port) == 9090, (probe, port)
+        svc = got["Service"]
+        assert ports[svc["spec"]["ports"][0]["targetPort"]] == 9090
+        assert svc["metadata"]["annotations"]["prometheus.io/port"] == "9090"
+        assert ports[got["NetworkPolicy"]["spec"]["ingress"][0]["ports"][0]["port"]] == 9090
+    for bad, why in (("--agent-arg=--listen=127.0.0.1:9090", "the probes and the Service reach the pod's own IP"),
+                     ("--agent-arg=--listen=:x", "expected HOST:PORT, :PORT or PORT"),
+                     ("--agent-arg=--listen=:70000", "expected 1-65535")):
+        r = run_cli("deploy", "--dry-run", bad, cwd=tmp_path)
+        assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stdout == ""
+
+
 def test_the_deployment_probes_the_agent_and_names_its_own_pod():
     d = next(m for m in deploy_manifests() if m["kind"] == "Deployment")
     c = d["spec"]["template"]["spec"]["containers"][0]
@@ -472,6 +497,58 @@ def test_the_agent_serves_the_status_page_and_the_drift_of_its_store(tmp_path):
         assert not any(k[0].startswith("gpuvs_node_drift") for k in agent.metrics())
     finally:
         assert agent.stop() == 0
+
+
+def test_the_status_page_counts_the_clusters_nodes_now_and_the_workloads_run_now(tmp_path):
+    """A store from a 3-node cluster that ran gpu-check (every node failed: no GPU), then spin (node-2 drifting;
+    node-9, since deleted, failed in the last run). The agent's page counts 1 node, node-2: gpu-check's results
+    and node-9 are named as not counted, still shown below; /metrics has no gpu-check figure. Without the
+    cluster's view (`gpuvs report status`) each node counts once: 4, not the 5 rows."""
+    import re
+
+    import numpy as np
+    from fleet_store import DAY, T0, sliding_fleet, store_fleet_run
+
+    from gpuvs.report.status import render_status_page
+
+    store = tmp_path / "gpuvs.db"
+    rng = np.random.default_rng(1)
+    with Store(store) as st:
+        gpu = [store_fleet_run(st, {"node-1": 1.0, "node-2": 1.0, "node-3": 0.7}, created=T0 - 3 * DAY, rng=rng,
+                               workload="gpu-check"),
+               store_fleet_run(st, {}, created=T0 - 2 * DAY, rng=rng, workload="gpu-check",
+                               failed=("node-1", "node-2", "node-3"))]
+    ids = sliding_fleet(store, runs=8, slide_from=4, slide=0.04, names=["node-1", "node-2", "node-3"],
+                        failed_last="node-9")
+    at = time.time() - 30
+    ledger = Ledger(store)  # the agent's runs: gpu-check twice, then spin (the cluster's nodes, the workload now)
+    for i, (workload, exp_id) in enumerate([("gpu-check", gpu[0]), ("gpu-check", gpu[1]), ("spin", ids[-1])]):
+        ledger.save(RunRecord(f"20261127-00000{i}-aaaa", "schedule", "ok", queued_at=at + i, started_at=at + i,
+                              finished_at=at + i, reached=True, tested=["node-1", "node-2"],
+                              skipped={"node-3": "busy"}, fleets=[FleetOutcome(workload, exp_id)]))
+    ledger.close()
+
+    def looks(page: str) -> list[tuple[str, str]]:
+        return re.findall(r'<li class="attention-node" data-node="([^"]+)"><b>[^<]+</b> \(([^;]+);', page)
+
+    with Store(store) as st:
+        whole = render_status_page(st, now=0)
+        scoped = render_status_page(st, now=0, nodes={"node-1", "node-2", "node-3"}, workloads={"spin"})
+    assert "Needs a look: 4 node(s)" in whole and len(looks(whole)) == 5 and 'id="not-counted"' not in whole
+    assert looks(scoped) == [("node-2", "spin")] and "Needs a look: 1 node(s)" in scoped
+    agent = dead_agent(tmp_path, store=store)
+    try:
+        code, page = get(agent.port, "/")
+        m = agent.metrics()
+    finally:
+        assert agent.stop() == 0
+    assert code == 200 and "Needs a look: 1 node(s)" in page and looks(page) == [("node-2", "spin")]
+    # /metrics: the retired gpu-check's figures (node-3 was slower) are left out; spin's are there
+    assert [k for k in m if ("workload", "gpu-check") in k[1]] == []
+    assert m[("gpuvs_node_perf_verdict", (("node", "node-2"), ("verdict", "slower"), ("workload", "spin")))] == 1
+    assert ('<p class="note" id="not-counted">Not counted: the results of gpu-check, which the agent no longer runs '
+            '(it runs spin); node(s) node-9, not in the cluster now.</p>') in page
+    assert 'id="workload-gpu-check"' in page and "The agent no longer runs gpu-check" in page  # still shown
 
 
 def test_a_drift_not_renewed_by_the_latest_run_is_kept_and_stale():
@@ -650,6 +727,34 @@ def test_idle_half_sent_connections_are_closed_at_the_timeout_and_threads_stay_b
         assert agent.stop() == 0
 
 
+def test_health_is_answered_while_every_connection_slot_is_held_by_idle_sockets(tmp_path):
+    """32 sockets that connect and send nothing hold every slot, 50 more wait: GET /healthz and /readyz still
+    answer 200 (the kubelet's probes must not fail, or anyone who can connect restarts the agent), GET /runs 503."""
+    from gpuvs.agent.httpd import MAX_CONNECTIONS
+
+    agent = dead_agent(tmp_path)
+    socks = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            socks.append(socket.create_connection(("127.0.0.1", agent.port), timeout=20))
+        wait_for(lambda: get(agent.port, "/runs")[0] == 503, 5, "every slot held")
+        for _ in range(50):  # more idle ones, waiting in the overflow beside the probes: none holds them up
+            socks.append(socket.create_connection(("127.0.0.1", agent.port), timeout=20))
+        for path in ("/healthz", "/readyz", "/healthz/"):
+            code, body = get(agent.port, path)
+            assert code == 200, (path, code, body)
+        assert get(agent.port, "/healthz")[1] == "ok\n"
+        assert json.loads(get(agent.port, "/readyz")[1])["ready"] is True
+        code, body = get(agent.port, "/runs")
+        assert code == 503 and "connections at once" in body, (code, body)
+        assert get(agent.port, "/metrics")[0] == 503
+    finally:
+        for s in socks:
+            s.close()
+        assert agent.stop() == 0
+    assert "Traceback" not in agent.log.read_text()
+
+
 def test_bad_content_length_is_400_with_one_log_line_and_a_client_closing_early_writes_nothing(tmp_path):
     """Content-Length `abc`, `-1`, ` 1e3` and one over 64 KiB: 400 (413) at once, one log line each, no run even
     with the right token. Then 60 clients that ask for the status page (a store of 10 fleet runs: a large answer)
@@ -815,6 +920,72 @@ def test_a_hung_validate_is_stopped_at_the_run_timeout_cleans_up_and_its_experim
     assert run.validate == exp.id and run.checks["functional: CPU pod"] == "FAIL"
     assert (tmp_path / "agent.cleaned").read_text() == "yes"  # its finally ran: stopped by SIGTERM, not killed
     assert 3.0 <= took < 3.0 + runs.STOP_GRACE_S and ctx.child.proc is None
+
+
+def test_a_fleet_in_which_every_trial_failed_is_no_verdict_not_a_success(tmp_path, monkeypatch, capsys):
+    """Every node's every trial failed (GPU not visible): the fleet and the run are no-verdict, not ok; /runs says
+    so, gpuvs_runs_total counts it under no-verdict, gpuvs_last_success_timestamp_seconds does not appear (nor
+    advance, after an ok run), gpuvs_last_run_status says no-verdict; an agent started again reads it back so."""
+    import agent_stand_ins
+
+    from gpuvs.agent import runs
+    from gpuvs.agent.config import AgentConfig
+    from gpuvs.agent.httpd import Server
+    from gpuvs.agent.service import Agent
+
+    monkeypatch.setattr(runs, "fleet_in_child", agent_stand_ins.fleet_all_failed)
+    config = AgentConfig(store=str(tmp_path / "agent.db"), image="img")
+    agent = Agent(config)
+    ctx = runs.Context(config, agent.state, lambda: "img", agent.stopping)
+    run = RunRecord("r6", "schedule", queued_at=time.time())
+    fleet = runs._fleet(ctx, run, "ns", "img", ["n1", "n2", "n3"], WorkloadSpec.parse("spin"))
+    assert fleet.status == "no-verdict" and fleet.experiment
+    assert fleet.error.startswith("no verdict: 3 of 3 node(s) failed every trial (n1: every trial failed: GPU not "
+                                  "visible;"), fleet.error
+    assert "fleet spin on 3 node(s) exited 1: n1: every trial failed: GPU not visible" in capsys.readouterr().err
+    run.fleets.append(fleet)
+    run.status, run.reason = runs.run_status(run.fleets)
+    assert (run.status, run.reason) == ("no-verdict", f"spin: {fleet.error}")
+    run.finished_at = time.time()
+    agent.save(run)
+    agent.state.ended(run, run.finished_at)
+    server = Server(agent, "127.0.0.1", 0)
+    server.start()
+    agent.started.set()
+    try:
+        (shown,) = json.loads(get(server.port, "/runs")[1])
+        assert (shown["status"], shown["fleets"][0]["status"]) == ("no-verdict", "no-verdict")
+        m = metrics_of(get(server.port, "/metrics")[1])
+        assert m[("gpuvs_runs_total", (("status", "no-verdict"), ("trigger", "schedule")))] == 1
+        assert ("gpuvs_runs_total", (("status", "ok"), ("trigger", "schedule"))) not in m
+        assert ("gpuvs_last_success_timestamp_seconds", ()) not in m
+        assert {k[1][0][1]: v for k, v in m.items() if k[0] == "gpuvs_last_run_status"} == {
+            "ok": 0, "no-verdict": 1, "failed": 0, "interrupted": 0}
+        # an ok run, then one more without a verdict: the last success stays at the ok run's end
+        good = RunRecord("r7", "schedule", "ok", queued_at=time.time(), finished_at=time.time() - 5,
+                         fleets=[FleetOutcome("spin", "e7")])
+        agent.state.ended(good, good.finished_at)
+        again = RunRecord("r8", "schedule", "no-verdict", queued_at=time.time(), finished_at=time.time(),
+                          fleets=[fleet])
+        agent.state.ended(again, again.finished_at)
+        m = metrics_of(get(server.port, "/metrics")[1])
+        assert m[("gpuvs_last_success_timestamp_seconds", ())] == pytest.approx(good.finished_at)
+        assert m[("gpuvs_runs_total", (("status", "no-verdict"), ("trigger", "schedule")))] == 2
+        assert m[("gpuvs_last_run_status", (("status", "no-verdict"),))] == 1
+    finally:
+        server.stop()
+        agent.ledger.close()
+    later = Agent(config)  # started again: the ledger's last run is read back as no success
+    later._restore()
+    assert (later.state.last_status, later.state.last_success_at) == ("no-verdict", None)
+    later.ledger.close()
+    # a failed fleet (no result) outweighs one without a verdict; an ok one does not hide it
+    assert runs.run_status([FleetOutcome("a", status="no-verdict", error="x"), FleetOutcome("b", status="failed",
+                                                                                              error="y")]) == (
+        "failed", "b: y")
+    assert runs.run_status([FleetOutcome("a"), FleetOutcome("b", status="no-verdict", error="z")]) == (
+        "no-verdict", "b: z")
+    assert runs.run_status([FleetOutcome("a")]) == ("ok", "")
 
 
 def test_a_workload_spec_becomes_the_fleet_the_library_runs():

@@ -33,7 +33,8 @@ DASHBOARD = ROOT / "deploy/grafana/gpuvs-dashboard.json"
 TARGET = {"job": "gpuvs-agent", "instance": "10.0.0.5:8080"}  # what a scrape adds to every series
 NODES = ("gpu-1", "gpu-2", "gpu-3")
 VERDICTS = ("slower", "faster", "equivalent", "inconclusive", "reference")
-ALERTS = ("GpuvsNodeSlow", "GpuvsNodeDrifting", "GpuvsNodeLinksSlow", "GpuvsValidateFailing", "GpuvsFiguresStale", "GpuvsAgentDown",
+ALERTS = ("GpuvsNodeSlow", "GpuvsNodeDrifting", "GpuvsNodeLinksSlow", "GpuvsValidateFailing", "GpuvsNoVerdict",
+          "GpuvsFiguresStale", "GpuvsAgentDown",
           "GpuvsClusterUnreachable", "GpuvsStoreFailing")
 EXEC, SHARING = "functional: GPU pod: exec works", "functional: GPU sharing"
 
@@ -82,10 +83,15 @@ def links(verdicts: dict[str, tuple[float, str]], n: int, stale: set[str] = froz
     return out
 
 
-def agent(n: int, api: int = 1, store: int = 1, checks: dict[str, tuple[int, int]] | None = None) -> list[dict]:
-    """The agent's own series: up, the API server and the store, validate checks as (ok, stale)."""
+def agent(n: int, api: int = 1, store: int = 1, checks: dict[str, tuple[int, int]] | None = None,
+          last: str | None = "ok") -> list[dict]:
+    """The agent's own series: up, the API server and the store, validate checks as (ok, stale), the last run's
+    status (None: none)."""
+    from gpuvs.agent.metrics import RUN_STATUSES
+
     out = [series("up", f"1x{n}"), series("gpuvs_api_reachable", f"{api}x{n}"),
            series("gpuvs_store_ok", f"{store}x{n}")]
+    out += [series("gpuvs_last_run_status", f"{int(s == last)}x{n}", status=s) for s in RUN_STATUSES if last]
     for check, (ok, stale) in (checks or {EXEC: (1, 0), SHARING: (1, 0)}).items():
         out.append(series("gpuvs_validate_check_ok", f"{ok}x{n}", check=check))
         out.append(series("gpuvs_validate_check_stale", f"{stale}x{n}", check=check))
@@ -161,7 +167,17 @@ def scenarios() -> list[dict]:
                                  "exp_alerts": [firing("GpuvsAgentDown", job="gpuvs-agent")]},
                                 {"eval_time": "15m", "alertname": "GpuvsStoreFailing",
                                  "exp_alerts": [firing("GpuvsStoreFailing", **TARGET)]}]}
-    return [slow, healthy, stale, down, gone]
+    # every trial failed on every node (the GPU check where no GPU is visible): the run judged no node; the
+    # figures of an earlier run are still fresh, so only this alert says it. The next ok run silences it
+    blind = {"interval": "1m", "name": "a run with no verdict, then an ok one",
+             "input_series": fleet({n: 1.0 for n in NODES}, {n: "equivalent" for n in NODES}, 60)
+             + agent(60, last=None) + [series("gpuvs_last_run_status", "0x30 1x30", status="ok"),
+                                 series("gpuvs_last_run_status", "1x30 0x30", status="no-verdict")]
+             + [series("gpuvs_last_run_status", "0x60", status=s) for s in ("failed", "interrupted")],
+             "alert_rule_test": expect("3m", {})
+             + expect("20m", {"GpuvsNoVerdict": [firing("GpuvsNoVerdict", status="no-verdict", **TARGET)]})
+             + expect("45m", {})}
+    return [slow, healthy, stale, down, gone, blind]
 
 
 def run_promtool_tests(tmp_path, tests: list[dict]) -> subprocess.CompletedProcess:

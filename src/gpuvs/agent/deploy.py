@@ -52,6 +52,7 @@ def manifests(image: str | None = None, agent_args: list[str] | None = None, con
         i = next(i for i, m in enumerate(out) if (m["kind"], m["metadata"]["name"]) == AGENT)
         out[i:i] = _read(NODE_STATUS)
         agent_args = [*(agent_args or []), *([] if "--condition" in (agent_args or []) else ["--condition"])]
+    port = listen_port(agent_args or [])
     for m in out:
         if (m["kind"], m["metadata"]["name"]) == AGENT:
             c = m["spec"]["template"]["spec"]["containers"][0]
@@ -59,7 +60,36 @@ def manifests(image: str | None = None, agent_args: list[str] | None = None, con
                 c["image"] = image
             if agent_args:
                 c["args"] = [*c.get("args", []), *agent_args]
+            if port is not None:  # the probes and the Service's targetPort name this port: they follow it
+                next(p for p in c["ports"] if p["name"] == "http")["containerPort"] = port
+        elif m["kind"] == "Service" and port is not None and "prometheus.io/port" in m["metadata"].get(
+                "annotations", {}):
+            m["metadata"]["annotations"]["prometheus.io/port"] = str(port)  # a scrape goes to the pod's port
     return copy.deepcopy(out)
+
+
+def listen_port(agent_args: list[str]) -> int | None:
+    """The port of the last --listen among the agent's arguments (None: none given, the manifests' 8080). A host
+    other than all addresses is refused: the kubelet's probes and the Service come to the pod's own IP."""
+    from gpuvs.agent.config import listen
+
+    given = None
+    for i, a in enumerate(agent_args):
+        if a == "--listen":
+            if i + 1 >= len(agent_args):
+                raise UsageError("--agent-arg --listen: give its value too (--agent-arg=--listen --agent-arg=:9090)")
+            given = agent_args[i + 1]
+        elif a.startswith("--listen="):
+            given = a.partition("=")[2]
+    if given is None:
+        return None
+    host, port = listen(given)
+    if not 0 < port < 65536:
+        raise UsageError(f"--agent-arg --listen {given!r}: port {port}: expected 1-65535")
+    if host not in ("0.0.0.0", "::", "[::]", ""):
+        raise UsageError(f"--agent-arg --listen {given!r}: the probes and the Service reach the pod's own IP, not "
+                         f"{host}; give :PORT (all addresses)")
+    return port
 
 
 def with_token(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:

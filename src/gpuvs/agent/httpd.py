@@ -17,21 +17,24 @@ The reads are open and say nothing of the cluster's address or the kubeconfig's 
 function of (the agent, the request's path and query) returning a Response; ROUTES maps (method, path or path
 prefix ending in /) to it, so a new page is one function and one entry.
 
-The server: a thread per connection, at most MAX_CONNECTIONS at once (one more is answered 503 at once, from the
-accepting thread); each connection closed --http-timeout after it was accepted, whatever it has sent (a request
-not whole by then is dropped, never acted on). A bad request is one line in the log (4xx but 409, and 500), a
-client that went away nothing; never a traceback."""
+The server: a thread per connection, at most MAX_CONNECTIONS at once. One more waits in the overflow (one thread,
+non-blocking, at most OVERFLOW_MAX sockets): GET /healthz and /readyz are answered there, anything else gets 503,
+so idle sockets cannot fail the kubelet's probes. Each connection is closed --http-timeout after it was accepted,
+whatever it has sent (a request not whole by then is dropped, never acted on). A bad request is one line in the
+log (4xx but 409, and 500), a client that went away nothing; never a traceback."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+import selectors
 import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Callable, Protocol
 from urllib.parse import parse_qs, urlsplit
@@ -45,6 +48,9 @@ from gpuvs.agent.state import State
 MAX_CONNECTIONS = 32  # connections served at once (a thread each)
 MAX_BODY = 65536  # bytes of a POST's body (it is read and ignored)
 REFUSED_LOG_EVERY_S = 10.0  # connections refused while full: one line at most this often
+OVERFLOW_MAX = 256  # sockets waiting in the overflow at once; one more pushes the oldest out (with its 503)
+OVERFLOW_HEAD = 8192  # bytes of a request's head read in the overflow; more is refused
+HEALTH = ("/healthz", "/readyz")  # answered in the overflow too: the probes never wait for a slot
 _LENGTH = re.compile(r"[0-9]{1,10}")
 
 
@@ -259,6 +265,142 @@ def handler(agent: Agent, timeout_s: float) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class Overflow:
+    """The connections that found every slot taken, on one thread with a selector: each one's request head is read
+    without blocking; GET /healthz and /readyz are answered, anything else (or nothing by its deadline) gets the
+    503. No socket waits on another, so a pile of idle ones does not delay a probe."""
+
+    def __init__(self, server: Server):
+        self.server = server
+        self.selector = selectors.DefaultSelector()
+        self.waiting: dict[socket.socket, tuple[float, bytearray]] = {}  # socket -> (deadline, head so far)
+        self.lock = threading.Lock()
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.wake_w.setblocking(False)  # a full pipe means a wake-up is pending already
+        self.selector.register(self.wake_r, selectors.EVENT_READ)
+        self.closed = False
+        self.thread = threading.Thread(target=self._loop, name="gpuvs-agent-http-overflow", daemon=True)
+
+    def add(self, request: socket.socket) -> None:
+        with self.lock:
+            if self.closed:
+                self.server.refuse(request)
+                return
+            oldest = next(iter(self.waiting)) if len(self.waiting) >= OVERFLOW_MAX else None
+            request.setblocking(False)
+            self.waiting[request] = (time.monotonic() + self.server.timeout_s, bytearray())
+            self.selector.register(request, selectors.EVENT_READ)
+        if oldest is not None:
+            self._end(oldest, None)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self.wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _end(self, request: socket.socket, answer: Response | None) -> None:
+        """Answer (or refuse, with None) and close it, once."""
+        with self.lock:
+            if self.waiting.pop(request, None) is None:
+                return
+            self.selector.unregister(request)
+        if answer is None:
+            self.server.refuse(request)
+            return
+        head = f"HTTP/1.0 {answer.status} {HTTPStatus(answer.status).phrase}\r\n"
+        try:
+            request.setblocking(True)
+            request.settimeout(1.0)  # a few hundred bytes: the socket's buffer takes them at once
+            request.sendall((head + f"Content-Type: {answer.content_type}\r\nContent-Length: {len(answer.body)}"
+                             "\r\nConnection: close\r\n\r\n").encode() + answer.body)
+            request.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        self.server.shutdown_request(request)
+
+    def _read(self, request: socket.socket) -> None:
+        with self.lock:
+            entry = self.waiting.get(request)
+        if entry is None:
+            return
+        try:
+            chunk = request.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # the client went away
+            with self.lock:
+                self.waiting.pop(request, None)
+                self.selector.unregister(request)
+            self.server.shutdown_request(request)
+            return
+        head = entry[1]
+        head += chunk
+        line, newline, _ = bytes(head).partition(b"\n")
+        parts = line.decode("latin-1").split()
+        path = urlsplit(parts[1]).path.rstrip("/") if len(parts) >= 2 else ""
+        health = len(parts) == 3 and parts[0] == "GET" and path in HEALTH
+        if (newline and not health) or len(head) > OVERFLOW_HEAD:
+            self._end(request, None)
+        elif health and (b"\r\n\r\n" in head or b"\n\n" in head):  # the head whole: nothing left unread
+            fn = ROUTES[("GET", path)]
+            try:
+                answer = fn(self.server.agent, path, {})
+            except Exception as exc:  # as a request's 500 in a slot
+                answer = _error(500, f"{type(exc).__name__}")
+            self._end(request, answer)
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                if not self._turn():
+                    return
+            except Exception as exc:  # never the overflow's end: its sockets would never be answered
+                log(f"HTTP: the overflow: {type(exc).__name__}: {exc}")
+                time.sleep(0.1)
+
+    def _turn(self) -> bool:
+        """One select and what it found; False once stopped."""
+        with self.lock:
+            if self.closed:
+                return False
+            deadlines = [d for d, _ in self.waiting.values()]
+        wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 1.0
+        for key, _ in self.selector.select(min(wait, 1.0)):
+            if key.fileobj is self.wake_r:
+                try:
+                    self.wake_r.recv(4096)
+                except OSError:
+                    pass
+                continue
+            self._read(key.fileobj)  # type: ignore[arg-type]
+        now = time.monotonic()
+        with self.lock:
+            late = [r for r, (d, _) in self.waiting.items() if d <= now]
+        for r in late:
+            self._end(r, None)
+        return True
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self.lock:
+            self.closed = True
+            left = list(self.waiting)
+        self._wake()
+        self.thread.join(5)
+        for r in left:
+            self._end(r, None)
+        self.selector.close()
+        self.wake_r.close()
+        self.wake_w.close()
+
+
 class Server(HTTPServer):
     """The agent's HTTP server: at most max_connections at once, each closed timeout_s after it was accepted."""
 
@@ -275,6 +417,8 @@ class Server(HTTPServer):
         self.refused = 0  # connections refused since the last line about it
         self.refused_logged = 0.0
         super().__init__((host, port), handler(agent, timeout_s))
+        self.agent = agent
+        self.overflow = Overflow(self)
         self.port = self.server_address[1]
         self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.25},
                                        name="gpuvs-agent-http", daemon=True)
@@ -283,7 +427,7 @@ class Server(HTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.slots.acquire(blocking=False):
-            self._refuse(request)
+            self.overflow.add(request)  # a probe is answered there; the rest get 503
             return
         with self.lock:
             self.deadlines[request] = (time.monotonic() + self.timeout_s, str(client_address[0]))
@@ -292,7 +436,7 @@ class Server(HTTPServer):
                              daemon=True).start()
         except RuntimeError:  # no thread to be had: as full
             self._done(request)
-            self._refuse(request)
+            self.refuse(request)
 
     def _work(self, request: Any, client_address: Any) -> None:
         try:
@@ -319,7 +463,7 @@ class Server(HTTPServer):
             self.cut.add(request)
             return True
 
-    def _refuse(self, request: Any) -> None:
+    def refuse(self, request: Any) -> None:
         body = b'{"error": "the agent serves ' + str(MAX_CONNECTIONS).encode() + b' connections at once: try again"}\n'
         try:
             request.setblocking(False)
@@ -328,15 +472,19 @@ class Server(HTTPServer):
         except OSError:
             pass
         self.shutdown_request(request)
-        self.refused += 1
+        with self.lock:  # the overflow's thread and the accepting one both refuse
+            self.refused += 1
         self._refused_line()
 
     def _refused_line(self) -> None:
         now = time.monotonic()
-        if self.refused and now - self.refused_logged >= REFUSED_LOG_EVERY_S:
-            log(f"HTTP: {self.refused} connection(s) refused with 503: {MAX_CONNECTIONS} already open (each is "
+        with self.lock:
+            n = self.refused if self.refused and now - self.refused_logged >= REFUSED_LOG_EVERY_S else 0
+            if n:
+                self.refused, self.refused_logged = 0, now
+        if n:
+            log(f"HTTP: {n} connection(s) refused with 503: {MAX_CONNECTIONS} already open (each is "
                 f"closed at most {self.timeout_s:g} s after it was accepted)")
-            self.refused, self.refused_logged = 0, now
 
     def was_cut(self, request: Any) -> bool:
         with self.lock:
@@ -367,10 +515,12 @@ class Server(HTTPServer):
     # -- life ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.overflow.start()
         self.thread.start()
 
     def stop(self) -> None:
         self.shutdown()
+        self.overflow.stop()
         self.server_close()
         with self.lock:
             open_now = list(self.deadlines)

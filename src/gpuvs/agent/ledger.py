@@ -19,7 +19,7 @@ from gpuvs.store.db import volume_state
 SCHEMA = """CREATE TABLE IF NOT EXISTS agent_runs (
   id TEXT PRIMARY KEY, trigger TEXT NOT NULL, status TEXT NOT NULL, queued_at REAL, started_at REAL,
   finished_at REAL, record TEXT NOT NULL)"""
-STATUSES = ("queued", "running", "ok", "failed", "interrupted")
+STATUSES = ("queued", "running", "ok", "no-verdict", "failed", "interrupted")  # no-verdict: no node judged
 
 
 class LedgerError(Exception):
@@ -38,7 +38,7 @@ class FleetOutcome:
 
     workload: str
     experiment: str | None = None
-    status: str = "ok"  # ok | failed | not run
+    status: str = "ok"  # ok | no-verdict (a result that judged no node) | failed (no result) | not run
     error: str = ""
     failed_trials: dict[str, int] = field(default_factory=dict)  # error kind -> trials (preempted, crash, ...)
 

@@ -23,6 +23,7 @@ DRIFT_VERDICTS = ("slower", "faster", "equivalent", "slower-within-margin", "fas
                   "inconclusive")  # against the node's own past
 LINK_VERDICTS = DRIFT_VERDICTS  # a node's links, a pair: against the fleet's (pair_verdicts: no reference)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+RUN_STATUSES = ("ok", "no-verdict", "failed", "interrupted")  # how a run ends (ledger.STATUSES)
 
 
 def add_figure(key: list[str], fig, ratio: GaugeMetricFamily, bound: GaugeMetricFamily,
@@ -57,6 +58,8 @@ class AgentCollector(Collector):
             success = GaugeMetricFamily("gpuvs_node_perf_last_success_timestamp_seconds", "When the figure was "
                                         "measured (Unix time)", labels=["node", "workload"])
             for fig in sorted(s.figures.values(), key=lambda f: (f.node, f.workload)):
+                if not s.current(fig.workload):  # a workload the agent no longer runs: kept in the store only
+                    continue
                 key = [fig.node, fig.workload]
                 add_figure(key, fig, ratio, bound, verdict, VERDICTS)
                 stale.add_metric(key, 1.0 if s.stale(fig, now) else 0.0)
@@ -73,6 +76,8 @@ class AgentCollector(Collector):
                                        "found slower (the label gpuvs.io/slow-gpus)", labels=["node", "workload"])
             slow: dict[tuple[str, str], int] = {}
             for g in sorted(s.gpu_figures.values(), key=lambda g: (g.node, g.gpu, g.workload)):
+                if not s.current(g.workload):
+                    continue
                 key = [g.node, str(g.gpu), g.uuid, g.workload]
                 if g.ratio is not None:
                     g_ratio.add_metric(key, g.ratio)
@@ -98,6 +103,8 @@ class AgentCollector(Collector):
             d_at = GaugeMetricFamily("gpuvs_node_drift_run_timestamp_seconds", "When the run the drift judges was "
                                      "made (Unix time)", labels=labels)
             for fig in sorted(s.drift.values(), key=lambda f: (f.node, f.workload)):
+                if not s.current(fig.workload):
+                    continue
                 key = [fig.node, fig.workload]
                 add_figure(key, fig, d_ratio, d_bound, d_verdict, DRIFT_VERDICTS)
                 d_stale.add_metric(key, 1.0 if s.stale(fig, now) else 0.0)
@@ -124,7 +131,7 @@ class AgentCollector(Collector):
             breaker = GaugeMetricFamily("gpuvs_taint_circuit_open", "1 when the last fleet of the workload left a "
                                         "slower node untainted because --taint-max-share of the GPU nodes already "
                                         "carry gpuvs.io/slow (agent --taint only)", labels=["workload"])
-            for workload, is_open in sorted(s.circuit_open.items()):
+            for workload, is_open in sorted((w, o) for w, o in s.circuit_open.items() if s.current(w)):
                 breaker.add_metric([workload], 1.0 if is_open else 0.0)
             yield breaker
 
@@ -142,8 +149,14 @@ class AgentCollector(Collector):
                 yield GaugeMetricFamily("gpuvs_last_run_timestamp_seconds", "When the last run ended, whatever its "
                                         "outcome (Unix time)", value=s.last_run_at)
             if s.last_success_at is not None:
-                yield GaugeMetricFamily("gpuvs_last_success_timestamp_seconds", "When the last run that ran every "
-                                        "fleet ended (Unix time)", value=s.last_success_at)
+                yield GaugeMetricFamily("gpuvs_last_success_timestamp_seconds", "When the last ok run ended: every "
+                                        "fleet judged its nodes (Unix time)", value=s.last_success_at)
+            if s.last_status is not None:
+                last = GaugeMetricFamily("gpuvs_last_run_status", "1 for the last ended run's status, 0 for the "
+                                         "others (no-verdict: its fleets judged no node)", labels=["status"])
+                for status in RUN_STATUSES:
+                    last.add_metric([status], 1.0 if s.last_status == status else 0.0)
+                yield last
             yield GaugeMetricFamily("gpuvs_run_in_progress", "1 while a run is going on",
                                     value=1.0 if s.running is not None else 0.0)
             runs = CounterMetricFamily("gpuvs_runs", "Runs ended, by trigger and outcome", labels=["trigger",
@@ -189,6 +202,8 @@ class AgentCollector(Collector):
         success = GaugeMetricFamily("gpuvs_node_link_last_success_timestamp_seconds", "When the node's links were "
                                     "judged (Unix time)", labels=labels)
         for fig in sorted(s.links.values(), key=lambda f: (f.node, f.workload)):
+            if not s.current(fig.workload):
+                continue
             key = [fig.node, fig.workload]
             add_figure(key, fig, ratio, bound, verdict, LINK_VERDICTS)
             stale.add_metric(key, 1.0 if s.stale(fig, now) else 0.0)
@@ -203,6 +218,8 @@ class AgentCollector(Collector):
                                       "others; cause: what a slower pair is blamed on (the link, its slower "
                                       "member(s)), empty otherwise", labels=pair + ["verdict", "cause"])
         for fig in sorted(s.pair_links.values(), key=lambda f: (f.workload, f.a, f.b)):
+            if not s.current(fig.workload):
+                continue
             key = [fig.a, fig.b, fig.workload]
             add_figure(key, fig, p_ratio, p_bound, p_verdict, LINK_VERDICTS, (fig.cause,))
         yield from (p_ratio, p_bound, p_verdict)

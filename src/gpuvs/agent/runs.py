@@ -30,6 +30,7 @@ from gpuvs.safetext import safe_text
 from gpuvs.spec import RunSpec
 
 STOP_GRACE_S = 45.0  # a child's own clean-up after SIGTERM (the pod deletions), before SIGKILL
+NO_VERDICT = "no-verdict"  # a run (or fleet) whose results judged no node: not a success
 
 
 class Interrupted(Exception):
@@ -141,12 +142,11 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
                           + (f" ({'; '.join(f'{k}: {v}' for k, v in sorted(run.skipped.items()))})"
                              if run.skipped else ""))
             return
+        state.workloads_now = {w.name for w in c.workloads_for(gpu_nodes)}  # the status page counts these only
         for w in c.workloads_for(gpu_nodes):
             run.fleets.append(_fleet(ctx, run, cluster.namespace, image, free, w))
             save(run)
-        bad = [f for f in run.fleets if f.status != "ok"]
-        run.status = "failed" if bad else "ok"
-        run.reason = "; ".join(f"{f.workload}: {f.error}" for f in bad)
+        run.status, run.reason = run_status(run.fleets)
     except Interrupted as exc:
         run.status, run.reason = "interrupted", str(exc)
     except Exception as exc:  # an API error mid-run: the run fails, the agent goes on
@@ -164,6 +164,25 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
         if problems:
             run.reason = "; ".join([x for x in (run.reason, *problems) if x])
         run.finished_at = time.time()
+
+
+def run_status(fleets: list[FleetOutcome]) -> tuple[str, str]:
+    """A run's status and reason from its fleets: failed where one gave no result, no-verdict where one's result
+    judged no node (every trial failed: GPU not visible, ...), else ok. Only ok is a success."""
+    failed = [f for f in fleets if f.status == "failed"]
+    bad = failed or [f for f in fleets if f.status != "ok"]
+    status = "failed" if failed else NO_VERDICT if bad else "ok"
+    return status, "; ".join(f"{f.workload}: {f.error}" for f in bad)
+
+
+def no_verdict(rows: list[Any]) -> str:
+    """Why a fleet's rows judge no node ("" when one was judged): no node measured against its peers."""
+    if any(r.verdict not in ("reference", "excluded", "failed") for r in rows):
+        return ""
+    failed = [r for r in rows if r.verdict == "failed"]
+    why = "; ".join(f"{r.node}: {_last_line(r.reason) or 'failed'}" for r in failed[:3])
+    return (f"no verdict: {len(failed)} of {len(rows)} node(s) failed every trial" + (f" ({why})" if why else "")
+            if failed else f"no verdict: fewer than 2 of {len(rows)} node(s) measured")
 
 
 def validate_in_child(emit: Emit, settings: dict[str, Any], store: str, **kw: Any) -> Any:
@@ -327,6 +346,8 @@ def _fleet(ctx: Context, run: RunRecord, namespace: str, image: str, nodes: list
     why = out.error or ("; ".join(f"{r.node}: {r.reason}" for r in failed) if failed else "")
     if result is None:
         outcome.status, outcome.error = "failed", _last_line(why) or f"gpuvs fleet exited {code}"
+    elif no_verdict(result.rows):
+        outcome.status, outcome.error = NO_VERDICT, no_verdict(result.rows)
     log(f"run {run.id}: fleet {w} on {len(nodes)} node(s) exited {code}"
         + (f": {_last_line(why)}" if code else "")
         + ("; " + ", ".join(f"{r.node} {r.verdict} {r.speed:.3f}" for r in result.measured() if r.speed is not None)
@@ -359,6 +380,9 @@ def _pair_fleet(ctx: Context, run: RunRecord, outcome: FleetOutcome, nodes: list
         outcome.experiment = result.id
         ctx.state.pair_fleet(result, w.name, time.time())
         _failed_trials(c.store, result.id, outcome)
+        if not any(v.speed is not None for v in result.outcome.nodes):
+            outcome.status = NO_VERDICT
+            outcome.error = f"no verdict: no node's links judged ({len(result.failed)} pair(s) gave no figure)"
         for lab in result.labels:
             if lab["status"] != "written":
                 log(f"run {run.id}: labels {lab['labels']} on {lab['node']}: {lab['status']}")

@@ -34,6 +34,8 @@ class Agent:
     def __init__(self, config: AgentConfig):
         self.config = config
         self.state = State(config.stale_after())
+        if config.workloads:
+            self.state.workloads_now = {w.name for w in config.workloads}
         self.registry = metrics.registry(self.state)
         self.ledger = Ledger(config.store)
         self.schedule = Schedule(config.every_s, config.first_after_s, config.backoff_max_s)
@@ -123,8 +125,12 @@ class Agent:
                                 self.state.pair_fleet(PairFleetResult.from_dict(meta.pair_fleet), f.workload, at)
                     if r.checks:
                         self.state.validate(r.checks, at)
-                    if r.status in ("ok", "failed", "interrupted"):
-                        self.state.last_run_at = at
+                    if r.reached and (r.tested or r.skipped):  # the cluster's nodes then: tested and skipped
+                        self.state.cluster_nodes = set(r.tested) | set(r.skipped)
+                    if r.fleets and not self.config.workloads:  # the default by node: what the last run ran
+                        self.state.workloads_now = {f.workload for f in r.fleets}
+                    if r.status in metrics.RUN_STATUSES:
+                        self.state.last_run_at, self.state.last_status = at, r.status
                     if r.status == "ok":
                         self.state.last_success_at = at
         except (GpuvsError, OSError) as exc:
@@ -155,8 +161,11 @@ class Agent:
                 return self._page[1]
             if not os.path.exists(self.config.store):
                 raise GpuvsError(f"no store at {self.config.store} yet")
+            with self.state.lock:  # "Needs a look" counts the cluster's nodes now and the workloads run now only
+                nodes = set(self.state.cluster_nodes) if self.state.cluster_nodes is not None else None
+                workloads = set(self.state.workloads_now) if self.state.workloads_now is not None else None
             with Store(self.config.store, readonly=True) as st:
-                page = render_status_page(st)
+                page = render_status_page(st, nodes=nodes, workloads=workloads)
             self.state.page_rendered()
             self._page = (generation, page)
             return page

@@ -5,7 +5,8 @@ cluster, the runs and their failed trials, and whether the API server and the st
 A figure is stale when the last run did not renew it (the node was skipped, failed, gone; the run could not reach
 the cluster) or when it is older than --stale-after (default twice --every); stale figures are still shown, with
 gpuvs_node_perf_stale 1 and their own gpuvs_node_perf_last_success_timestamp_seconds. Nothing is dropped: a node
-deleted from the cluster keeps its last figures, marked gone (gpuvs_node_gone 1) and stale.
+deleted from the cluster keeps its last figures, marked gone (gpuvs_node_gone 1) and stale. A workload the agent
+no longer runs (not among its last run's, or --workload's) keeps its figures here, left out of /metrics.
 
 Each node's drift (its latest run against its own past, docs/history.md) is read from the store by
 gpuvs.fleet.stored.read when a run ends and at start (drift_from), not at each scrape. A drift figure is stale
@@ -116,12 +117,15 @@ class State:
     pair_links: dict[tuple[str, str, str], PairFigure] = field(default_factory=dict)  # (a, b, workload)
     drift: dict[tuple[str, str], DriftFigure] = field(default_factory=dict)
     gone: set[str] = field(default_factory=set)
+    cluster_nodes: set[str] | None = None  # the cluster's nodes at the last run that reached it (None: not known)
+    workloads_now: set[str] | None = None  # the workloads the agent runs now (None: not known before a run)
     skipped: dict[str, str] = field(default_factory=dict)  # the last run's skipped nodes and why
     testing: set[str] = field(default_factory=set)
     runs: Counter = field(default_factory=Counter)  # (trigger, status) -> runs ended
     failed_trials: Counter = field(default_factory=Counter)  # (workload, reason) -> trials
     last_run_at: float | None = None  # when the last run ended, whatever its outcome
-    last_success_at: float | None = None  # when the last run that reached the cluster and ran its fleets ended
+    last_success_at: float | None = None  # when the last ok run ended (every fleet judged its nodes)
+    last_status: str | None = None  # the last ended run's status (ok, no-verdict, failed, interrupted)
     running: RunRecord | None = None
     api_ok: bool | None = None  # None: not asked yet
     api_error: str = ""
@@ -233,6 +237,7 @@ class State:
         """The cluster's nodes now: a node with figures that is not among them is gone (and back if it returns)."""
         with self.lock:
             self.gone = self.known_nodes() - names
+            self.cluster_nodes = set(names)
 
     def known_nodes(self) -> set[str]:
         """The nodes with a figure against the fleet or of their links."""
@@ -242,14 +247,20 @@ class State:
     def ended(self, run: RunRecord, at: float) -> None:
         with self.lock:
             self.runs[(run.trigger, run.status)] += 1
-            self.last_run_at = at
-            if run.status == "ok":
+            self.last_run_at, self.last_status = at, run.status
+            if run.status == "ok":  # only ok: a run whose fleets judged no node is no success
                 self.last_success_at = at
             self.skipped = dict(run.skipped)
             for f in run.fleets:
                 for reason, n in f.failed_trials.items():
                     self.failed_trials[(f.workload, reason)] += n
             self.running = None
+
+    def current(self, workload: str) -> bool:
+        """Whether the agent runs the workload now (unknown before its first run: every one). A retired
+        workload's figures stay here and in the store; /metrics and the status page's count leave them out."""
+        with self.lock:
+            return self.workloads_now is None or workload in self.workloads_now
 
     def stale(self, fig: NodeFigure | CheckState | DriftFigure, now: float | None = None) -> bool:
         now = time.time() if now is None else now

@@ -117,12 +117,16 @@ def workload_view(w: WorkloadStanding, node: str | None = None) -> dict[str, Any
             "interval": f"{100 * w.drift.interval_confidence:.3g}%"}
 
 
-def attention(h: FleetHistory) -> list[dict[str, str]]:
-    """Every node that needs a look, across workloads, most pressing first."""
+def attention(h: FleetHistory, nodes: set[str] | None = None, workloads: set[str] | None = None
+              ) -> list[dict[str, str]]:
+    """Every node that needs a look, across workloads, most pressing first; where given, only the `nodes` in the
+    cluster now and the `workloads` run now (a retired workload's last results, a deleted node's, do not count)."""
     out = []
     for w in h.workloads:
+        if workloads is not None and w.workload not in workloads:
+            continue
         for n in w.nodes:
-            if n.needs_look:
+            if n.needs_look and (nodes is None or n.node in nodes):
                 out.append((n.sort_key(), {"node": n.node, "workload": w.workload, "marks": ", ".join(n.marks),
                                            "drift": text.drift_text(n.drift, w.drift.margin),
                                            "now": text.fleet_now(n),
@@ -143,15 +147,31 @@ def validate_views(st: Store) -> list[dict[str, Any]]:
     return out
 
 
+def not_counted(h: FleetHistory, nodes: set[str] | None, workloads: set[str] | None) -> str:
+    """What the attention box leaves out, as one sentence ("" when nothing)."""
+    parts = []
+    old = sorted(w.workload for w in h.workloads if workloads is not None and w.workload not in workloads)
+    if old:
+        parts.append(f"the results of {', '.join(old)}, which the agent no longer runs (it runs "
+                     f"{', '.join(sorted(workloads or [])) or 'none'})")
+    gone = sorted({n for n in h.nodes() if nodes is not None and n not in nodes})
+    if gone:
+        parts.append(f"node(s) {', '.join(gone)}, not in the cluster now")
+    return ("Not counted: " + "; ".join(parts) + ".") if parts else ""
+
+
 def _page(h: FleetHistory, *, title: str, node: str | None, validate: list[dict[str, Any]] | None,
-          now: float | None) -> str:
+          now: float | None, nodes: set[str] | None = None, workloads: set[str] | None = None) -> str:
     from gpuvs.report.html import environment
 
-    workloads = [workload_view(w, node) for w, _ in text.filtered(h, node)]
+    views = [workload_view(w, node) for w, _ in text.filtered(h, node)]
+    for v in views:
+        v["retired"] = workloads is not None and v["name"] not in workloads
+    look = [a for a in attention(h, nodes, workloads) if node is None or a["node"] == node]
     return environment().get_template("status.html.j2").render(
         title=title, store=h.store, generated=text.when(time.time() if now is None else now), version=__version__,
-        attention=[a for a in attention(h) if node is None or a["node"] == node], workloads=workloads,
-        validate=validate, skipped=h.skipped, node=node)
+        attention=look, attention_nodes=len({a["node"] for a in look}), not_counted=not_counted(h, nodes, workloads),
+        workloads=views, validate=validate, skipped=h.skipped, node=node)
 
 
 def render_history(h: FleetHistory, node: str | None = None, now: float | None = None) -> str:
@@ -160,8 +180,11 @@ def render_history(h: FleetHistory, node: str | None = None, now: float | None =
 
 
 def render_status_page(st: Store, *, window: int | None = None, margin: float = 0.05, confidence: float = 0.95,
-                       now: float | None = None) -> str:
-    """The status page of everything the store holds: fleet runs and validate runs."""
+                       now: float | None = None, nodes: set[str] | None = None,
+                       workloads: set[str] | None = None) -> str:
+    """The status page of everything the store holds: fleet runs and validate runs. `nodes` (the cluster's now)
+    and `workloads` (those run now), where given, bound what "Needs a look" counts; the rest is still shown."""
     kw = {} if window is None else {"window": window}
     h = stored.read(st, margin=margin, confidence=confidence, **kw)
-    return _page(h, title="gpuvs status", node=None, validate=validate_views(st), now=now)
+    return _page(h, title="gpuvs status", node=None, validate=validate_views(st), now=now, nodes=nodes,
+                 workloads=workloads)

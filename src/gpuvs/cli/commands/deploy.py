@@ -16,8 +16,8 @@ DEPLOY_OPTIONS = (
           "is gone (the agent takes its gpuvs.io/testing marks off; one still left is removed here), then the "
           "namespace with its store's claim and pods, the ClusterRole, its binding and the PriorityClass"),
     Param("image", str, None, "the agent's image (default: localhost/gpuvs:VERSION, as deploy/ names it)"),
-    Param("agent_arg", str, None, "one more argument of `gpuvs agent` (repeat: --agent-arg=--every --agent-arg=1h)",
-          multiple=True),
+    Param("agent_arg", str, None, "one more argument of `gpuvs agent` (repeat: --agent-arg=--every --agent-arg=1h); "
+          "--listen :PORT moves the container's port, which the probes and the Service follow", multiple=True),
     Param("condition", bool, False, "also deploy/node-status (patch nodes/status for the NodeCondition, Events on the "
           "nodes in default) and the agent's --condition; --delete always removes them"),
     Param("kubeconfig", str, None, "default: KUBECONFIG, ~/.kube/config or the in-cluster service account"),
