@@ -9,6 +9,7 @@ import io
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -78,3 +79,121 @@ def test_a_table_too_wide_for_the_page_stacks_a_record_per_row():
     wide = Console(width=200, file=io.StringIO(), record=True)
     wide.print(t)
     assert "┃ metric" in wide.export_text()  # a table where it fits
+
+
+# The width sweep (issue 45): every table gpuvs prints, made in this process from the golden store's real
+# results (and the stored NVML readings), at every width from 40 to 200. Each atom of each cell (a word, a
+# number, an interval: fit.atoms) must appear whole on one line of what is printed.
+
+BOX = {chr(c) for c in range(0x2500, 0x2580)}
+
+
+def _store_tables(tmp: Path) -> list[tuple[str, object]]:
+    import shutil
+
+    from gpuvs.analysis import comparison
+    from gpuvs.fleet.result import FleetResult
+    from gpuvs.report import fleet as fleet_report
+    from gpuvs.report import results, tables, terminal, validation
+    from gpuvs.store.db import Store
+
+    path = tmp / "golden.db"
+    shutil.copy(golden.STORE, path)
+    out: list[tuple[str, object]] = []
+    with Store(str(path)) as st:
+        found = st.experiments()
+        out.append(("results list", results.experiments_table(str(path), found)))
+        for e in found:
+            trials = st.trials(e.id, with_samples=False, with_telemetry=True)
+            out.append((f"results show {e.name}", results.trials_table(e.id, trials)))
+            if e.kind == validation.KIND:
+                out.append((f"report {e.name}", terminal.rich_table(validation.table(e))))
+                continue
+            if e.meta.fleet:
+                res = FleetResult.from_dict(e.meta.fleet)
+                out += [(f"report {e.name} {t.key}", terminal.rich_table(t)) for t in fleet_report.tables(res)]
+                continue
+            ran = [r for r in (terminal.arm_table(trials), terminal.startup_table(trials),
+                               terminal.metrics_table(trials), terminal.series_table(trials)) if r is not None]
+            out += [(f"run {e.name}", t) for t in ran]
+            a = comparison.from_store(st, e.id, with_steps=False)
+            out += [(f"report {e.name} {t.key}", terminal.rich_table(t)) for t in tables.all_tables(a)]
+    return out
+
+
+def _other_tables() -> list[tuple[str, object]]:
+    import json
+
+    from gpuvs.store.records import TelemetryRecord
+    from gpuvs.report import terminal, workload_list
+    from gpuvs.trial.runner import TrialResult
+    from gpuvs.spec import RunSpec
+
+    readings = [json.loads(line) for line in (golden.HERE / "data" / "telemetry_h100_gemm.jsonl").open()]
+    results = [TrialResult(spec=RunSpec(workload="gemm", device="cuda", arm=arm), status="ok",
+                           telemetry=[TelemetryRecord.from_event(e) for e in tel])
+               for arm, tel in (("a", readings), ("b", readings[:2]))]
+    return [("telemetry", terminal.telemetry_table(results)),
+            ("workloads", workload_list.workloads_table(workloads.all_workloads()))]
+
+
+def _lines(text: str) -> str:
+    """The printed lines, box-drawing characters as spaces and runs of spaces as one, each line padded by a
+    space: ' ATOM ' is in it exactly when ATOM is whole on one line."""
+    return "\n".join(" " + " ".join("".join(" " if ch in BOX else ch for ch in line).split()) + " "
+                     for line in text.splitlines())
+
+
+def _texts(t) -> list[str]:
+    out = [str(t.title or ""), str(t.caption or "")]
+    for c in t.columns:
+        out += [str(c.header)] + [str(x) for x in c.cells]
+    return out
+
+
+def _widths(t) -> list[int]:
+    """The widths from 40 to 200 at which `t` may print differently: each one from its narrowest table layout to
+    its widest (wider ones print the widest again), and below that, stacked, up to its longest record line
+    (wider ones print the same lines)."""
+    from rich.measure import Measurement
+
+    wide = Console(width=1000, file=io.StringIO())
+    m = Measurement.get(wide, wide.options, t)
+    longest = max(len(x) for x in [str(t.title or ""), str(t.caption or "")] +
+                  [f"{c.header}: {x}" for c in t.columns for x in c.cells])
+    out = {w for w in range(40, 201) if m.minimum <= w <= m.maximum or (w < m.minimum and w <= longest)}
+    return sorted(out | {min(200, m.maximum), max(40, min(200, m.minimum - 1, longest))})
+
+
+@pytest.fixture(scope="module")
+def every_table(tmp_path_factory):
+    """Each table renderer's tables, two of each kind (the same columns) whose cells differ."""
+    found, kinds, seen = [], {}, set()
+    for name, t in _store_tables(tmp_path_factory.mktemp("widths")) + _other_tables():
+        assert t is not None, name
+        kind = (name.split(" ")[0], name.split(" ")[-1] if name.startswith("report") else "",
+                tuple(str(c.header) for c in t.columns)[:3])
+        texts = tuple(_texts(t))
+        if texts in seen or kinds.get(kind, 0) >= 2:
+            continue
+        seen.add(texts)
+        kinds[kind] = kinds.get(kind, 0) + 1
+        found.append((name, t))
+    assert len(found) > 40
+    return found
+
+
+def test_no_number_interval_or_word_is_split_at_any_width(every_table):
+    from gpuvs.report.fit import atoms
+
+    broken = []
+    for name, t in every_table:
+        want = sorted({a for text in _texts(t) for a in atoms(text)}, key=len, reverse=True)
+        for width in _widths(t):
+            console = Console(width=width, file=io.StringIO(), markup=False, highlight=False, emoji=False)
+            console.print(t)
+            shown = _lines(console.file.getvalue())
+            # a header's word stacked reads 'header: value'
+            broken += [f"{width} cols, {name}: {a!r}" for a in want
+                       if len(a) <= width and f" {a} " not in shown and f" {a}: " not in shown]
+    assert not broken, "\n".join(broken[:30])

@@ -1,26 +1,120 @@
-"""Every table gpuvs prints on a terminal, a pipe or a CI log (80 columns): never cut. A cell too wide for its
-column wraps at its spaces (a long word folds) instead of ending in '…'; a table whose narrowest layout is
-still wider than the page is printed stacked, a record per row ('column: value' lines), so every word
-of every cell reaches the reader at any width."""
+"""Every table gpuvs prints on a terminal, a pipe or a CI log: never cut, and no number, interval or word broken.
+A column is never narrower than its longest unbreakable piece (atoms), and a cell wraps only at the spaces
+between them; a table whose narrowest layout is still wider than the page is printed stacked, a record per
+row ('column: value' lines)."""
 
 from __future__ import annotations
 
-from typing import Iterable
+import re
+from typing import Iterable, List
 
 from rich import table as rich_table
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.text import Text
+
+# An interval written with spaces stays on one line: '-1.2 to 3.4', '4,705 [3,920, 4,100]' ends, '50.0 / 100'.
+_NUM = r"[-+]?\d[^\s\[\],]*(?:,\d[^\s\[\],]*)*"
+_JOINED = re.compile(rf"\[{_NUM}, {_NUM}\]|{_NUM} to {_NUM}(?!\S)|{_NUM} / {_NUM}(?!\S)")
+_GLUE = "\ue000"  # stands for a space inside an atom while rich wraps a line (one cell wide, not a space)
+
+
+def atoms(text: str) -> list[str]:
+    """The pieces of `text` a line may not break: its whitespace-separated words, an interval written with
+    spaces ('-1.2 to 3.4', '[3,920, 4,100]') taken whole."""
+    return [a.replace(_GLUE, " ") for a in _glued(text).split()]
+
+
+def _glued(text: str) -> str:
+    return _JOINED.sub(lambda m: m.group(0).replace(" ", _GLUE), text) if " " in text else text
+
+
+def widest_atom(text: str) -> int:
+    return max((cell_len(a) for a in atoms(text)), default=0)
+
+
+class Cell(Text):
+    """A Text that wraps only between atoms: rich folds a word only when it is wider than its column, and the
+    columns of Table are never that narrow."""
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        m = super().__rich_measure__(console, options)
+        return Measurement(max(widest_atom(self.plain), 0) or m.minimum, m.maximum)
+
+    def wrap(self, console: Console, width: int, **kwargs):  # type: ignore[override]
+        glued = _glued(self.plain)
+        if glued == self.plain:
+            return super().wrap(console, width, **kwargs)
+        protected = self.copy()
+        protected.plain = glued
+        lines = Text.wrap(protected, console, width, **kwargs)
+        for line in lines:
+            line.plain = line.plain.replace(_GLUE, " ")
+        return lines
+
+
+def cell(value) -> object:
+    """A table cell as a Cell: a string as it is (gpuvs prints with markup off: names come from jobs), a Text with
+    its styles; anything else as it is."""
+    if isinstance(value, str):
+        value = Text(value)
+    if isinstance(value, Text) and not isinstance(value, Cell):
+        out = Cell(value.plain, style=value.style, justify=value.justify, overflow=value.overflow,
+                   no_wrap=value.no_wrap, end=value.end)
+        out.spans = list(value.spans)
+        return out
+    return value
 
 
 class Table(rich_table.Table):
-    """rich's Table that wraps instead of cutting, and stacks when it cannot fit (module docstring).
-    A column declared no_wrap (an id people copy) keeps its cells whole: the table stacks before it
-    would cut one."""
+    """rich's Table that wraps between atoms instead of cutting, and stacks when it cannot fit (module
+    docstring). A column declared no_wrap (an id people copy) keeps its cells whole: the table stacks before
+    it would wrap one."""
+
+    def __init__(self, *args, title=None, caption=None, **kwargs) -> None:
+        super().__init__(*args, title=cell(title) if title is not None else None,
+                         caption=cell(caption) if caption is not None else None, **kwargs)
 
     def add_column(self, header="", *args, **kwargs) -> None:  # type: ignore[override]
         if kwargs.get("overflow", "ellipsis") == "ellipsis":
             kwargs["overflow"] = "fold"
-        super().add_column(header, *args, **kwargs)
+        super().add_column(cell(header), *args, **kwargs)
+
+    def add_row(self, *renderables, **kwargs) -> None:  # type: ignore[override]
+        super().add_row(*(None if r is None else cell(r) for r in renderables), **kwargs)
+
+    def _measure_column(self, console: Console, options: ConsoleOptions, column) -> Measurement:
+        """rich's measure, a no_wrap column as wide as its widest cell; measured once per column and page width
+        (rich measures every cell again for every layout it tries)."""
+        cache = self.__dict__.setdefault("_measured", {})
+        key = (column._index, len(column._cells), options.max_width)
+        if key not in cache:
+            m = super()._measure_column(console, options, column)
+            cache[key] = Measurement(m.maximum, m.maximum) if column.no_wrap and column.width is None else m
+        return cache[key]
+
+    def _calculate_column_widths(self, console: Console, options: ConsoleOptions) -> List[int]:
+        """rich's widths where the widest layout fits; else each column narrowed from its widest, the one with
+        the most to spare first, never below its longest atom (rich would narrow the widest column to the next
+        widest, below what its cells need)."""
+        ranges = [self._measure_column(console, options, c) for c in self.columns]
+        widths = [r.maximum or 1 for r in ranges]
+        lows = [max(1, r.minimum) for r in ranges]
+        excess = sum(widths) - options.max_width
+        if excess <= 0 or sum(lows) > options.max_width or self.expand:
+            return super()._calculate_column_widths(console, options)
+        while excess > 0:  # the widest columns with room to spare, down to the next widest or their atoms
+            spare = [j for j in range(len(widths)) if widths[j] > lows[j]]
+            top = max(widths[j] for j in spare)
+            tops = [j for j in spare if widths[j] == top]
+            below = max([widths[j] for j in spare if widths[j] < top] + [0])
+            step = max(1, min([top - below] + [widths[j] - lows[j] for j in tops]))
+            for j in tops:
+                cut = min(step, excess)
+                widths[j] -= cut
+                excess -= cut
+        return widths
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         if not self.columns or self.__rich_measure__(console, options).minimum <= options.max_width:
@@ -30,17 +124,17 @@ class Table(rich_table.Table):
 
     def stacked(self) -> Iterable[Text]:
         """The table as records: its title, then per row one 'column: value' line per cell (wrapped by the
-        console at spaces), a blank line between rows; then its caption."""
+        console between atoms), a blank line between rows; then its caption."""
         if self.title:
-            yield Text(str(self.title), style="italic")
+            yield cell(Text(str(self.title), style="italic"))
         headers = [str(c.header) for c in self.columns]
         for i in range(self.row_count):
             style = self.rows[i].style
             for header, column in zip(headers, self.columns):
-                cell = list(column.cells)[i]
-                value = cell if isinstance(cell, Text) else Text(str(cell))
-                yield Text.assemble((f"{header}: " if header else ""), value, style=style or "")
+                value = list(column.cells)[i]
+                value = value if isinstance(value, Text) else Text(str(value))
+                yield cell(Text.assemble((f"{header}: " if header else ""), value, style=style or ""))
             if i < self.row_count - 1:
                 yield Text("")
         if self.caption:
-            yield Text(str(self.caption), style="dim")
+            yield cell(Text(str(self.caption), style="dim"))
