@@ -12,6 +12,7 @@ from rich import table as rich_table
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
+from rich.padding import Padding
 from rich.text import Text
 
 # An interval written with spaces stays on one line: '-1.2 to 3.4', '4,705 [3,920, 4,100]' ends, '50.0 / 100'.
@@ -72,17 +73,19 @@ class Table(rich_table.Table):
     docstring). A column declared no_wrap (an id people copy) keeps its cells whole: the table stacks before
     it would wrap one."""
 
-    def __init__(self, *args, title=None, caption=None, **kwargs) -> None:
-        super().__init__(*args, title=cell(title) if title is not None else None,
-                         caption=cell(caption) if caption is not None else None, **kwargs)
-
     def add_column(self, header="", *args, **kwargs) -> None:  # type: ignore[override]
         if kwargs.get("overflow", "ellipsis") == "ellipsis":
             kwargs["overflow"] = "fold"
-        super().add_column(cell(header), *args, **kwargs)
+        super().add_column(header, *args, **kwargs)
 
-    def add_row(self, *renderables, **kwargs) -> None:  # type: ignore[override]
-        super().add_row(*(None if r is None else cell(r) for r in renderables), **kwargs)
+    def _get_cells(self, console: Console, column_index: int, column):
+        """rich's cells (header included), each a Cell: what is added stays as it was given (a str)."""
+        for c in super()._get_cells(console, column_index, column):
+            if isinstance(c.renderable, Padding):
+                c.renderable.renderable = cell(c.renderable.renderable)
+                yield c
+            else:
+                yield c._replace(renderable=cell(c.renderable))
 
     def _measure_column(self, console: Console, options: ConsoleOptions, column) -> Measurement:
         """rich's measure, a no_wrap column as wide as its widest cell; measured once per column and page width
@@ -104,6 +107,11 @@ class Table(rich_table.Table):
         excess = sum(widths) - options.max_width
         if excess <= 0 or sum(lows) > options.max_width or self.expand:
             return super()._calculate_column_widths(console, options)
+        # a header on one line where the page allows it (a header over three lines reads worst)
+        heads = [min(w, cell_len(str(c.header)) + self._get_padding_width(c._index)) if self.show_header else 0
+                 for w, c in zip(widths, self.columns)]
+        if sum(max(lo, h) for lo, h in zip(lows, heads)) <= options.max_width:
+            lows = [max(lo, h) for lo, h in zip(lows, heads)]
         while excess > 0:  # the widest columns with room to spare, down to the next widest or their atoms
             spare = [j for j in range(len(widths)) if widths[j] > lows[j]]
             top = max(widths[j] for j in spare)
@@ -117,10 +125,15 @@ class Table(rich_table.Table):
         return widths
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        if not self.columns or self.__rich_measure__(console, options).minimum <= options.max_width:
-            yield from super().__rich_console__(console, options)
+        if self.columns and self.__rich_measure__(console, options).minimum > options.max_width:
+            yield from self.stacked()
             return
-        yield from self.stacked()
+        title, caption = self.title, self.caption
+        self.title, self.caption = cell(title), cell(caption)  # wrapped between atoms too
+        try:
+            yield from super().__rich_console__(console, options)
+        finally:
+            self.title, self.caption = title, caption
 
     def stacked(self) -> Iterable[Text]:
         """The table as records: its title, then per row one 'column: value' line per cell (wrapped by the
