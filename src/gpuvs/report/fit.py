@@ -1,7 +1,8 @@
 """Every table gpuvs prints on a terminal, a pipe or a CI log: never cut, and no number, interval or word broken.
 A column is never narrower than its longest unbreakable piece (atoms), and a cell wraps only at the spaces
 between them; a table whose narrowest layout is still wider than the page is printed stacked, a record per
-row ('column: value' lines)."""
+row ('column: value' lines), or, where two or three tables fit, its columns are spread over them, each
+with the columns that name a row.""" 
 
 from __future__ import annotations
 
@@ -125,7 +126,12 @@ class Table(rich_table.Table):
         return widths
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        if self.columns and self.__rich_measure__(console, options).minimum > options.max_width:
+        if self.columns and not self._fits(console, options):
+            parts = self.split(console, options)
+            if parts:
+                for part in parts:
+                    yield part
+                return
             yield from self.stacked()
             return
         title, caption = self.title, self.caption
@@ -134,6 +140,46 @@ class Table(rich_table.Table):
             yield from super().__rich_console__(console, options)
         finally:
             self.title, self.caption = title, caption
+
+    def _fits(self, console: Console, options: ConsoleOptions) -> bool:
+        return self.__rich_measure__(console, options).minimum <= options.max_width
+
+    def key_columns(self) -> list[int]:
+        """The columns that name a row: the first, and the second too where the first repeats (a metric per arm)."""
+        first = [str(c) for c in self.columns[0].cells]
+        return [0] if len(set(first)) == len(first) or len(self.columns) < 3 else [0, 1]
+
+    def split(self, console: Console, options: ConsoleOptions, most: int = 3) -> list[Table]:
+        """The table as up to `most` tables that fit side by side no more: each with the key columns and the next
+        columns that fit, the title over the first and the caption under the last; [] where that takes more."""
+        key = self.key_columns()
+        rest = [i for i in range(len(self.columns)) if i not in key]
+        groups: list[list[int]] = []
+        for i in rest:
+            if groups and self._part(groups[-1] + [i], key)._fits(console, options):
+                groups[-1].append(i)
+            elif self._part([i], key)._fits(console, options) and len(groups) < most:
+                groups.append([i])
+            else:
+                return []
+        if len(groups) < 2:
+            return []
+        parts = [self._part(g, key) for g in groups]
+        parts[0].title, parts[-1].caption = self.title, self.caption
+        return parts
+
+    def _part(self, columns: list[int], key: list[int]) -> Table:
+        """A table of the key columns and `columns`, rows and their styles as they are, no title or caption."""
+        import dataclasses
+
+        part = Table(show_header=self.show_header, box=self.box, title_justify=self.title_justify,
+                     caption_justify=self.caption_justify, show_edge=self.show_edge, pad_edge=self.pad_edge,
+                     padding=self.padding, header_style=self.header_style, title_style=self.title_style,
+                     caption_style=self.caption_style, show_lines=self.show_lines)
+        part.columns = [dataclasses.replace(self.columns[i], _index=n, _cells=list(self.columns[i]._cells))
+                        for n, i in enumerate(key + columns)]
+        part.rows = list(self.rows)
+        return part
 
     def stacked(self) -> Iterable[Text]:
         """The table as records: its title, then per row one 'column: value' line per cell (wrapped by the
