@@ -94,7 +94,7 @@ def _store_tables(tmp: Path) -> list[tuple[str, object]]:
     from gpuvs.analysis import comparison
     from gpuvs.fleet.result import FleetResult
     from gpuvs.report import fleet as fleet_report
-    from gpuvs.report import results, tables, terminal, validation
+    from gpuvs.report import machine, results, tables, terminal, validation
     from gpuvs.store.db import Store
 
     path = tmp / "golden.db"
@@ -105,7 +105,9 @@ def _store_tables(tmp: Path) -> list[tuple[str, object]]:
         out.append(("results list", results.experiments_table(str(path), found)))
         for e in found:
             trials = st.trials(e.id, with_samples=False, with_telemetry=True)
-            out.append((f"results show {e.name}", results.trials_table(e.id, trials)))
+            out.append((f"results-show {e.name}", results.trials_table(e.id, trials)))
+            if trials and trials[0].fingerprint.get("gpus") is not None:  # gpuvs info's table, as a worker saw it
+                out.append((f"info {e.name}", machine.fingerprint_table(trials[0].fingerprint)))
             if e.kind == validation.KIND:
                 out.append((f"report {e.name}", terminal.rich_table(validation.table(e))))
                 continue
@@ -113,9 +115,9 @@ def _store_tables(tmp: Path) -> list[tuple[str, object]]:
                 res = FleetResult.from_dict(e.meta.fleet)
                 out += [(f"report {e.name} {t.key}", terminal.rich_table(t)) for t in fleet_report.tables(res)]
                 continue
-            ran = [r for r in (terminal.arm_table(trials), terminal.startup_table(trials),
-                               terminal.metrics_table(trials), terminal.series_table(trials)) if r is not None]
-            out += [(f"run {e.name}", t) for t in ran]
+            ran = {"arms": terminal.arm_table(trials), "startup": terminal.startup_table(trials),
+                   "metrics": terminal.metrics_table(trials), "series": terminal.series_table(trials)}
+            out += [(f"run {e.name} {k}", t) for k, t in ran.items() if t is not None]
             a = comparison.from_store(st, e.id, with_steps=False)
             out += [(f"report {e.name} {t.key}", terminal.rich_table(t)) for t in tables.all_tables(a)]
     return out
@@ -133,8 +135,14 @@ def _other_tables() -> list[tuple[str, object]]:
     results = [TrialResult(spec=RunSpec(workload="gemm", device="cuda", arm=arm), status="ok",
                            telemetry=[TelemetryRecord.from_event(e) for e in tel])
                for arm, tel in (("a", readings), ("b", readings[:2]))]
+    from gpuvs.cli import help as cli_help
+
+    compare = next(c for c in commands.all_commands() if c.name == "compare")
     return [("telemetry", terminal.telemetry_table(results)),
-            ("workloads", workload_list.workloads_table(workloads.all_workloads()))]
+            ("workloads", workload_list.workloads_table(workloads.all_workloads())),
+            ("help commands", cli_help.commands_table(commands.all_commands())),
+            ("help cnn-train", cli_help.param_table(workloads.get("cnn-train")))] + \
+        [(f"help compare {g.key}", cli_help.options_table(g.title, g.params)) for g in compare.groups]
 
 
 def _lines(text: str) -> str:
@@ -147,7 +155,7 @@ def _lines(text: str) -> str:
 def _texts(t) -> list[str]:
     out = [str(t.title or ""), str(t.caption or "")]
     for c in t.columns:
-        out += [str(c.header)] + [str(x) for x in c.cells]
+        out += ([str(c.header)] if t.show_header else []) + [str(x) for x in c.cells]
     return out
 
 
@@ -167,19 +175,16 @@ def _widths(t) -> list[int]:
 
 @pytest.fixture(scope="module")
 def every_table(tmp_path_factory):
-    """Each table renderer's tables, two of each kind (the same columns) whose cells differ."""
-    found, kinds, seen = [], {}, set()
+    """Each table renderer's tables: of each kind (the command and table), the two with the most atoms."""
+    from gpuvs.report.fit import atoms
+
+    kinds: dict[tuple[str, str], list] = {}
     for name, t in _store_tables(tmp_path_factory.mktemp("widths")) + _other_tables():
         assert t is not None, name
-        kind = (name.split(" ")[0], name.split(" ")[-1] if name.startswith("report") else "",
-                tuple(str(c.header) for c in t.columns)[:3])
-        texts = tuple(_texts(t))
-        if texts in seen or kinds.get(kind, 0) >= 2:
-            continue
-        seen.add(texts)
-        kinds[kind] = kinds.get(kind, 0) + 1
-        found.append((name, t))
-    assert len(found) > 40
+        kind = (name.split(" ")[0], name.split(" ")[-1] if name.startswith(("report", "help", "run ")) else "")
+        kinds.setdefault(kind, []).append((len({a for text in _texts(t) for a in atoms(text)}), name, t))
+    found = [(name, t) for group in kinds.values() for _, name, t in sorted(group, key=lambda x: -x[0])[:2]]
+    assert len(found) > 30
     return found
 
 

@@ -89,14 +89,19 @@ class Table(rich_table.Table):
                 yield c._replace(renderable=cell(c.renderable))
 
     def _measure_column(self, console: Console, options: ConsoleOptions, column) -> Measurement:
-        """rich's measure, a no_wrap column as wide as its widest cell; measured once per column and page width
-        (rich measures every cell again for every layout it tries)."""
-        cache = self.__dict__.setdefault("_measured", {})
-        key = (column._index, len(column._cells), options.max_width)
-        if key not in cache:
-            m = super()._measure_column(console, options, column)
-            cache[key] = Measurement(m.maximum, m.maximum) if column.no_wrap and column.width is None else m
-        return cache[key]
+        """rich's measure, a no_wrap column as wide as its widest cell. Its cells are measured once, at any
+        width, then clamped to the page (rich measures every cell again for every layout it tries)."""
+        raw = self.__dict__.setdefault("_raw", {})
+        key = (column._index, len(column._cells))
+        if key not in raw:
+            m = super()._measure_column(console, options.update_width(10**6), column)
+            raw[key] = Measurement(m.maximum, m.maximum) if column.no_wrap and column.width is None else m
+        if column.width is not None:
+            return raw[key]
+        pad = self._get_padding_width(column._index)
+        return raw[key].with_maximum(options.max_width).clamp(
+            None if column.min_width is None else column.min_width + pad,
+            None if column.max_width is None else column.max_width + pad)
 
     def _calculate_column_widths(self, console: Console, options: ConsoleOptions) -> List[int]:
         """rich's widths where the widest layout fits; else each column narrowed from its widest, the one with
@@ -179,6 +184,10 @@ class Table(rich_table.Table):
         part.columns = [dataclasses.replace(self.columns[i], _index=n, _cells=list(self.columns[i]._cells))
                         for n, i in enumerate(key + columns)]
         part.rows = list(self.rows)
+        raw = self.__dict__.get("_raw", {})  # what this table measured, for the same cells
+        part.__dict__["_raw"] = {(n, len(part.columns[n]._cells)): raw[(i, len(self.columns[i]._cells))]
+                                 for n, i in enumerate(key + columns)
+                                 if self.pad_edge and (i, len(self.columns[i]._cells)) in raw}
         return part
 
     def stacked(self) -> Iterable[Text]:
