@@ -82,7 +82,7 @@ def test_a_table_too_wide_for_the_page_stacks_a_record_per_row():
 
 
 # The width sweep (issue 45): every table gpuvs prints, made in this process from the golden store's real
-# results (and the stored NVML readings), at every width from 40 to 200. Each atom of each cell (a word, a
+# results (the stored NVML readings, stored fleet runs), at every width from 40 to 200. Each atom of each cell (a word, a
 # number, an interval: fit.atoms) must appear whole on one line of what is printed.
 
 BOX = {chr(c) for c in range(0x2500, 0x2580)}
@@ -135,14 +135,29 @@ def _other_tables() -> list[tuple[str, object]]:
     results = [TrialResult(spec=RunSpec(workload="gemm", device="cuda", arm=arm), status="ok",
                            telemetry=[TelemetryRecord.from_event(e) for e in tel])
                for arm, tel in (("a", readings), ("b", readings[:2]))]
+    import tempfile
+
+    from fleet_store import sliding_fleet
     from gpuvs.cli import help as cli_help
+    from gpuvs.fleet import stored
+    from gpuvs.report import history as report_history
+    from gpuvs.store.db import Store
 
     compare = next(c for c in commands.all_commands() if c.name == "compare")
+    history = []  # gpuvs fleet history: each node against its own past, from stored fleet runs (fleet_store.py)
+    with tempfile.TemporaryDirectory(prefix="gpuvs-widths-") as work:
+        sliding_fleet(Path(work) / "fleet.db", runs=6, slide_from=3, slide=0.03, failed_last="node-5")
+        with Store(str(Path(work) / "fleet.db")) as st:
+            h = stored.read(st)
+    for w, nodes in report_history.filtered(h, None):
+        history.append(("history nodes", terminal.rich_table(report_history.nodes_table(w), no_wrap={0}, fold=True)))
+        history += [("history runs", terminal.rich_table(report_history.runs_table(w, n), no_wrap={0}, fold=True))
+                    for n in nodes]
     return [("telemetry", terminal.telemetry_table(results)),
             ("workloads", workload_list.workloads_table(workloads.all_workloads())),
             ("help commands", cli_help.commands_table(commands.all_commands())),
             ("help cnn-train", cli_help.param_table(workloads.get("cnn-train")))] + \
-        [(f"help compare {g.key}", cli_help.options_table(g.title, g.params)) for g in compare.groups]
+        [(f"help compare {g.key}", cli_help.options_table(g.title, g.params)) for g in compare.groups] + history
 
 
 def _lines(text: str) -> str:

@@ -2,7 +2,7 @@
 A column is never narrower than its longest unbreakable piece (atoms), and a cell wraps only at the spaces
 between them; a table whose narrowest layout is still wider than the page is printed stacked, a record per
 row ('column: value' lines), or, where two or three tables fit, its columns are spread over them, each
-with the columns that name a row.""" 
+with the columns that name a row."""
 
 from __future__ import annotations
 
@@ -131,18 +131,27 @@ class Table(rich_table.Table):
         return widths
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        title, caption = self.title, self.caption
         if self.columns and not self._fits(console, options):
             parts = self.split(console, options)
-            if parts:
-                for part in parts:
-                    yield part
+            if not parts:
+                yield from self.stacked()
                 return
-            yield from self.stacked()
-            return
-        title, caption = self.title, self.caption
-        self.title, self.caption = cell(title), cell(caption)  # wrapped between atoms too
+            apart = True
+        else:
+            parts = []
+            widths = self._calculate_column_widths(console, options.update_width(options.max_width - self._extra_width))
+            apart = max(widest_atom(str(title or "")), widest_atom(str(caption or ""))) > sum(widths) + self._extra_width
+        if apart:  # the title and caption at the page's width: the table is narrower than a word of them
+            self.title = self.caption = None
+        else:
+            self.title, self.caption = cell(title), cell(caption)  # wrapped between atoms too
         try:
-            yield from super().__rich_console__(console, options)
+            if apart and title:
+                yield cell(Text(str(title), style=console.get_style(self.title_style or "table.title")))
+            yield from parts or super().__rich_console__(console, options)
+            if apart and caption:
+                yield cell(Text(str(caption), style=console.get_style(self.caption_style or "table.caption")))
         finally:
             self.title, self.caption = title, caption
 
@@ -155,8 +164,8 @@ class Table(rich_table.Table):
         return [0] if len(set(first)) == len(first) or len(self.columns) < 3 else [0, 1]
 
     def split(self, console: Console, options: ConsoleOptions, most: int = 3) -> list[Table]:
-        """The table as up to `most` tables that fit side by side no more: each with the key columns and the next
-        columns that fit, the title over the first and the caption under the last; [] where that takes more."""
+        """The table as up to `most` tables that fit where it does not: each with the key columns and the next
+        columns that fit (no title or caption: the caller prints them); [] where that takes more."""
         key = self.key_columns()
         rest = [i for i in range(len(self.columns)) if i not in key]
         groups: list[list[int]] = []
@@ -169,9 +178,7 @@ class Table(rich_table.Table):
                 return []
         if len(groups) < 2:
             return []
-        parts = [self._part(g, key) for g in groups]
-        parts[0].title, parts[-1].caption = self.title, self.caption
-        return parts
+        return [self._part(g, key) for g in groups]
 
     def _part(self, columns: list[int], key: list[int]) -> Table:
         """A table of the key columns and `columns`, rows and their styles as they are, no title or caption."""
