@@ -217,3 +217,36 @@ def test_no_number_interval_or_word_is_split_at_any_width(every_table):
             broken += [f"{width} cols, {name}: {a!r}" for a in want
                        if len(a) <= width and f" {a} " not in shown and f" {a}: " not in shown]
     assert not broken, "\n".join(broken[:30])
+
+
+def test_a_table_too_wide_spreads_its_columns_over_tables_that_each_name_the_row(every_table):
+    """results list at 80 columns stacked 7 lines per experiment; now two tables, each led by the id."""
+    t = dict(every_table)["results list"]
+    console = Console(width=80, file=io.StringIO(), markup=False, highlight=False)
+    console.print(t)
+    text = console.file.getvalue()
+    heads = [line for line in text.splitlines() if line.startswith("┃ id ")]
+    assert len(heads) == 2 and "name" in heads[0] and "created" in heads[1], text
+    ids = [str(c) for c in t.columns[0].cells]
+    assert all(text.count(f"│ {i} │") == 2 for i in ids) and "id: " not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert text.count("experiments in ") == 1  # the title once, over both
+
+
+def test_an_interval_written_with_spaces_stays_on_one_line():
+    """sharing's 'mean [low, high]' and a negative range 'a to b' wrap before or after, never inside."""
+    from gpuvs.report import sharing
+    from gpuvs.report.fit import atoms
+    from gpuvs.sharing import stats as sharestats
+
+    fig = sharing.figure_text(sharestats.figure([4705.2, 3920.1, 4100.0]))
+    assert atoms(fig)[1:] == [fig.split(" ", 1)[1]]  # '[3,...,  5,...]' is one atom
+    t = Table(title="sharing")
+    t.add_column("what")
+    t.add_column("aggregate")
+    t.add_row("two workers on one GPU, one repeat each", fig + " and -1.25 to 3.50 apart")
+    for width in range(24, 80):
+        console = Console(width=width, file=io.StringIO(), markup=False, highlight=False)
+        console.print(t)
+        shown = _lines(console.file.getvalue())
+        assert f" {atoms(fig)[1]} " in shown and " -1.25 to 3.50 " in shown, (width, console.file.getvalue())
