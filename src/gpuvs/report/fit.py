@@ -16,7 +16,7 @@ from rich.measure import Measurement
 from rich.padding import Padding
 from rich.text import Text
 
-# An interval written with spaces stays on one line: '-1.2 to 3.4', '4,705 [3,920, 4,100]' ends, '50.0 / 100'.
+# An interval written with spaces is one atom, kept on one line: '-1.2 to 3.4', '[3,920, 4,100]', '50.0 / 100'.
 _NUM = r"[-+]?\d[^\s\[\],]*(?:,\d[^\s\[\],]*)*"
 _JOINED = re.compile(rf"\[{_NUM}, {_NUM}\]|{_NUM} to {_NUM}(?!\S)|{_NUM} / {_NUM}(?!\S)")
 _GLUE = "\ue000"  # stands for a space inside an atom while rich wraps a line (one cell wide, not a space)
@@ -70,9 +70,9 @@ def cell(value) -> object:
 
 
 class Table(rich_table.Table):
-    """rich's Table that wraps between atoms instead of cutting, and stacks when it cannot fit (module
-    docstring). A column declared no_wrap (an id people copy) keeps its cells whole: the table stacks before
-    it would wrap one."""
+    """rich's Table that wraps between atoms instead of cutting, and spreads or stacks when it cannot fit (module
+    docstring). A column declared no_wrap (an id people copy) keeps its cells whole: the table spreads or
+    stacks before it would wrap one."""
 
     def add_column(self, header="", *args, **kwargs) -> None:  # type: ignore[override]
         if kwargs.get("overflow", "ellipsis") == "ellipsis":
