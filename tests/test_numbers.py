@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from gpuvs.report import numbers, tables
 
 
@@ -113,3 +115,43 @@ def test_the_progress_counts_the_trials_left_and_says_up_to_while_more_may_come(
     now[0] += 3600
     assert plain.left_text(1, 4) == "ETA 0:00"  # a trial that overruns does not make the time left negative
     assert terminal._clock_text(3723) == "1:02:03"
+
+
+# -- the step log and the trial line (issue 45 item 6), on real runs of `gpuvs run command` ---------------
+
+def _step_lines(text: str) -> list[str]:
+    """The step lines, 'STEP UNIT: FIGURES' (the console expands the tab after the step)."""
+    return [" ".join(line.split(None, 1)) for line in text.splitlines() if re.match(r"\d+\s+s: ", line)]
+
+
+def test_the_step_log_gives_the_digits_that_tell_its_steps_apart(cli):
+    r = cli("run", "command", "--step-metric", r"lat=took (\S+) s,time,s", "--store", "s.db", "--",
+            "sh", "-c", "echo took 0.104 s; echo took 0.107 s; echo took 0.1041 s")
+    assert r.returncode == 0, r.stderr[-2000:]
+    # means so far 0.104, 0.1055, 0.10503: never '0.1 +/- 0.0'; the third needs a 4th figure to differ
+    assert _step_lines(r.stdout) == ["1 s: 0.104 +/- n/a (jitter = n/a)",
+                                     "2 s: 0.105 +/- 0.0015 (jitter = 0.0022)",
+                                     "3 s: 0.1050 +/- 0.00098 (jitter = 0.00015)"]
+    assert "trial 1 [default] (host, cpu): 105.0 ms +/- 0.984 (jitter = 0.148)" in r.stdout
+
+
+def test_a_single_figure_reads_no_spread_the_same_way_in_every_parser(cli):
+    """A figure printed once (--metric) had '+/- -', a step figure printed once (--step-metric) '+/- 0.0'."""
+    shown = []
+    for flag in ("--metric", "--step-metric"):
+        r = cli("run", "command", flag, r"lat=took (\S+) s,time,s", "--store", "s.db", "--", "echo", "took 0.104 s")
+        assert r.returncode == 0, r.stderr[-2000:]
+        line = next(ln for ln in r.stdout.splitlines() if ln.startswith("trial 1 ["))
+        shown.append(line)
+        assert line.endswith(f"+/- {numbers.NO_SPREAD} (jitter = {numbers.NO_SPREAD})"), line
+    assert _step_lines(r.stdout) == ["1 s: 0.104 +/- n/a (jitter = n/a)"]
+    table = cli("results", "show", "--store", "s.db", r.stdout.rsplit("stored as experiment ", 1)[1].split()[0])
+    row = next(ln for ln in table.stdout.splitlines() if " ok " in ln)
+    assert [c.strip() for c in row.split("│")][8:10] == ["n/a", "n/a"], row  # the +/- and jitter columns
+
+
+def test_log_figures_have_three_significant_figures_and_no_separators():
+    assert [numbers.plain(x) for x in (0.104, 0.6, 129.24, 4705.23, 123456.7)] == \
+        ["0.104", "0.600", "129.2", "4705.2", "123457"]
+    assert numbers.plain_apart(0.10503, 0.1055) == "0.1050" and numbers.plain_apart(0.105, None) == "0.105"
+    assert numbers.spread(0.0, 1) == numbers.spread(None, 5) == "n/a" and numbers.spread(0.0, 2) == "0.0"

@@ -12,6 +12,7 @@ import math
 from typing import Any, Sequence
 
 SIGNIFICANT = 3
+NO_SPREAD = "n/a"  # the one spelling of "no spread measured" (a single figure has no +/- and no jitter)
 TIME_UNITS = {"s": ("ms", "µs"), "sec": ("ms", "µs"), "seconds": ("ms", "µs"), "ms": ("µs", "ns")}
 
 
@@ -74,3 +75,28 @@ def fmt_unit(value: float | None, unit: str) -> str:
 def percent(fraction: float, digits: int = 1) -> str:
     """A fraction as a percentage with at least two significant figures: 0.0004 -> '0.040%', not '0.0%'."""
     return f"{fmt(100 * fraction, digits, 2)}%"
+
+
+def spread(value: float | None, n: int | None, digits: int = 1, significant: int = SIGNIFICANT) -> str:
+    """A +/- or a jitter: NO_SPREAD where fewer than two figures were measured (or none was given), never
+    '0.0' or '-'."""
+    if value is None or value != value or (n is not None and n < 2):
+        return NO_SPREAD
+    return fmt(value, digits, significant)
+
+
+def plain(value: float, digits: int = 1, significant: int = SIGNIFICANT) -> str:
+    """A figure in a log line, as tf_cnn_benchmarks writes one (no thousands separators, for the tools that
+    read such lines) with at least `digits` decimals and `significant` significant figures: 0.104, not 0.1."""
+    if value != value or math.isinf(value):
+        return str(value)
+    return f"{value:.{_decimals(value, digits, significant)}f}"
+
+
+def plain_apart(value: float, before: float | None, digits: int = 1) -> str:
+    """plain(value) with the significant figures (3 to 6) that tell it from the figure printed before it."""
+    for extra in range(4):
+        text = plain(value, digits, SIGNIFICANT + extra)
+        if before is None or before == value or text != plain(before, digits, SIGNIFICANT + extra):
+            return text
+    return text

@@ -6,7 +6,7 @@ import time
 
 from gpuvs.report.fit import Table
 
-from gpuvs.report.numbers import fmt
+from gpuvs.report.numbers import fmt, spread
 from gpuvs.report.terminal import safe_cells
 from gpuvs.safetext import safe_text
 from gpuvs.store.records import ExperimentRecord, SeriesSummary, TrialRecord
@@ -24,6 +24,13 @@ def experiments_table(store, found: list[ExperimentRecord]) -> Table:
     return t
 
 
+def spreads(main: SeriesSummary) -> tuple[str, str]:
+    """A trial's +/- and jitter; numbers.NO_SPREAD for a single figure (a job's own last printed figure keeps
+    the spread it printed)."""
+    n = None if main.figure == "last printed" else main.n
+    return spread(main.pm, n), spread(main.jitter, n)
+
+
 def trials_table(ident: str, trials: list[TrialRecord]) -> Table:
     """The trials `ident` named, titled with what they are: the experiment's whole id (not the prefix typed),
     or the one trial and its experiment."""
@@ -39,7 +46,6 @@ def trials_table(ident: str, trials: list[TrialRecord]) -> Table:
     for t in trials:
         main = t.primary() or SeriesSummary()
         table.add_row(*safe_cells(t.id, t.arm, t.trial + 1, t.status, t.spec.device if t.spec else "-",
-                                  t.spec.env.kind if t.spec else "-", fmt(main.value), fmt(main.pm),
-                                  fmt(main.jitter), main.unit, fmt(t.startup.get("first_step_s"), 3),
+                                  t.spec.env.kind if t.spec else "-", fmt(main.value), *spreads(main), main.unit, fmt(t.startup.get("first_step_s"), 3),
                                   t.fingerprint.get("gpu_name") or "cpu", t.error or ""))
     return table

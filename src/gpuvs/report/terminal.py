@@ -13,7 +13,7 @@ from gpuvs.report.fit import Table
 from gpuvs import environments
 from gpuvs.analysis import stats
 from gpuvs.report import tables
-from gpuvs.report.numbers import fmt, fmt_all, scale_unit
+from gpuvs.report.numbers import NO_SPREAD, fmt, fmt_all, plain, plain_apart, scale_unit, spread
 from gpuvs.safetext import safe_text
 from gpuvs import events
 from gpuvs.analysis.stats import SeriesSummary
@@ -38,10 +38,12 @@ class StepLog:
         self.show_config = show_config
         self._steps: dict[str, tuple[list[float], list[float], list[float]]] = {}  # series -> items, seconds, values
         self._header_done: set[str] = set()
+        self._last: dict[str, float] = {}  # series -> the rate its last line printed
 
     def start_trial(self) -> None:
         self._steps = {}
         self._header_done = set()
+        self._last = {}
 
     def __call__(self, result, event: dict[str, Any]) -> None:
         kind = event["type"]
@@ -92,11 +94,22 @@ class StepLog:
             rate, pm, jit = stats.perf_timing(items, seconds)
         else:  # a figure per step that is not items over time (a latency): its mean
             rate, pm, jit = sum(values) / len(values), stats.std_error(values), stats.jitter(values)
-        line = (f"{event['step']}\t{safe_text(event['unit'])}: {stats.fmt_rate(rate)} +/- {stats.fmt_rate(pm)} "
-                f"(jitter = {stats.fmt_rate(jit)})")
+        line = f"{event['step']}\t{safe_text(event['unit'])}: {self.figures(series, rate, pm, jit, len(values))}"
         if loss is not None:
             line += f"\t{loss:.3f}"
         self.console.print(line, markup=False, highlight=False)
+
+
+    def figures(self, series: str, rate: float, pm: float, jit: float, n: int) -> str:
+        """'0.104 +/- 0.0021 (jitter = 0.0030)': the rate with the significant figures that tell it from the line
+        before (at least 3), the spread with the rate's decimals and at least 2 significant figures; a single
+        step has no spread (numbers.NO_SPREAD)."""
+        text = plain_apart(rate, self._last.get(series))
+        self._last[series] = rate
+        places = len(text.partition(".")[2])
+        pm_text, jit_text = ((NO_SPREAD, NO_SPREAD) if n < 2 else
+                             (plain(pm, places, 2), plain(jit, places, 2)))
+        return f"{text} +/- {pm_text} (jitter = {jit_text})"
 
 
 def trial_line(result) -> str:
@@ -112,7 +125,9 @@ def _trial_line(result) -> str:
         return f"{head}: {result.status.upper()}: {result.error}"
     main = result.primary() or SeriesSummary()
     k, unit = scale_unit([main.value], main.unit)
-    value, pm, jitter = (fmt(None if x is None else x * k) for x in (main.value, main.pm, main.jitter))
+    value = fmt(None if main.value is None else main.value * k)
+    n = None if main.figure == "last printed" else main.n  # a job's own +/- over steps gpuvs did not see
+    pm, jitter = (spread(None if x is None else x * k, n) for x in (main.pm, main.jitter))
     text = f"{head}: {value} {unit} +/- {pm} (jitter = {jitter})"
     start = result.startup
     parts = [f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f} s" for k, v in start.items()
