@@ -18,6 +18,7 @@ from gpuvs.errors import RunFailed, UsageError, interruption
 from gpuvs.trial.launch import exit_text  # noqa: F401  (a worker's end in words; the runner's since the start)
 from gpuvs.store.records import (
     ArmMeta,
+    ContentionRecord,
     ExperimentMeta,
     MetricValue,
     SampleRecord,
@@ -79,6 +80,8 @@ class TrialResult(TrialRecord):
             self.error_kind, self.error = event.get("kind"), event.get("message")
         elif kind == "log":
             self.logs.append(event["message"])
+        elif kind == "contention":
+            self.contention = ContentionRecord.from_dict(event.get("data"))
         elif kind == "output":
             self.outputs[event["stream"]] = {k: v for k, v in event.items() if k not in ("type", "stream")}
 
@@ -449,7 +452,8 @@ class LiveTrial:
             try:
                 self.runner.store.finish_trial(r.id, r.status, error=r.error, error_kind=r.error_kind,
                                                exit_code=r.exit_code, fingerprint=r.fingerprint, config=r.config,
-                                               startup=r.startup, metrics=r.metrics, summary=r.summary)
+                                               startup=r.startup, metrics=r.metrics, summary=r.summary,
+                                               contention=r.contention)
             except StoreError as exc:  # never raised here: every worker of a group is still to be stopped;
                 first = self.runner.store_refused(exc)  # whoever starts the next trial raises it
                 if r.error_kind != "store":
