@@ -462,6 +462,7 @@ class ExperimentMeta:
     # what was run (the runner's experiments: run, compare, fleet)
     workload: str | None = None
     interleaved: bool | None = None  # stated only where trials were not interleaved (compare --stored)
+    aa: bool | None = None  # an A/A run (compare --aa): stated where it was one
     trials: int | None = None  # trials per arm planned
     seed: int | None = None  # of the trial order
     arms: list[ArmMeta] | None = None
@@ -492,6 +493,14 @@ class ExperimentMeta:
     def is_interleaved(self, kind: str) -> bool:
         """Whether the trials ran in interleaved rounds (A B | B A): as stated, else for a compare."""
         return self.interleaved if self.interleaved is not None else kind == "compare"
+
+    def is_aa(self, kind: str) -> bool:
+        """An A/A run: as stated, else (a store from before it was stated) a compare run here whose arms override
+        nothing, which only --aa allows."""
+        if self.aa is not None:
+            return bool(self.aa)
+        return (kind == "compare" and self.seed is not None and len(self.arms or []) >= 2
+                and all(not a.overrides for a in self.arms or []))
 
     def arm_names(self) -> list[str]:
         return [a.name for a in self.arms or []]
