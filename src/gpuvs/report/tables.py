@@ -338,10 +338,19 @@ def verdict_sentence(v: MetricVerdict, a: Analysis) -> str:
 def headline_sentence(a: Analysis) -> str:
     """The comparison's answer, led with in every format: one sentence per arm against the baseline
     (verdict_sentence), joined by '; '. An A/A run that differed says first that this is the setup's doing."""
-    text = "; ".join(verdict_sentence(v, a) for v in a.headline_verdicts())
-    if text and a.aa_differed():
-        return f"{aa_sentence(a)} (measured: {text})"
-    return text
+    if a.aa_differed():
+        measured = "; ".join(_aa_measured(v) if _differs(v) else verdict_sentence(v, a) for v in a.headline_verdicts())
+        return f"{aa_sentence(a)} (measured: {measured})"
+    return "; ".join(verdict_sentence(v, a) for v in a.headline_verdicts())
+
+
+def _aa_measured(v: MetricVerdict) -> str:
+    """An A/A arm's difference as a measurement, not a finding: 'b's ops/sec 18.2% above a's [5.1%–32.9%], 3
+    trials each'."""
+    ends = sorted(abs(c - 1) for c in (v.ci_low, v.ci_high)) if v.ci_low is not None else None
+    band = f" [{_pct(ends[0])}%–{_pct(ends[1])}%]" if ends else ""
+    side = "above" if v.ratio > 1 else "below"
+    return f"{v.arm}'s {metric_name(v)} {_pct(abs(v.ratio - 1))}% {side} {v.baseline}'s{band}, {_trials(v)}"
 
 
 AA_CELL = " (A/A: the setup's, not a finding)"
