@@ -253,3 +253,39 @@ def test_a_real_contended_machine_warns_and_strict_refuses(tmp_path):
     assert "warning: machine busy during arm a" in out["terminal"] and "warning: machine busy during arm b" in \
         out["terminal"]
     assert "- ⚠ warning: machine busy during arm" in out["markdown"]
+
+
+class _Nvml:
+    """NVML's process list as the driver gives it (this machine has no GPU): pids with the memory they hold."""
+
+    class Proc:
+        def __init__(self, pid):
+            self.pid, self.usedGpuMemory = pid, 3 << 30
+
+    def __init__(self, pids):
+        self.pids = pids
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [self.Proc(p) for p in self.pids]
+
+
+def test_the_trials_own_processes_are_not_others_on_the_gpu():
+    """The worker, the processes under it (ranks, a command's job) are its own; another real process (pid 1) is
+    another's; a pid hidden by a PID namespace counts only where it was there before the trial."""
+    sys.path.insert(0, str(SRC))
+    from gpuvs.probes import contention
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        hidden = 4_000_000  # above pid_max: no process has it here
+        nvml = _Nvml([os.getpid(), child.pid, 1, hidden])
+        first = contention.gpu_processes(nvml, [(0, None)], os.getpid())
+        assert sorted(first) == [1, hidden]
+        assert first[1]["visible"] and first[1]["name"] and first[1]["mem_mib"] == 3072 and first[1]["gpu"] == 0
+        assert first[hidden] == {"pid": hidden, "name": None, "gpu": 0, "visible": False, "mem_mib": 3072}
+        assert sorted(contention.gpu_processes(nvml, [(0, None)], os.getpid(), before=set())) == [1]
+        assert sorted(contention.gpu_processes(nvml, [(0, None)], os.getpid(), before={hidden})) == [1, hidden]
+        assert contention.gpu_processes(_Nvml([child.pid]), [(0, None)], child.pid) == {}
+    finally:
+        child.kill()
+        child.wait()

@@ -149,7 +149,11 @@ def gpu_processes(nvml, handles: list[tuple[int, Any]], root: int, before: set[i
 class Watch:
     """One trial's readings: at its start (`Watch(spec)`), at telemetry ticks (gpu_tick), at its end (finish)."""
 
-    def __init__(self, device: str, gpu_indices: list[int] | None = None):
+    def __init__(self, device: str, gpu_indices=None, open_now: bool = True):
+        """open_now: read the GPU's processes now (before the trial's own CUDA work, so that a pid hidden by a PID
+        namespace seen now is another's); False where the worker forks ranks later and must reach the fork with
+        nothing of NVML open: the GPU is then read at telemetry ticks and at the end. gpu_indices: the NVML indices
+        of the trial's GPUs, or a function that gives them (called when NVML is opened)."""
         self.t0 = time.monotonic()
         self.root = os.getpid()
         self.load_start = load1()
@@ -158,24 +162,31 @@ class Watch:
         self.usable, self.online = usable_cpus()
         self.others: dict[int, dict[str, Any]] = {}
         self.gpu_checked = False
-        self.before: set[int] = set()
+        self.before: set[int] | None = None
         self._last_tick = 0.0
         self._nvml = None
         self._handles: list[tuple[int, Any]] = []
-        if device.startswith("cuda") and gpu_indices:
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                count = pynvml.nvmlDeviceGetCount()
-                self._nvml = pynvml
-                self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in gpu_indices if i < count]
-                first = gpu_processes(pynvml, self._handles, self.root)
+        self._indices = gpu_indices if device.startswith("cuda") and gpu_indices else None
+        if open_now and self._indices:
+            self._open()
+            if self._nvml is not None:
+                first = gpu_processes(self._nvml, self._handles, self.root)
                 self.before = set(first)
                 self.others.update(first)
-                self.gpu_checked = True
-            except Exception:  # no NVML here: the record says the GPU was not checked
-                self._nvml = None
+
+    def _open(self) -> None:
+        try:
+            import pynvml
+
+            if callable(self._indices):
+                self._indices = list(self._indices())
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in self._indices if i < count]
+            self._nvml = pynvml
+            self.gpu_checked = True
+        except Exception:  # no NVML here: the record says the GPU was not checked
+            self._nvml = None
 
     def gpu_tick(self, nvml=None, handles=None) -> None:
         """Read the other GPU processes, at most every GPU_EVERY_S (the telemetry sampler calls it each tick)."""
@@ -183,10 +194,14 @@ class Watch:
         if now - self._last_tick < GPU_EVERY_S or not (self._nvml or nvml):
             return
         self._last_tick = now
-        self.others.update(gpu_processes(nvml or self._nvml, handles or self._handles, self.root, self.before))
+        self.gpu_checked = True
+        self.others.update(gpu_processes(nvml or self._nvml, handles or self._handles, self.root,
+                                         set() if self.before is None else self.before))
 
     def finish(self) -> dict[str, Any]:
         """The trial's record (store.records.ContentionRecord's keys)."""
+        if self._nvml is None and self._indices:
+            self._open()
         if self._nvml is not None:
             self._last_tick = 0.0
             self.gpu_tick()
