@@ -156,8 +156,9 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
     # what competes with the trial, read before it starts its own GPU work (pids seen now are others'); a worker
     # that forks ranks opens nothing of NVML before the fork
     forks = spec.num_gpus > 1 or multiproc.across_nodes()[0] > 1
-    watch = contention.Watch(spec.device, lambda: telemetry.visible_gpu_indices(spec.device, spec.num_gpus),
-                             open_now=not forks)
+    # a worker of a group (spec.barrier: gpuvs share) shares its GPU on purpose: its siblings are no co-tenants
+    watch = contention.Watch(spec.device, None if spec.barrier else
+                             lambda: telemetry.visible_gpu_indices(spec.device, spec.num_gpus), open_now=not forks)
     if spec.launched_at:
         emit(events.startup("launch_to_worker_s", T_START - spec.launched_at))
         if FORKED:  # the fork request to the child running: what a forked trial pays to start
