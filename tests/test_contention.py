@@ -289,3 +289,29 @@ def test_the_trials_own_processes_are_not_others_on_the_gpu():
     finally:
         child.kill()
         child.wait()
+
+
+def test_clock_changes_under_load_come_from_the_trials_telemetry(aa_store, tmp_path):
+    """Real NVML readings of an H100 under a GEMM (tests/data/telemetry_h100_gemm.jsonl): the SM clock under load
+    (idle readings left out) and the thermal slowdown; stored with one trial of arm b, a note beside the verdict and
+    a disturbance the A/A sentence names, in every format."""
+    sys.path.insert(0, str(SRC))
+    from gpuvs.probes import contention
+
+    readings = [json.loads(line) for line in (SRC.parent / "tests/data/telemetry_h100_gemm.jsonl").open()]
+    seen = contention.clocks(readings)
+    assert seen == {"sm_clock_loaded": [1590.0, 1980.0], "slowdowns": ["sw_thermal"]}
+    assert contention.clocks([r for r in readings if not r["util_gpu"]])["sm_clock_loaded"] is None
+    store, exp = aa_store
+    copy = tmp_path / "gpuvs.db"
+    shutil.copy(store, copy)
+    _set(copy, "1=1", _quiet_record(gpu_checked=True))
+    _set(copy, "arm='b' AND trial=1", _quiet_record(gpu_checked=True, **seen))
+    _set(copy, "arm='a'", value=100.0)
+    for trial, value in enumerate((117.0, 118.0, 119.0)):
+        _set(copy, f"arm='b' AND trial={trial}", value=value)
+    for fmt, text in _reports(copy, exp).items():
+        assert "GPU clocks during arm b: SM clock 1,590–1,980 MHz under load; sw_thermal in 1 of 3 trials" in text, fmt
+        assert "disturbances recorded: GPU clocks changed during arm b" in text, fmt
+        assert "arm b: not contended" in text and "no other process on the GPU" in text, fmt
+        assert "GPU clocks during arm a" not in text, fmt

@@ -1,18 +1,16 @@
-"""What competed with each arm's trials, from their contention records and NVML telemetry: the highest load and
-CPU pressure, the usable CPUs, other processes on the GPU, and clock changes under load. `busy` applies the
-rule of probes/contention.py; `lines` says it per arm, beside the verdict, in every format."""
+"""What competed with each arm's trials, from their contention records: the highest load and CPU pressure, the
+usable CPUs, other processes on the GPU, and the SM clock under load (kept in the record from the trial's NVML
+telemetry). `busy` applies the rule of probes/contention.py; `lines` says it per arm, beside the verdict."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuvs.probes import contention, telemetry
+from gpuvs.probes import contention
 from gpuvs.store.records import TrialRecord
 
 CLOCK_DROP = 0.10  # an SM clock under load that varied more than this (its lowest below 90% of its highest)
-LOADED_UTIL = 50  # a telemetry reading counts as under load from this GPU utilisation (%) on
-SLOWDOWNS = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
 
 
 @dataclass
@@ -134,13 +132,10 @@ def arm_disturbance(arm: str, records: list[TrialRecord]) -> ArmDisturbance:
             out.contended += int(bool(why))
             for p in c.gpu_processes:
                 others.setdefault(p.describe(), set()).add(r.trial)
-        for t in r.telemetry or []:
-            reading = t.to_dict()
-            if (reading.get("util_gpu") or 0) >= LOADED_UTIL and reading.get("sm_clock_mhz"):
-                clocks.append(float(reading["sm_clock_mhz"]))
-            for name in telemetry.reasons(reading):
-                if name in SLOWDOWNS:
-                    slow.setdefault(name, set()).add(r.trial)
+            if c.sm_clock_loaded:
+                clocks.extend(c.sm_clock_loaded)
+            for name in c.slowdowns:
+                slow.setdefault(name, set()).add(r.trial)
     out.reasons = [w for w in ("load", "cpu pressure", "steal", "gpu process") if w in reasons]
     out.gpu_others = sorted(((who, len(ts)) for who, ts in others.items()), key=lambda x: (-x[1], x[0]))
     out.sm_clock = (min(clocks), max(clocks)) if clocks else None

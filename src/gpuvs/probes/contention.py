@@ -97,6 +97,21 @@ def rule_text() -> str:
             "on the trial's GPU")
 
 
+LOADED_UTIL = 50  # a telemetry reading counts as under load from this GPU utilisation (%) on
+SLOWDOWNS = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+
+
+def clocks(readings: list[dict[str, Any]]) -> dict[str, Any]:
+    """From a trial's NVML readings (telemetry events): the lowest and highest SM clock under load (MHz; None without
+    such a reading) and the slowdown reasons seen (thermal, hardware, power brake: a power cap under load is not one)."""
+    from gpuvs.probes import telemetry
+
+    loaded = [float(r["sm_clock_mhz"]) for r in readings
+              if "health" not in r and (r.get("util_gpu") or 0) >= LOADED_UTIL and r.get("sm_clock_mhz")]
+    seen = sorted({name for r in readings if "health" not in r for name in telemetry.reasons(r) if name in SLOWDOWNS})
+    return {"sm_clock_loaded": [min(loaded), max(loaded)] if loaded else None, "slowdowns": seen}
+
+
 def _stat(pid: int) -> tuple[str, int] | None:
     """(command name, parent pid) of a process, where /proc shows it."""
     text = _read(f"/proc/{pid}/stat")

@@ -273,8 +273,8 @@ class ContentionRecord:
     """What competed with one trial (probes/contention.py, the worker's contention event): the 1-minute load at
     its start and end, the CPUs it could use (affinity, cgroup quota) and those online, the share of its time in
     which some task waited for a CPU (PSI some; None without PSI), the share of CPU time stolen (None outside
-    /proc/stat), and the other compute processes on its GPUs (gpu_checked: NVML was read). Trials of earlier
-    versions have none: TrialRecord.contention is None."""
+    /proc/stat), the other compute processes on its GPUs (gpu_checked: NVML was read), and what its telemetry
+    showed of the SM clock under load. Trials of earlier versions have none: TrialRecord.contention is None."""
 
     seconds: float | None = None
     load_start: float | None = None
@@ -286,6 +286,8 @@ class ContentionRecord:
     steal: float | None = None
     gpu_checked: bool = False
     gpu_processes: list[GpuProcess] = field(default_factory=list)
+    sm_clock_loaded: list[float] | None = None  # lowest and highest SM clock under load (its NVML telemetry), MHz
+    slowdowns: list[str] = field(default_factory=list)  # thermal or hardware slowdowns its telemetry showed
 
     @property
     def load(self) -> float | None:

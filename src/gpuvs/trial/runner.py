@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuvs import environments, events, workloads
+from gpuvs.probes import contention
 from gpuvs.trial import launch
 from gpuvs.errors import RunFailed, UsageError, interruption
 from gpuvs.trial.launch import exit_text  # noqa: F401  (a worker's end in words; the runner's since the start)
@@ -448,6 +449,8 @@ class LiveTrial:
         if not r.summary and r.samples:
             summary = workloads.get(r.spec.workload).summarize([s.to_dict() for s in r.samples], r.spec.params)
             r.summary = summaries_from_dict(summary)
+        if r.contention is not None and r.telemetry:  # the clocks under load, from its own NVML readings
+            r.contention = dataclasses.replace(r.contention, **contention.clocks([t.to_dict() for t in r.telemetry]))
         if r.id is not None:
             try:
                 self.runner.store.finish_trial(r.id, r.status, error=r.error, error_kind=r.error_kind,
