@@ -133,7 +133,8 @@ def test_the_same_program_gives_no_warning_and_a_relative_script_runs_in_both_ar
             r.stdout[-3000:] + r.stderr
         assert "ran different programs" not in r.stdout + r.stderr and "working directories" not in r.stdout
         assert "cannot see this folder" not in r.stdout
-        r = run_cli("report", exp_id(r.stdout), "--format", "json", "--store", folder / "gpuvs.db", cwd=folder)
+        ident = next(ln.split()[3] for ln in r.stdout.splitlines() if ln.startswith("stored as experiment"))
+        r = run_cli("report", ident, "--format", "json", "--store", folder / "gpuvs.db", cwd=folder)
         programs = json.loads(r.stdout)["programs"]
         assert programs["differ"] == [] and programs["unasked"] is False and programs["workdirs"] == []
         (host, ctr) = (a["program"] for a in programs["arms"])
