@@ -74,7 +74,8 @@ def main() -> int:
                         capture_output=True, text=True, env=env).stdout if exp else ""
     db = sqlite3.connect(store)
     rows = db.execute("SELECT arm, trial, summary, contention FROM trials ORDER BY id").fetchall()
-    lines = ["| arm | trial | figure | other GPU processes | load | CPU pressure |", "| --- | ---: | ---: | --- | ---: | ---: |"]
+    lines = ["| arm | trial | figure | other GPU processes | load | CPU pressure |",
+             "| --- | ---: | ---: | --- | ---: | ---: |"]
     for arm, trial, summary, cont in rows:
         head = next(iter(json.loads(summary or "{}").values()), {})
         c = json.loads(cont or "null") or {}

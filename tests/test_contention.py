@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import SRC, TEST_TAG, gpuvs_env, missing_part, run_cli, wait_for
+from conftest import SRC, TEST_TAG, missing_part, run_cli, wait_for
 
 BUSY = "machine busy during arm"
 AA = "an A/A run differed: this setup is noisy or drifting; the figures below are not a finding"

@@ -122,7 +122,8 @@ def _fix(name: str, torch_version: str | None) -> str:
         if major == "2" and minor.isdigit():  # torchvision 0.(15 + N) is the release built for torch 2.N
             return (f"a torchvision built for another torch: pip install 'torchvision=={0}.{15 + int(minor)}.*' "
                     f"(the release matching torch {major}.{minor}), from the same index as torch")
-        return f"a torchvision built for another torch: pip install the torchvision release matching torch {torch_version}"
+        return ("a torchvision built for another torch: pip install the torchvision release matching torch "
+                f"{torch_version}")
     return "reinstall it: pip install --force-reinstall torch (and the torchvision matching it)"
 
 

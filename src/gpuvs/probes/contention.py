@@ -103,7 +103,7 @@ SLOWDOWNS = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
 
 def clocks(readings: list[dict[str, Any]]) -> dict[str, Any]:
     """From a trial's NVML readings (telemetry events): the lowest and highest SM clock under load (MHz; None without
-    such a reading) and the slowdown reasons seen (thermal, hardware, power brake: a power cap under load is not one)."""
+    such a reading) and the slowdown reasons seen (thermal, hardware, power brake; a power cap under load is none)."""
     from gpuvs.probes import telemetry
 
     loaded = [float(r["sm_clock_mhz"]) for r in readings
