@@ -10,6 +10,7 @@ summary      {"data": {series: {...}},             the worker's own summary of i
               "samples": N}                         it sent (a runner that got fewer fails the trial)
 error        {"kind", "message"}                   kind: oom | input | unavailable | crash
 log          {"message"}                           free text shown to the user
+contention   {"data": {...}}                       what competed with the trial (probes/contention.py), once at its end
 output       {"stream", "text", "bytes", "lines", "cut"}   a command's own output on one stream, capped (its first
                                                    and last bytes; `cut` bytes left out between them)
 """
@@ -20,7 +21,8 @@ import json
 import math
 from typing import Any, Mapping
 
-TYPES = ("config", "fingerprint", "startup", "sample", "metric", "telemetry", "summary", "error", "log", "output")
+TYPES = ("config", "fingerprint", "startup", "sample", "metric", "telemetry", "summary", "error", "log", "output",
+         "contention")
 
 
 def _clean(value: Any) -> Any:

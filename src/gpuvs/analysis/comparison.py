@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from gpuvs import environments, events
-from gpuvs.analysis import family, programs
+from gpuvs.analysis import disturbance, family, programs
 from gpuvs.probes import fingerprint
 from gpuvs.analysis import stats
 from gpuvs.analysis import timeshare
@@ -170,6 +170,17 @@ class Analysis:
     trials: list[TrialFigure]
     time: TimeShares | None = None  # where the wall time went (timeshare.py); None where it is not known
     programs: programs.ProgramCheck | None = None  # what a command's arms ran (programs.py); None: not recorded
+    disturbances: list[disturbance.ArmDisturbance] = field(default_factory=list)  # per arm; [] where not recorded
+    aa: bool = False  # an A/A run (compare --aa): any difference is the setup's, not a finding
+
+    @property
+    def contended(self) -> list[disturbance.ArmDisturbance]:
+        """The arms whose trials were contended (probes/contention.py's rule)."""
+        return [d for d in self.disturbances if d.busy]
+
+    def aa_differed(self) -> bool:
+        """An A/A run whose headline shows a difference (outside the margin or within it)."""
+        return self.aa and any(stats.within_margin(v.verdict) or v.verdict in v.words for v in self.headline_verdicts())
 
     @property
     def headline(self) -> Metric | None:
@@ -201,6 +212,9 @@ class Analysis:
             elif f.name == "programs":  # only where the arms recorded what they ran (a command's, this version on)
                 if value is not None:
                     out["programs"] = value.to_dict()
+            elif f.name in ("disturbances", "aa"):  # only where recorded, and for an A/A run
+                if value:
+                    out[f.name] = json_value(value)
             else:
                 out[f.name] = json_value(value)
         return out
@@ -261,7 +275,8 @@ def analyse(exp: ExperimentRecord, records: list[TrialRecord]) -> Analysis:
                     scaling=_scaling(arms, head, confidence) if _scales(workload) else [],
                     flags=(ran.lines() if ran else []) + _flags(arms, records), failures=failures, trials=trials,
                     time=timeshare.from_records(attempts, timeshare.wall_of(exp, attempts), meta.timing),
-                    programs=ran)
+                    programs=ran, disturbances=disturbance.per_arm([a.name for a in arms], records),
+                    aa=meta.is_aa(exp.kind))
 
 
 def _declarations(workload: str, params: dict[str, Any] | None = None):

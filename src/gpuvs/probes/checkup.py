@@ -68,7 +68,12 @@ def probe_checks(probe: dict[str, Any], spec: RunSpec, report: Report) -> None:
     errors = probe.get("module_errors") or {}
     report.add("numpy", OK if mods.get("numpy") else FAIL,
                mods.get("numpy") or f"missing (gpuvs's worker needs it): {errors.get('numpy', '')}")
+    broken = set(probe.get("modules_broken") or [])
     for name in ("torch", "torchvision"):
+        if name in broken:  # installed, but it cannot be loaded: every workload that needs it would fail
+            report.add(name, FAIL, f"installed but cannot be loaded ({errors.get(name, '')}); "
+                       + _fix(name, mods.get("torch")))
+            continue
         report.add(name, OK if mods.get(name) else WARN,
                    mods.get(name) or f"missing: the cnn and startup workloads need it ({errors.get(name, '')})")
     report.add("nvidia-ml-py", OK if mods.get("pynvml") else WARN,
@@ -93,11 +98,72 @@ def probe_checks(probe: dict[str, Any], spec: RunSpec, report: Report) -> None:
                f"cgroup {limits.get('cgroup')}, CPU limit {limits.get('cpu_limit') or 'none'}, memory limit "
                f"{str(limits['memory_limit_mib']) + ' MiB' if limits.get('memory_limit_mib') else 'none'}, /dev/shm "
                f"{limits.get('shm_mib')} MiB, ulimits " + ", ".join(f"{k} {_lim(v)}" for k, v in rl.items()))
+    shm = limits.get("shm_mib")
+    if shm is not None and shm < SHM_MIN_MIB:
+        report.add("/dev/shm", WARN, f"{shm} MiB, under {SHM_MIN_MIB // 1024} GiB: PyTorch's DataLoader workers and "
+                   "NCCL keep their buffers there and outgrow it (a bus error, 'No space left on device'); give it "
+                   "more: --shm-size 1g (docker/podman --shm-size, a pod's emptyDir with medium: Memory at /dev/shm)")
+    machine_checks(probe.get("machine"), report, cuda)
     opts = spec.env.options
     if opts.get("cpus") and limits.get("cpu_limit") != float(opts["cpus"]):
         report.add("--cpus honoured", FAIL, f"asked {opts['cpus']}, inside sees {limits.get('cpu_limit')}")
     if opts.get("shm_size") and not limits.get("shm_mib"):
         report.add("--shm-size honoured", FAIL, "inside sees no /dev/shm")
+
+
+SHM_MIN_MIB = 1024  # below 1 GiB a DataLoader with workers or NCCL within one node runs out (docs/trials.md)
+
+
+def _fix(name: str, torch_version: str | None) -> str:
+    """The one line that mends a torch or torchvision that cannot be loaded."""
+    if name == "torchvision" and torch_version:
+        major, _, rest = torch_version.partition(".")
+        minor = rest.split(".")[0]
+        if major == "2" and minor.isdigit():  # torchvision 0.(15 + N) is the release built for torch 2.N
+            return (f"a torchvision built for another torch: pip install 'torchvision=={0}.{15 + int(minor)}.*' "
+                    f"(the release matching torch {major}.{minor}), from the same index as torch")
+        return ("a torchvision built for another torch: pip install the torchvision release matching torch "
+                f"{torch_version}")
+    return "reinstall it: pip install --force-reinstall torch (and the torchvision matching it)"
+
+
+def machine_checks(machine: dict[str, Any] | None, report: Report, cuda: bool) -> None:
+    """What will disturb a measurement here (read only, as `pyperf system show` reads): the load against the
+    usable CPUs, CPU pressure, the CPU frequency governor, other processes on the GPUs."""
+    from gpuvs.probes import contention
+
+    if not machine:
+        return
+    load, usable, avg10 = machine.get("load"), machine.get("cpus_usable"), machine.get("cpu_pressure_avg10")
+    if load is not None:
+        busy = contention.busy(load, usable, None, None)
+        cpus = f"{usable:g} usable CPU{'s' if usable != 1 else ''}" if usable else "CPUs unknown"
+        report.add("machine load", WARN if busy else OK,
+                   f"1-minute load {load:.1f} on {cpus}: other work competes with a trial; wait for it to end, or "
+                   "run where the load is lower" if busy else f"1-minute load {load:.1f} on {cpus}")
+    if avg10 is not None:
+        high = avg10 > contention.PRESSURE_LIMIT
+        report.add("CPU pressure", WARN if high else OK,
+                   f"some task waited for a CPU {100 * avg10:.0f}% of the last 10 s (PSI)"
+                   + (f", above {100 * contention.PRESSURE_LIMIT:g}%: a trial now would be contended" if high else ""))
+    governors = machine.get("governors") or []
+    if governors:
+        steady = governors == ["performance"]
+        report.add("CPU governor", OK if steady else WARN, ", ".join(governors) + (
+            "" if steady else ": the CPU clock follows the load, so CPU-bound parts of a trial vary with it; for "
+            "steady figures: sudo cpupower frequency-set -g performance"))
+    else:
+        report.add("CPU governor", OK, "not readable here (no cpufreq: a VM or container decides the clock)")
+    procs = machine.get("gpu_processes")
+    if cuda and procs is not None:
+        if procs:
+            shown = ", ".join(f"pid {p['pid']} ({p.get('name') or 'not visible from here'}) on GPU {p.get('gpu')}"
+                              + (f", {p['mem_mib']:,} MiB" if p.get("mem_mib") is not None else "") for p in procs[:5])
+            more = f" and {len(procs) - 5} more" if len(procs) > 5 else ""
+            report.add("other GPU processes", WARN, f"{shown}{more}: a trial beside them measures the sharing; "
+                       "wait for them to end, or use another GPU")
+        else:
+            report.add("other GPU processes", OK, "none")
 
 
 def _lim(pair) -> str:

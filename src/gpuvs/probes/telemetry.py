@@ -54,7 +54,7 @@ def _nvml_gpus() -> list[dict[str, Any]]:
 
 
 class Sampler:
-    def __init__(self, indices: list[int], interval_s: float, emit: Emit, health: bool = False):
+    def __init__(self, indices: list[int], interval_s: float, emit: Emit, health: bool = False, watch=None):
         import pynvml
 
         from gpuvs.probes import gpu_health
@@ -62,6 +62,7 @@ class Sampler:
         self.nvml = pynvml
         self.interval_s = max(0.01, interval_s)
         self.emit = emit
+        self.watch = watch  # contention.Watch: other processes on these GPUs, read at the same ticks
         pynvml.nvmlInit()
         count = pynvml.nvmlDeviceGetCount()
         self.handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in indices if i < count]
@@ -109,6 +110,8 @@ class Sampler:
                 if index in self.health:
                     self.health[index].tick(reading)
                 self.emit(reading)
+            if self.watch is not None:
+                self.watch.gpu_tick(self.nvml, self.handles)
             self._stop.wait(self.interval_s)
 
     def stop(self) -> None:
@@ -128,13 +131,14 @@ class Sampler:
             pass
 
 
-def start_for(spec, emit: Emit) -> Sampler | None:
-    """Start sampling the spec's GPUs, or return None (CPU run, telemetry off, or no NVML: said once)."""
+def start_for(spec, emit: Emit, watch=None) -> Sampler | None:
+    """Start sampling the spec's GPUs, or return None (CPU run, telemetry off, or no NVML: said once); `watch`
+    (contention.Watch) reads the other GPU processes at its ticks."""
     if not spec.device.startswith("cuda") or not spec.telemetry_interval_s or spec.telemetry_interval_s <= 0:
         return None
     try:
         sampler = Sampler(visible_gpu_indices(spec.device, spec.num_gpus), spec.telemetry_interval_s, emit,
-                          health=True)
+                          health=True, watch=watch)
     except Exception as exc:
         emit(events.log(f"telemetry off: NVML is not available here ({exc or type(exc).__name__})"))
         return None

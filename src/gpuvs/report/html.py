@@ -40,6 +40,7 @@ def render(a: Analysis) -> str:
     bars = [] if ratios else [c for c in (charts.bar_chart(a, m.name) for m in a.metrics) if c]  # one arm
     return env.get_template("report.html.j2").render(
         a=a, version=__version__, answer=tables.headline_sentence(a), header=tables.header_lines(a),
+        disturbances=tables.disturbance_lines(a),
         tables=tables.all_tables(a), ratios=ratios, bars=bars, legend=charts.legend(a),
         trials=charts.trials_chart(a), startup=charts.startup_chart(a), steps=charts.step_chart(a),
         telemetry=charts.telemetry_charts(a))

@@ -116,8 +116,9 @@ def verdict_table(a: Analysis) -> Table | None:
     for v in a.verdicts:
         k, unit = scale_unit([v.mean_a, v.mean_b], v.unit)
         means = fmt_all([None if m is None else m * k for m in (v.mean_a, v.mean_b)])
+        word = verdict_word(v) + (AA_CELL if a.aa and _differs(v) else "")
         rows.append([f"{v.metric} ({unit})" if unit else v.metric, v.arm, *means, ratio(v.ratio),
-                     interval(v.ci_low, v.ci_high), verdict_word(v), tested_as(v), to_settle(v)])
+                     interval(v.ci_low, v.ci_high), word, tested_as(v), to_settle(v)])
     head = a.headline
     fams = sorted({v.family for v in a.verdicts if v.family}, key=lambda f: not f.startswith("headline"))
     note = (f"ratio = arm / {a.arms[0].name} (the baseline): per-round ratios (paired) where the trials were "
@@ -338,7 +339,10 @@ def verdict_sentence(v: MetricVerdict, a: Analysis) -> str:
 
 def headline_sentence(a: Analysis) -> str:
     """The comparison's answer, led with in every format: one sentence per arm against the baseline
-    (verdict_sentence), joined by '; '."""
+    (verdict_sentence), joined by '; '. An A/A run that differed says first that this is the setup's doing."""
+    if a.aa_differed():
+        measured = "; ".join(_aa_measured(v) if _differs(v) else verdict_sentence(v, a) for v in a.headline_verdicts())
+        return f"{aa_sentence(a)} (measured: {measured})"
     return "; ".join(verdict_sentence(v, a) for v in a.headline_verdicts())
 
 
@@ -350,6 +354,46 @@ def value_text(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k}: {value_text(v)}" for k, v in value.items()) + "}"
     return str(value)
+
+
+def _aa_measured(v: MetricVerdict) -> str:
+    """An A/A arm's difference as a measurement, not a finding: 'b's ops/sec 18.2% above a's [5.1%–32.9%], 3
+    trials each'."""
+    ends = sorted(abs(c - 1) for c in (v.ci_low, v.ci_high)) if v.ci_low is not None else None
+    band = f" [{_pct(ends[0])}%–{_pct(ends[1])}%]" if ends else ""
+    side = "above" if v.ratio > 1 else "below"
+    return f"{v.arm}'s {metric_name(v)} {_pct(abs(v.ratio - 1))}% {side} {v.baseline}'s{band}, {_trials(v)}"
+
+
+AA_CELL = " (A/A: the setup's, not a finding)"
+
+
+def _differs(v: MetricVerdict) -> bool:
+    """The verdict shows a difference (outside the margin, or within it)."""
+    return stats.within_margin(v.verdict) or v.verdict in v.words
+
+
+def aa_sentence(a: Analysis) -> str:
+    """What an A/A run that differed means, with the recorded disturbances that were seen (or that none was)."""
+    text = "an A/A run differed: this setup is noisy or drifting; the figures below are not a finding"
+    if not a.disturbances:
+        return text + "; what competed with the trials was not recorded"
+    seen = [s for d in a.disturbances for s in d.seen()]
+    if seen:
+        return text + "; disturbances recorded: " + "; ".join(seen)
+    return text + ("; no disturbance was recorded (load, CPU pressure, steal, other GPU processes, GPU clocks): "
+                   "look for drift or noise in the job itself")
+
+
+def disturbance_lines(a: Analysis) -> list[tuple[str, str]]:
+    """(level, text) per arm, beside the verdict: 'warning' where its trials were contended, else 'note'; the rule
+    last where any arm was contended."""
+    from gpuvs.probes import contention
+
+    out = [line for d in a.disturbances for line in d.lines()]
+    if a.contended:
+        out.append(("note", contention.rule_text()))
+    return out
 
 
 def header_lines(a: Analysis) -> list[tuple[str, str]]:

@@ -303,6 +303,9 @@ def comparison(console: Console, analysis, keys: tuple[str, ...] | None = None) 
     beside = analysis.programs.said() if analysis.programs else []
     for level, text in beside:  # what the arms ran, beside the verdict (analysis/programs.py)
         console.print(f"{level}: {safe_text(text)}", style="yellow", highlight=False, markup=False, emoji=False)
+    for level, text in tables.disturbance_lines(analysis):  # what competed with each arm's trials
+        console.print(f"warning: {safe_text(text)}" if level == "warning" else safe_text(text),
+                      style="yellow" if level == "warning" else "dim", highlight=False, markup=False, emoji=False)
     if keys is None:
         for label, value in tables.header_lines(analysis):
             console.print(safe_text(f"{label + ':':<18}{value}"), highlight=False, markup=False, emoji=False)

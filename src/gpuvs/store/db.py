@@ -50,7 +50,7 @@ CREATE TABLE IF NOT EXISTS trials (
   run_id TEXT NOT NULL, arm TEXT NOT NULL, trial INTEGER NOT NULL, attempt INTEGER NOT NULL DEFAULT 0,
   workload TEXT NOT NULL, status TEXT NOT NULL, error TEXT, error_kind TEXT,
   spec TEXT NOT NULL, fingerprint TEXT, config TEXT, startup TEXT, metrics TEXT, summary TEXT,
-  started REAL NOT NULL, ended REAL, exit_code INTEGER, owner TEXT
+  started REAL NOT NULL, ended REAL, exit_code INTEGER, owner TEXT, contention TEXT
 );
 CREATE TABLE IF NOT EXISTS samples (
   trial_id INTEGER NOT NULL REFERENCES trials(id), series TEXT NOT NULL, step INTEGER NOT NULL,
@@ -71,7 +71,10 @@ CREATE INDEX IF NOT EXISTS trials_experiment ON trials(experiment_id);
 
 STATUSES = ("running", "ok", "failed", "interrupted")
 FLUSH_INTERVAL_S = 1.0
-JSON_COLUMNS = ("spec", "fingerprint", "config", "startup", "metrics", "summary")
+JSON_COLUMNS = ("spec", "fingerprint", "config", "startup", "metrics", "summary", "contention")
+# Columns added to a table after stores were first written: (table, column, type). Opening a writable store adds
+# those it lacks; a read-only one is read without them (records.py reads a missing column as None).
+ADDED_COLUMNS = (("trials", "contention", "TEXT"),)
 
 
 def _owner() -> str:
@@ -273,6 +276,7 @@ class Store:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA foreign_keys=ON")
             self.db.executescript(SCHEMA)
+            self._migrate()
             self._opened = _file_id(self.path)
         else:
             self.db.execute("SELECT COUNT(*) FROM experiments").fetchone()  # a damaged file says so now
@@ -282,6 +286,13 @@ class Store:
         self._flushed_at: dict[int, float] = {}
         if not self.readonly:
             self._reap_orphans()
+
+    def _migrate(self) -> None:
+        """Add the columns a store written by an earlier version lacks (ADDED_COLUMNS); its rows keep NULL there."""
+        for table, column, kind in ADDED_COLUMNS:
+            have = {r["name"] for r in self.db.execute(f"PRAGMA table_info({table})").fetchall()}
+            if column not in have:
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     def close(self, check: bool = True) -> None:
         """Checkpoint what this Store wrote into the main file, close, and (check) make sure that it is where it

@@ -253,6 +253,61 @@ class TelemetryRecord:
         return {"t": self.t, "gpu": self.gpu, **self.data}
 
 
+@dataclass(frozen=True)
+class GpuProcess:
+    """Another compute process seen on a trial's GPU (NVML): its pid, its command name where the worker could see
+    it (None inside a PID namespace that hides it), the GPU's index and the memory it held."""
+
+    pid: int
+    name: str | None = None
+    gpu: int | None = None
+    mem_mib: int | None = None
+    visible: bool = True
+
+    def describe(self) -> str:
+        return f"pid {self.pid} ({self.name or 'not visible from inside'})"
+
+
+@dataclass
+class ContentionRecord:
+    """What competed with one trial (probes/contention.py, the worker's contention event): the 1-minute load at
+    its start and end, the CPUs it could use (affinity, cgroup quota) and those online, the share of its time in
+    which some task waited for a CPU (PSI some; None without PSI), the share of CPU time stolen (None outside
+    /proc/stat), the other compute processes on its GPUs (gpu_checked: NVML was read), and what its telemetry
+    showed of the SM clock under load. Trials of earlier versions have none: TrialRecord.contention is None."""
+
+    seconds: float | None = None
+    load_start: float | None = None
+    load_end: float | None = None
+    cpus_usable: float | None = None
+    cpus_online: int | None = None
+    cpu_pressure: float | None = None
+    cpu_pressure_avg10: float | None = None
+    steal: float | None = None
+    gpu_checked: bool = False
+    gpu_processes: list[GpuProcess] = field(default_factory=list)
+    sm_clock_loaded: list[float] | None = None  # lowest and highest SM clock under load (its NVML telemetry), MHz
+    slowdowns: list[str] = field(default_factory=list)  # thermal or hardware slowdowns its telemetry showed
+
+    @property
+    def load(self) -> float | None:
+        """The higher of the loads at the trial's start and end."""
+        loads = [x for x in (self.load_start, self.load_end) if x is not None]
+        return max(loads) if loads else None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> ContentionRecord | None:
+        if not isinstance(data, Mapping):
+            return None
+        known = _known(cls, data)
+        known["gpu_processes"] = [GpuProcess(**_known(GpuProcess, p)) for p in data.get("gpu_processes") or []
+                                  if isinstance(p, Mapping) and "pid" in p]
+        return cls(**known)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclass
 class OutputRecord:
     """One stream of a command trial's own output, as kept (job.Capture): its text (the first and last bytes of
@@ -325,6 +380,7 @@ class TrialRecord:
     owner: str | None = None  # host:pid of the gpuvs that ran it
     samples: list[SampleRecord] | None = None
     telemetry: list[TelemetryRecord] | None = None
+    contention: ContentionRecord | None = None  # what competed with it; None for trials of earlier versions
 
     @property
     def ok(self) -> bool:
@@ -348,7 +404,9 @@ class TrialRecord:
                    fingerprint=_loads(row["fingerprint"], {}), config=_loads(row["config"], {}),
                    startup=_loads(row["startup"], {}), metrics=metrics_from_dict(_loads(row["metrics"], {})),
                    summary=summaries_from_dict(_loads(row["summary"], {})), started=row["started"],
-                   ended=row["ended"], exit_code=row["exit_code"], owner=row["owner"])
+                   ended=row["ended"], exit_code=row["exit_code"], owner=row["owner"],
+                   contention=ContentionRecord.from_dict(_loads(row["contention"], None))
+                   if "contention" in row.keys() else None)
 
     def to_dict(self) -> dict[str, Any]:
         """The trial as `results export` and `results show --json` write it: the table's columns (the run
@@ -358,8 +416,10 @@ class TrialRecord:
             value = getattr(self, f.name)
             if f.name == "spec":
                 out["spec"] = spec_json(value)
-            elif f.name in ("samples", "telemetry"):
-                if value is not None:
+            elif f.name in ("samples", "telemetry", "contention"):  # where there is one: earlier JSON unchanged
+                if f.name == "contention" and value is not None:
+                    out[f.name] = value.to_dict()
+                elif value is not None:
                     out[f.name] = [v.to_dict() for v in value]
             else:
                 out[f.name] = json_value(value)
@@ -404,6 +464,7 @@ class ExperimentMeta:
     # what was run (the runner's experiments: run, compare, fleet)
     workload: str | None = None
     interleaved: bool | None = None  # stated only where trials were not interleaved (compare --stored)
+    aa: bool | None = None  # an A/A run (compare --aa): stated where it was one
     trials: int | None = None  # trials per arm planned
     seed: int | None = None  # of the trial order
     arms: list[ArmMeta] | None = None
@@ -434,6 +495,14 @@ class ExperimentMeta:
     def is_interleaved(self, kind: str) -> bool:
         """Whether the trials ran in interleaved rounds (A B | B A): as stated, else for a compare."""
         return self.interleaved if self.interleaved is not None else kind == "compare"
+
+    def is_aa(self, kind: str) -> bool:
+        """An A/A run: as stated, else (a store from before it was stated) a compare run here whose arms override
+        nothing, which only --aa allows."""
+        if self.aa is not None:
+            return bool(self.aa)
+        return (kind == "compare" and self.seed is not None and len(self.arms or []) >= 2
+                and all(not a.overrides for a in self.arms or []))
 
     def arm_names(self) -> list[str]:
         return [a.name for a in self.arms or []]

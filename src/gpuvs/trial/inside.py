@@ -75,9 +75,15 @@ def probe() -> dict[str, Any]:
         try:
             mod = __import__(name)
             out["modules"][name] = getattr(mod, "__version__", "present")
+            if name == "torchvision":  # a torchvision built for another torch may import, yet lack its operators
+                import torch
+
+                torch.ops.torchvision.nms  # noqa: B018  (raises where the operator library did not load)
         except Exception as exc:  # ImportError, or a broken install
             out["modules"][name] = None
             out.setdefault("module_errors", {})[name] = f"{type(exc).__name__}: {exc}"[:300]
+            if not isinstance(exc, ModuleNotFoundError) or exc.name != name:  # there, but cannot be loaded
+                out.setdefault("modules_broken", []).append(name)
     out["gpu"] = gpu_check()
     smi = shutil.which("nvidia-smi")
     if smi:
@@ -97,6 +103,9 @@ def probe() -> dict[str, Any]:
     out["limits"] = fingerprint.cgroup_limits()
     out["container"] = fingerprint.container_info()
     out["rlimits"] = fingerprint.rlimits()
+    from gpuvs.probes import contention  # standard library only (pynvml where there)
+
+    out["machine"] = contention.now()
     out["env"] = {k: os.environ.get(k) for k in ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
     return out
 

@@ -444,7 +444,7 @@ def study(doc: Mapping[str, Any], path: Path | None = None, cli: Mapping[str, An
                          f"{where}: max_trials applies with until_confident: true")
     if until and max_trials is None:
         max_trials = max(DEFAULT_MAX_TRIALS, trials)
-    meta = ExperimentMeta(margin=opts["margin"], confidence=opts["confidence"])
+    meta = ExperimentMeta(margin=opts["margin"], confidence=opts["confidence"], aa=True if aa else None)
     if path is not None:
         meta.file, meta.description = str(path), opts["description"]
     if until:  # the looks are planned now, so that the stopping rule can spend alpha over them

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuvs import environments, events, workloads
+from gpuvs.probes import contention
 from gpuvs.trial import launch
 from gpuvs.errors import RunFailed, UsageError, interruption
 from gpuvs.trial.launch import exit_text  # noqa: F401  (a worker's end in words; the runner's since the start)
 from gpuvs.store.records import (
     ArmMeta,
+    ContentionRecord,
     ExperimentMeta,
     MetricValue,
     SampleRecord,
@@ -79,6 +81,8 @@ class TrialResult(TrialRecord):
             self.error_kind, self.error = event.get("kind"), event.get("message")
         elif kind == "log":
             self.logs.append(event["message"])
+        elif kind == "contention":
+            self.contention = ContentionRecord.from_dict(event.get("data"))
         elif kind == "output":
             self.outputs[event["stream"]] = {k: v for k, v in event.items() if k not in ("type", "stream")}
 
@@ -445,11 +449,14 @@ class LiveTrial:
         if not r.summary and r.samples:
             summary = workloads.get(r.spec.workload).summarize([s.to_dict() for s in r.samples], r.spec.params)
             r.summary = summaries_from_dict(summary)
+        if r.contention is not None and r.telemetry:  # the clocks under load, from its own NVML readings
+            r.contention = dataclasses.replace(r.contention, **contention.clocks([t.to_dict() for t in r.telemetry]))
         if r.id is not None:
             try:
                 self.runner.store.finish_trial(r.id, r.status, error=r.error, error_kind=r.error_kind,
                                                exit_code=r.exit_code, fingerprint=r.fingerprint, config=r.config,
-                                               startup=r.startup, metrics=r.metrics, summary=r.summary)
+                                               startup=r.startup, metrics=r.metrics, summary=r.summary,
+                                               contention=r.contention)
             except StoreError as exc:  # never raised here: every worker of a group is still to be stopped;
                 first = self.runner.store_refused(exc)  # whoever starts the next trial raises it
                 if r.error_kind != "store":

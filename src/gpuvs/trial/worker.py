@@ -150,8 +150,15 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
     """Run one spec, emitting every event. Raises on failure (classified by the caller)."""
     from gpuvs import workloads
     from gpuvs.probes import fingerprint
-    from gpuvs.probes import telemetry
+    from gpuvs.probes import contention, telemetry
+    from gpuvs.trial import multiproc
 
+    # what competes with the trial, read before it starts its own GPU work (pids seen now are others'); a worker
+    # that forks ranks opens nothing of NVML before the fork
+    forks = spec.num_gpus > 1 or multiproc.across_nodes()[0] > 1
+    # a worker of a group (spec.barrier: gpuvs share) shares its GPU on purpose: its siblings are no co-tenants
+    watch = contention.Watch(spec.device, None if spec.barrier else
+                             lambda: telemetry.visible_gpu_indices(spec.device, spec.num_gpus), open_now=not forks)
     if spec.launched_at:
         emit(events.startup("launch_to_worker_s", T_START - spec.launched_at))
         if FORKED:  # the fork request to the child running: what a forked trial pays to start
@@ -182,7 +189,7 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
                 samples.append(event)
             emit(event)
 
-        sampler = telemetry.start_for(spec, emit)
+        sampler = telemetry.start_for(spec, emit, watch)
         if ranks is not None:
             ranks.wait(collect)
         else:
@@ -193,6 +200,10 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
     finally:
         if sampler is not None:
             sampler.stop()
+        try:  # also for a trial that failed: what competed with it may be why
+            emit({"type": "contention", "data": watch.finish()})
+        except OSError:  # the protocol stream is gone (gpuvs ended)
+            pass
         if ranks is not None:
             ranks.stop()
             try:

@@ -6,7 +6,7 @@
     gpuvs compare --stored BEFORE[:ARM] AFTER[:ARM] [--margin 0.02] [--confidence 0.95] [--store PATH]
 
 Exit status: 0 when every trial ran (whatever the verdict), 1 when a trial failed or --strict gave no verdict (arms
-ran different programs unasked), 2 on bad input."""
+ran different programs unasked, or the machine was contended), 2 on bad input."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from typing import Any
 from rich.console import Console
 
 from gpuvs import workloads
-from gpuvs.analysis import stored
+from gpuvs.analysis import comparison, stored
+from gpuvs.probes import contention
 from gpuvs.trial import plan as experiment
 from gpuvs.cli import common, options
 from gpuvs.cli.command import Args, Command, Form, Group, Positional
@@ -35,8 +36,10 @@ COMPARE_OPTIONS = (
     Param("stored", str, None, "two stored experiments, before and after: --stored A[:ARM] B[:ARM] (no trials run)",
           multiple=True),
     Param("strict", bool, False, "no verdict where arms that did not ask to differ in the program ran different "
-          "programs (another executable or version, another script): one line, exit status 1; the trials stay "
-          "stored"),
+          "programs (another executable or version, another script), or where the machine was contended during the "
+          f"trials (a load above the usable CPUs, CPU pressure above {100 * contention.PRESSURE_LIMIT:g}%, another process "
+          "on the GPU): one line, exit "
+          "status 1; the trials stay stored"),
 ) + tuple(p for p in STUDY_PARAMS if p.name in ("margin", "confidence", "until_confident", "max_trials", "aa"))
 
 # RUN_OPTIONS that an experiment file also knows (under its own key name).
@@ -141,10 +144,16 @@ def compare_stored(args: Args, console: Console) -> None:
 
 
 def refuse_if_strict(args: Args, analysis: comparison.Analysis, stored: str = "") -> None:
-    """--strict: no verdict where arms that did not ask to differ in the program ran different programs."""
+    """--strict: no verdict where arms that did not ask to differ in the program ran different programs, or where
+    the trials were contended (analysis/disturbance.py)."""
     ran = analysis.programs
     if args["strict"] and ran is not None and ran.unasked:
         raise NoVerdict(ran.refusal() + stored)
+    if args["strict"] and analysis.contended:
+        said = "; ".join(text for d in analysis.contended for level, text in d.lines() if level == "warning")
+        raise NoVerdict(f"no verdict (--strict): the machine was contended during the trials ({said}); run on a "
+                        f"quiet machine (gpuvs doctor says what would disturb a measurement), or compare without "
+                        f"--strict to see the verdict with this warning{stored}")
 
 
 def run(args: Args) -> None:

@@ -38,7 +38,11 @@ def doctor(args: Args) -> None:
         first = report.problems[0]
         more = f" (and {len(report.problems) - 1} more above)" if len(report.problems) > 1 else ""
         raise EnvironmentUnavailable(f"{first.check}: {first.detail}{more}")
-    console.print("all checks passed", style="green")
+    warned = [r.check for r in report.rows if r.status == checkup.WARN]
+    if warned:  # nothing stops a run, but what is named would weaken or disturb it
+        console.print(f"all checks passed; {len(warned)} warning(s) above: {', '.join(warned)}", style="yellow")
+    else:
+        console.print("all checks passed", style="green")
 
 
 COMMAND = Command(
