@@ -17,9 +17,13 @@ from conftest import gpuvs_env, gpuvs_processes
     (["run", "cnn-train", "--model", "resnet9"], "--model: 'resnet9' is not allowed; expected one of resnet18, "),
     (["run", "cnn-train", "--batch-size", "0"], "--batch-size: '0' is not allowed; expected an integer from 1"),
     (["run", "cnn-train", "--batch-size", "-4"], "--batch-size: '-4' is not allowed"),
-    (["run", "cnn-train", "--colour", "red"], "unknown option --colour for gpuvs run cnn-train; options: "),
+    (["run", "cnn-train", "--colour", "red"], "unknown option --colour for gpuvs run cnn-train; gpuvs run cnn-train --help lists its options"),
     (["run", "cnn-train", "--batchsize", "3"],
-     "unknown option --batchsize for gpuvs run cnn-train (did you mean '--batch-size'?); options: --device"),
+     "unknown option --batchsize for gpuvs run cnn-train (did you mean '--batch-size'?); gpuvs run cnn-train --help "
+     "lists its options"),
+    # the closest few, never the 60 options of every environment kind on one line
+    (["run", "selftest", "--retrie", "3"], "unknown option --retrie for gpuvs run selftest (did you mean '--retries'?); "
+     "gpuvs run selftest --help lists its options"),
     # a command's own words and options without the -- before them: one line that says to put them after --
     (["run", "command", "python3", "x.py", "--foo"],
      "unknown option --foo for gpuvs run command: put the command after --, e.g. gpuvs run command -- python3 x.py "
@@ -27,7 +31,8 @@ from conftest import gpuvs_env, gpuvs_processes
     (["run", "command", "--trials", "2", "echo", "a b"], "unexpected argument 'echo' for gpuvs run command: put the "
      "command after --, e.g. gpuvs run command --trials 2 -- echo 'a b'"),
     (["run", "command", "--verbose", "--", "true"], "unknown option --verbose for gpuvs run command; if it is the "
-     "command's own, put the command after --: gpuvs run command [options] -- PROGRAM --verbose ...; options: "),
+     "command's own, put the command after --: gpuvs run command [options] -- PROGRAM --verbose ...; gpuvs run command "
+     "--help lists its options"),
     (["run", "cnn-train", "--precision", "fp64"], "expected one of fp32, tf32, fp16, bf16"),
     (["run", "cnn-train", "--device", "cuda"], "device cuda asked for, but this machine has no usable NVIDIA GPU"),
     (["run", "cnn-train", "--device", "cuda", "--num-gpus", "4"], "no usable NVIDIA GPU"),
@@ -69,10 +74,10 @@ def test_bad_input_is_one_line_exit_2_and_nothing_started(cli, tmp_path, args, m
 
 
 @pytest.mark.parametrize("args, message", [
-    (["nosuch"], "No such command 'nosuch'."),                                     # unknown command
-    (["results", "nosuch"], "No such command 'nosuch'."),                          # unknown sub-command
-    (["comapre"], "No such command 'comapre' (did you mean 'compare'?)."),        # a slip of the keys
-    (["results", "shwo"], "No such command 'shwo' (did you mean 'show'?)."),
+    (["nosuch"], "no such command 'nosuch'."),                                     # unknown command
+    (["results", "nosuch"], "no such command 'nosuch'."),                          # unknown sub-command
+    (["comapre"], "no such command 'comapre' (did you mean 'compare'?)."),        # a slip of the keys
+    (["results", "shwo"], "no such command 'shwo' (did you mean 'show'?)."),
     (["results", "show"], "Missing argument 'ident'."),                            # missing argument
     (["serve-metrics"], "Missing option '--target'."),                             # missing required option
     (["results", "export", "--format"], "--format needs a value: a string"),       # option without its value
@@ -250,7 +255,7 @@ def test_a_commands_own_option_wins_over_an_environment_option_of_that_name(caps
     assert args.group("fleet")["label"] is True and "label" not in args.group("env")
     assert args.group("env")["env"] == "pod" and args.group("env")["image"] == "x"
     monkeypatch.setenv("COLUMNS", "300")
-    help.command_help(fleet, "gpuvs fleet")
+    help.command_help(fleet, "gpuvs fleet", full=True)
     assert "--env pod options (a Kubernetes pod (kubeconfig or in-cluster)) (--label is the fleet's here)" in \
         capsys.readouterr().out
     args = parser.parse(commands.get("compare"), ["--stored", "a", "b:x", "--margin", "0.1"], "gpuvs compare")

@@ -79,23 +79,34 @@ def gpuvs(monkeypatch, tmp_path, capsys):
 
 
 def lists_option(out: str, option: str) -> bool:
-    """The help has a table row for this option (its first column)."""
-    return re.search(rf"^│ {re.escape(option)}[ ,]", out, re.M) is not None
+    """The help has a row for this option (its first column): a table's (--help-all) or the short list's."""
+    return re.search(rf"^(│ |  ){re.escape(option)}[ ,]", out, re.M) is not None
+
+
+def kind_options(cmd: Command) -> set[str]:
+    """The options only an environment kind's group declares: the short help names their count, not them."""
+    own = {p.option for g in cmd.groups if not g.title.startswith("--env ") for p in g.params}
+    return {p.option for g in cmd.groups if g.title.startswith("--env ") for p in g.params} - own
 
 
 @pytest.mark.parametrize("path, cmd", COMMANDS, ids=[p for p, _ in COMMANDS])
 def test_every_command_explains_itself(gpuvs, path, cmd):
-    for flag in ("--help", "-h"):
+    for flag in ("--help", "-h", "--help-all"):
         code, out, err = gpuvs(*words(path), *positionals(cmd), flag)
         assert (code, err) == (0, ""), err
         assert out.startswith(f"usage: {path} ") and cmd.summary in out
         for sub in cmd.subcommands:
             assert re.search(rf"^│ {sub.name} +│ {re.escape(sub.summary[:40])}", out, re.M), sub.name
-        missing = [p.option for p in all_params(cmd) if not lists_option(out, p.option)]
-        assert missing == [], f"{path} --help does not list {missing}"
+        left_out = kind_options(cmd) if flag != "--help-all" else set()
+        missing = [p.option for p in all_params(cmd) if p.option not in left_out and not lists_option(out, p.option)]
+        assert missing == [], f"{path} {flag} does not list {missing}"
+        assert not [o for o in left_out if lists_option(out, o)], f"{path} {flag} lists an environment kind's options"
+        for g in cmd.groups:
+            if left_out and g.title.startswith("--env "):
+                assert f"{g.title.split()[1]} ({len(g.params)})" in out and f"{path} --help-all lists them" in out
         for p in cmd.params():
-            if any(len(a) == 1 for a in p.aliases):
-                assert re.search(rf"^│ {p.option}, -{p.aliases[0]} ", out, re.M)
+            if any(len(a) == 1 for a in p.aliases) and p.option not in left_out:
+                assert re.search(rf"^(│ |  ){p.option}, -{p.aliases[0]} ", out, re.M)
         for form in cmd.forms:
             assert f"{path} {form.usage}" in out
         for p in cmd.positionals:
@@ -152,9 +163,9 @@ def test_bad_input_to_every_command_is_one_line_and_exit_2(gpuvs, path, cmd):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["nosuch"], "No such command 'nosuch'."),
+    (["nosuch"], "no such command 'nosuch'."),
     (["--nosuch"], "unknown option --nosuch for gpuvs; give a command first: " + ", ".join(commands.names())),
-] + [([path.split()[1], "nosuch"], "No such command 'nosuch'.") for path, cmd in GROUPS]
+] + [([path.split()[1], "nosuch"], "no such command 'nosuch'.") for path, cmd in GROUPS]
   + [([path.split()[1], "--nosuch"], f"unknown option --nosuch for {path}; give a command first: "
       + ", ".join(s.name for s in cmd.subcommands)) for path, cmd in GROUPS])
 def test_an_unknown_command_is_one_line_and_exit_2(gpuvs, args, message):
@@ -187,6 +198,18 @@ def test_a_command_that_runs_and_has_sub_commands_takes_a_sub_commands_name_firs
                    f"unknown option --nosuch for {what(path, cmd)}") is None
         code, out, _ = gpuvs(*words(path), *positionals(cmd), "--help")
         assert code == 0 and all(f"usage: {path} " in out and f"{path} {sub.name} " in out for sub in cmd.subcommands)
+
+
+@pytest.mark.parametrize("words_, most", [(["run"], 40), (["compare"], 70), (["results", "list"], 12)])
+def test_the_help_a_user_reads_first_fits_a_screen(gpuvs, monkeypatch, words_, most):
+    """At 80 columns: run --help was 303 lines, compare 362, most of them every environment kind's options."""
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = gpuvs(*words_, "--help")
+    assert code == 0 and len(out.splitlines()) <= most, out
+    code, full, _ = gpuvs(*words_, "--help-all")
+    assert code == 0 and len(full.splitlines()) >= len(out.splitlines())
+    if words_ == ["run"]:
+        assert "--image-pull-policy" in full and "--image-pull-policy" not in out and len(full.splitlines()) > 200
 
 
 def test_the_checks_above_can_fail(gpuvs):

@@ -98,6 +98,9 @@ def test_an_unknown_name_is_answered_with_the_nearest_known_one():
 
     assert did_you_mean("stepz", ["steps", "seed"]) == " (did you mean 'steps'?)"
     assert did_you_mean("seed", ["stored", "order_seed"]) == ""  # not close enough to guess
+    assert did_you_mean("tria", ["trials", "trial", "tries", "store"], n=3, prefix="--") == \
+        " (did you mean '--trial' or '--trials'?)"
+    assert did_you_mean("stor", ["store", "stored", "stores", "steps"], n=3) == " (did you mean 'store', 'stores' or 'stored'?)"
     with pytest.raises(UsageError, match=r"^cnn-train has no parameter 'batchsize' \(did you mean 'batch_size'\?\); "
                                          "it takes: --model"):
         workloads.get("cnn-train").param("batchsize")
@@ -117,8 +120,11 @@ def test_option_parser_forms_and_errors():
         "batch_size": "8", "model": "vgg16", "quiet": "true", "ulimit": ["a=1", "b=2"]}
     _, values = parser.split(["--quiet", "false", "--network", "--steps", "3"], groups, positional=0)
     assert {p.name: v for p, v in values.items()} == {"quiet": "false", "network": "true", "steps": "3"}
-    with pytest.raises(UsageError, match="unknown option --nope .* options: .*--batch-size"):
+    with pytest.raises(UsageError, match=r"^unknown option --nope for this command \(did you mean '--node'\?\); this "
+                                         "command --help lists its options$"):
         parser.split(["--nope", "1"], groups, positional=0)
+    with pytest.raises(UsageError, match="^unknown option --nope for x; options: --batch-size, --steps$"):
+        parser.split(["--nope", "1"], [[w.param("batch_size"), w.param("steps")]], positional=0, what="x")
     with pytest.raises(UsageError, match="--steps needs a value"):
         parser.split(["--steps"], groups, positional=0)
     with pytest.raises(UsageError, match="unexpected argument 'extra'"):

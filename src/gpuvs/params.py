@@ -139,9 +139,11 @@ def shown(raw: Any) -> str:
     return text
 
 
-def did_you_mean(word: str, known) -> str:
-    """' (did you mean 'steps'?)' where one of the known names is close to the word given (difflib's ratio of
-    0.7 or more: 'stepz' and 'steps' are, 'seed' and 'stored' are not), else ''. Every refusal of an unknown
-    name says it: file keys, arm keys, parameters, options."""
-    close = difflib.get_close_matches(word, sorted(set(known)), n=1, cutoff=0.7)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+def did_you_mean(word: str, known, n: int = 1, prefix: str = "") -> str:
+    """' (did you mean 'steps'?)' where known names are close to the word given (difflib's ratio of 0.7 or more:
+    'stepz' and 'steps' are, 'seed' and 'stored' are not), the closest `n` of them, each shown after `prefix`;
+    else ''. Every refusal of an unknown name says it: file keys, arm keys, parameters, options."""
+    close = [repr(prefix + c) for c in difflib.get_close_matches(word, sorted(set(known)), n=n, cutoff=0.7)]
+    if not close:
+        return ""
+    return f" (did you mean {close[0] if len(close) == 1 else ', '.join(close[:-1]) + ' or ' + close[-1]}?)"

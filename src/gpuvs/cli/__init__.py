@@ -27,7 +27,7 @@ def dispatch(argv: list[str]) -> int | None:
     while cmd is None or cmd.subcommands:
         if cmd is not None and cmd.run is not None and not (rest and cmd.subcommand(rest[0])):
             break
-        if not rest or rest[0] in parser.HELP:
+        if not rest or rest[0] in (*parser.HELP, parser.HELP_ALL):
             if cmd is None:
                 help.group_help(GPUVS, path, commands=commands.all_commands())
             else:
@@ -41,12 +41,12 @@ def dispatch(argv: list[str]) -> int | None:
         found = commands.get(word) if cmd is None else cmd.subcommand(word)
         if found is None:
             known = commands.names() if cmd is None else [c.name for c in cmd.subcommands]
-            raise UsageError(f"No such command {word!r}{did_you_mean(word, known)}.")
+            raise UsageError(f"no such command {word!r}{did_you_mean(word, known)}.")
         cmd, path, rest = found, f"{path} {word}", rest[1:]
     try:
         args = parser.parse(cmd, rest, path)
     except parser.HelpWanted as wanted:
-        help.command_help(wanted.command, wanted.path, wanted.workload)
+        help.command_help(wanted.command, wanted.path, wanted.workload, full=wanted.full)
         return 0
     assert cmd.run is not None, f"{path} has neither sub-commands nor a run function"
     return cmd.run(args)

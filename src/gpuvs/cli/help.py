@@ -15,16 +15,22 @@ from gpuvs.cli.command import Command
 from gpuvs.params import Param
 
 
-def options_table(title: str, params: Sequence[Param]) -> Table:
-    """Option, default, allowed values and meaning of a group of Params."""
-    t = Table(title=title, title_justify="left")
+def options_table(title: str, params: Sequence[Param], full: bool = True) -> Table:
+    """Option, default, allowed values and meaning of a group of Params; short (`full` False): option and meaning,
+    with the default, in two columns that fit a terminal without stacking."""
+    t = Table(title=title, title_justify="left") if full else Table(
+        title=title, title_justify="left", box=None, show_header=False, pad_edge=False, padding=(0, 1))
     t.add_column("option", no_wrap=True)  # an option's name is never cut: it is what the user types
-    for col in ("default", "allowed", "meaning"):
+    for col in ("default", "allowed", "meaning") if full else ("meaning",):
         t.add_column(col)
     for p in params:
         shorts = [f"-{a}" for a in p.aliases if len(a) == 1]
         default = "required" if p.required else "-" if p.default in (None, "") else str(p.default)
-        t.add_row(", ".join([p.option] + shorts), default, p.describe_allowed(), p.help)
+        if full:
+            t.add_row(", ".join([p.option] + shorts), default, p.describe_allowed(), p.help)
+        else:
+            plain = default == "-" or p.type is bool and default == "False"  # a flag is off unless given
+            t.add_row("  " + ", ".join([p.option] + shorts), p.help + ("" if plain else f" (default: {default})"))
     return t
 
 
@@ -37,7 +43,7 @@ def usage(prefix: str, line: str, width: int) -> str:
 
 
 def param_table(w: workloads.Workload) -> Table:
-    """A workload's parameters."""
+    """A workload's parameters, every column (gpuvs workloads NAME)."""
     return options_table(f"{w.name}: {w.summary}", w.params)
 
 
@@ -46,9 +52,10 @@ def console() -> Console:
 
 
 def command_help(cmd: Command, path: str, workload: workloads.Workload | None = None,
-                 out: Console | None = None) -> None:
+                 out: Console | None = None, full: bool = False) -> None:
     """A command's help: usage (one line per form), what it does, its workload's parameters where it
-    takes a workload, its arguments, its option groups."""
+    takes a workload, its arguments, its option groups. Short unless `full` (--help-all): option and meaning
+    only, and each environment kind's options as one line that names how many there are."""
     out = out or console()
     if cmd.subcommands and cmd.run is None:
         return group_help(cmd, path, out)
@@ -62,7 +69,7 @@ def command_help(cmd: Command, path: str, workload: workloads.Workload | None = 
         if workload is None:
             out.print(f"workloads: {', '.join(workloads.names())}  (gpuvs workloads NAME shows one's options)")
         else:
-            out.print(param_table(workload))
+            out.print(options_table(f"{workload.name}: {workload.summary}", workload.params, full))
     shown = [p for p in cmd.positionals if p.help and not p.workload]
     if shown:
         t = Table(title="arguments", title_justify="left")
@@ -72,12 +79,21 @@ def command_help(cmd: Command, path: str, workload: workloads.Workload | None = 
             t.add_row(p.name.upper(), p.help + ("" if p.required else " (optional)"))
         out.print(t)
     owned: dict[str, str] = {}  # option name -> key of the group that owns it (the first to declare it)
+    kinds: list[str] = []  # the environment kinds whose options the short help leaves out
     for g in cmd.groups:
         taken = [f"{p.option} is the {owned[p.name]}'s here" for p in g.params
                  if owned.get(p.name, g.key) != g.key]
-        out.print(options_table(g.title + (f" ({'; '.join(taken)})" if taken else ""), g.params))
+        if not full and g.key == "env" and g.title.startswith("--env "):
+            kinds.append(f"{g.title.split(' ')[1]} ({len(g.params)})")
+        else:
+            out.print(options_table(g.title + (f" ({'; '.join(taken)})" if taken else ""), g.params, full))
         for p in g.params:
             owned.setdefault(p.name, g.key)
+    if kinds:
+        out.print(usage("", f"Options of each --env kind: {', '.join(kinds)}; {path} --help-all lists them, "
+                        "and every option's allowed values.", out.width))
+    elif not full:
+        out.print(usage("", f"{path} --help-all lists every option's allowed values.", out.width))
     if cmd.subcommands:
         out.print(commands_table(cmd.subcommands, f"sub-commands ({path} COMMAND --help lists one's options)"))
 

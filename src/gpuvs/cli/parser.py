@@ -15,6 +15,7 @@ from gpuvs.errors import UsageError
 from gpuvs.params import Param, did_you_mean
 
 HELP = ("--help", "-h")
+HELP_ALL = "--help-all"  # every option of every environment kind, with its allowed values
 _BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
 
 
@@ -59,11 +60,7 @@ def split(args: list[str], groups: Sequence[Sequence[Param]], positional: int = 
             if p is None and _short(tok):
                 raise UsageError(f"unknown option {tok} for {what} (options are spelled --name value)")
             if p is None:
-                known = ", ".join(q.option for g in groups for q in g)
-                spelt = [n.replace("_", "-") for g in groups for q in g for n in (q.name, *q.aliases) if len(n) > 1]
-                hint = did_you_mean(opt[2:], spelt).replace("mean '", "mean '--")  # names compared without the --
-                raise UnknownOption(opt, f"unknown option {opt} for {what}{hint}; options: {known}" if known else
-                                    f"unknown option {opt} for {what}, which takes none")
+                raise UnknownOption(opt, unknown_option(opt, what, groups))
             n = (runs or {}).get(p.name, 0)
             if n and not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
                 while n and i + 1 < len(args) and not args[i + 1].startswith("--"):
@@ -79,6 +76,21 @@ def split(args: list[str], groups: Sequence[Sequence[Param]], positional: int = 
     if len(positionals) > positional:
         raise UsageError(f"unexpected argument {positionals[positional]!r} for {what}")
     return positionals, values
+
+
+FEW = 8  # a command with at most this many options lists them all in the refusal of an unknown one
+
+
+def unknown_option(opt: str, what: str, groups: Sequence[Sequence[Param]]) -> str:
+    """The refusal of an option no group knows: the closest few names, and the options themselves where they are
+    few; else where to find them (a list of 60 names on one line helps no one)."""
+    options = list(dict.fromkeys(q.option for g in groups for q in g))
+    if not options:
+        return f"unknown option {opt} for {what}, which takes none"
+    spelt = [n.replace("_", "-") for g in groups for q in g for n in (q.name, *q.aliases) if len(n) > 1]
+    hint = did_you_mean(opt[2:], spelt, n=3, prefix="--")  # names compared without their --, shown with it
+    listed = f"options: {', '.join(options)}" if len(options) <= FEW else f"{what} --help lists its options"
+    return f"unknown option {opt} for {what}{hint}; {listed}"
 
 
 def _short(tok: str) -> bool:
@@ -145,9 +157,9 @@ def _after_dashes(exc: UsageError, rest: list[str], words: list[str], groups: Se
         return UsageError(f"{what} for {prefix}: put the command after --, e.g. "
                           f"{' '.join([prefix, *map(shlex.quote, rest[:at])])} -- {shlex.join(rest[at:] + words)}")
     if unknown and "did you mean" not in str(exc):
-        head, _, known = str(exc).partition("; options: ")
+        head, _, listed = str(exc).partition("; ")
         return UsageError(f"{head}; if it is the command's own, put the command after --: {prefix} [options] -- "
-                          f"PROGRAM {exc.option} ...; options: {known}")
+                          f"PROGRAM {exc.option} ...; {listed}")
     if str(exc).startswith("unexpected argument"):
         return UsageError(f"{exc}: the command's own words go after --, e.g. {prefix} [options] -- PROGRAM ARGS...")
     return exc
@@ -165,9 +177,9 @@ def form_of(cmd: Command, argv: list[str]) -> Form | None:
 class HelpWanted(Exception):
     """--help, -h, or no arguments where that shows the help: render it for this command (and workload)."""
 
-    def __init__(self, command: Command, path: str, workload=None):
+    def __init__(self, command: Command, path: str, workload=None, full: bool = False):
         super().__init__(path)
-        self.command, self.path, self.workload = command, path, workload
+        self.command, self.path, self.workload, self.full = command, path, workload, full
 
 
 def parse(cmd: Command, argv: list[str], path: str) -> Args:
@@ -175,7 +187,9 @@ def parse(cmd: Command, argv: list[str], path: str) -> Args:
     Raises HelpWanted when the help is asked for, UsageError on bad input."""
     if not argv and cmd.help_when_bare:
         raise HelpWanted(cmd, path)
-    wants_help = any(a in HELP for a in (argv[:argv.index("--")] if "--" in argv else argv))
+    mine = argv[:argv.index("--")] if "--" in argv else argv
+    full = HELP_ALL in mine
+    wants_help = full or any(a in HELP for a in mine)
     form = form_of(cmd, argv)
     static = cmd.params(form)
     specs = form.positionals if form is not None else cmd.positionals
@@ -184,22 +198,22 @@ def parse(cmd: Command, argv: list[str], path: str) -> Args:
     what = f"{path} --{form.marker.replace('_', '-')}" if form is not None else path
     if form is not None and form.workload is not None:
         if wants_help:
-            raise HelpWanted(cmd, path)
+            raise HelpWanted(cmd, path, full=full)
         workload = form.workload(argv)
     elif specs and specs[0].workload:
         at = workload_position(argv, static)
         if at is None:
             if wants_help:
-                raise HelpWanted(cmd, path)
+                raise HelpWanted(cmd, path, full=full)
             raise UsageError(f"{path} needs a workload; known workloads: {', '.join(workloads.names())}")
         workload = workloads.get(argv[at])
         if wants_help:
-            raise HelpWanted(cmd, path, workload)
+            raise HelpWanted(cmd, path, workload, full=full)
         rest = argv[:at] + argv[at + 1:]
         specs = specs[1:]
         what = f"{path} {workload.name}"
     elif wants_help:
-        raise HelpWanted(cmd, path)
+        raise HelpWanted(cmd, path, full=full)
     groups: list[Sequence[Param]] = [static] + ([workload.params] if workload is not None else [])
     words = None  # a command line given after `--` to a workload that takes one (gpuvs run command -- ARGV...)
     if workload is not None and workload.argv_param and "--" in rest:
