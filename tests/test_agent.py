@@ -126,6 +126,8 @@ class AgentProcess:
                                      stderr=open(self.log, "w"), env=gpuvs_env(), cwd=tmp)
         wait_for(lambda: get(self.port, "/healthz")[0] == 200 or self.proc.poll() is not None, 60, "the agent up")
         assert self.proc.poll() is None, self.log.read_text()
+        # its "listening" line can reach the log after /healthz answers: a test that counts new lines starts past it
+        wait_for(lambda: "listening on" in self.log.read_text(), 30, "the agent's listening line")
 
     def threads(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/task"))

@@ -47,12 +47,12 @@ def render(a: Analysis) -> str:
     answer = tables.headline_sentence(a)
     if answer:
         out += [f"**{cell(answer)}**", ""]
-    busy = tables.disturbance_lines(a)
-    if busy:
-        out += ["**What competed with the trials:**", ""] + [
-            f"- ⚠ warning: {cell(text)}" if level == "warning" else f"- {cell(text)}" for level, text in busy] + [""]
     out += [f"- {label}: {code_span(value)}" if label in ("command", "file") else f"- {cell(label)}: {cell(value)}"
             for label, value in tables.header_lines(a)]
+    busy = tables.disturbance_lines(a)
+    if busy:  # after the experiment's list, with a paragraph between: two lists in a row would read as one
+        out += ["", "**What competed with the trials:**", ""] + [
+            f"- ⚠ warning: {cell(text)}" if level == "warning" else f"- {cell(text)}" for level, text in busy]
     if a.flags:
         out += ["", "**Differences nobody asked for:**", ""] + [f"- ⚠ {cell(f)}" for f in a.flags]
     for t in tables.all_tables(a):
