@@ -177,12 +177,36 @@ def uses_cluster(item) -> bool:
     return item.get_closest_marker("cluster") is not None or "cluster" in names or "k8s_build" in names
 
 
+# Modules whose tests ask podman or docker for every gpuvs container on the machine ("none left"): they run one
+# after another, on one worker, so that one test's containers are never another's leftovers.
+ENGINE_MODULES = {"test_command.py", "test_command_programs.py", "test_containers.py", "test_docker.py",
+                  "test_gpu_check.py", "test_sharing.py", "test_zygote.py"}
+
+
+def xdist_group(item) -> str:
+    """The worker group of a test under `-n N --dist loadgroup` (pyproject's addopts): the cluster's tests form one
+    group, run in order on one worker as soon as the cluster is up; the container engine's tests another; the other
+    workers take the rest a module at a time (a module's fixtures are made once)."""
+    if uses_cluster(item):
+        return "cluster"
+    module = Path(str(item.fspath)).name
+    return "engine" if module in ENGINE_MODULES else module
+
+
 def pytest_collection_modifyitems(config, items):
     """The tests that need the Kubernetes test cluster run last (in their order), so that the rest run while CI still
-    builds and starts the cluster in the background (GPUVS_CLUSTER_PENDING: tests/cluster.py). Every test's timeout
+    builds and starts the cluster in the background (GPUVS_CLUSTER_PENDING: tests/cluster.py); with several workers,
+    first, on a worker of their own (xdist_group). Every test's timeout
     (pytest-timeout's backstop against a hang; 300 s unless marked) is stated for an idle machine and stretched by
     the load at collection (load_factor), the cluster tests' twice as much: they wait on kubelets, pods and images."""
-    items.sort(key=uses_cluster)
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        # Several workers: the cluster's tests first, as one group on one worker that waits for the cluster while
+        # the others take the rest; scheduled in this order (pyproject: --no-loadscope-reorder).
+        items.sort(key=lambda item: (not uses_cluster(item), xdist_group(item) != "engine"))
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+    else:
+        items.sort(key=uses_cluster)
     factor = load_factor()
     default = float(config.getini("timeout") or 300)
     for item in items:
