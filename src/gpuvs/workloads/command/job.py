@@ -14,9 +14,11 @@ sample too. summarize() gives the trial's figure of each: the mean, +/- and jitt
 definitions of stats.summarize_series for figures that are not items over time, in plain Python: the worker may run
 in an image whose Python has no numpy), the last printing otherwise.
 
-Wrapped, the job's pipes are read to their end, every line through the parsers, in bounded memory (_Pipes: a queue of
-chunks, then back-pressure on the job's pipe); a pipe that something the job left behind holds open fails the trial
-(unread_text), never a partial read kept as a result. A --metric regex's time on a line is bounded (outputs/budget.py).
+Wrapped, the job's pipes are read to their end, every line through the parsers, in bounded memory (_Pipes: a queue
+that spills to a temporary file past 16 MiB, so the job never waits on its pipe for gpuvs); a pipe that something the
+job left behind holds open fails the trial (unread_text), never a partial read kept as a result. A --metric regex's
+time on a line and on the whole output is bounded (outputs/budget.py). A series keeps at most KEEP_FIRST + RESERVOIR
++ 1 samples (Series), its summary over all of them.
 
 Each stream's text is kept for the store, capped at OUTPUT_CAP bytes (its first HEAD and last TAIL bytes, and how
 much was cut between them) and shown by `gpuvs results show ID --log`.
