@@ -215,6 +215,9 @@ def test_a_long_series_is_stored_in_bounded_space_and_summarised_over_all_its_va
     [config] = trial_row(tmp_path, "config")
     assert config["samples_kept"] == (f"loss: kept {loss['kept']:,} of {lines:,} samples (the first 10,000, then 10,000 drawn "
                                       "uniformly from the rest, and the last)")
+    [(experiment,)] = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT id FROM experiments").fetchall()
+    shown = cli("results", "show", experiment, "--log")
+    assert f"samples: {config['samples_kept']}" in shown.stdout, shown.stdout[:2000]
     assert (tmp_path / "gpuvs.db").stat().st_size < 8 * 2**20
     assert took < 60  # the store's rows and the terminal's step lines are bounded too (issue 44: 12.7 s at 200k)
 
