@@ -72,12 +72,12 @@ class BareStream(WorkerStream):
             if timing.get("resolution_s") is not None:
                 self._emit(events.config(wall_time_clock=timing["clock"], wall_time_resolution_s=timing["resolution_s"]))
             held = getattr(raw, "held", [])
-            flag, slowed = job.pipe_waits(*raw.blocked(), timing.get("wall_s"))
+            flag = job.pipe_waits(*raw.blocked(), timing.get("wall_s"))
             if flag:
                 self._emit(flag)
             done, failure = session.ended(code, timing.get("wall_s"),
                                           job.signal_name(code) if code is not None and code < 0 else None,
-                                          unread=job.unread_text(held, timing.get("wall_s")) if held else slowed)
+                                          unread=job.unread_text(held, timing.get("wall_s")) if held else None)
             failure = raw.failure(code) or failure  # the environment's own reason first (image, executable, OOM)
             for event in done:
                 self._emit(event)

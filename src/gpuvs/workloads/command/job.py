@@ -54,8 +54,6 @@ TAIL = 48 * 1024  # and from its end
 OUTPUT_CAP = HEAD + TAIL  # at most this much of each stream is stored
 AFTER_EXIT_S = 2.0  # after the job's exit, a pipe still open with nothing arriving this long is held by another
 # process (one it left in the background): reading stops there and the trial fails
-PIPE_WAIT_S, PIPE_WAIT_SHARE = 0.01, 0.01  # a job that may have waited on its full pipe longer than both (seconds,
-# share of its wall time) is not kept as a result: its time would be gpuvs's reading, not its own
 MAX_LINE = 1024 * 1024  # bytes of one line its parsers read (the rest of a longer line is stored, not parsed)
 KEEP_FIRST = 10_000  # samples of a series stored as they come; of the rest, a uniform draw of RESERVOIR (and the
 RESERVOIR = 10_000  # last one): the summary's count, mean, +/-, min and max are over every sample all the same
@@ -588,28 +586,25 @@ def run(session: Session) -> Iterator[dict[str, Any]]:
     code = proc.returncode if proc.returncode is not None else code
     # what it ran, read here where it ran, once it has ended (its --version never inside the measurement)
     yield events.config(program=program.describe(settings.argv, os.path.abspath(settings.workdir or os.getcwd()), env))
-    flag, slowed = pipe_waits(*pipes.blocked(), wall_s)
+    flag = pipe_waits(*pipes.blocked(), wall_s)
     if flag:
         yield flag
     done, failure = session.ended(code, wall_s, signal_name(code) if code < 0 else None,
-                                  unread=unread_text(held, wall_s) if held else slowed)
+                                  unread=unread_text(held, wall_s) if held else None)
     yield from done
     if failure is not None:
         raise WorkloadError(*failure)
 
 
-def pipe_waits(full: int, waited_s: float, wall_s: float | None) -> tuple[dict[str, Any] | None, str | None]:
-    """A trial whose job found its output pipe full: the config event that says so, and the trial's failure where
-    the job may have waited on it longer than PIPE_WAIT_S and PIPE_WAIT_SHARE of its wall time (else None)."""
+def pipe_waits(full: int, waited_s: float, wall_s: float | None) -> dict[str, Any] | None:
+    """A trial whose job found its output pipe full: the config event that flags it (its wall time may hold up to
+    that much of gpuvs's reading; an upper bound, so the trial is flagged, not failed), else None."""
     if not full:
-        return None, None
+        return None
     of = f" of its {wall_s:.3g} s" if wall_s is not None else ""
     said = (f"gpuvs found the command's output pipe full {full} time{'s' * (full > 1)}: the command may have "
-            f"waited up to {waited_s:.3g} s{of} on it")
-    slowed = None
-    if waited_s > max(PIPE_WAIT_S, PIPE_WAIT_SHARE * (wall_s or 0.0)):
-        slowed = said + " (gpuvs read slower than it printed), so its wall time is not its own"
-    return events.config(output_pipe_full=said), slowed
+            f"waited up to {waited_s:.3g} s{of} on it (its wall time may hold that much of gpuvs's reading)")
+    return events.config(output_pipe_full=said)
 
 
 def unread_text(held: list[str], wall_s: float | None) -> str:
