@@ -55,7 +55,8 @@ def test_every_line_of_a_fast_writer_reaches_the_parsers_on_a_loaded_machine(cli
     [t] = stored(tmp_path)
     assert t["status"] == "ok", t["error"]
     assert t["summary"]["rate"]["value"] == lines  # the final figure, not a progress line's
-    assert t["samples"]["rate"] == lines + 1  # every line's reading reached the store
+    assert t["summary"]["rate"]["n"] == lines + 1  # every line's reading reached the summary
+    assert t["samples"]["rate"] in (20_000, 20_001)  # the first 10,000, 10,000 drawn from the rest, and the last
     size = sum(len(f"progress rate {i}\n") for i in range(1, lines + 1)) + len(f"final rate {lines}\n")
     assert t["outputs"]["stdout"] == (size, lines + 1)  # every byte and line counted
 
@@ -148,3 +149,121 @@ def test_a_figure_that_is_not_a_finite_number_fails_the_trial_naming_it(cli, tmp
     [t] = stored(tmp_path)
     assert t["status"] == "failed", t  # a failed trial: its figures never count (what was read is kept)
     assert "not a finite number" in t["error"] and printed in t["error"] and "rate" in t["error"], t["error"]
+
+
+# a job that writes one short line per system call, as fast as it can (issue 44: gpuvs's reader made it wait)
+CHATTY = "import os, sys\nfor i in range(int(sys.argv[1])):\n    os.write(1, b'value: %d\\n' % i)\n"
+
+
+def through_cat(argv: list[str], repeats: int = 3) -> float:
+    """The median wall time of `argv | cat > /dev/null`, launch to the pipeline's end."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        job = subprocess.Popen(argv, stdout=subprocess.PIPE)
+        cat = subprocess.Popen(["cat"], stdin=job.stdout, stdout=subprocess.DEVNULL)
+        job.stdout.close()
+        job.wait()
+        cat.wait()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def trial_row(tmp_path, *columns):
+    db = sqlite3.connect(tmp_path / "gpuvs.db")
+    row = db.execute(f"SELECT {', '.join(columns)} FROM trials ORDER BY id DESC").fetchone()
+    return [json.loads(v) if c in ("summary", "config", "startup") and v else v for c, v in zip(columns, row)]
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_a_chatty_job_runs_under_gpuvs_as_fast_as_through_cat(cli, tmp_path, bare):
+    """300,000 writes of one short line each: gpuvs reads the pipe into a queue that spills to a file rather than
+    make the job wait, so the job's wall time is what it is through `| cat` (issue 44: 3.1 s against 0.5 s)."""
+    (tmp_path / "chatty.py").write_text(CHATTY)
+    argv = [sys.executable, str(tmp_path / "chatty.py"), "300000"]
+    cat_s = through_cat(argv)
+    r = cli("run", "command", "--device", "cpu", "--trials", "1", *(["--bare"] if bare else []), "--", *argv)
+    assert r.returncode == 0, r.stderr
+    status, summary, config = trial_row(tmp_path, "status", "summary", "config")
+    assert status == "ok"
+    wall_s = summary["wall_time_s"]["value"]
+    assert wall_s < 1.5 * cat_s + 0.25, (wall_s, cat_s, config.get("output_pipe_full"))
+    assert sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT lines FROM outputs WHERE stream = 'stdout'"
+                                                          ).fetchone() == (300000,)
+
+
+@pytest.mark.parametrize("bare, lines", [(False, 200_000), (True, 30_000)])
+def test_a_long_series_is_stored_in_bounded_space_and_summarised_over_all_its_values(cli, tmp_path, bare, lines):
+    """Every matched line is a sample, but a series stores its first 10,000 and 10,000 drawn from the rest (and
+    its last); its count, mean and +/- are over every value, and the trial says what was kept."""
+    values = [(i * 7919) % 1000 / 10 for i in range(lines)]
+    (tmp_path / "steps.txt").write_text("".join(f"step loss: {v}\n" for v in values))
+    t0 = time.monotonic()
+    r = cli("run", "command", "--device", "cpu", "--trials", "1", "--step-metric", r"loss=loss: ([0-9.]+),lower",
+            *(["--bare"] if bare else []), "--", "cat", "steps.txt")
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    [t] = stored(tmp_path)
+    assert t["status"] == "ok", t["error"]
+    loss = t["summary"]["loss"]
+    assert loss["n"] == lines and loss["kept"] == t["samples"]["loss"]
+    assert loss["kept"] in (20_000, 20_001)  # the last one is kept, if the draw did not take it already
+    assert loss["mean"] == pytest.approx(sum(values) / lines, rel=1e-12)
+    assert loss["value"] == loss["mean"] and loss["min"] == min(values) and loss["max"] == max(values)
+    sd = (sum((v - loss["mean"]) ** 2 for v in values) / (lines - 1)) ** 0.5
+    assert loss["pm"] == pytest.approx(sd / lines ** 0.5, rel=1e-9)
+    [config] = trial_row(tmp_path, "config")
+    assert config["samples_kept"] == (f"loss: kept {loss['kept']:,} of {lines:,} samples (the first 10,000, then 10,000 drawn "
+                                      "uniformly from the rest, and the last)")
+    [(experiment,)] = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT id FROM experiments").fetchall()
+    shown = cli("results", "show", experiment, "--log")
+    assert f"samples: {config['samples_kept']}" in shown.stdout, shown.stdout[:2000]
+    assert (tmp_path / "gpuvs.db").stat().st_size < 8 * 2**20
+    assert took < 60  # the store's rows and the terminal's step lines are bounded too (issue 44: 12.7 s at 200k)
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_bytes_that_are_not_utf8_are_kept_and_shown_as_escapes(cli, tmp_path, bare):
+    """b'\\xff\\xfe' is stored as the escapes \\xff\\xfe (what the docs promise), never as U+FFFD, and shown so."""
+    r = cli("run", "command", "--device", "cpu", "--trials", "1", *(["--bare"] if bare else []), "--",
+            sys.executable, "-c", "import os; os.write(1, b'a\\xff\\xfeb\\n')")
+    assert r.returncode == 0, r.stderr
+    db = sqlite3.connect(tmp_path / "gpuvs.db")
+    [(text,)] = db.execute("SELECT text FROM outputs WHERE stream = 'stdout'").fetchall()
+    assert text == "a\\xff\\xfeb\n"
+    [(experiment,)] = db.execute("SELECT id FROM experiments").fetchall()
+    shown = cli("results", "show", experiment, "--log")
+    assert shown.returncode == 0, shown.stderr
+    assert "a\\xff\\xfeb" in shown.stdout and "\ufffd" not in shown.stdout
+
+
+def test_a_regex_slow_on_every_line_is_stopped_by_the_trials_budget_and_named(cli, tmp_path):
+    """(a|a)*b(1) takes about 0.06 s on a line of 19 a's: under the line's 1 s, but 200 lines would take 12 s and
+    the trial's timeout would blame the command. A regex's total time on a trial is bounded (2 s, or 1 ms a line):
+    the trial fails at once naming the regex, as bad input."""
+    (tmp_path / "a.txt").write_text(("a" * 19 + "\n") * 200)
+    t0 = time.monotonic()
+    r = cli("run", "command", "--device", "cpu", "--trials", "1", "--timeout", "8", "--retries", "0",
+            "--metric", "x=(a|a)*b(1),higher", "--", "cat", "a.txt")
+    assert r.returncode != 0
+    assert time.monotonic() - t0 < 30
+    [t] = stored(tmp_path)
+    assert t["status"] == "failed" and t["kind"] == "input", t
+    assert "timed out" not in t["error"]
+    assert t["error"].startswith("metric x: its regex '(a|a)*b(1)' took "), t["error"]
+    assert "a trial's matching gets 2 s, or 1 ms a line) and was stopped: it backtracks" in t["error"]
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_a_metric_missing_past_a_line_cut_at_1_mib_says_the_line_was_cut(cli, tmp_path, bare):
+    """A line over 1 MiB reaches the parsers as its first MiB: a figure past the cut is never read, and the trial's
+    failure says so rather than only that the metric never appeared."""
+    (tmp_path / "long.py").write_text("import sys\nsys.stdout.write('start\\nnoise\\n' + 'x' * (2 * 2**20 + 100000) "
+                                      "+ ' value: 5\\n')\n")
+    r = cli("run", "command", "--device", "cpu", "--trials", "1", "--retries", "0", "--metric",
+            r"v=value: ([0-9]+),higher", *(["--bare"] if bare else []), "--", sys.executable, "long.py")
+    assert r.returncode != 0
+    [t] = stored(tmp_path)
+    assert t["status"] == "failed"
+    assert t["error"].startswith("metric v (regex 'value: ([0-9]+)') never appeared; line 3 of stdout was 2.1 MiB, "
+                                 "cut at 1 MiB: a metric past the cut is not read; last lines: "), t["error"]

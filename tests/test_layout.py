@@ -20,7 +20,7 @@ COMMANDS = "gpuvs.cli.commands"  # the package of command modules, one per comma
 # and no two packages import each other. Each entry is a package (or one of the few modules at the top);
 # a floor may hold several that do not import each other.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("gpuvs", "gpuvs.errors", "gpuvs.events", "gpuvs.registry", "gpuvs.safetext", "gpuvs.spawn"),  # the shared vocabulary
+    ("gpuvs", "gpuvs.errors", "gpuvs.events", "gpuvs.pipequeue", "gpuvs.registry", "gpuvs.safetext", "gpuvs.spawn"),  # the shared vocabulary
     ("gpuvs.contain",),  # a job's whole process tree held (spawn's process groups, a subreaper, a cgroup)
     ("gpuvs.params", "gpuvs.spec"),
     ("gpuvs.probes", "gpuvs.store", "gpuvs.kube"),  # what a machine is; what is kept; the cluster's client
@@ -243,11 +243,12 @@ def test_packages_keep_their_declared_order():
 
 
 def test_few_modules_are_left_at_the_top():
-    """The top holds the shared vocabulary and the entry points kept for one release (`python -m gpuvs.worker`,
+    """The top holds the shared vocabulary (pipequeue: a job's output queue, used below and above environments/)
+    and the entry points kept for one release (`python -m gpuvs.worker`,
     `gpuvs.inside`, `gpuvs.zygote`: each only runs its module in gpuvs.trial)."""
     top = sorted(p.stem for p in (SRC / "gpuvs").glob("*.py"))
-    assert top == ["__init__", "__main__", "contain", "errors", "events", "inside", "params", "registry", "safetext",
-                   "spawn", "spec", "worker", "zygote"]
+    assert top == ["__init__", "__main__", "contain", "errors", "events", "inside", "params", "pipequeue", "registry",
+                   "safetext", "spawn", "spec", "worker", "zygote"]
     for shim in ("worker", "inside", "zygote"):
         text = (SRC / "gpuvs" / f"{shim}.py").read_text()
         assert f'runpy.run_module("gpuvs.trial.{shim}"' in text and "import gpuvs" not in text

@@ -3,8 +3,9 @@
 RawJob from `Environment.start_bare()`; gpuvs.workloads.command.bare turns it into the trial's protocol events.
 
 What a RawJob gives, all seen from outside the job:
-    output       (stream, line bytes, arrival time) as the job prints, None once its output has ended (a bounded
-                 queue: a job that prints faster than it is read waits on its pipe)
+    output       (stream, bytes, arrival time) as the job prints (chunks of its pipes, or lines), None once its
+                 output has ended (a pipequeue.SpillQueue: never makes a reader wait, spilling to a file past 16 MiB)
+    blocked()    (reads that found a pipe full, the time the job may have waited on its pipes)
     held         the streams a process the job left still held open when its output was ended (empty: read to
                  their end)
     wait()       its exit status (-N: killed by signal N; None: unknown)
@@ -21,18 +22,16 @@ from __future__ import annotations
 
 import collections
 import os
-import queue
 import select
 import subprocess
 import threading
 import time
 from typing import Any
 
-from gpuvs import spawn
+from gpuvs import pipequeue, spawn
 
 AFTER_EXIT_S = 2.0  # after the process's exit, a pipe found empty and still open this long is held by another
 # process (a child it left): the output ends there, and the trial fails saying so
-OUTPUT_LINES = 10000  # lines read and not yet parsed, at most: then the job waits on its pipe (back-pressure)
 
 
 class RawJob:
@@ -42,9 +41,12 @@ class RawJob:
                   "during the run, no start-up breakdown inside the job")
 
     def __init__(self) -> None:
-        self.output: queue.Queue[tuple[str, bytes, float] | None] = queue.Queue(maxsize=OUTPUT_LINES)
+        self.output = pipequeue.SpillQueue()
         self.launched_at = time.time()
         self.held: list[str] = []
+
+    def blocked(self) -> tuple[int, float]:
+        return 0, 0.0
 
     def running(self) -> bool:
         raise NotImplementedError
@@ -95,10 +97,11 @@ class RawProcess(RawJob):
             self._reading: dict[str, bool] = {"stdout": True, "stderr": True}  # False once a pipe ended
             self.stderr_tail: collections.deque[str] = collections.deque(maxlen=8)  # an engine's own message
             self._waiter = threading.Thread(target=self._wait_exit, daemon=True)
-            self._pumps = [threading.Thread(target=self._pump, args=(s, getattr(self.proc, s)), daemon=True)
-                           for s in ("stdout", "stderr")]
-            for t in [self._waiter, *self._pumps]:
-                t.start()
+            self._stderr_rest = b""
+            self._waiter.start()
+            self._pumps = [pipequeue.Pump(s, getattr(self.proc, s).fileno(), self.output,
+                                          on_data=self._seen if s == "stderr" else None,
+                                          on_end=lambda s=s: self._pipe_ended(s)) for s in ("stdout", "stderr")]
         except BaseException:
             self.kill(grace_s=0.0)
             raise
@@ -128,11 +131,19 @@ class RawProcess(RawJob):
     def after_exit(self, code: int) -> None:
         """Called once the process has exited, before its output is declared ended (read its state)."""
 
-    def _pump(self, stream: str, pipe) -> None:
-        for raw in iter(pipe.readline, b""):
-            self.output.put((stream, raw, time.time()))
-            if stream == "stderr":
-                self.stderr_tail.append(raw.decode("utf-8", "replace").strip())
+    def blocked(self) -> tuple[int, float]:
+        return pipequeue.blocked(self._pumps, self.output)
+
+    def _seen(self, data: bytes) -> None:
+        """stderr's last lines, for an engine's own message (a line's first 4 KiB)."""
+        *lines, rest = (self._stderr_rest + data).split(b"\n")
+        self._stderr_rest = rest[-4096:]
+        for raw in lines[-8:]:
+            self.stderr_tail.append(raw[:4096].decode("utf-8", "backslashreplace").strip())
+
+    def _pipe_ended(self, stream: str) -> None:
+        if stream == "stderr" and self._stderr_rest:
+            self.stderr_tail.append(self._stderr_rest.decode("utf-8", "backslashreplace").strip())
         self._reading[stream] = False
         with self._lock:
             self._open -= 1

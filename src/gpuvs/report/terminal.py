@@ -84,6 +84,8 @@ class StepLog:
         loss = (event.get("extra") or {}).get("loss")
         if loss is None and not (event.get("extra") or {}).get("display"):
             return
+        if loss is None and not thinned(len(values)):  # a command's step figure: a line per step up to 100, then
+            return  # one every 10, 100, ... steps, so that a long series costs the terminal little (its store keeps them)
         if series not in self._header_done:
             label = "" if series == "main" else f" [{series}]"
             unit = safe_text(event["unit"])
@@ -99,7 +101,6 @@ class StepLog:
             line += f"\t{loss:.3f}"
         self.console.print(line, markup=False, highlight=False)
 
-
     def figures(self, series: str, rate: float, pm: float, jit: float, n: int) -> str:
         """'0.104 +/- 0.0021 (jitter = 0.0030)': the rate with the significant figures that tell it from the line
         before (at least 3), the spread with the rate's decimals and at least 2 significant figures; a single
@@ -110,6 +111,12 @@ class StepLog:
         pm_text, jit_text = ((NO_SPREAD, NO_SPREAD) if n < 2 else
                              (plain(pm, places, 2), plain(jit, places, 2)))
         return f"{text} +/- {pm_text} (jitter = {jit_text})"
+
+
+def thinned(n: int) -> bool:
+    """Whether the n-th step of a command's step figure gets a line: every one up to 100, then one in 10 up to
+    1,000, one in 100 up to 10,000, and so on."""
+    return n <= 100 or n % 10 ** (len(str(n)) - 2) == 0
 
 
 def trial_line(result) -> str:

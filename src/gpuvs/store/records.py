@@ -54,6 +54,7 @@ class SeriesSummary:
     p99: float | None = None
     figure: str | None = None  # how the trial's figure was made, where a workload says (command: steps, last printed)
     declared: dict[str, Any] | None = None  # a figure's declaration made while the job ran (the command workload)
+    kept: int | None = None  # samples stored, where fewer than n were (the command workload's long series)
 
     def to_dict(self) -> dict[str, Any]:
         """The summary's JSON: n, unit, better and higher_is_better always, each figure where there is one."""

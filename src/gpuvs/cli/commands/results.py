@@ -57,6 +57,8 @@ def _show_logs(st: Store, trials: list[TrialRecord]) -> None:
         if t.error:
             head += f" ({t.error})"
         out.write(f"\n=== {safe_text(head, lines=True)}\n")
+        if (t.config or {}).get("samples_kept"):  # a long series stores some of its samples (job.Series)
+            out.write(f"samples: {safe_text(t.config['samples_kept'])}\n")
         rows = st.outputs(t.id)
         if not rows:
             out.write("(no output stored: only the command workload keeps its job's output)\n")

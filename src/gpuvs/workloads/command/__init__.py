@@ -126,7 +126,8 @@ class Command(Workload):
         from gpuvs.workloads.command import job
 
         if self._session is not None:
-            return job.summarize(samples, self._session.metrics(), self._session.reader.headline)
+            return job.summarize(samples, self._session.metrics(), self._session.reader.headline,
+                                 self._session.series)
         reader = self.settings(params).reader()
         return job.summarize(samples, reader.metrics, reader.headline)
 

@@ -45,12 +45,17 @@ class BareStream(WorkerStream):
         try:
             self._emit(session.config("bare: the command is the environment's own process; gpuvs reads its output "
                                       "from outside", unmeasured=raw.unmeasured))
+            splitters: dict[str, job._Splitter] = {}
             while True:
                 item = raw.output.get()
                 if item is None:
                     break
                 stream, data, at = item
-                for event in session.line(stream, data, at):
+                splitter = splitters.setdefault(stream, job._Splitter())
+                for event in session.pieces(stream, splitter.feed(data), at):
+                    self._emit(event)
+            for stream, splitter in splitters.items():
+                for event in session.pieces(stream, splitter.end(), time.time()):
                     self._emit(event)
             code = raw.wait(timeout=60)
             self._emit({"type": "fingerprint", "data": raw.facts()})  # once it ran: a pod's node is known then
@@ -67,6 +72,9 @@ class BareStream(WorkerStream):
             if timing.get("resolution_s") is not None:
                 self._emit(events.config(wall_time_clock=timing["clock"], wall_time_resolution_s=timing["resolution_s"]))
             held = getattr(raw, "held", [])
+            flag = job.pipe_waits(*raw.blocked(), timing.get("wall_s"))
+            if flag:
+                self._emit(flag)
             done, failure = session.ended(code, timing.get("wall_s"),
                                           job.signal_name(code) if code is not None and code < 0 else None,
                                           unread=job.unread_text(held, timing.get("wall_s")) if held else None)
@@ -80,7 +88,7 @@ class BareStream(WorkerStream):
                 self._emit(event)
         finally:
             self._emit({"type": "summary", "data": job.summarize(self.samples, session.metrics(),
-                                                                 session.reader.headline)})
+                                                                 session.reader.headline, session.series)})
             if failure is not None:
                 self._emit(events.error(*failure))
             self._failed = failure is not None

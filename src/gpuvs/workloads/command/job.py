@@ -14,9 +14,11 @@ sample too. summarize() gives the trial's figure of each: the mean, +/- and jitt
 definitions of stats.summarize_series for figures that are not items over time, in plain Python: the worker may run
 in an image whose Python has no numpy), the last printing otherwise.
 
-Wrapped, the job's pipes are read to their end, every line through the parsers, in bounded memory (_Pipes: a queue of
-chunks, then back-pressure on the job's pipe); a pipe that something the job left behind holds open fails the trial
-(unread_text), never a partial read kept as a result. A --metric regex's time on a line is bounded (outputs/budget.py).
+Wrapped, the job's pipes are read to their end, every line through the parsers, in bounded memory (_Pipes: a queue
+that spills to a temporary file past 16 MiB, so the job never waits on its pipe for gpuvs); a pipe that something the
+job left behind holds open fails the trial (unread_text), never a partial read kept as a result. A --metric regex's
+time on a line and on the whole output is bounded (outputs/budget.py). A series keeps at most KEEP_FIRST + RESERVOIR
++ 1 samples (Series), its summary over all of them.
 
 Each stream's text is kept for the store, capped at OUTPUT_CAP bytes (its first HEAD and last TAIL bytes, and how
 much was cut between them) and shown by `gpuvs results show ID --log`.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import queue
+import random
 import select
 import shlex
 import signal
@@ -39,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from gpuvs import contain, events
+from gpuvs import contain, events, pipequeue
 from gpuvs.workloads.command import outputs
 from gpuvs.probes import program
 from gpuvs.errors import WorkloadError
@@ -51,9 +54,9 @@ TAIL = 48 * 1024  # and from its end
 OUTPUT_CAP = HEAD + TAIL  # at most this much of each stream is stored
 AFTER_EXIT_S = 2.0  # after the job's exit, a pipe still open with nothing arriving this long is held by another
 # process (one it left in the background): reading stops there and the trial fails
-READ_CHUNK = 64 * 1024  # bytes read from a pipe at once
-BUFFER_CHUNKS = 256  # chunks read and not yet parsed, at most (16 MiB): then the job waits on its pipe
 MAX_LINE = 1024 * 1024  # bytes of one line its parsers read (the rest of a longer line is stored, not parsed)
+KEEP_FIRST = 10_000  # samples of a series stored as they come; of the rest, a uniform draw of RESERVOIR (and the
+RESERVOIR = 10_000  # last one): the summary's count, mean, +/-, min and max are over every sample all the same
 STOP_GRACE_S = 1.0  # a job being stopped gets this long after SIGTERM before SIGKILL
 MAD_SCALE = 1.4826
 
@@ -111,11 +114,11 @@ class Capture:
 
     def event(self) -> dict[str, Any]:
         cut = self.total - len(self.head) - len(self.tail)
-        text = self.head.decode("utf-8", "replace")
+        text = self.head.decode("utf-8", "backslashreplace")
         if cut:
             text += f"\n[... gpuvs kept the first {len(self.head)} and the last {len(self.tail)} bytes of " \
                     f"{self.total}: {cut} bytes cut here ...]\n"
-        text += self.tail.decode("utf-8", "replace")
+        text += self.tail.decode("utf-8", "backslashreplace")
         return events.output(self.stream, text, self.total, self.lines, cut)
 
 
@@ -133,6 +136,87 @@ def steps_only(metric: Metric) -> bool:
     return metric.per_step and not metric.cumulative
 
 
+class Series:
+    """One series' samples as the store keeps them, in bounded space: the first KEEP_FIRST sent on as they come,
+    then a uniform reservoir of RESERVOIR of the rest (Algorithm R, seeded: the same output keeps the same samples),
+    sent with the last one at the end. Its count, exact sum (math.fsum's partials), variance (Welford's), minimum
+    and maximum are over every sample."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.n = 0  # samples
+        self._k = 0  # of them with a value
+        self._partials: list[float] = []  # the exact running sum (Shewchuk's algorithm, as math.fsum)
+        self._mean = 0.0
+        self._m2 = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+        self.reservoir: list[tuple[int, dict[str, Any]]] = []
+        self.last: tuple[int, dict[str, Any]] | None = None
+        self._random = random.Random(name)
+
+    def add(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """The event to send on now, or None (held for the end, or not kept)."""
+        value = event.get("value")
+        index = self.n
+        self.n += 1
+        if value is not None:
+            self._count(float(value))
+        self.last = (index, event)
+        if index < KEEP_FIRST:
+            return event
+        seen = index - KEEP_FIRST  # of the rest, this one's place
+        if seen < RESERVOIR:
+            self.reservoir.append((index, event))
+        else:
+            j = self._random.randrange(seen + 1)
+            if j < RESERVOIR:
+                self.reservoir[j] = (index, event)
+        return None
+
+    def _count(self, value: float) -> None:
+        self._k += 1
+        self.min, self.max = min(self.min, value), max(self.max, value)
+        delta = value - self._mean
+        self._mean += delta / self._k
+        self._m2 += delta * (value - self._mean)
+        partials, i, x = self._partials, 0, value
+        for y in partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                partials[i] = lo
+                i += 1
+            x = hi
+        partials[i:] = [x]
+
+    def held(self) -> list[dict[str, Any]]:
+        """The samples held for the end, in the order they came: the reservoir's, and the last one."""
+        kept = dict(self.reservoir)
+        if self.last is not None and self.last[0] >= KEEP_FIRST:
+            kept[self.last[0]] = self.last[1]
+        return [kept[i] for i in sorted(kept)]
+
+    @property
+    def kept(self) -> int:
+        return min(self.n, KEEP_FIRST) + len(self.held())
+
+    def figures(self) -> dict[str, float]:
+        """n, mean, +/- (standard error), min and max over every sample."""
+        out: dict[str, float] = {"n": self._k}
+        if self._k:
+            mean = math.fsum(self._partials) / self._k
+            sd = math.sqrt(max(self._m2, 0.0) / (self._k - 1)) if self._k > 1 else 0.0
+            out.update(mean=mean, pm=sd / math.sqrt(self._k), min=self.min, max=self.max)
+        return out
+
+    def words(self) -> str:
+        return (f"{self.name}: kept {self.kept:,} of {self.n:,} samples (the first {KEEP_FIRST:,}, then "
+                f"{len(self.reservoir):,} drawn uniformly from the rest, and the last)")
+
+
 class Session:
     """A job's output in, protocol events out. `streams`: the streams the job's output arrives on (a pod's log is
     one stream, stdout). Times are seconds on the caller's clock; `launched` is when gpuvs launched the trial."""
@@ -144,6 +228,8 @@ class Session:
         self.captures = {s: Capture(s) for s in streams}
         self.marks: dict[str, float] = {}
         self._printed: dict[str, int] = {}
+        self._cutting: dict[str, list[int]] = {}  # stream -> [number, bytes so far] of a line cut at MAX_LINE
+        self.series: dict[str, Series] = {}  # each series' samples, kept in bounded space
 
     # -- as the job runs --------------------------------------------------------------------------------------------
 
@@ -165,6 +251,26 @@ class Session:
         """Output stored (within the cap) but not parsed: the rest of an over-long line, a stopped job's last words."""
         self.captures.setdefault(stream, Capture(stream)).add(data)
 
+    def pieces(self, stream: str, pieces: Iterator[tuple[bytes, bool]], at: float) -> list[dict[str, Any]]:
+        """What a _Splitter made of a chunk: each line parsed, and the rest of a line past MAX_LINE kept and
+        counted (a line cut there is named if a metric never appeared)."""
+        out: list[dict[str, Any]] = []
+        for piece, parse in pieces:
+            if parse:
+                out += self.line(stream, piece, at)
+                continue
+            self.keep(stream, piece)
+            cut = self._cutting.setdefault(stream, [self.reader.lines(stream), MAX_LINE])
+            cut[1] += len(piece)
+            if piece.endswith(b"\n"):
+                self._cut_ended(stream)
+        return out
+
+    def _cut_ended(self, stream: str) -> None:
+        number, size = self._cutting.pop(stream)
+        self.reader.cut(f"line {number} of {stream} was {size / 2**20:.1f} MiB, cut at {MAX_LINE // 2**20} MiB: "
+                        "a metric past the cut is not read")
+
     def line(self, stream: str, data: bytes, at: float) -> list[dict[str, Any]]:
         """One line of output (its newline may be on it), arrived at `at`."""
         self.keep(stream, data)
@@ -172,7 +278,19 @@ class Session:
         readings = self.reader.feed(data, stream)
         if readings:
             out += self.mark("first_result_s", at)
-        return out + [self.sample(r) for r in readings]
+        return out + self.samples(readings)
+
+    def samples(self, readings: list[Reading]) -> list[dict[str, Any]]:
+        """The sample events to send now (Series: a long series' later samples are held for the end, or dropped)."""
+        out = []
+        for reading in readings:
+            series = self.series.get(reading.name)
+            if series is None:
+                series = self.series[reading.name] = Series(reading.name)
+            event = series.add(self.sample(reading))
+            if event is not None:
+                out.append(event)
+        return out
 
     def sample(self, reading: Reading) -> dict[str, Any]:
         metric = self.reader.metric(reading.name)
@@ -191,13 +309,24 @@ class Session:
         """The job has exited with status `code` (None: unknown) after `wall_s` seconds (None: not measured);
         `unread`: why its output could not be read to its end (None: it was). (What its parsers read at the end,
         its wall time and its output as events; the trial's failure as (kind, message), or None.)"""
-        out = [self.sample(r) for r in self.reader.finish()]
+        for stream in list(self._cutting):
+            self._cut_ended(stream)
+        out = self.samples(self.reader.finish())
         if wall_s is not None:
-            out.append(self.sample(self.reader.wall_time(wall_s)))
+            out += self.samples([self.reader.wall_time(wall_s)])
+        out += self.held()
         if self.reader.info:
             out.append(events.config(parser_info=self.reader.info))
         out += self.output_events()
         return out, self.failure(code, signalled, unread)
+
+    def held(self) -> list[dict[str, Any]]:
+        """The samples held for the end (Series), and what was kept of each series cut, said in the config."""
+        out = [e for series in self.series.values() for e in series.held()]
+        cut = [series.words() for series in self.series.values() if series.kept < series.n]
+        if cut:
+            out.append(events.config(samples_kept="; ".join(cut)))
+        return out
 
     def output_events(self) -> list[dict[str, Any]]:
         return [c.event() for c in self.captures.values() if c.total or c.stream == "stdout"]
@@ -252,10 +381,13 @@ def steps_summary(values: list[float]) -> dict[str, float]:
             "p99": _percentile(arr, 99)}
 
 
-def summarize(samples: list[dict[str, Any]], metrics: list[Metric], headline: str | None) -> dict[str, dict[str, Any]]:
+def summarize(samples: list[dict[str, Any]], metrics: list[Metric], headline: str | None,
+              series: dict[str, Series] | None = None) -> dict[str, dict[str, Any]]:
     """{figure: its trial summary}, the headline first. Each summary carries its declaration ("declared": better,
     the verdict's words, headline), so that a figure the job declared while it ran (JSON lines) is compared with
-    its own words, never guessed ones."""
+    its own words, never guessed ones. `series`: the session's, where a series kept fewer samples than it had:
+    its n, mean, +/-, min and max are then over all of them ("kept": how many are stored), its median, jitter
+    and percentiles over those kept."""
     by_name = {m.name: m for m in metrics}
     groups: dict[str, list[dict[str, Any]]] = {}
     for s in samples:
@@ -277,6 +409,12 @@ def summarize(samples: list[dict[str, Any]], metrics: list[Metric], headline: st
             last = group[-1]
             extra = last.get("extra") or {}
             summary.update(value=values[-1], pm=extra.get("pm"), jitter=extra.get("jitter"), figure="last printed")
+        whole = (series or {}).get(name)
+        if whole is not None and whole.kept < whole.n:
+            figures = whole.figures()
+            if summary["figure"] == "steps":
+                summary.update(figures, value=figures["mean"])
+            summary.update(n=figures["n"], kept=len(values))
         out[name] = summary
     if headline in out:
         out = {headline: out[headline], **{k: v for k, v in out.items() if k != headline}}
@@ -348,38 +486,29 @@ class _Splitter:
 
 
 class _Pipes:
-    """The job's stdout and stderr, each read by a thread as it comes, in chunks of READ_CHUNK bytes at most, into
-    a queue of BUFFER_CHUNKS chunks that this thread takes to the parsers. A job that prints faster than its lines
-    are parsed and sent on runs at full speed until the queue holds BUFFER_CHUNKS chunks; then it waits on its
-    full pipe (back-pressure) until gpuvs catches up: memory stays bounded whatever it prints, and nothing is
-    dropped."""
+    """The job's stdout and stderr, each read by a thread as it comes (pipequeue.Pump: what the pipe holds at once)
+    into a queue that this thread takes to the parsers. The queue never makes a reader wait: past 16 MiB in memory
+    it spills to a temporary file (pipequeue.py), so the job runs at full speed whatever it prints, and nothing is
+    dropped. A read that found a pipe full counts as time the job may have waited on it (blocked())."""
 
     def __init__(self, proc: subprocess.Popen):
         self.proc = proc
-        self.queue: queue.Queue = queue.Queue(maxsize=BUFFER_CHUNKS)
+        self.queue = pipequeue.SpillQueue()
         self.open = {"stdout", "stderr"}
         self.splitters = {s: _Splitter() for s in self.open}
         self.exited_at: float | None = None  # perf_counter at the job's exit, taken by a thread that waits for it
-        self._threads = [threading.Thread(target=self._pump, args=(s, getattr(proc, s).fileno()),
-                                          name=f"gpuvs-job-{s}", daemon=True) for s in ("stdout", "stderr")]
-        self._threads.append(threading.Thread(target=self._wait, name="gpuvs-job-wait", daemon=True))
-        for t in self._threads:
-            t.start()
-
-    def _pump(self, stream: str, fd: int) -> None:
-        while True:
-            try:
-                data = os.read(fd, READ_CHUNK)
-            except OSError:  # closed under it: the job was stopped and its pipes closed
-                data = b""
-            self.queue.put((stream, data or None, time.time()))
-            if not data:
-                return
+        self.pumps = [pipequeue.Pump(s, getattr(proc, s).fileno(), self.queue) for s in ("stdout", "stderr")]
+        self._waiter = threading.Thread(target=self._wait, name="gpuvs-job-wait", daemon=True)
+        self._waiter.start()
 
     def _wait(self) -> None:
         self.proc.wait()
         self.exited_at = time.perf_counter()
         self.queue.put(("exit", None, time.time()))
+
+    def blocked(self) -> tuple[int, float]:
+        """(reads that found a pipe full, the time the job may have waited on its pipes: an upper bound)."""
+        return pipequeue.blocked(self.pumps, self.queue)
 
     def read(self, timeout: float | None) -> tuple[str, bytes | None, float] | None:
         """What arrived next within `timeout`: (stream, bytes, arrival time), with None for a stream that reached
@@ -388,6 +517,7 @@ class _Pipes:
             item = self.queue.get(timeout=timeout)
         except queue.Empty:
             return None
+        assert item is not None
         if item[1] is None:
             self.open.discard(item[0])
         return item
@@ -406,6 +536,7 @@ class _Pipes:
         if not self.open:
             for stream in ("stdout", "stderr"):
                 getattr(self.proc, stream).close()
+            self.queue.close()
 
 
 def run(session: Session) -> Iterator[dict[str, Any]]:
@@ -455,11 +586,25 @@ def run(session: Session) -> Iterator[dict[str, Any]]:
     code = proc.returncode if proc.returncode is not None else code
     # what it ran, read here where it ran, once it has ended (its --version never inside the measurement)
     yield events.config(program=program.describe(settings.argv, os.path.abspath(settings.workdir or os.getcwd()), env))
+    flag = pipe_waits(*pipes.blocked(), wall_s)
+    if flag:
+        yield flag
     done, failure = session.ended(code, wall_s, signal_name(code) if code < 0 else None,
                                   unread=unread_text(held, wall_s) if held else None)
     yield from done
     if failure is not None:
         raise WorkloadError(*failure)
+
+
+def pipe_waits(full: int, waited_s: float, wall_s: float | None) -> dict[str, Any] | None:
+    """A trial whose job found its output pipe full: the config event that flags it (its wall time may hold up to
+    that much of gpuvs's reading; an upper bound, so the trial is flagged, not failed), else None."""
+    if not full:
+        return None
+    of = f" of its {wall_s:.3g} s" if wall_s is not None else ""
+    said = (f"gpuvs found the command's output pipe full {full} time{'s' * (full > 1)}: the command may have "
+            f"waited up to {waited_s:.3g} s{of} on it (its wall time may hold that much of gpuvs's reading)")
+    return events.config(output_pipe_full=said)
 
 
 def unread_text(held: list[str], wall_s: float | None) -> str:
@@ -491,11 +636,7 @@ def _read(session: Session, pipes: _Pipes):
         if stream == "exit":
             continue
         splitter = pipes.splitters[stream]
-        for piece, parse in (splitter.feed(data) if data is not None else splitter.end()):
-            if parse:
-                yield from session.line(stream, piece, at)
-            else:
-                session.keep(stream, piece)
+        yield from session.pieces(stream, splitter.feed(data) if data is not None else splitter.end(), at)
     return []
 
 

@@ -1,4 +1,4 @@
-"""The time one regex may spend on one line of a job's output: `--metric` regexes are the user's, and Python's `re`
+"""The time one regex may spend on one line of a job's output, and on all of it: `--metric` regexes are the user's, and Python's `re`
 backtracks, so `(a|a)*b` on a 40-character line would take hours (and a nested quantifier, `(a+)+b`, is refused
 before anything starts: patterns.backtracking()).
 
@@ -11,6 +11,9 @@ worker in a user's image never takes this path), which stops a match at its time
 run meanwhile (`concurrent`); where `regex` cannot take a pattern, the time is measured around the match and a
 match over its budget is reported once it returns.
 
+A regex's total time on a trial's output is bounded too (over_trial()): TRIAL_CPU_S, or LINE_CPU_S per line searched
+if more, so that a regex just under the line's budget cannot spend the trial's timeout on a few hundred lines.
+
 Standard library only where it runs inside the user's image (the main thread's path)."""
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from contextlib import contextmanager
 from typing import Iterator
 
 MATCH_CPU_S = 1.0  # CPU seconds one regex may spend on one line
+TRIAL_CPU_S = 2.0  # CPU seconds one regex may spend on a trial's whole output, or LINE_CPU_S a line if more: a regex
+LINE_CPU_S = 0.001  # slower than that is stopped, so that a trial's time goes to its command, not to gpuvs's matching
 TICK_S = 0.1  # how often a running match is checked, while watching()
 
 _deadline: float | None = None  # the current match's end of budget, on time.thread_time()'s clock
@@ -89,3 +94,8 @@ def search(regex, text: str, budget_s: float = MATCH_CPU_S):
     if time.thread_time() - start > budget_s:
         raise Overtime
     return match
+
+
+def over_trial(spent_s: float, lines: int) -> bool:
+    """Whether a regex that spent `spent_s` CPU seconds on `lines` lines is past its budget for the trial."""
+    return spent_s > max(TRIAL_CPU_S, LINE_CPU_S * lines)

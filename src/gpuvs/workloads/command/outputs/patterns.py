@@ -13,12 +13,14 @@ and the parser that reads them.
   the trial (a final figure follows the intermediate ones a job prints on its way).
 - The regex may hold commas: the direction and unit are read from the right.
 - Its time is bounded: a nested quantifier that backtracks (`(a+)+`, `(\\w+\\s?)*`) is refused before anything starts
-  (backtracking()), and each match gets budget.MATCH_CPU_S of CPU on a line; a regex past it fails the trial,
-  named, and is not searched again."""
+  (backtracking()), each match gets budget.MATCH_CPU_S of CPU on a line, and all of a trial's matches of one regex
+  budget.TRIAL_CPU_S (or budget.LINE_CPU_S a line, if more); a regex past either fails the trial, named, and is not
+  searched again."""
 
 from __future__ import annotations
 
 import re
+import time
 from typing import Iterable
 
 from gpuvs.errors import UsageError
@@ -31,6 +33,8 @@ try:  # Python 3.11+
 except ImportError:  # Python 3.10
     import sre_parse as _sre  # type: ignore[no-redef]
 
+_BACKTRACKS = ("it backtracks (alternatives or repeats that match the same text, e.g. (a|a)*); simplify the regex. "
+               "The command's output was read to its end without it")
 SYNTAX = "NAME=REGEX,higher|lower|rate|time[,UNIT]"
 WORDS = DIRECTIONS + tuple(KIND_DIRECTION)  # what may follow the regex: a direction, or a kind that implies one
 _WORD = re.compile(r"[A-Za-z]+")
@@ -170,6 +174,8 @@ class PatternParser(Parser):
             self._regex[m.name] = (regex, value_group(regex), regex.groupindex.get("step"))
         self._count: dict[str, int] = {}
         self._overtime: set[str] = set()  # metrics whose regex ran past its budget: not searched again
+        self._spent: dict[str, float] = {}  # CPU seconds each regex spent so far, on how many lines
+        self._searched: dict[str, int] = {}
 
     @classmethod
     def from_specs(cls, metrics: Iterable[str] = (), step_metrics: Iterable[str] = ()) -> "PatternParser":
@@ -182,14 +188,23 @@ class PatternParser(Parser):
             if m.name in self._overtime:
                 continue
             regex, group, step_group = self._regex[m.name]
+            start = time.thread_time()
             try:
                 match = budget.search(regex, line.text)
             except budget.Overtime:
                 self._overtime.add(m.name)
                 raise OutputError(f"metric {m.name}: its regex {m.pattern!r} took over {budget.MATCH_CPU_S:g} s of CPU "
-                                  f"on {line.source} ({len(line.text)} characters) and was stopped: it backtracks "
-                                  "(alternatives or repeats that match the same text, e.g. (a|a)*); simplify the "
-                                  "regex. The command's output was read to its end without it", kind="input") from None
+                                  f"on {line.source} ({len(line.text)} characters) and was stopped: {_BACKTRACKS}",
+                                  kind="input") from None
+            spent = self._spent[m.name] = self._spent.get(m.name, 0.0) + time.thread_time() - start
+            searched = self._searched[m.name] = self._searched.get(m.name, 0) + 1
+            if budget.over_trial(spent, searched):
+                self._overtime.add(m.name)
+                raise OutputError(f"metric {m.name}: its regex {m.pattern!r} took {spent:.3g} s of CPU on {searched} "
+                                  f"line{'s' * (searched > 1)} of output ({spent / searched:.2g} s a line, up to "
+                                  f"{line.source}; a trial's matching gets {budget.TRIAL_CPU_S:g} s, or "
+                                  f"{budget.LINE_CPU_S * 1000:g} ms a line) and was stopped: {_BACKTRACKS}",
+                                  kind="input")
             if match is None or match.group(group) is None:  # no match, or an optional group that took no part
                 continue
             value = number(match.group(group), f"metric {m.name} ({m.where}) on {line.source}")

@@ -60,6 +60,16 @@ class Reader:
         self.problem_kind = "crash"  # input: the user's own declaration failed (a regex past its time budget)
         self._tail: deque[Line] = deque(maxlen=keep_lines)
         self._lines = dict.fromkeys(STREAMS, 0)
+        self.cuts: list[str] = []  # lines the wrapper cut before the parsers read them (the first few, in words)
+
+    def lines(self, stream: str) -> int:
+        """Lines of `stream` read so far."""
+        return self._lines.get(stream, 0)
+
+    def cut(self, words: str) -> None:
+        """The wrapper cut a line before its parsers read it whole (said if a metric never appears)."""
+        if len(self.cuts) < 3:
+            self.cuts.append(words)
 
     @property
     def metrics(self) -> list[Metric]:
@@ -80,7 +90,7 @@ class Reader:
         if stream not in STREAMS:
             raise ValueError(f"stream must be one of {STREAMS}, not {stream!r}")
         if isinstance(text, bytes):
-            text = text.decode("utf-8", "replace")
+            text = text.decode("utf-8", "backslashreplace")
         self._lines[stream] += 1
         out: list[Reading] = []
         for part in text.rstrip("\r\n").split("\r"):
@@ -156,7 +166,8 @@ class Reader:
             return None
         shown = (" | ".join(f"{ln.stream}: {safe_text(' '.join(ln.text.split())[:200])}" for ln in self.tail(lines))
                  or "(the job printed nothing)")
-        return safe_text("; ".join(map(str, missing))) + f"; last lines: {shown}"
+        cuts = "".join(f"; {c}" for c in self.cuts)
+        return safe_text("; ".join(map(str, missing))) + cuts + f"; last lines: {shown}"
 
 
 def _label(owner: Any) -> str:
