@@ -173,9 +173,10 @@ def node_guard() -> dict[str, dict]:
     return {m["kind"]: m for name in k["resources"] for m in yaml.safe_load_all((NODE_GUARD / name).read_text())}
 
 
-def guard_allows(policy: dict, user: str, old: dict, new: dict) -> bool | list[str]:
+def guard(policy: dict, user: str, old: dict, new: dict) -> list[str] | None:
     """The policy's CEL, evaluated by cel-python as the API server (1.30+) would for an UPDATE of node `old` to
-    `new` by `user`: True when admitted, else the messages of the validations that fail."""
+    `new` by `user`: None when the user is not judged (matchConditions), else the messages of the validations
+    that fail ([]: admitted)."""
     import celpy
 
     env = celpy.Environment()
@@ -188,20 +189,19 @@ def guard_allows(policy: dict, user: str, old: dict, new: dict) -> bool | list[s
         return bool(got)
 
     if not all(true(c["expression"]) for c in policy["spec"]["matchConditions"]):
-        return True  # not the agent: not judged
-    failed = [v["message"] for v in policy["spec"]["validations"] if not true(v["expression"])]
-    return failed or True
+        return None
+    return [v["message"] for v in policy["spec"]["validations"] if not true(v["expression"])]
 
 
 def test_the_node_guard_lets_the_agent_change_only_gpuvs_labels_and_annotations():
     """deploy/node-guard (opt-in; Kubernetes 1.30+, which the 1.20 test cluster is not): its structure, and each
     CEL expression evaluated (cel-python) on the node changes the agent makes, which pass, and on the ones RBAC's
     `patch` would let through, which are refused. Other users are not judged."""
-    guard = node_guard()
-    assert set(guard) == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-    policy, binding = guard["ValidatingAdmissionPolicy"], guard["ValidatingAdmissionPolicyBinding"]
-    assert {m["apiVersion"] for m in guard.values()} == {"admissionregistration.k8s.io/v1"}
-    for m in guard.values():
+    objs = node_guard()
+    assert set(objs) == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    policy, binding = objs["ValidatingAdmissionPolicy"], objs["ValidatingAdmissionPolicyBinding"]
+    assert {m["apiVersion"] for m in objs.values()} == {"admissionregistration.k8s.io/v1"}
+    for m in objs.values():
         assert m["metadata"]["labels"]["app.kubernetes.io/version"] == gpuvs.__version__
         assert "namespace" not in m["metadata"]
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
@@ -230,21 +230,33 @@ def test_the_node_guard_lets_the_agent_change_only_gpuvs_labels_and_annotations(
         "no change": lambda n: None,
         "gpuvs.io/slow tainted": lambda n: n["spec"].update(
             {"taints": [{"key": "gpuvs.io/slow", "value": "true", "effect": "NoSchedule"}]}),
+        # the most one patch of gpuvs's adds: --per-gpu's three labels and the details (fleet/labels.py)
+        "a --per-gpu verdict": lambda n: (n["metadata"]["labels"].update(
+            {"gpuvs.io/perf": "slower", "gpuvs.io/perf-ratio": "0.5", "gpuvs.io/slow-gpus": "1"}),
+            n["metadata"]["annotations"].update({"gpuvs.io/perf-details": "{}"})),
     }
     for what, fn in allowed.items():
-        assert guard_allows(policy, AGENT_USER, node, changed(fn)) is True, what
+        assert guard(policy, AGENT_USER, node, changed(fn)) == [], what
     no_labels = {"metadata": {"name": "n1"}, "spec": {}}
     marked = {"metadata": {"name": "n1", "labels": {"gpuvs.io/testing": "true"}}, "spec": {}}
-    assert guard_allows(policy, AGENT_USER, no_labels, marked) is True  # a node without labels before
-    assert guard_allows(policy, AGENT_USER, marked, no_labels) is True
+    assert guard(policy, AGENT_USER, no_labels, marked) == []  # a node without labels before
+    assert guard(policy, AGENT_USER, marked, no_labels) == []
     other = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
     slow = {"key": "gpuvs.io/slow", "value": "true", "effect": "PreferNoSchedule"}
     tainted = changed(lambda n: n["spec"].update({"taints": [other, slow]}))
     untainted = changed(lambda n: n["spec"].update({"taints": [other]}))
-    assert guard_allows(policy, AGENT_USER, tainted, untainted) is True  # its own taint off, the other kept
-    assert guard_allows(policy, AGENT_USER, untainted, tainted) is True
-    assert guard_allows(policy, AGENT_USER, tainted, changed(lambda n: n["spec"].update({"taints": [slow]}))) \
-        is not True  # another's taint removed
+    assert guard(policy, AGENT_USER, tainted, untainted) == []  # its own taint off, the other kept
+    assert guard(policy, AGENT_USER, untainted, tainted) == []
+    # a NoExecute gpuvs.io/slow someone else put there is not the agent's change: its label patches pass
+    evicting = changed(lambda n: n["spec"].update({"taints": [{**slow, "effect": "NoExecute"}]}))
+    relabelled = yaml.safe_load(yaml.safe_dump(evicting))
+    relabelled["metadata"]["labels"]["gpuvs.io/perf"] = "slower"
+    assert guard(policy, AGENT_USER, evicting, relabelled) == []
+    # the effect raised from PreferNoSchedule to NoExecute is refused
+    assert any("NoExecute" in m for m in guard(policy, AGENT_USER, tainted, changed(lambda n: n["spec"].update(
+        {"taints": [other, {**slow, "effect": "NoExecute"}]}))))
+    removed = guard(policy, AGENT_USER, tainted, changed(lambda n: n["spec"].update({"taints": [slow]})))
+    assert len(removed) == 1 and "spec" in removed[0], removed  # another's taint removed
     refused = {
         "another label added": (lambda n: n["metadata"]["labels"].update({"node-role.kubernetes.io/gpu": ""}), "labels"),
         "another label changed": (lambda n: n["metadata"]["labels"].update({"kubernetes.io/hostname": "x"}), "labels"),
@@ -256,14 +268,23 @@ def test_the_node_guard_lets_the_agent_change_only_gpuvs_labels_and_annotations(
         "tainted": (lambda n: n["spec"].update({"taints": [{"key": "k", "effect": "NoSchedule"}]}), "spec"),
         "a look-alike taint": (lambda n: n["spec"].update({"taints": [{"key": "gpuvs.io/slower", "effect": "NoSchedule"}]}),
                                "spec"),
+        "gpuvs.io/slow NoExecute": (lambda n: n["spec"].update(
+            {"taints": [{"key": "gpuvs.io/slow", "value": "true", "effect": "NoExecute"}]}), "NoExecute"),
+        "5 gpuvs.io/ labels added": (lambda n: n["metadata"]["labels"].update(
+            {f"gpuvs.io/x{i}": "1" for i in range(5)}), "at most 4"),
+        "3 labels and 2 annotations added": (lambda n: (n["metadata"]["labels"].update(
+            {f"gpuvs.io/x{i}": "1" for i in range(3)}), n["metadata"]["annotations"].update(
+            {f"gpuvs.io/y{i}": "1" for i in range(2)})), "at most 4"),
         "a finalizer": (lambda n: n["metadata"].update({"finalizers": ["x/y"]}), "finalizers"),
         "an owner": (lambda n: n["metadata"].update({"ownerReferences": [{"kind": "X", "name": "y"}]}), "owner"),
     }
     for what, (fn, says) in refused.items():
-        got = guard_allows(policy, AGENT_USER, node, changed(fn))
-        assert got is not True and len(got) == 1 and says in got[0], (what, got)
-    # anyone else is not judged: an admin cordons a node
-    assert guard_allows(policy, "kubernetes-admin", node, changed(lambda n: n["spec"].update(unschedulable=True)))
+        got = guard(policy, AGENT_USER, node, changed(fn))
+        assert got is not None and len(got) == 1 and says in got[0], (what, got)
+    # anyone else is not judged: an admin cordons a node, which the agent may not
+    cordoned = changed(lambda n: n["spec"].update(unschedulable=True))
+    assert guard(policy, "kubernetes-admin", node, cordoned) is None
+    assert len(guard(policy, AGENT_USER, node, cordoned)) == 1
 
 
 def kubectls() -> list[tuple[str, str]]:
