@@ -416,6 +416,165 @@ def test_the_python_client_creates_every_object(clean):
     remove_everything(clean)
 
 
+NODE_STATUS_RBAC = (("ClusterRole", "gpuvs-agent-node-status", None), ("ClusterRoleBinding", "gpuvs-agent-node-status", None),
+                    ("Role", "gpuvs-agent-node-events", "default"), ("RoleBinding", "gpuvs-agent-node-events", "default"))
+
+
+def write_gpuvs_marks(cluster) -> None:  # noqa: F811
+    """What a deployed agent leaves on nodes, written by gpuvs's own writers: a slower node's labels, details,
+    taint and True condition on the first node, drift labels and gpuvs.io/testing on the second."""
+    from gpuvs.agent import idle
+    from gpuvs.fleet import labels, taints
+    from gpuvs.kube import nodestatus
+    from gpuvs.kube.client import connect
+
+    gpuvs_cluster = connect(str(cluster.kubeconfig))
+    core = gpuvs_cluster.core
+    slow, other = cluster.nodes[:2]
+    assert labels.apply(core, [
+        labels.LabelChange(slow, {labels.PERF: "slower", labels.RATIO: "0.512"}, {labels.DETAILS: '{"speed": 0.512}'}),
+        labels.LabelChange(other, {labels.DRIFT: "equivalent", labels.DRIFT_RATIO: "0.990"},
+                           {labels.DRIFT_DETAILS: "{}"})]) == [(slow, None), (other, None)]
+    assert taints.set_taint(core, slow, "NoSchedule") is None
+    assert nodestatus.write(core, slow, "True", "SlowerThanPeers", "slower: 0.512x its peers").error is None
+    idle.mark(gpuvs_cluster, other)
+
+
+def gpuvs_marks(cluster) -> dict[str, list[str]]:  # noqa: F811
+    """Every node's gpuvs.io/ labels and annotations, gpuvs.io/slow taint and GpuvsPerformance condition."""
+    from kubernetes import client
+
+    out = {}
+    for n in client.CoreV1Api(api_client(cluster)).list_node().items:
+        keys = [f"label {k}" for k in n.metadata.labels or {} if k.startswith("gpuvs.io/")]
+        keys += [f"annotation {k}" for k in n.metadata.annotations or {} if k.startswith("gpuvs.io/")]
+        keys += [f"taint {t.key}:{t.effect}" for t in n.spec.taints or [] if t.key == "gpuvs.io/slow"]
+        keys += [f"condition {c.type} {c.status} {c.reason}" for c in n.status.conditions or []
+                 if c.type == "GpuvsPerformance"]
+        assert any(c.type == "Ready" for c in n.status.conditions)  # the kubelet's conditions are never touched
+        out[n.metadata.name] = sorted(keys)
+    return out
+
+
+@pytest.mark.cluster
+def test_deploy_delete_takes_off_every_label_annotation_taint_and_condition_gpuvs_wrote(clean):
+    """`gpuvs deploy --condition`, then the marks a deployed agent leaves (labels, details, the taint, the True
+    condition, gpuvs.io/testing) put on two nodes by gpuvs's own writers. `--delete --keep-labels` takes off
+    the taint, the condition and gpuvs.io/testing and says which labels it kept; `--delete` then takes off the
+    rest, and removes deploy/node-status's RBAC too. Before: every mark but gpuvs.io/testing stayed."""
+    from kubernetes.dynamic import DynamicClient
+
+    from conftest import run_cli
+
+    kc = str(clean.kubeconfig)
+    slow, other = clean.nodes[:2]
+    try:
+        r = run_cli("deploy", "--condition", "--kubeconfig", kc, timeout=120)
+        assert r.returncode == 0, r.stderr
+        write_gpuvs_marks(clean)
+        before = gpuvs_marks(clean)
+        assert before[slow] == ["annotation gpuvs.io/perf-details", "condition GpuvsPerformance True SlowerThanPeers",
+                                "label gpuvs.io/perf", "label gpuvs.io/perf-ratio", "taint gpuvs.io/slow:NoSchedule"]
+        assert before[other] == ["annotation gpuvs.io/drift-details", "label gpuvs.io/drift",
+                                 "label gpuvs.io/drift-ratio", "label gpuvs.io/testing"]
+        r = run_cli("deploy", "--delete", "--keep-labels", "--kubeconfig", kc, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        lines = r.stdout.splitlines()
+        assert f"Node/{slow} gpuvs.io/perf, gpuvs.io/perf-ratio, gpuvs.io/perf-details kept (--keep-labels)" in lines
+        assert f"Node/{slow} taint gpuvs.io/slow removed" in lines and \
+            f"Node/{slow} condition GpuvsPerformance removed" in lines, r.stdout
+        assert f"Node/{other} gpuvs.io/testing removed (left by the agent)" in lines, r.stdout
+        after = gpuvs_marks(clean)
+        assert after[slow] == ["annotation gpuvs.io/perf-details", "label gpuvs.io/perf", "label gpuvs.io/perf-ratio"]
+        assert after[other] == ["annotation gpuvs.io/drift-details", "label gpuvs.io/drift", "label gpuvs.io/drift-ratio"]
+        dyn = DynamicClient(api_client(clean))
+        for kind, name, ns in NODE_STATUS_RBAC:
+            r_ = dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind=kind)
+            assert gone(lambda: r_.get(name=name, namespace=ns)), f"{kind}/{name} left"
+        r = run_cli("deploy", "--delete", "--kubeconfig", kc, timeout=180)  # nothing deployed now: the nodes alone
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"Node/{other} gpuvs.io/drift, gpuvs.io/drift-ratio, gpuvs.io/drift-details removed" in r.stdout
+        assert all(keys == [] for keys in gpuvs_marks(clean).values()), gpuvs_marks(clean)
+        assert "kept" not in r.stdout, r.stdout
+    finally:
+        clear_marks(clean)
+        dyn = DynamicClient(api_client(clean))
+        for kind, name, ns in NODE_STATUS_RBAC:
+            gone(lambda: dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind=kind).delete(
+                name=name, namespace=ns))
+        remove_everything(clean)
+
+
+def uninstall_block() -> list[str]:
+    """docs/deploy.md's kubectl uninstall sequence, one command a line."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    block = text[text.index("```bash\n", text.index("**Uninstalling.**")) + 8:]
+    return [line for line in block[:block.index("```")].splitlines() if line.strip()]
+
+
+@pytest.mark.cluster
+def test_the_documented_kubectl_uninstall_leaves_no_mark_and_no_node_status_rbac(clean):
+    """docs/deploy.md's kubectl sequence, run line by line with kubectl 1.20 after `gpuvs deploy --condition`
+    and the marks an agent leaves: no gpuvs.io/ label or annotation, taint or condition is left, and neither is
+    deploy/node-status's RBAC (before: its ClusterRole, ClusterRoleBinding, Role and RoleBinding stayed, with
+    every mark but gpuvs.io/testing). kubectl 1.20 cannot patch a node's status (--subresource is 1.24's): that
+    line's patch is sent through the client, as kubectl 1.24 would send it."""
+    from kubernetes import client
+    from kubernetes.dynamic import DynamicClient
+
+    from conftest import run_cli
+
+    kubectl = BIN / "kubectl"
+    if not kubectl.exists():
+        missing_part(f"kubectl 1.20 is not in {BIN}: run scripts/test-cluster build (it unpacks Debian's)")
+    lines = uninstall_block()
+    assert any("node-status" in line for line in lines) and lines[-1].startswith("kubectl delete -k deploy/ ")
+    env = dict(os.environ, KUBECONFIG=str(clean.kubeconfig), PATH=f"{BIN}:{os.environ['PATH']}")
+    core = client.CoreV1Api(api_client(clean))
+    try:
+        r = run_cli("deploy", "--condition", "--kubeconfig", clean.kubeconfig, timeout=120)
+        assert r.returncode == 0, r.stderr
+        write_gpuvs_marks(clean)
+        assert any(gpuvs_marks(clean).values())
+        for line in lines:
+            if "--subresource=status" in line:
+                body = json.loads(line.split(" -p '")[1].split("'")[0])
+                for n in core.list_node().items:
+                    core.patch_node_status(n.metadata.name, body)
+                continue
+            r = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
+            assert r.returncode == 0, (line, r.stdout, r.stderr)
+        assert all(keys == [] for keys in gpuvs_marks(clean).values()), gpuvs_marks(clean)
+        dyn = DynamicClient(api_client(clean))
+        for kind, name, ns in NODE_STATUS_RBAC:
+            res = dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind=kind)
+            assert gone(lambda: res.get(name=name, namespace=ns)), f"{kind}/{name} left"
+    finally:
+        clear_marks(clean)
+        dyn = DynamicClient(api_client(clean))
+        for kind, name, ns in NODE_STATUS_RBAC:
+            gone(lambda: dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind=kind).delete(
+                name=name, namespace=ns))
+        remove_everything(clean)
+
+
+def clear_marks(cluster) -> None:  # noqa: F811
+    """The nodes without gpuvs's marks, whatever a failed test left (through the admin's client, not gpuvs's)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client(cluster))
+    for n in core.list_node().items:
+        keys = {"labels": {k: None for k in n.metadata.labels or {} if k.startswith("gpuvs.io/")},
+                "annotations": {k: None for k in n.metadata.annotations or {} if k.startswith("gpuvs.io/")}}
+        core.patch_node(n.metadata.name, {"metadata": keys})
+        if any(t.key == "gpuvs.io/slow" for t in n.spec.taints or []):
+            core.patch_node(n.metadata.name, {"spec": {"taints": [
+                t for t in core.api_client.sanitize_for_serialization(n.spec.taints) if t["key"] != "gpuvs.io/slow"]}})
+        if any(c.type == "GpuvsPerformance" for c in n.status.conditions or []):
+            core.patch_node_status(n.metadata.name, {"status": {"conditions": [
+                {"type": "GpuvsPerformance", "$patch": "delete"}]}})
+
+
 @pytest.fixture(scope="module")
 def deployed(clean):
     """deploy/ applied with `kubectl apply -k` (kubectl 1.20, the cluster's own), for the rest of the module."""
