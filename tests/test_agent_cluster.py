@@ -513,7 +513,8 @@ def test_the_api_server_away_for_a_while_then_back_the_agent_backs_off_and_recov
 
     log = tmp_path / "agent.log"
     agent = subprocess.Popen([sys.executable, "-m", "gpuvs", "agent", "--kubeconfig", str(proxied), "--namespace",
-                              "default", "--image", BUSY_IMAGE, "--image-pull-policy", "Never", "--validate", "false",
+                              "default", "--image", BUSY_IMAGE, "--image-pull-policy", "Never", "--pod-security",
+                              "baseline", "--validate", "false",
                               "--workload", "spin:steps=3,ops=300000,warmup-steps=1", "--trials", "4",
                               "--max-trials", "4", "--parallel", "3", "--every", "1h", "--first-after", "0",
                               "--store", str(tmp_path / "gpuvs.db"), "--listen", f"127.0.0.1:{port}"],
@@ -628,6 +629,7 @@ def test_a_node_slowed_more_at_each_agent_run_is_reported_drifting_and_a_stable_
         tokens.write_text("drift-test-token")
         agent = subprocess.Popen([sys.executable, "-m", "gpuvs", "agent", "--kubeconfig", str(cluster.kubeconfig),
                                   "--namespace", "default", "--image", BUSY_IMAGE, "--image-pull-policy", "Never",
+                                  "--pod-security", "baseline",
                                   "--validate", "false", "--workload", DRIFT_SPIN, "--trials", "4", "--max-trials",
                                   "4", "--parallel", "3", "--margin", "0.3", "--every", "1h", "--first-after", "1h",
                                   "--store", str(store), "--listen", f"127.0.0.1:{port}", "--token-file",

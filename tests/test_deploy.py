@@ -137,6 +137,36 @@ def test_the_agents_pod_meets_the_restricted_pod_security_standard():
         assert any(rule in v for v in violations(s, "restricted")), rule
 
 
+def test_validate_and_the_agent_default_to_the_restricted_level_the_deployment_passes():
+    """`gpuvs agent` and `gpuvs validate` without --pod-security hold their pods to the restricted standard, as
+    deploy/'s Deployment asks (before: baseline); the agent's fleet pods and hold pods and its validate follow it.
+    baseline stays for an image whose user is root."""
+    from gpuvs.agent import idle
+    from gpuvs.agent.config import AgentConfig
+    from gpuvs.agent.ledger import RunRecord
+    from gpuvs.agent.runs import fleet_request
+    from gpuvs.cli.commands import agent as agent_cmd
+    from gpuvs.cli.commands import validate as validate_cmd
+    from gpuvs.cli.parser import parse
+    from gpuvs.environments import pod
+    from gpuvs.agent.config import WorkloadSpec
+
+    assert parse(agent_cmd.COMMAND, [], "gpuvs agent")["pod_security"] == "restricted"
+    assert parse(validate_cmd.COMMAND, ["--image", "i"], "gpuvs validate")["pod_security"] == "restricted"
+    assert parse(agent_cmd.COMMAND, ["--pod-security", "baseline"], "gpuvs agent")["pod_security"] == "baseline"
+    args = by_kind("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--pod-security") + 1] == AgentConfig().pod_security == "restricted"
+    base, o = fleet_request(AgentConfig(store="a.db"), RunRecord("r1", "api"), "ns", IMAGE_TAG, ["n1", "n2"],
+                            WorkloadSpec.parse("spin"))
+    assert "--pod-security restricted" in o.command
+    trial = pod.manifest(base, pod.parse_options(base.env.options))
+    assert trial["spec"]["securityContext"]["runAsNonRoot"] is True and violations(trial["spec"], "restricted") == []
+    hold = idle.hold_manifest(idle.Hold("n1", 2, "h"), run_id="r1", image=IMAGE_TAG, python="python3",
+                              resource="nvidia.com/gpu", priority_class="gpuvs-trial", pull_policy="Never",
+                              restricted=AgentConfig().pod_security == "restricted")
+    assert violations(hold["spec"], "restricted") == []
+
+
 def test_rbac_is_least_privilege_as_written():
     assert by_kind("ClusterRole")["rules"] == [{"apiGroups": [""], "resources": ["nodes"],
                                                 "verbs": ["get", "list", "watch", "patch"]}]
