@@ -1,4 +1,4 @@
-"""gpuvs deploy [--dry-run] [--delete [--keep-labels]] [--condition] [--image IMAGE] [--agent-arg ARG ...] [--kubeconfig F] [--context C]: the
+"""gpuvs deploy [--dry-run] [--delete [--keep-labels]] [--overlay DIR|none] [--condition] [--image IMAGE] [--agent-arg ARG ...] [--kubeconfig F] [--context C]: the
 agent's manifests (deploy/, carried by the installed package) applied to a cluster, printed, or removed. Applied,
 they come with the Secret gpuvs-agent-token (a random token for the agent's POST /runs, created once, kept after)."""
 
@@ -22,6 +22,8 @@ DEPLOY_OPTIONS = (
     Param("image", str, None, "the agent's image (default: localhost/gpuvs:VERSION, as deploy/ names it)"),
     Param("agent_arg", str, None, "one more argument of `gpuvs agent` (repeat: --agent-arg=--every --agent-arg=1h)",
           multiple=True),
+    Param("overlay", str, None, "a kustomization folder over deploy/ (bases or resources, patchesJson6902; e.g. "
+          "overlays/test-cluster), remembered: a later deploy without --overlay keeps it, --overlay none drops it"),
     Param("condition", bool, False, "also deploy/node-status (patch nodes/status for the NodeCondition, Events on the "
           "nodes in default) and the agent's --condition; --delete always removes them"),
     Param("kubeconfig", str, None, "default: KUBECONFIG, ~/.kube/config or the in-cluster service account"),
@@ -36,18 +38,34 @@ def deploy(args: Args) -> int:
         raise UsageError("--dry-run and --delete: give one of them")
     if args["keep_labels"] and not args["delete"]:
         raise UsageError("--keep-labels goes with --delete only")
+    from gpuvs.agent import overlay as overlays
+
+    given = args["overlay"]
+    overlay = overlays.read(given) if given not in (None, overlays.NONE) else None  # bad input before connecting
+    said: list[tuple[str, str]] = []
+    cluster = last = None
+    if not args["dry_run"]:
+        from gpuvs.kube.client import connect
+
+        cluster = connect(args["kubeconfig"], args["context"])
+        last = manifests.remembered(cluster)
+        if given is None:
+            overlay = last
+            if overlay is not None and not args["delete"]:
+                said.append((f"overlay {overlay.source}", f"kept from the last deploy (--overlay {overlays.NONE} "
+                                                          "drops it)"))
     objs = manifests.manifests(args["image"], list(args["agent_arg"] or []),
-                               condition=args["condition"] or args["delete"])
-    if args["dry_run"]:
+                               condition=args["condition"] or args["delete"], overlay=overlay)
+    if cluster is None:
         sys.stdout.write(manifests.render(objs))
         return 0
-    from gpuvs.kube.client import connect
-
-    cluster = connect(args["kubeconfig"], args["context"])
+    ours = {(m["kind"], m["metadata"]["name"]) for m in objs}
+    stale = [m for m in (last.objects if last is not None else []) if (m["kind"], m["metadata"]["name"]) not in ours]
     if args["delete"]:
-        done = manifests.delete(cluster, objs, keep_labels=args["keep_labels"])
-    else:
-        done = manifests.apply(cluster, manifests.with_token(objs))
+        done = manifests.delete(cluster, stale + objs, keep_labels=args["keep_labels"])
+    else:  # what the last overlay added and this deploy does not is deleted after
+        done = said + manifests.apply(cluster, manifests.with_token(objs))
+        done += manifests.delete(cluster, stale, clear_nodes=False)
     for what, how in done:
         print(f"{what} {how}")
     left = [what for what, how in done if manifests.NOT_REMOVED in how or how.startswith("not cleared")]
