@@ -345,6 +345,95 @@ def test_kubectl_kustomize_reads_it_on_1_20_and_on_a_current_kubectl(k8s_build):
         assert got == want, f"kubectl {v} kustomize changed the objects"
 
 
+OVERLAY = ROOT / "overlays" / "test-cluster"
+OVERLAY_PV = "gpuvs-agent-store"
+OVERLAY_PORT = 18080
+
+
+def dry_run(*args: str, cwd=None) -> list[dict]:
+    """`gpuvs deploy --dry-run ARGS`'s objects, without the annotation that remembers an overlay."""
+    from conftest import run_cli
+
+    r = run_cli("deploy", "--dry-run", *args, cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    objs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    for d in objs:
+        notes = d["metadata"].get("annotations") or {}
+        notes.pop("gpuvs.io/overlay", None)
+        if "annotations" in d["metadata"] and not notes:
+            del d["metadata"]["annotations"]
+    return objs
+
+
+def test_the_test_clusters_overlay_is_read_alike_by_gpuvs_and_by_kubectl_kustomize(k8s_build):
+    """overlays/test-cluster, as `gpuvs deploy --overlay` builds it, is what kubectl 1.20's kustomize (and a
+    current one where installed) builds: deploy/ with a local volume for the store's claim on the first node, in
+    the folder scripts/test-cluster up makes, and the agent's pod on the host's network with the API server's
+    address, listening on the port its probes use."""
+    from cluster import STATE
+
+    ours = dry_run("--overlay", str(OVERLAY))
+    assert len(ours) == len(manifests()) + 1
+    pv = next(m for m in ours if m["kind"] == "PersistentVolume")
+    assert pv["metadata"]["name"] == OVERLAY_PV and pv["spec"]["local"]["path"] == str(STATE / "agent-store")
+    assert pv["spec"]["claimRef"] == {"namespace": NS, "name": by_kind("PersistentVolumeClaim")["metadata"]["name"]}
+    spec = next(m for m in ours if m["kind"] == "Deployment")["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("127.0.0.1", "6443")
+    assert c["ports"][0] == {"name": "http", "containerPort": OVERLAY_PORT, "protocol": "TCP"}
+    assert c["args"][-2:] == ["--listen", f":{OVERLAY_PORT}"] and c["livenessProbe"]["httpGet"]["port"] == "http"
+    assert violations(spec, "restricted") == ["hostNetwork: true"]  # what the overlay costs, on the test cluster
+    found = dict((v, p) for p, v in kubectls())
+    want = sorted(json.dumps(m, sort_keys=True) for m in ours)
+    for v, path in sorted(found.items()):
+        r = subprocess.run([path, "kustomize", str(OVERLAY)], capture_output=True, text=True)
+        assert r.returncode == 0, f"kubectl {v}: {r.stderr}"
+        got = sorted(json.dumps(d, sort_keys=True) for d in yaml.safe_load_all(r.stdout) if d)
+        assert got == want, f"kubectl {v} kustomize built another overlay"
+    if "1.20" not in found:
+        missing_part(f"kubectl 1.20 is not in {BIN}: run scripts/test-cluster build (it unpacks Debian's)")
+
+
+def test_an_overlay_gpuvs_cannot_read_alike_is_one_line(tmp_path):
+    """A field gpuvs deploy does not read, a base that is not deploy/, a patch naming no object or not applying:
+    one line each, exit 2, nothing printed."""
+    from conftest import run_cli
+
+    def overlay(name: str, kustomization: dict, patch: list | None = None) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        if patch is not None:
+            (d / "p.yaml").write_text(yaml.safe_dump(patch))
+        return d
+
+    base = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "bases": [str(DEPLOY)]}
+    agent = {"group": "apps", "version": "v1", "kind": "Deployment", "name": "gpuvs-agent", "namespace": NS}
+    cases = {
+        overlay("prefix", {**base, "namePrefix": "x-"}): "namePrefix not read by gpuvs deploy",
+        overlay("other", {**base, "bases": [str(NODE_GUARD)]}): "is not gpuvs's deploy/",
+        overlay("nobase", {"resources": []}): "its base must be deploy/",
+        overlay("target", {**base, "patchesJson6902": [{"target": {**agent, "name": "x"}, "path": "p.yaml"}]},
+                [{"op": "add", "path": "/spec/x", "value": 1}]): "its patch of Deployment/x names no object",
+        overlay("apply", {**base, "patchesJson6902": [{"target": agent, "path": "p.yaml"}]},
+                [{"op": "replace", "path": "/spec/nothing/here", "value": 1}]): "its patch of Deployment/gpuvs-agent "
+                                                                                 "does not apply",
+        tmp_path / "missing": "no such folder",
+    }
+    for path, says in cases.items():
+        r = run_cli("deploy", "--dry-run", "--overlay", path)
+        assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1 and says in r.stderr, \
+            (path.name, r.stderr)
+    # the same patch applied: what kustomize would do
+    ok = overlay("ok", {**base, "patchesJson6902": [{"target": agent, "path": "p.yaml"}]},
+                 [{"op": "add", "path": "/spec/template/spec/hostNetwork", "value": True},
+                  {"op": "test", "path": "/spec/replicas", "value": 1}])
+    (d,) = [m for m in dry_run("--overlay", str(ok)) if m["kind"] == "Deployment"]
+    assert d["spec"]["template"]["spec"]["hostNetwork"] is True
+
+
 # -- on the test cluster -----------------------------------------------------------------------------------------
 
 def api_client(cluster, token: str | None = None):  # noqa: F811
@@ -386,6 +475,7 @@ def remove_everything(cluster) -> None:  # noqa: F811
     dyn = DynamicClient(api_client(cluster))
     targets = [m for m in manifests() if "namespace" not in m["metadata"]]  # the namespace takes the rest with it
     targets += [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": LOWEST}},
+                {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": OVERLAY_PV}},
                 {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": PV}}]
     deadline = time.monotonic() + 240
     for m in targets:
@@ -787,7 +877,7 @@ def test_trial_pods_are_preempted_by_a_real_job_and_preempt_nobody(deployed):
 # -- gpuvs's own image -------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def image(deployed):
+def image(clean):
     """localhost/gpuvs:VERSION built by scripts/build-image and loaded into every node (warm: seconds)."""
     for tool, what in (("podman", "podman builds gpuvs's image"), ("debootstrap", "debootstrap makes its base")):
         if shutil.which(tool) is None:
