@@ -678,6 +678,83 @@ def test_the_documented_kubectl_uninstall_leaves_no_mark_and_no_node_status_rbac
         remove_everything(clean)
 
 
+def agent_http(path: str) -> tuple[int, dict]:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{OVERLAY_PORT}{path}", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, {}
+    except OSError:
+        return 0, {}
+
+
+def rolled_out(apps, generation_before: int | None = None):
+    """The agent's Deployment once its one pod of the current template is ready (a newer generation than the one
+    given)."""
+    d = apps.read_namespaced_deployment("gpuvs-agent", NS)
+    st = d.status
+    if generation_before is not None and d.metadata.generation <= generation_before:
+        return None
+    done = (st.observed_generation == d.metadata.generation and st.updated_replicas == 1 and st.ready_replicas == 1
+            and (st.replicas or 0) == 1)
+    return d if done else None
+
+
+@pytest.mark.cluster
+def test_deploy_with_the_test_cluster_overlay_runs_the_agent_and_new_arguments_keep_the_overlay(image, clean):
+    """docs/deploy.md's deploy on the test cluster, as a user runs it: `gpuvs deploy --overlay overlays/test-cluster`.
+    The store's claim binds the overlay's local volume and the agent, ready, has reached the API server (before:
+    the claim stayed Pending, then the agent could not reach the API). `gpuvs deploy` again with new agent
+    arguments and no --overlay keeps the overlay's patches (before: the merge patch of the Deployment replaced its
+    container, and the port, the API server's address and --listen were gone). `--overlay none` drops them and
+    deletes the overlay's volume."""
+    from kubernetes import client
+
+    from cluster import STATE
+    from conftest import run_cli
+
+    kc = str(clean.kubeconfig)
+    store = STATE / "agent-store"
+    shutil.rmtree(store, ignore_errors=True)  # an earlier agent's store: this one starts with none
+    store.mkdir(mode=0o755)
+    apps = client.AppsV1Api(api_client(clean))
+    core = client.CoreV1Api(api_client(clean))
+    try:
+        r = run_cli("deploy", "--overlay", OVERLAY, "--image", image, "--kubeconfig", kc, timeout=120, cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+        assert f"PersistentVolume/{OVERLAY_PV} created" in r.stdout and "Deployment/gpuvs-agent created" in r.stdout
+        wait_for(lambda: core.read_namespaced_persistent_volume_claim("gpuvs-store", NS).status.phase == "Bound", 60,
+                 "the store's claim bound to the overlay's volume")
+        first = wait_for(lambda: rolled_out(apps), 120, "the agent ready").metadata.generation
+        ready = wait_for(lambda: (got := agent_http("/readyz"))[0] == 200 and got[1], 60, "the agent's /readyz")
+        assert ready["api_reachable"] is True and ready["store_ok"] is True, ready
+        r = run_cli("deploy", "--image", image, "--kubeconfig", kc, "--agent-arg=--every", "--agent-arg=2h",
+                    timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "overlay " + str(OVERLAY) + " kept from the last deploy (--overlay none drops it)" in r.stdout, r.stdout
+        d = wait_for(lambda: rolled_out(apps, first), 120, "the agent with its new arguments ready")
+        spec = d.spec.template.spec
+        c = spec.containers[0]
+        assert spec.host_network is True and c.ports[0].container_port == OVERLAY_PORT
+        assert {e.name: e.value for e in c.env}["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+        assert c.args[-4:] == ["--listen", f":{OVERLAY_PORT}", "--every", "2h"], c.args
+        ready = wait_for(lambda: (got := agent_http("/readyz"))[0] == 200 and got[1], 60, "the agent's /readyz")
+        assert ready["api_reachable"] is True, ready
+        r = run_cli("deploy", "--image", image, "--kubeconfig", kc, "--overlay", "none", timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert f"PersistentVolume/{OVERLAY_PV} deleted" in r.stdout and "kept from the last" not in r.stdout
+        d = apps.read_namespaced_deployment("gpuvs-agent", NS)
+        assert not d.spec.template.spec.host_network and "gpuvs.io/overlay" not in (d.metadata.annotations or {})
+        assert d.spec.template.spec.containers[0].ports[0].container_port == 8080
+    finally:
+        run_cli("deploy", "--delete", "--kubeconfig", kc, timeout=180)
+        remove_everything(clean)
+        shutil.rmtree(store, ignore_errors=True)
+        store.mkdir(mode=0o755)
+
+
 def clear_marks(cluster) -> None:  # noqa: F811
     """The nodes without gpuvs's marks, whatever a failed test left (through the admin's client, not gpuvs's)."""
     from kubernetes import client
