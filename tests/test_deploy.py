@@ -536,7 +536,8 @@ def test_the_python_client_creates_every_object(clean):
     remove_everything(clean)
 
 
-NODE_STATUS_RBAC = (("ClusterRole", "gpuvs-agent-node-status", None), ("ClusterRoleBinding", "gpuvs-agent-node-status", None),
+NODE_STATUS_RBAC = (("ClusterRole", "gpuvs-agent-node-status", None),
+                    ("ClusterRoleBinding", "gpuvs-agent-node-status", None),
                     ("Role", "gpuvs-agent-node-events", "default"), ("RoleBinding", "gpuvs-agent-node-events", "default"))
 
 
@@ -606,7 +607,8 @@ def test_deploy_delete_takes_off_every_label_annotation_taint_and_condition_gpuv
         assert f"Node/{other} gpuvs.io/testing removed (left by the agent)" in lines, r.stdout
         after = gpuvs_marks(clean)
         assert after[slow] == ["annotation gpuvs.io/perf-details", "label gpuvs.io/perf", "label gpuvs.io/perf-ratio"]
-        assert after[other] == ["annotation gpuvs.io/drift-details", "label gpuvs.io/drift", "label gpuvs.io/drift-ratio"]
+        assert after[other] == ["annotation gpuvs.io/drift-details", "label gpuvs.io/drift",
+                                "label gpuvs.io/drift-ratio"]
         dyn = DynamicClient(api_client(clean))
         for kind, name, ns in NODE_STATUS_RBAC:
             r_ = dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind=kind)

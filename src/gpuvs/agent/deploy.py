@@ -6,7 +6,8 @@ pod is gone (the agent, stopping, ends its run's child, whose pods go, and takes
 it tested, which it can only do while its ServiceAccount and ClusterRole are still there), then any
 gpuvs.io/testing still on a node taken off by the caller (an agent killed at the end of its grace period), then
 every other gpuvs.io/ label and annotation, the taint gpuvs.io/slow and the condition GpuvsPerformance taken off
-every node (the labels kept on request), then the rest in the reverse order. Another image or other agent arguments change the Deployment's container only.
+every node (the labels kept on request), then the rest in the reverse order. Another image or other agent
+arguments change the Deployment's container only; the Deployment is replaced whole, the other objects patched.
 
 The agent's API token is no manifest (a file of deploy/ cannot hold a random value, and one applied again would
 replace it): `gpuvs deploy` adds the Secret gpuvs-agent-token with a random token before the Deployment, created
@@ -208,7 +209,7 @@ def _unmark_nodes(cluster: Cluster) -> list[tuple[str, str]]:
     return out
 
 
-PREFIX = "gpuvs.io/"  # gpuvs's own domain: every node label and annotation gpuvs writes (fleet/labels.py, agent/idle.py)
+PREFIX = "gpuvs.io/"  # gpuvs's domain: every node label and annotation gpuvs writes (fleet/labels.py, agent/idle.py)
 NOT_REMOVED = "could not be removed"
 
 
