@@ -665,7 +665,10 @@ def test_the_documented_kubectl_uninstall_leaves_no_mark_and_no_node_status_rbac
                     core.patch_node_status(n.metadata.name, body)
                 continue
             r = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
-            assert r.returncode == 0, (line, r.stdout, r.stderr)
+            # kubectl taint untaints each node that has the taint and exits 1 naming each that had not (docs say so)
+            untainted = line.startswith("kubectl taint") and set(r.stderr.splitlines()) == {
+                'taint "gpuvs.io/slow" not found'}
+            assert r.returncode == 0 or untainted, (line, r.stdout, r.stderr)
         assert all(keys == [] for keys in gpuvs_marks(clean).values()), gpuvs_marks(clean)
         dyn = DynamicClient(api_client(clean))
         for kind, name, ns in NODE_STATUS_RBAC:
