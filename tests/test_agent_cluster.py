@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import shutil
 import socket
 import subprocess
