@@ -8,15 +8,14 @@ the slowed node carries gpuvs.io/perf=slower, no node carries gpuvs.io/testing, 
 Then a run asked for through POST /runs is cut short by deleting the agent's pod: no trial, probe or hold pod and
 no gpuvs.io/testing label is left, and the agent's next pod lists that run as interrupted.
 
-The test cluster's API server listens on 127.0.0.1 only and has no kube-proxy, so a pod cannot reach it through
-the `kubernetes` Service: the test's overlay (a merge patch of the Deployment) gives the agent's pod the host's
-network and the API server's address. Everything else is deploy/ as shipped. Everything made is removed."""
+The test cluster has no StorageClass, and its API server listens on 127.0.0.1 only with no kube-proxy: the agent
+is deployed as docs/deploy.md says for it, `gpuvs deploy --overlay overlays/test-cluster` (a local volume, the
+host's network, the API server's address, port 18080). Everything made is removed."""
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -37,8 +36,9 @@ pytestmark = pytest.mark.cluster
 NS = "gpuvs-system"
 IMAGE = f"localhost/gpuvs:{gpuvs.__version__}"
 BUSY_IMAGE = "localhost/gpuvs-python:test"
-PV = f"gpuvs-agent-test-{os.getpid()}"
-STORE_DIR = Path(f"/tmp/{PV}")
+PV = "gpuvs-agent-store"  # overlays/test-cluster's volume, in the folder scripts/test-cluster up makes
+OVERLAY = ROOT / "overlays" / "test-cluster"
+PORT = 18080  # the overlay's
 SPIN = "spin:steps=6,ops=1500000,warmup-steps=1"  # about 1.3 s a trial on a node at full speed
 AGENT = "app.kubernetes.io/name=gpuvs,app.kubernetes.io/component=agent"
 
@@ -119,37 +119,19 @@ def remove_all(cluster, core) -> None:  # noqa: F811
             return exc.status == 404
 
     wait_for(gone, 180, f"namespace {NS} gone")
-    shutil.rmtree(STORE_DIR, ignore_errors=True)
 
+    def pv_gone():
+        try:
+            core.read_persistent_volume(PV)
+            return False
+        except ApiException as exc:
+            return exc.status == 404
 
-def overlay(cluster, core, port: int) -> None:  # noqa: F811
-    """The test cluster's overlay of the deployed agent: the host's network, and the API server where it listens."""
-    from urllib.parse import urlsplit
+    wait_for(pv_gone, 60, f"volume {PV} gone")
+    from cluster import STATE
 
-    import yaml
-    from kubernetes import client
-
-    apps = client.AppsV1Api(core.api_client)
-    api = urlsplit(yaml.safe_load(Path(cluster.kubeconfig).read_text())["clusters"][0]["cluster"]["server"])
-    c = "/spec/template/spec/containers/0"
-    apps.patch_namespaced_deployment("gpuvs-agent", NS, [
-        {"op": "add", "path": "/spec/template/spec/hostNetwork", "value": True},
-        {"op": "add", "path": "/spec/template/spec/dnsPolicy", "value": "ClusterFirstWithHostNet"},
-        {"op": "replace", "path": f"{c}/ports/0/containerPort", "value": port},
-        {"op": "add", "path": f"{c}/env/-", "value": {"name": "KUBERNETES_SERVICE_HOST", "value": api.hostname}},
-        {"op": "add", "path": f"{c}/env/-", "value": {"name": "KUBERNETES_SERVICE_PORT", "value": str(api.port)}}])
-
-
-def store_volume(core, node: str) -> None:
-    """A local volume on `node` for the agent's store (the test cluster has no provisioner)."""
-    STORE_DIR.mkdir(mode=0o755, exist_ok=True)
-    core.create_persistent_volume({
-        "metadata": {"name": PV}, "spec": {
-            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain", "local": {"path": str(STORE_DIR)},
-            "claimRef": {"namespace": NS, "name": "gpuvs-store"},
-            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}}})
+    shutil.rmtree(STATE / "agent-store", ignore_errors=True)  # the next agent starts with an empty store
+    (STATE / "agent-store").mkdir(mode=0o755)
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +178,7 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
     cluster.wait_ready()
     core = cluster.core()
     home, slow, busy = cluster.nodes[:3]
-    port = free_port()
+    port = PORT
     remove_all(cluster, core)
     clear_perf_labels(core, cluster.nodes)
     tmp = Path(tempfile.mkdtemp(prefix="gpuvs-agent-test-"))
@@ -204,23 +186,23 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
     t0 = time.monotonic()
     try:
         args = ["--every", "1h", "--first-after", "10s", "--workload", SPIN, "--margin", "0.3", "--trials", "4",
-                "--max-trials", "8", "--parallel", "2", "--hold-timeout", "15", "--listen", f":{port}",
-                "--min-interval", "10s"]
-        r = run_cli("deploy", "--image", image, "--kubeconfig", cluster.kubeconfig,
-                    *[f"--agent-arg={a}" for a in args], timeout=120)
+                "--max-trials", "8", "--parallel", "2", "--hold-timeout", "15"]
+        r = run_cli("deploy", "--overlay", OVERLAY, "--image", image, "--kubeconfig", cluster.kubeconfig,
+                    *[f"--agent-arg={a}" for a in args[:3] + ["1h"] + args[4:]], timeout=120)  # no run yet
         assert r.returncode == 0, r.stderr
         assert "Deployment/gpuvs-agent created" in r.stdout and "PriorityClass/gpuvs-trial created" in r.stdout
+        # applied again with other arguments and no --overlay: each object patched, the overlay kept
         again = run_cli("deploy", "--image", image, "--kubeconfig", cluster.kubeconfig,
-                        *[f"--agent-arg={a}" for a in args], timeout=120)  # applied again: each one patched
-        assert again.returncode == 0 and again.stdout.count(" configured") == r.stdout.count(" created") - 1 == 11, \
+                        *[f"--agent-arg={a}" for a in args + ["--min-interval", "10s"]], timeout=120)
+        assert again.returncode == 0 and again.stdout.count(" configured") == r.stdout.count(" created") - 1 == 12, \
             again.stdout + again.stderr
+        assert f"overlay {OVERLAY} kept from the last deploy" in again.stdout, again.stdout
         # the API token: a Secret made once by the first deploy, kept by the second
         assert "Secret/gpuvs-agent-token created" in r.stdout and "Secret/gpuvs-agent-token kept" in again.stdout
         import base64
 
         token = base64.b64decode(core.read_namespaced_secret("gpuvs-agent-token", NS).data["token"]).decode()
         assert len(token) >= 32
-        overlay(cluster, core, port)
         # someone else's pod holding every GPU of `busy`
         core.create_namespaced_pod("default", {
             "metadata": {"name": "busy"}, "spec": {
@@ -231,7 +213,6 @@ def test_the_agent_labels_the_slow_node_prometheus_sees_it_and_a_killed_agent_le
                                 "resources": {"limits": {"nvidia.com/gpu": str(cluster.gpus)}}}]}})
         wait_for(lambda: core.read_namespaced_pod("busy", "default").status.phase == "Running", 60, "busy running")
         cluster.script("slow", slow, "25")
-        store_volume(core, home)
         wait_for(lambda: http(port, "/readyz")[0] == 200, 120, "the agent ready")
         first = wait_for(lambda: next((x for x in runs(port) if x["status"] not in ("queued", "running")), None),
                          300, "the first scheduled run to end", step=2)
@@ -318,17 +299,13 @@ def test_deploy_delete_mid_run_stops_the_agent_first_and_leaves_no_node_marked(i
         missing_part(f"this test needs the test cluster with 2 nodes or more; it has {len(cluster.nodes)}")
     cluster.wait_ready()
     core = cluster.core()
-    port = free_port()
     remove_all(cluster, core)
     clear_perf_labels(core, cluster.nodes)
     try:
-        args = ["--every", "1h", "--first-after", "1s", "--workload", SPIN, "--trials", "4", "--hold-timeout", "15",
-                "--listen", f":{port}"]
-        r = run_cli("deploy", "--image", image, "--kubeconfig", cluster.kubeconfig,
+        args = ["--every", "1h", "--first-after", "1s", "--workload", SPIN, "--trials", "4", "--hold-timeout", "15"]
+        r = run_cli("deploy", "--overlay", OVERLAY, "--image", image, "--kubeconfig", cluster.kubeconfig,
                     *[f"--agent-arg={a}" for a in args], timeout=120)
         assert r.returncode == 0, r.stderr
-        overlay(cluster, core, port)
-        store_volume(core, cluster.nodes[0])
 
         def probe_running():
             pods = core.list_namespaced_pod(NS, label_selector="gpuvs-validate").items
@@ -513,7 +490,8 @@ def test_the_api_server_away_for_a_while_then_back_the_agent_backs_off_and_recov
 
     log = tmp_path / "agent.log"
     agent = subprocess.Popen([sys.executable, "-m", "gpuvs", "agent", "--kubeconfig", str(proxied), "--namespace",
-                              "default", "--image", BUSY_IMAGE, "--image-pull-policy", "Never", "--validate", "false",
+                              "default", "--image", BUSY_IMAGE, "--image-pull-policy", "Never", "--pod-security",
+                              "baseline", "--validate", "false",
                               "--workload", "spin:steps=3,ops=300000,warmup-steps=1", "--trials", "4",
                               "--max-trials", "4", "--parallel", "3", "--every", "1h", "--first-after", "0",
                               "--store", str(tmp_path / "gpuvs.db"), "--listen", f"127.0.0.1:{port}"],
@@ -628,6 +606,7 @@ def test_a_node_slowed_more_at_each_agent_run_is_reported_drifting_and_a_stable_
         tokens.write_text("drift-test-token")
         agent = subprocess.Popen([sys.executable, "-m", "gpuvs", "agent", "--kubeconfig", str(cluster.kubeconfig),
                                   "--namespace", "default", "--image", BUSY_IMAGE, "--image-pull-policy", "Never",
+                                  "--pod-security", "baseline",
                                   "--validate", "false", "--workload", DRIFT_SPIN, "--trials", "4", "--max-trials",
                                   "4", "--parallel", "3", "--margin", "0.3", "--every", "1h", "--first-after", "1h",
                                   "--store", str(store), "--listen", f"127.0.0.1:{port}", "--token-file",

@@ -241,7 +241,8 @@ def test_the_agent_runs_its_pair_fleet_labels_the_nodes_and_exports_the_verdicts
     try:
         agent = subprocess.Popen(
             [sys.executable, "-m", "gpuvs", "agent", "--kubeconfig", str(kube.kubeconfig), "--namespace", NS,
-             "--image", IMAGE, "--image-pull-policy", "Never", "--validate", "false", "--workload", spec,
+             "--image", IMAGE, "--image-pull-policy", "Never", "--pod-security", "baseline", "--validate", "false",
+             "--workload", spec,
              "--parallel", "3", "--margin", "0.3", "--every", "1h", "--first-after", "1h", "--store", str(store),
              "--listen", f"127.0.0.1:{port}", "--token-file", str(tmp_path / "token"), "--min-interval", "10s"],
             stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=gpuvs_env(), cwd=tmp_path)

@@ -137,6 +137,36 @@ def test_the_agents_pod_meets_the_restricted_pod_security_standard():
         assert any(rule in v for v in violations(s, "restricted")), rule
 
 
+def test_validate_and_the_agent_default_to_the_restricted_level_the_deployment_passes():
+    """`gpuvs agent` and `gpuvs validate` without --pod-security hold their pods to the restricted standard, as
+    deploy/'s Deployment asks (before: baseline); the agent's fleet pods and hold pods and its validate follow it.
+    baseline stays for an image whose user is root."""
+    from gpuvs.agent import idle
+    from gpuvs.agent.config import AgentConfig
+    from gpuvs.agent.ledger import RunRecord
+    from gpuvs.agent.runs import fleet_request
+    from gpuvs.cli.commands import agent as agent_cmd
+    from gpuvs.cli.commands import validate as validate_cmd
+    from gpuvs.cli.parser import parse
+    from gpuvs.environments import pod
+    from gpuvs.agent.config import WorkloadSpec
+
+    assert parse(agent_cmd.COMMAND, [], "gpuvs agent")["pod_security"] == "restricted"
+    assert parse(validate_cmd.COMMAND, ["--image", "i"], "gpuvs validate")["pod_security"] == "restricted"
+    assert parse(agent_cmd.COMMAND, ["--pod-security", "baseline"], "gpuvs agent")["pod_security"] == "baseline"
+    args = by_kind("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--pod-security") + 1] == AgentConfig().pod_security == "restricted"
+    base, o = fleet_request(AgentConfig(store="a.db"), RunRecord("r1", "api"), "ns", IMAGE_TAG, ["n1", "n2"],
+                            WorkloadSpec.parse("spin"))
+    assert "--pod-security restricted" in o.command
+    trial = pod.manifest(base, pod.parse_options(base.env.options))
+    assert trial["spec"]["securityContext"]["runAsNonRoot"] is True and violations(trial["spec"], "restricted") == []
+    hold = idle.hold_manifest(idle.Hold("n1", 2, "h"), run_id="r1", image=IMAGE_TAG, python="python3",
+                              resource="nvidia.com/gpu", priority_class="gpuvs-trial", pull_policy="Never",
+                              restricted=AgentConfig().pod_security == "restricted")
+    assert violations(hold["spec"], "restricted") == []
+
+
 def test_rbac_is_least_privilege_as_written():
     assert by_kind("ClusterRole")["rules"] == [{"apiGroups": [""], "resources": ["nodes"],
                                                 "verbs": ["get", "list", "watch", "patch"]}]
@@ -173,9 +203,10 @@ def node_guard() -> dict[str, dict]:
     return {m["kind"]: m for name in k["resources"] for m in yaml.safe_load_all((NODE_GUARD / name).read_text())}
 
 
-def guard_allows(policy: dict, user: str, old: dict, new: dict) -> bool | list[str]:
+def guard(policy: dict, user: str, old: dict, new: dict) -> list[str] | None:
     """The policy's CEL, evaluated by cel-python as the API server (1.30+) would for an UPDATE of node `old` to
-    `new` by `user`: True when admitted, else the messages of the validations that fail."""
+    `new` by `user`: None when the user is not judged (matchConditions), else the messages of the validations
+    that fail ([]: admitted)."""
     import celpy
 
     env = celpy.Environment()
@@ -188,20 +219,19 @@ def guard_allows(policy: dict, user: str, old: dict, new: dict) -> bool | list[s
         return bool(got)
 
     if not all(true(c["expression"]) for c in policy["spec"]["matchConditions"]):
-        return True  # not the agent: not judged
-    failed = [v["message"] for v in policy["spec"]["validations"] if not true(v["expression"])]
-    return failed or True
+        return None
+    return [v["message"] for v in policy["spec"]["validations"] if not true(v["expression"])]
 
 
 def test_the_node_guard_lets_the_agent_change_only_gpuvs_labels_and_annotations():
     """deploy/node-guard (opt-in; Kubernetes 1.30+, which the 1.20 test cluster is not): its structure, and each
     CEL expression evaluated (cel-python) on the node changes the agent makes, which pass, and on the ones RBAC's
     `patch` would let through, which are refused. Other users are not judged."""
-    guard = node_guard()
-    assert set(guard) == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-    policy, binding = guard["ValidatingAdmissionPolicy"], guard["ValidatingAdmissionPolicyBinding"]
-    assert {m["apiVersion"] for m in guard.values()} == {"admissionregistration.k8s.io/v1"}
-    for m in guard.values():
+    objs = node_guard()
+    assert set(objs) == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    policy, binding = objs["ValidatingAdmissionPolicy"], objs["ValidatingAdmissionPolicyBinding"]
+    assert {m["apiVersion"] for m in objs.values()} == {"admissionregistration.k8s.io/v1"}
+    for m in objs.values():
         assert m["metadata"]["labels"]["app.kubernetes.io/version"] == gpuvs.__version__
         assert "namespace" not in m["metadata"]
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
@@ -230,21 +260,33 @@ def test_the_node_guard_lets_the_agent_change_only_gpuvs_labels_and_annotations(
         "no change": lambda n: None,
         "gpuvs.io/slow tainted": lambda n: n["spec"].update(
             {"taints": [{"key": "gpuvs.io/slow", "value": "true", "effect": "NoSchedule"}]}),
+        # the most one patch of gpuvs's adds: --per-gpu's three labels and the details (fleet/labels.py)
+        "a --per-gpu verdict": lambda n: (n["metadata"]["labels"].update(
+            {"gpuvs.io/perf": "slower", "gpuvs.io/perf-ratio": "0.5", "gpuvs.io/slow-gpus": "1"}),
+            n["metadata"]["annotations"].update({"gpuvs.io/perf-details": "{}"})),
     }
     for what, fn in allowed.items():
-        assert guard_allows(policy, AGENT_USER, node, changed(fn)) is True, what
+        assert guard(policy, AGENT_USER, node, changed(fn)) == [], what
     no_labels = {"metadata": {"name": "n1"}, "spec": {}}
     marked = {"metadata": {"name": "n1", "labels": {"gpuvs.io/testing": "true"}}, "spec": {}}
-    assert guard_allows(policy, AGENT_USER, no_labels, marked) is True  # a node without labels before
-    assert guard_allows(policy, AGENT_USER, marked, no_labels) is True
+    assert guard(policy, AGENT_USER, no_labels, marked) == []  # a node without labels before
+    assert guard(policy, AGENT_USER, marked, no_labels) == []
     other = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
     slow = {"key": "gpuvs.io/slow", "value": "true", "effect": "PreferNoSchedule"}
     tainted = changed(lambda n: n["spec"].update({"taints": [other, slow]}))
     untainted = changed(lambda n: n["spec"].update({"taints": [other]}))
-    assert guard_allows(policy, AGENT_USER, tainted, untainted) is True  # its own taint off, the other kept
-    assert guard_allows(policy, AGENT_USER, untainted, tainted) is True
-    assert guard_allows(policy, AGENT_USER, tainted, changed(lambda n: n["spec"].update({"taints": [slow]}))) \
-        is not True  # another's taint removed
+    assert guard(policy, AGENT_USER, tainted, untainted) == []  # its own taint off, the other kept
+    assert guard(policy, AGENT_USER, untainted, tainted) == []
+    # a NoExecute gpuvs.io/slow someone else put there is not the agent's change: its label patches pass
+    evicting = changed(lambda n: n["spec"].update({"taints": [{**slow, "effect": "NoExecute"}]}))
+    relabelled = yaml.safe_load(yaml.safe_dump(evicting))
+    relabelled["metadata"]["labels"]["gpuvs.io/perf"] = "slower"
+    assert guard(policy, AGENT_USER, evicting, relabelled) == []
+    # the effect raised from PreferNoSchedule to NoExecute is refused
+    assert any("NoExecute" in m for m in guard(policy, AGENT_USER, tainted, changed(lambda n: n["spec"].update(
+        {"taints": [other, {**slow, "effect": "NoExecute"}]}))))
+    removed = guard(policy, AGENT_USER, tainted, changed(lambda n: n["spec"].update({"taints": [slow]})))
+    assert len(removed) == 1 and "spec" in removed[0], removed  # another's taint removed
     refused = {
         "another label added": (lambda n: n["metadata"]["labels"].update({"node-role.kubernetes.io/gpu": ""}), "labels"),
         "another label changed": (lambda n: n["metadata"]["labels"].update({"kubernetes.io/hostname": "x"}), "labels"),
@@ -256,14 +298,23 @@ def test_the_node_guard_lets_the_agent_change_only_gpuvs_labels_and_annotations(
         "tainted": (lambda n: n["spec"].update({"taints": [{"key": "k", "effect": "NoSchedule"}]}), "spec"),
         "a look-alike taint": (lambda n: n["spec"].update({"taints": [{"key": "gpuvs.io/slower", "effect": "NoSchedule"}]}),
                                "spec"),
+        "gpuvs.io/slow NoExecute": (lambda n: n["spec"].update(
+            {"taints": [{"key": "gpuvs.io/slow", "value": "true", "effect": "NoExecute"}]}), "NoExecute"),
+        "5 gpuvs.io/ labels added": (lambda n: n["metadata"]["labels"].update(
+            {f"gpuvs.io/x{i}": "1" for i in range(5)}), "at most 4"),
+        "3 labels and 2 annotations added": (lambda n: (n["metadata"]["labels"].update(
+            {f"gpuvs.io/x{i}": "1" for i in range(3)}), n["metadata"]["annotations"].update(
+            {f"gpuvs.io/y{i}": "1" for i in range(2)})), "at most 4"),
         "a finalizer": (lambda n: n["metadata"].update({"finalizers": ["x/y"]}), "finalizers"),
         "an owner": (lambda n: n["metadata"].update({"ownerReferences": [{"kind": "X", "name": "y"}]}), "owner"),
     }
     for what, (fn, says) in refused.items():
-        got = guard_allows(policy, AGENT_USER, node, changed(fn))
-        assert got is not True and len(got) == 1 and says in got[0], (what, got)
-    # anyone else is not judged: an admin cordons a node
-    assert guard_allows(policy, "kubernetes-admin", node, changed(lambda n: n["spec"].update(unschedulable=True)))
+        got = guard(policy, AGENT_USER, node, changed(fn))
+        assert got is not None and len(got) == 1 and says in got[0], (what, got)
+    # anyone else is not judged: an admin cordons a node, which the agent may not
+    cordoned = changed(lambda n: n["spec"].update(unschedulable=True))
+    assert guard(policy, "kubernetes-admin", node, cordoned) is None
+    assert len(guard(policy, AGENT_USER, node, cordoned)) == 1
 
 
 def kubectls() -> list[tuple[str, str]]:
@@ -292,6 +343,95 @@ def test_kubectl_kustomize_reads_it_on_1_20_and_on_a_current_kubectl(k8s_build):
         assert r.returncode == 0, f"kubectl {v}: {r.stderr}"
         got = sorted(json.dumps(d, sort_keys=True) for d in yaml.safe_load_all(r.stdout) if d)
         assert got == want, f"kubectl {v} kustomize changed the objects"
+
+
+OVERLAY = ROOT / "overlays" / "test-cluster"
+OVERLAY_PV = "gpuvs-agent-store"
+OVERLAY_PORT = 18080
+
+
+def dry_run(*args: str, cwd=None) -> list[dict]:
+    """`gpuvs deploy --dry-run ARGS`'s objects, without the annotation that remembers an overlay."""
+    from conftest import run_cli
+
+    r = run_cli("deploy", "--dry-run", *args, cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    objs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    for d in objs:
+        notes = d["metadata"].get("annotations") or {}
+        notes.pop("gpuvs.io/overlay", None)
+        if "annotations" in d["metadata"] and not notes:
+            del d["metadata"]["annotations"]
+    return objs
+
+
+def test_the_test_clusters_overlay_is_read_alike_by_gpuvs_and_by_kubectl_kustomize(k8s_build):
+    """overlays/test-cluster, as `gpuvs deploy --overlay` builds it, is what kubectl 1.20's kustomize (and a
+    current one where installed) builds: deploy/ with a local volume for the store's claim on the first node, in
+    the folder scripts/test-cluster up makes, and the agent's pod on the host's network with the API server's
+    address, listening on the port its probes use."""
+    from cluster import STATE
+
+    ours = dry_run("--overlay", str(OVERLAY))
+    assert len(ours) == len(manifests()) + 1
+    pv = next(m for m in ours if m["kind"] == "PersistentVolume")
+    assert pv["metadata"]["name"] == OVERLAY_PV and pv["spec"]["local"]["path"] == str(STATE / "agent-store")
+    assert pv["spec"]["claimRef"] == {"namespace": NS, "name": by_kind("PersistentVolumeClaim")["metadata"]["name"]}
+    spec = next(m for m in ours if m["kind"] == "Deployment")["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("127.0.0.1", "6443")
+    assert c["ports"][0] == {"name": "http", "containerPort": OVERLAY_PORT, "protocol": "TCP"}
+    assert c["args"][-2:] == ["--listen", f":{OVERLAY_PORT}"] and c["livenessProbe"]["httpGet"]["port"] == "http"
+    assert violations(spec, "restricted") == ["hostNetwork: true"]  # what the overlay costs, on the test cluster
+    found = dict((v, p) for p, v in kubectls())
+    want = sorted(json.dumps(m, sort_keys=True) for m in ours)
+    for v, path in sorted(found.items()):
+        r = subprocess.run([path, "kustomize", str(OVERLAY)], capture_output=True, text=True)
+        assert r.returncode == 0, f"kubectl {v}: {r.stderr}"
+        got = sorted(json.dumps(d, sort_keys=True) for d in yaml.safe_load_all(r.stdout) if d)
+        assert got == want, f"kubectl {v} kustomize built another overlay"
+    if "1.20" not in found:
+        missing_part(f"kubectl 1.20 is not in {BIN}: run scripts/test-cluster build (it unpacks Debian's)")
+
+
+def test_an_overlay_gpuvs_cannot_read_alike_is_one_line(tmp_path):
+    """A field gpuvs deploy does not read, a base that is not deploy/, a patch naming no object or not applying:
+    one line each, exit 2, nothing printed."""
+    from conftest import run_cli
+
+    def overlay(name: str, kustomization: dict, patch: list | None = None) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        if patch is not None:
+            (d / "p.yaml").write_text(yaml.safe_dump(patch))
+        return d
+
+    base = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "bases": [str(DEPLOY)]}
+    agent = {"group": "apps", "version": "v1", "kind": "Deployment", "name": "gpuvs-agent", "namespace": NS}
+    cases = {
+        overlay("prefix", {**base, "namePrefix": "x-"}): "namePrefix not read by gpuvs deploy",
+        overlay("other", {**base, "bases": [str(NODE_GUARD)]}): "is not gpuvs's deploy/",
+        overlay("nobase", {"resources": []}): "its base must be deploy/",
+        overlay("target", {**base, "patchesJson6902": [{"target": {**agent, "name": "x"}, "path": "p.yaml"}]},
+                [{"op": "add", "path": "/spec/x", "value": 1}]): "its patch of Deployment/x names no object",
+        overlay("apply", {**base, "patchesJson6902": [{"target": agent, "path": "p.yaml"}]},
+                [{"op": "replace", "path": "/spec/nothing/here", "value": 1}]): "its patch of Deployment/gpuvs-agent "
+                                                                                 "does not apply",
+        tmp_path / "missing": "no such folder",
+    }
+    for path, says in cases.items():
+        r = run_cli("deploy", "--dry-run", "--overlay", path)
+        assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1 and says in r.stderr, \
+            (path.name, r.stderr)
+    # the same patch applied: what kustomize would do
+    ok = overlay("ok", {**base, "patchesJson6902": [{"target": agent, "path": "p.yaml"}]},
+                 [{"op": "add", "path": "/spec/template/spec/hostNetwork", "value": True},
+                  {"op": "test", "path": "/spec/replicas", "value": 1}])
+    (d,) = [m for m in dry_run("--overlay", str(ok)) if m["kind"] == "Deployment"]
+    assert d["spec"]["template"]["spec"]["hostNetwork"] is True
 
 
 # -- on the test cluster -----------------------------------------------------------------------------------------
@@ -335,6 +475,7 @@ def remove_everything(cluster) -> None:  # noqa: F811
     dyn = DynamicClient(api_client(cluster))
     targets = [m for m in manifests() if "namespace" not in m["metadata"]]  # the namespace takes the rest with it
     targets += [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": LOWEST}},
+                {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": OVERLAY_PV}},
                 {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": PV}}]
     deadline = time.monotonic() + 240
     for m in targets:
@@ -393,6 +534,264 @@ def test_the_python_client_creates_every_object(clean):
         utils.create_from_dict(api, m)
     assert_deployed(clean)
     remove_everything(clean)
+
+
+NODE_STATUS_RBAC = (("ClusterRole", "gpuvs-agent-node-status", None),
+                    ("ClusterRoleBinding", "gpuvs-agent-node-status", None),
+                    ("Role", "gpuvs-agent-node-events", "default"), ("RoleBinding", "gpuvs-agent-node-events", "default"))
+
+
+def write_gpuvs_marks(cluster) -> None:  # noqa: F811
+    """What a deployed agent leaves on nodes, written by gpuvs's own writers: a slower node's labels, details,
+    taint and True condition on the first node, drift labels and gpuvs.io/testing on the second."""
+    from gpuvs.agent import idle
+    from gpuvs.fleet import labels, taints
+    from gpuvs.kube import nodestatus
+    from gpuvs.kube.client import connect
+
+    gpuvs_cluster = connect(str(cluster.kubeconfig))
+    core = gpuvs_cluster.core
+    slow, other = cluster.nodes[:2]
+    assert labels.apply(core, [
+        labels.LabelChange(slow, {labels.PERF: "slower", labels.RATIO: "0.512"}, {labels.DETAILS: '{"speed": 0.512}'}),
+        labels.LabelChange(other, {labels.DRIFT: "equivalent", labels.DRIFT_RATIO: "0.990"},
+                           {labels.DRIFT_DETAILS: "{}"})]) == [(slow, None), (other, None)]
+    assert taints.set_taint(core, slow, "NoSchedule") is None
+    assert nodestatus.write(core, slow, "True", "SlowerThanPeers", "slower: 0.512x its peers").error is None
+    idle.mark(gpuvs_cluster, other)
+
+
+def gpuvs_marks(cluster) -> dict[str, list[str]]:  # noqa: F811
+    """Every node's gpuvs.io/ labels and annotations, gpuvs.io/slow taint and GpuvsPerformance condition."""
+    from kubernetes import client
+
+    out = {}
+    for n in client.CoreV1Api(api_client(cluster)).list_node().items:
+        keys = [f"label {k}" for k in n.metadata.labels or {} if k.startswith("gpuvs.io/")]
+        keys += [f"annotation {k}" for k in n.metadata.annotations or {} if k.startswith("gpuvs.io/")]
+        keys += [f"taint {t.key}:{t.effect}" for t in n.spec.taints or [] if t.key == "gpuvs.io/slow"]
+        keys += [f"condition {c.type} {c.status} {c.reason}" for c in n.status.conditions or []
+                 if c.type == "GpuvsPerformance"]
+        assert any(c.type == "Ready" for c in n.status.conditions)  # the kubelet's conditions are never touched
+        out[n.metadata.name] = sorted(keys)
+    return out
+
+
+@pytest.mark.cluster
+def test_deploy_delete_takes_off_every_label_annotation_taint_and_condition_gpuvs_wrote(clean):
+    """`gpuvs deploy --condition`, then the marks a deployed agent leaves (labels, details, the taint, the True
+    condition, gpuvs.io/testing) put on two nodes by gpuvs's own writers. `--delete --keep-labels` takes off
+    the taint, the condition and gpuvs.io/testing and says which labels it kept; `--delete` then takes off the
+    rest, and removes deploy/node-status's RBAC too. Before: every mark but gpuvs.io/testing stayed."""
+    from kubernetes.dynamic import DynamicClient
+
+    from conftest import run_cli
+
+    kc = str(clean.kubeconfig)
+    slow, other = clean.nodes[:2]
+    try:
+        r = run_cli("deploy", "--condition", "--kubeconfig", kc, timeout=120)
+        assert r.returncode == 0, r.stderr
+        write_gpuvs_marks(clean)
+        before = gpuvs_marks(clean)
+        assert before[slow] == ["annotation gpuvs.io/perf-details", "condition GpuvsPerformance True SlowerThanPeers",
+                                "label gpuvs.io/perf", "label gpuvs.io/perf-ratio", "taint gpuvs.io/slow:NoSchedule"]
+        assert before[other] == ["annotation gpuvs.io/drift-details", "label gpuvs.io/drift",
+                                 "label gpuvs.io/drift-ratio", "label gpuvs.io/testing"]
+        r = run_cli("deploy", "--delete", "--keep-labels", "--kubeconfig", kc, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        lines = r.stdout.splitlines()
+        assert f"Node/{slow} gpuvs.io/perf, gpuvs.io/perf-ratio, gpuvs.io/perf-details kept (--keep-labels)" in lines
+        assert f"Node/{slow} taint gpuvs.io/slow removed" in lines and \
+            f"Node/{slow} condition GpuvsPerformance removed" in lines, r.stdout
+        assert f"Node/{other} gpuvs.io/testing removed (left by the agent)" in lines, r.stdout
+        after = gpuvs_marks(clean)
+        assert after[slow] == ["annotation gpuvs.io/perf-details", "label gpuvs.io/perf", "label gpuvs.io/perf-ratio"]
+        assert after[other] == ["annotation gpuvs.io/drift-details", "label gpuvs.io/drift",
+                                "label gpuvs.io/drift-ratio"]
+        dyn = DynamicClient(api_client(clean))
+        for kind, name, ns in NODE_STATUS_RBAC:
+            r_ = dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind=kind)
+            assert gone(lambda: r_.get(name=name, namespace=ns)), f"{kind}/{name} left"
+        r = run_cli("deploy", "--delete", "--kubeconfig", kc, timeout=180)  # nothing deployed now: the nodes alone
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"Node/{other} gpuvs.io/drift, gpuvs.io/drift-ratio, gpuvs.io/drift-details removed" in r.stdout
+        assert all(keys == [] for keys in gpuvs_marks(clean).values()), gpuvs_marks(clean)
+        assert "kept" not in r.stdout, r.stdout
+    finally:
+        clear_marks(clean)
+        dyn = DynamicClient(api_client(clean))
+        for kind, name, ns in NODE_STATUS_RBAC:
+            gone(lambda: dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind=kind).delete(
+                name=name, namespace=ns))
+        remove_everything(clean)
+
+
+def uninstall_block() -> list[str]:
+    """docs/deploy.md's kubectl uninstall sequence, one command a line."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    block = text[text.index("```bash\n", text.index("**Uninstalling.**")) + 8:]
+    return [line for line in block[:block.index("```")].splitlines() if line.strip()]
+
+
+@pytest.mark.cluster
+def test_the_documented_kubectl_uninstall_leaves_no_mark_and_no_node_status_rbac(clean):
+    """docs/deploy.md's kubectl sequence, run line by line with kubectl 1.20 after `gpuvs deploy --condition`
+    and the marks an agent leaves: no gpuvs.io/ label or annotation, taint or condition is left, and neither is
+    deploy/node-status's RBAC (before: its ClusterRole, ClusterRoleBinding, Role and RoleBinding stayed, with
+    every mark but gpuvs.io/testing). kubectl 1.20 cannot patch a node's status (--subresource is 1.24's): that
+    line's patch is sent through the client, as kubectl 1.24 would send it."""
+    from kubernetes import client
+    from kubernetes.dynamic import DynamicClient
+
+    from conftest import run_cli
+
+    kubectl = BIN / "kubectl"
+    if not kubectl.exists():
+        missing_part(f"kubectl 1.20 is not in {BIN}: run scripts/test-cluster build (it unpacks Debian's)")
+    lines = uninstall_block()
+    assert any("node-status" in line for line in lines) and lines[-1].startswith("kubectl delete -k deploy/ ")
+    env = dict(os.environ, KUBECONFIG=str(clean.kubeconfig), PATH=f"{BIN}:{os.environ['PATH']}")
+    core = client.CoreV1Api(api_client(clean))
+    try:
+        r = run_cli("deploy", "--condition", "--kubeconfig", clean.kubeconfig, timeout=120)
+        assert r.returncode == 0, r.stderr
+        write_gpuvs_marks(clean)
+        assert any(gpuvs_marks(clean).values())
+        for line in lines:
+            if "--subresource=status" in line:
+                body = json.loads(line.split(" -p '")[1].split("'")[0])
+                for n in core.list_node().items:
+                    core.patch_node_status(n.metadata.name, body)
+                continue
+            r = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
+            # kubectl taint untaints each node that has the taint and exits 1 naming each that had not (docs say so)
+            untainted = line.startswith("kubectl taint") and set(r.stderr.splitlines()) == {
+                'taint "gpuvs.io/slow" not found'}
+            assert r.returncode == 0 or untainted, (line, r.stdout, r.stderr)
+        assert all(keys == [] for keys in gpuvs_marks(clean).values()), gpuvs_marks(clean)
+        dyn = DynamicClient(api_client(clean))
+        for kind, name, ns in NODE_STATUS_RBAC:
+            res = dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind=kind)
+            assert gone(lambda: res.get(name=name, namespace=ns)), f"{kind}/{name} left"
+    finally:
+        clear_marks(clean)
+        dyn = DynamicClient(api_client(clean))
+        for kind, name, ns in NODE_STATUS_RBAC:
+            gone(lambda: dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind=kind).delete(
+                name=name, namespace=ns))
+        remove_everything(clean)
+
+
+def agent_http(path: str) -> tuple[int, dict]:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{OVERLAY_PORT}{path}", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, {}
+    except OSError:
+        return 0, {}
+
+
+def rolled_out(apps, generation_before: int | None = None):
+    """The agent's Deployment once its one pod of the current template is ready (a newer generation than the one
+    given)."""
+    d = apps.read_namespaced_deployment("gpuvs-agent", NS)
+    st = d.status
+    if generation_before is not None and d.metadata.generation <= generation_before:
+        return None
+    done = (st.observed_generation == d.metadata.generation and st.updated_replicas == 1 and st.ready_replicas == 1
+            and (st.replicas or 0) == 1)
+    return d if done else None
+
+
+REACH_API = ("from kubernetes import client, config; config.load_incluster_config(); "
+             "print('reached', client.VersionApi().get_code().git_version)")
+
+
+def agent_reaches_the_api(core) -> str:
+    """What the agent's own pod gets from the API server through its in-cluster configuration (its ServiceAccount,
+    KUBERNETES_SERVICE_HOST/_PORT), asked inside its container."""
+    from kubernetes.stream import stream
+
+    selector = ",".join(f"{k}={v}" for k, v in by_kind("Deployment")["spec"]["selector"]["matchLabels"].items())
+    pods = [p for p in core.list_namespaced_pod(NS, label_selector=selector).items
+            if p.metadata.deletion_timestamp is None and p.status.phase == "Running"]
+    assert len(pods) == 1, [p.metadata.name for p in pods]
+    return stream(core.connect_get_namespaced_pod_exec, pods[0].metadata.name, NS, command=["python3", "-c", REACH_API],
+                  stdout=True, stderr=True, stdin=False, tty=False)
+
+
+@pytest.mark.cluster
+def test_deploy_with_the_test_cluster_overlay_runs_the_agent_and_new_arguments_keep_the_overlay(image, clean):
+    """docs/deploy.md's deploy on the test cluster, as a user runs it: `gpuvs deploy --overlay overlays/test-cluster`.
+    The store's claim binds the overlay's local volume and the agent, ready, has reached the API server (before:
+    the claim stayed Pending, then the agent could not reach the API). `gpuvs deploy` again with new agent
+    arguments and no --overlay keeps the overlay's patches (before: the merge patch of the Deployment replaced its
+    container, and the port, the API server's address and --listen were gone). `--overlay none` drops them and
+    deletes the overlay's volume."""
+    from kubernetes import client
+
+    from cluster import STATE
+    from conftest import run_cli
+
+    kc = str(clean.kubeconfig)
+    store = STATE / "agent-store"
+    shutil.rmtree(store, ignore_errors=True)  # an earlier agent's store: this one starts with none
+    store.mkdir(mode=0o755)
+    apps = client.AppsV1Api(api_client(clean))
+    core = client.CoreV1Api(api_client(clean))
+    try:
+        r = run_cli("deploy", "--overlay", OVERLAY, "--image", image, "--kubeconfig", kc, timeout=120, cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+        assert f"PersistentVolume/{OVERLAY_PV} created" in r.stdout and "Deployment/gpuvs-agent created" in r.stdout
+        wait_for(lambda: core.read_namespaced_persistent_volume_claim("gpuvs-store", NS).status.phase == "Bound", 60,
+                 "the store's claim bound to the overlay's volume")
+        first = wait_for(lambda: rolled_out(apps), 120, "the agent ready").metadata.generation
+        ready = wait_for(lambda: (got := agent_http("/readyz"))[0] == 200 and got[1], 60, "the agent's /readyz")
+        assert ready["store_ok"] is True, ready  # its store on the overlay's volume, on the port it names
+        assert "reached v1.20" in agent_reaches_the_api(core)
+        r = run_cli("deploy", "--image", image, "--kubeconfig", kc, "--agent-arg=--every", "--agent-arg=2h",
+                    timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "overlay " + str(OVERLAY) + " kept from the last deploy (--overlay none drops it)" in r.stdout, r.stdout
+        d = wait_for(lambda: rolled_out(apps, first), 120, "the agent with its new arguments ready")
+        spec = d.spec.template.spec
+        c = spec.containers[0]
+        assert spec.host_network is True and c.ports[0].container_port == OVERLAY_PORT
+        assert {e.name: e.value for e in c.env}["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+        assert c.args[-4:] == ["--listen", f":{OVERLAY_PORT}", "--every", "2h"], c.args
+        assert agent_http("/readyz")[0] == 200 and "reached v1.20" in agent_reaches_the_api(core)
+        r = run_cli("deploy", "--image", image, "--kubeconfig", kc, "--overlay", "none", timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert f"PersistentVolume/{OVERLAY_PV} deleted" in r.stdout and "kept from the last" not in r.stdout
+        d = apps.read_namespaced_deployment("gpuvs-agent", NS)
+        assert not d.spec.template.spec.host_network and "gpuvs.io/overlay" not in (d.metadata.annotations or {})
+        assert d.spec.template.spec.containers[0].ports[0].container_port == 8080
+    finally:
+        run_cli("deploy", "--delete", "--kubeconfig", kc, timeout=180)
+        remove_everything(clean)
+        shutil.rmtree(store, ignore_errors=True)
+        store.mkdir(mode=0o755)
+
+
+def clear_marks(cluster) -> None:  # noqa: F811
+    """The nodes without gpuvs's marks, whatever a failed test left (through the admin's client, not gpuvs's)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client(cluster))
+    for n in core.list_node().items:
+        keys = {"labels": {k: None for k in n.metadata.labels or {} if k.startswith("gpuvs.io/")},
+                "annotations": {k: None for k in n.metadata.annotations or {} if k.startswith("gpuvs.io/")}}
+        core.patch_node(n.metadata.name, {"metadata": keys})
+        if any(t.key == "gpuvs.io/slow" for t in n.spec.taints or []):
+            core.patch_node(n.metadata.name, {"spec": {"taints": [
+                t for t in core.api_client.sanitize_for_serialization(n.spec.taints) if t["key"] != "gpuvs.io/slow"]}})
+        if any(c.type == "GpuvsPerformance" for c in n.status.conditions or []):
+            core.patch_node_status(n.metadata.name, {"status": {"conditions": [
+                {"type": "GpuvsPerformance", "$patch": "delete"}]}})
 
 
 @pytest.fixture(scope="module")
@@ -577,7 +976,7 @@ def test_trial_pods_are_preempted_by_a_real_job_and_preempt_nobody(deployed):
 # -- gpuvs's own image -------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def image(deployed):
+def image(clean):
     """localhost/gpuvs:VERSION built by scripts/build-image and loaded into every node (warm: seconds)."""
     for tool, what in (("podman", "podman builds gpuvs's image"), ("debootstrap", "debootstrap makes its base")):
         if shutil.which(tool) is None:

@@ -23,7 +23,7 @@ IMAGE = "localhost/gpuvs-python:test"
 
 def validate(c, store, *args, timeout=600):
     return run_cli("validate", "--kubeconfig", c.kubeconfig, "--image", IMAGE, "--image-pull-policy", "Never",
-                   "--store", store, *args, timeout=timeout)
+                   "--pod-security", "baseline", "--store", store, *args, timeout=timeout)  # IMAGE runs as root
 
 
 def stored(store):
@@ -161,7 +161,8 @@ def test_sigterm_during_an_api_server_outage_restarts_it_and_cleans_up(cluster, 
     node = cluster.nodes[0]
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuvs", "validate", "--kubeconfig", str(cluster.kubeconfig), "--image", IMAGE,
-         "--image-pull-policy", "Never", "--store", str(store), "--timeout", "60", "--disruptive", "--node", node,
+         "--image-pull-policy", "Never", "--pod-security", "baseline", "--store", str(store), "--timeout", "60",
+         "--disruptive", "--node", node,
          "--stop-apiserver-cmd", cluster.command("apiserver", "stop"),
          "--start-apiserver-cmd", cluster.command("apiserver", "start"), "--apiserver-outage", "120"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuvs_env())
@@ -253,6 +254,19 @@ def test_probe_and_job_pods_meet_the_pod_security_standard_asked(level):
             assert violations(spec, "restricted") == [f"{c['name']}: runAsNonRoot is not true"], what
         else:
             assert spec["securityContext"]["runAsNonRoot"] is True, what
+
+
+@pytest.mark.cluster
+def test_restricted_by_default_a_root_image_is_refused_with_the_way_out(cluster, tmp_path):
+    """Without --pod-security the probe pods are held to restricted (runAsNonRoot): the kubelet refuses the test
+    image, whose user is root, and the failed check says to give --pod-security baseline. Before, validate's
+    --pod-security was never passed on: every probe pod ran as baseline, whatever was asked."""
+    r = run_cli("validate", "--kubeconfig", cluster.kubeconfig, "--image", IMAGE, "--image-pull-policy", "Never",
+                "--store", tmp_path / "v.db", "--timeout", "30")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "runAsNonRoot" in r.stderr and "(the image's user is root: give --pod-security baseline)" in r.stderr, \
+        r.stderr
+    assert leftovers(cluster) == []
 
 
 def test_validate_refuses_an_unknown_pod_security_in_one_line(tmp_path):

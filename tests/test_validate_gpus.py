@@ -263,7 +263,7 @@ def test_stopped_in_the_middle_leaves_nothing_behind(cluster, tmp_path, sig, dur
     store = tmp_path / "v.db"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuvs", "validate", "--kubeconfig", str(cluster.kubeconfig), "--image", IMAGE,
-         "--image-pull-policy", "Never", "--store", str(store), "--timeout", "60"],
+         "--image-pull-policy", "Never", "--pod-security", "baseline", "--store", str(store), "--timeout", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuvs_env())
     core = cluster.core()
     try:

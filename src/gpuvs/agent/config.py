@@ -113,7 +113,7 @@ class AgentConfig:
     namespace: str | None = None
     gpu_resource: str = "nvidia.com/gpu"
     priority_class: str = "gpuvs-trial"
-    pod_security: str = "baseline"
+    pod_security: str = "restricted"  # the agent's own image runs as uid 10001
     package: str = "configmap"
     python: str = "python3"
     trials: int = 4

@@ -5,7 +5,9 @@ order (the namespace first); removed by --delete with the agent first: its Deplo
 pod is gone (the agent, stopping, ends its run's child, whose pods go, and takes gpuvs.io/testing off the nodes
 it tested, which it can only do while its ServiceAccount and ClusterRole are still there), then any
 gpuvs.io/testing still on a node taken off by the caller (an agent killed at the end of its grace period), then
-the rest in the reverse order. Another image or other agent arguments change the Deployment's container only.
+every other gpuvs.io/ label and annotation, the taint gpuvs.io/slow and the condition GpuvsPerformance taken off
+every node (the labels kept on request), then the rest in the reverse order. Another image or other agent
+arguments change the Deployment's container only; the Deployment is replaced whole, the other objects patched.
 
 The agent's API token is no manifest (a file of deploy/ cannot hold a random value, and one applied again would
 replace it): `gpuvs deploy` adds the Secret gpuvs-agent-token with a random token before the Deployment, created
@@ -43,11 +45,19 @@ def _read(folder: str = "") -> list[dict[str, Any]]:
         raise UsageError(f"gpuvs's manifests are missing from the installed package ({root}): {exc}") from None
 
 
-def manifests(image: str | None = None, agent_args: list[str] | None = None, condition: bool = False
-              ) -> list[dict[str, Any]]:
-    """Every object of deploy/, in the kustomization's order; the agent's image and extra arguments if given. With
-    condition, deploy/node-status's objects too, before the Deployment, and the agent's --condition."""
+def manifests(image: str | None = None, agent_args: list[str] | None = None, condition: bool = False,
+              overlay: Any = None) -> list[dict[str, Any]]:
+    """Every object of deploy/, in the kustomization's order; with an overlay (agent/overlay.py), its objects
+    before the Deployment and its patches applied, remembered in the Deployment's annotation gpuvs.io/overlay;
+    then the agent's image and extra arguments if given. With condition, deploy/node-status's objects too,
+    before the Deployment, and the agent's --condition."""
     out = _read()
+    if overlay is not None:
+        from gpuvs.agent import overlay as overlays
+
+        out = overlays.apply(out, overlay, AGENT)
+        agent = next(m for m in out if (m["kind"], m["metadata"]["name"]) == AGENT)
+        agent["metadata"].setdefault("annotations", {})[overlays.ANNOTATION] = overlay.to_json()
     if condition:
         i = next(i for i, m in enumerate(out) if (m["kind"], m["metadata"]["name"]) == AGENT)
         out[i:i] = _read(NODE_STATUS)
@@ -133,11 +143,47 @@ def apply(cluster: Cluster, objs: list[dict[str, Any]]) -> list[tuple[str, str]]
                 if m["kind"] == "Secret":
                     done.append((what, "kept"))
                     continue
-                r.patch(body=m, name=m["metadata"]["name"], namespace=ns, content_type="application/merge-patch+json")
+                if (m["kind"], m["metadata"]["name"]) == AGENT:
+                    _replace(r, m, ns)
+                else:
+                    r.patch(body=m, name=m["metadata"]["name"], namespace=ns,
+                            content_type="application/merge-patch+json")
                 done.append((what, "configured"))
         except k8s.client.exceptions.ApiException as exc:
             raise UsageError(f"{what} could not be applied on {cluster.host}: {api_message(exc)}") from None
     return done
+
+
+def _replace(r: Any, m: dict[str, Any], ns: str | None, attempts: int = 3) -> None:
+    """The agent's Deployment made exactly the manifest (a merge patch would keep what an overlay no longer adds,
+    hostNetwork say): replaced at the resourceVersion read, read again on a conflict."""
+    k8s = client_module()
+    for i in range(attempts):
+        live = r.get(name=m["metadata"]["name"], namespace=ns)
+        body = copy.deepcopy(m)
+        body["metadata"]["resourceVersion"] = live.metadata.resourceVersion
+        try:
+            r.replace(body=body, name=m["metadata"]["name"], namespace=ns)
+            return
+        except k8s.client.exceptions.ApiException as exc:
+            if exc.status != 409 or i == attempts - 1:
+                raise
+
+
+def remembered(cluster: Cluster) -> Any:
+    """The overlay the agent's Deployment was last deployed with (its annotation gpuvs.io/overlay), or None."""
+    from gpuvs.agent import overlay as overlays
+
+    k8s = client_module()
+    ns = next(m for m in _read() if (m["kind"], m["metadata"]["name"]) == AGENT)["metadata"]["namespace"]
+    try:
+        d = k8s.client.AppsV1Api(cluster.api).read_namespaced_deployment(AGENT[1], ns, _request_timeout=15)
+    except k8s.client.exceptions.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise UsageError(f"Deployment/{AGENT[1]} could not be read on {cluster.host}: {api_message(exc)}") from None
+    text = (d.metadata.annotations or {}).get(overlays.ANNOTATION)
+    return overlays.Overlay.from_json(text) if text else None
 
 
 def _delete_one(dyn: Any, cluster: Cluster, m: dict[str, Any]) -> tuple[str, str]:
@@ -193,10 +239,53 @@ def _unmark_nodes(cluster: Cluster) -> list[tuple[str, str]]:
     return out
 
 
-def delete(cluster: Cluster, objs: list[dict[str, Any]], poll_s: float = 0.5) -> list[tuple[str, str]]:
-    """Delete the agent's Deployment and wait for its pods to go, take off any gpuvs.io/testing left on a node,
-    then delete every other object (namespaced ones go with the namespace), last first; [(what, how)]. Give it
-    manifests(condition=True) to remove deploy/node-status's objects too (absent ones are said so)."""
+PREFIX = "gpuvs.io/"  # gpuvs's domain: every node label and annotation gpuvs writes (fleet/labels.py, agent/idle.py)
+NOT_REMOVED = "could not be removed"
+
+
+def _clear_nodes(cluster: Cluster, keep_labels: bool = False) -> list[tuple[str, str]]:
+    """Take off every node what gpuvs wrote there, as the caller: the gpuvs.io/ labels and annotations (the
+    verdicts kept with keep_labels), the taint gpuvs.io/slow and the condition GpuvsPerformance (a patch of
+    nodes/status). Nothing else reads or removes them once gpuvs is gone, and a stale True condition is what
+    remediation tools act on. [(Node/name, what was removed, kept, or could not be removed and why)]."""
+    from gpuvs.fleet import taints
+    from gpuvs.kube import SLOW_TAINT, nodestatus
+    from gpuvs.agent.idle import TESTING
+
+    try:
+        nodes = cluster.core.list_node(_request_timeout=15).items
+    except client_module().client.exceptions.ApiException as exc:
+        return [("nodes", f"not cleared of gpuvs's labels, taint and condition: {api_message(exc)}")]
+    out = []
+    for n in nodes:
+        name, meta = n.metadata.name, n.metadata
+        labels = sorted(k for k in (meta.labels or {}) if k.startswith(PREFIX) and k != TESTING)
+        notes = sorted(k for k in (meta.annotations or {}) if k.startswith(PREFIX))
+        if keep_labels and (labels or notes):
+            out.append((f"Node/{name}", f"{', '.join(labels + notes)} kept (--keep-labels)"))
+        elif labels or notes:
+            body = {"metadata": {"labels": {k: None for k in labels}, "annotations": {k: None for k in notes}}}
+            try:
+                cluster.core.patch_node(name, body, _request_timeout=15)
+                out.append((f"Node/{name}", f"{', '.join(labels + notes)} removed"))
+            except client_module().client.exceptions.ApiException as exc:
+                out.append((f"Node/{name}", f"{', '.join(labels + notes)} {NOT_REMOVED}: {api_message(exc)}"))
+        if any(t.key == SLOW_TAINT for t in (n.spec.taints or [])):
+            why = taints.set_taint(cluster.core, name, None)
+            out.append((f"Node/{name}", f"taint {SLOW_TAINT} {f'{NOT_REMOVED}: {why}' if why else 'removed'}"))
+        if nodestatus.current(n) is not None:
+            why = nodestatus.remove(cluster.core, name)
+            out.append((f"Node/{name}", f"condition {nodestatus.CONDITION} "
+                                        f"{f'{NOT_REMOVED}: {why}' if why else 'removed'}"))
+    return out
+
+
+def delete(cluster: Cluster, objs: list[dict[str, Any]], poll_s: float = 0.5, keep_labels: bool = False,
+           clear_nodes: bool = True) -> list[tuple[str, str]]:
+    """Delete the agent's Deployment and wait for its pods to go, take off any gpuvs.io/testing left on a node
+    and then everything else gpuvs wrote on the nodes (_clear_nodes), then delete every other object (namespaced
+    ones go with the namespace), last first; [(what, how)]. Give it manifests(condition=True) to remove
+    deploy/node-status's objects too (absent ones are said so)."""
     k8s = client_module()
     dyn = k8s.dynamic.DynamicClient(cluster.api)
     agent = next((m for m in objs if (m["kind"], m["metadata"]["name"]) == AGENT), None)
@@ -205,6 +294,7 @@ def delete(cluster: Cluster, objs: list[dict[str, Any]], poll_s: float = 0.5) ->
         done.append(_delete_one(dyn, cluster, agent))
         done += _agent_stopped(cluster, agent, poll_s)
         done += _unmark_nodes(cluster)
+    done += _clear_nodes(cluster, keep_labels) if clear_nodes else []
     for m in reversed(objs):
         if m is not agent:
             done.append(_delete_one(dyn, cluster, m))

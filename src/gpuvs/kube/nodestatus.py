@@ -73,3 +73,19 @@ def write(core: Any, node: str, status: str, reason: str, message: str, now: flo
         why = NOT_GRANTED if getattr(exc, "status", None) == 403 else api_message(exc)
         return Written(node, reason, before["reason"] if before else None, why)
     return Written(node, reason, before["reason"] if before else None)
+
+
+def remove(core: Any, node: str) -> str | None:
+    """Take gpuvs's condition out of the node's status (a strategic merge patch deleting the list item of its
+    type; the kubelet's conditions stay). None, or why not in one line (a node gone meanwhile is fine)."""
+    from gpuvs.kube.client import api_message
+
+    body = {"status": {"conditions": [{"type": CONDITION, "$patch": "delete"}]}}
+    try:
+        core.patch_node_status(node, body, _request_timeout=15)
+    except Exception as exc:
+        if getattr(exc, "status", None) == 404:
+            return None
+        why = api_message(exc)
+        return f"{why} (it needs patch on nodes/status)" if getattr(exc, "status", None) == 403 else why
+    return None

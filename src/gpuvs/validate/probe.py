@@ -297,6 +297,8 @@ def reason(pod: Any) -> str:
         st = cs.state
         if st and st.waiting:
             parts.append(f"waiting {st.waiting.reason}: {st.waiting.message or ''}".strip())
+            if "runAsNonRoot" in (st.waiting.message or ""):  # restricted (the default) on an image run as root
+                parts[-1] += " (the image's user is root: give --pod-security baseline)"
         if st and st.terminated:
             parts.append(f"terminated {st.terminated.reason} (exit {st.terminated.exit_code})")
     return "; ".join(parts)

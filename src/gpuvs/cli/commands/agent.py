@@ -39,7 +39,8 @@ CLUSTER_OPTIONS = (
     Param("gpu_resource", str, "nvidia.com/gpu", "the GPU resource name"),
     Param("priority_class", str, "gpuvs-trial", "priorityClassName of every pod the agent starts (real jobs "
           "preempt them; deploy/priorityclass.yaml)"),
-    Param("pod_security", str, "baseline", "the trial pods' security context (baseline or restricted)",
+    Param("pod_security", str, "restricted", "the trial, hold and probe pods' security context: restricted (the "
+          "agent's own image runs as uid 10001) or baseline (for an --image whose user is root)",
           choices=("baseline", "restricted")),
     Param("package", str, "configmap", "how gpuvs reaches the trial pods (configmap or image)",
           choices=("configmap", "image")),

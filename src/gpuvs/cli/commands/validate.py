@@ -1,5 +1,5 @@
 """gpuvs validate --image IMAGE [--kubeconfig F] [--context C] [--namespace N] [--node NAME] [--exclusive]
-[--max-gpu-pods N] [--pod-security baseline|restricted] [--job-workload NAME --job-param KEY=VALUE] [--disruptive --restart-plugin-cmd CMD --restart-kubelet-cmd CMD --stop-apiserver-cmd CMD --start-apiserver-cmd CMD]:
+[--max-gpu-pods N] [--pod-security restricted|baseline] [--job-workload NAME --job-param KEY=VALUE] [--disruptive --restart-plugin-cmd CMD --restart-kubelet-cmd CMD --stop-apiserver-cmd CMD --start-apiserver-cmd CMD]:
 the cluster test suite, stored as an experiment (kind `validate`) and reported like any other."""
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ VALIDATE_OPTIONS = (
     Param("job_param", str, None, "KEY=VALUE for the job's workload (repeat)", multiple=True),
     Param("priority_class", str, None, "priorityClassName of the probe pods (gpuvs agent: gpuvs-trial, which any "
           "real job preempts)"),
-    Param("pod_security", str, "baseline", "the pods' security context: baseline (the image's own user; no privilege "
-          "escalation, every capability dropped, RuntimeDefault seccomp) or restricted (also runAsNonRoot: the "
-          "restricted Pod Security Standard; the image's user must be a non-root uid)",
+    Param("pod_security", str, "restricted", "the pods' security context: restricted (the restricted Pod Security "
+          "Standard: runAsNonRoot, no privilege escalation, every capability dropped, RuntimeDefault seccomp; the "
+          "image's user must be a non-root uid) or baseline (the same but as the image's own user, root included)",
           choices=("baseline", "restricted")),
     Param("store", str, "gpuvs.db", "SQLite file that keeps the results"),
     Param("name", str, None, "a name for this run in the store"),
@@ -55,7 +55,7 @@ def validate(args: Args) -> None:
                  stop_apiserver_cmd=args["stop_apiserver_cmd"], start_apiserver_cmd=args["start_apiserver_cmd"],
                  outage_s=args["apiserver_outage"], command_timeout=args["command_timeout"],
                  exclusive=args["exclusive"], max_gpu_pods=args["max_gpu_pods"], job_workload=args["job_workload"],
-                 job_params=args["job_param"] or [])
+                 job_params=args["job_param"] or [], pod_security=args["pod_security"])
 
     def on_start(start) -> None:
         print(f"gpuvs validate: {start.host} ({start.source}), namespace {start.namespace}, "
