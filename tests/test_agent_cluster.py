@@ -111,23 +111,15 @@ def remove_all(cluster, core) -> None:  # noqa: F811
         except ApiException as exc:
             assert exc.status == 404, exc
 
-    def gone():
+    def gone(read):
         try:
-            core.read_namespace(NS)
+            read()
             return False
         except ApiException as exc:
             return exc.status == 404
 
-    wait_for(gone, 180, f"namespace {NS} gone")
-
-    def pv_gone():
-        try:
-            core.read_persistent_volume(PV)
-            return False
-        except ApiException as exc:
-            return exc.status == 404
-
-    wait_for(pv_gone, 60, f"volume {PV} gone")
+    wait_for(lambda: gone(lambda: core.read_namespace(NS)), 180, f"namespace {NS} gone")
+    wait_for(lambda: gone(lambda: core.read_persistent_volume(PV)), 60, f"volume {PV} gone")
     from cluster import STATE
 
     shutil.rmtree(STATE / "agent-store", ignore_errors=True)  # the next agent starts with an empty store

@@ -619,12 +619,19 @@ def test_deploy_delete_takes_off_every_label_annotation_taint_and_condition_gpuv
         assert all(keys == [] for keys in gpuvs_marks(clean).values()), gpuvs_marks(clean)
         assert "kept" not in r.stdout, r.stdout
     finally:
-        clear_marks(clean)
-        dyn = DynamicClient(api_client(clean))
-        for kind, name, ns in NODE_STATUS_RBAC:
-            gone(lambda: dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind=kind).delete(
-                name=name, namespace=ns))
-        remove_everything(clean)
+        undeploy(clean)
+
+
+def undeploy(clean) -> None:
+    """Whatever a test left of gpuvs on the cluster: the nodes' marks, the node-status RBAC, deploy/'s objects."""
+    from kubernetes.dynamic import DynamicClient
+
+    clear_marks(clean)
+    dyn = DynamicClient(api_client(clean))
+    for kind, name, ns in NODE_STATUS_RBAC:
+        gone(lambda: dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind=kind).delete(
+            name=name, namespace=ns))
+    remove_everything(clean)
 
 
 def uninstall_block() -> list[str]:
@@ -675,12 +682,7 @@ def test_the_documented_kubectl_uninstall_leaves_no_mark_and_no_node_status_rbac
             res = dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind=kind)
             assert gone(lambda: res.get(name=name, namespace=ns)), f"{kind}/{name} left"
     finally:
-        clear_marks(clean)
-        dyn = DynamicClient(api_client(clean))
-        for kind, name, ns in NODE_STATUS_RBAC:
-            gone(lambda: dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind=kind).delete(
-                name=name, namespace=ns))
-        remove_everything(clean)
+        undeploy(clean)
 
 
 def agent_http(path: str) -> tuple[int, dict]:
