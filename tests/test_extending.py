@@ -75,7 +75,7 @@ def test_each_takes_one_new_module_and_nothing_else(house):
 def test_the_command_is_dispatched_checked_and_explained(gpuvs):
     r = gpuvs("--help")
     assert r.returncode == 0 and re.search(r"^│ kinds +│ List the environment kinds", r.stdout, re.M)
-    r = gpuvs("kinds", "--help")
+    r = gpuvs("kinds", "--help-all")
     assert r.returncode == 0 and r.stdout.startswith("usage: gpuvs kinds [options]")
     assert re.search(r"^│ --json +│ False +│ true or false +│ print them as JSON", r.stdout, re.M)
     r = gpuvs("kinds", "--json")
@@ -91,9 +91,9 @@ def test_the_command_is_dispatched_checked_and_explained(gpuvs):
 def test_the_workload_and_the_kind_are_parsed_checked_and_explained(gpuvs):
     r = gpuvs("workloads")
     assert r.returncode == 0 and re.search(r"^│ hashing +│ SHA-256 of an in-memory buffer", r.stdout, re.M)
-    r = gpuvs("run", "hashing", "--help")
+    r = gpuvs("run", "hashing", "--help-all")
     assert r.returncode == 0 and re.search(r"^│ --size-mb +│ 16 +│ an integer from 1 to 4096", r.stdout, re.M)
-    r = gpuvs("doctor", "--help")
+    r = gpuvs("doctor", "--help-all")
     assert r.returncode == 0 and "--env nice options (a child process of gpuvs at a lower CPU priority)" in r.stdout
     assert re.search(r"^│ --niceness +│ 10 +│ an integer from 1 to 19", r.stdout, re.M)
     for args, message in [

@@ -365,9 +365,11 @@ def test_bad_fleet_input_is_one_line_and_exit_2(cli):
 def test_fleet_help_shows_the_options_of_the_kind_it_runs_in(cli):
     """A fleet runs in pods (the kind that takes --node): its help shows the pod options, not the container's
     (whose summary, "a podman or docker container", once matched a search for "pod")."""
-    r = cli("fleet", "--help")
+    r = cli("fleet", "--help-all")
     assert r.returncode == 0, r.stderr
     assert "--env pod options" in r.stdout and "--env container options" not in r.stdout
+    r = cli("fleet", "--help")  # the short help names the pod kind's options by their count
+    assert r.returncode == 0 and "Options of each --env kind: pod (" in r.stdout and "container (" not in r.stdout
 
 
 def test_spin_reports_operations_per_second(cli, tmp_path):

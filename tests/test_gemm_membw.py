@@ -165,7 +165,9 @@ def test_membw_headline_is_the_largest_copy_of_the_first_kind_and_beyond_the_cpu
     assert w.headline_series(w.validate({"kind": "h2d", "size": "4MiB,64MiB"}, "cuda")) == "h2d pinned 64MiB"
     llc = max((int(p.read_text().strip().rstrip("K")) << 10 for p in
                __import__("pathlib").Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size")), default=0)
-    assert parse_size("256MiB") >= 4 * llc  # the CPU default headline copy is four times this machine's LLC
+    # the CPU default headline copy is four times an LLC of up to 64 MiB (a server's); a machine with more (one here
+    # reports 480 MiB) measures its cache with it, which docs/hardware.md says
+    assert llc > 64 << 20 or parse_size("256MiB") >= 4 * llc
 
 
 def test_membw_inline_checks_the_copy_and_names_series(one_thread):

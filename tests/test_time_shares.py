@@ -82,7 +82,8 @@ def test_run_and_compare_say_where_the_time_went(cli, tmp_path):
     assert meta["timing"]["fresh"] == "fork" and meta["timing"]["wall_s"] == pytest.approx(time_["wall_s"])
     # the rest of the JSON is as it was: the keys of an analysis before this change, and time
     assert set(data) == {"id", "name", "kind", "workload", "created", "meta", "margin", "confidence", "metrics",
-                         "arms", "verdicts", "speedup", "scaling", "flags", "failures", "trials", "time"}
+                         "arms", "verdicts", "speedup", "scaling", "flags", "failures", "trials", "time",
+                         "disturbances"}
     r = cli("run", "selftest", "--device", "cpu", "--steps", "3", "--fresh", "exec")
     assert r.returncode == 0 and "Where the time went" in r.stdout
     assert "zygote" not in r.stdout.split("Where the time went")[1]  # exec: no zygote start to count

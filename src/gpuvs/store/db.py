@@ -300,8 +300,9 @@ class Store:
         reads back from it with its trials. Otherwise StoreError (reason "moved"), one line saying where the data is:
         the file's new name, a copy saved beside the path when the file was deleted or replaced, or lost."""
         problem = None
+        check = check and str(self.path) != ":memory:"  # SQLite's in-memory store has no file to find again
         if not self.readonly:
-            moved = bool(self._written) and _file_id(self.path) != self._opened
+            moved = check and bool(self._written) and _file_id(self.path) != self._opened
             try:  # TRUNCATE where moved: the WAL left at the old name must hold nothing another file could take
                 self.db.execute(f"PRAGMA wal_checkpoint({'TRUNCATE' if moved else 'PASSIVE'})").fetchone()
             except StoreError:
