@@ -1,15 +1,8 @@
-"""Predicted against measured, from stored runs: the predictions of `advise-mps --predict-only --json` and
-the measured work of pairs stored by `advise-mps --pairs` (arms "alone: JOB", "pair N: A+B[, MPS]") or by
-`advise-mps A B` (arms "A alone", "B alone", "A+B", "A+B, MPS").
-Used where the device time allowed only one repeat: measured verdicts then come from the point ratio and
-the margin, without an interval (said in the output).
+"""Predicted against measured, from stored runs of `advise-mps --predict-only --json` and of `advise-mps` pairs.
 
-Each row shows the prediction as stored and, beside it, the current rule (gpuvs.sharing.advice.predict) applied to the
-same stored solo figures: a re-score, not an independent test.
-
-usage: PYTHONPATH=src python benchmarks/advise_table.py PREDICT.json MARGIN SOURCE [SOURCE ...]
-       SOURCE: a store (.db) or the --json of a single-pair advise-mps run
-       PYTHONPATH=src python benchmarks/advise_table.py --export MEASURED.json SOURCE [SOURCE ...]"""
+    PYTHONPATH=src python benchmarks/advise_table.py PREDICT.json MARGIN SOURCE [SOURCE ...]   (a .db or a --json)
+    PYTHONPATH=src python benchmarks/advise_table.py --export MEASURED.json SOURCE [SOURCE ...]
+One repeat gives a point ratio, no interval; the current rule beside each stored prediction re-scores, it is no test."""
 
 from __future__ import annotations
 
@@ -18,8 +11,8 @@ import sqlite3
 import sys
 
 from gpuvs.sharing.advice import predict
-from gpuvs.sharing.stats import as_rate
-from gpuvs.analysis.stats import SeriesSummary
+from gpuvs.sharing.share_stats import as_rate
+from gpuvs.store.records import SeriesSummary
 
 
 def rate(summary: str | None) -> float | None:

@@ -1,22 +1,8 @@
 """The MPS advisor's prediction against measured pairs, replayed from recorded solo readings (issue 37).
 
-Reads tests/data/advisor-pairs-h100.json: per pair, each job's solo readings (NVML telemetry, GPM SM activity,
-occupancy, tensor and DRAM activity, memory) and the measured work per repeat, time-sliced and under MPS; role
-"fit" (issue 15's eight pairs) or "held-out" (issue 37's first thirteen). Prints the markdown table of
-BENCHMARKS.md ("the advisor's prediction, part 3"): the rule before issue 37 ("old": 2 / max of the GPM fill
-sums) and now (gpuvs.sharing.advice.predict), the measured MPS / time-sliced ratio with its interval
-(stats.mps_verdict, the advisor's own sequential rule for repeats 2 .. 4), and the hit rates: within ±15% of
-the measured ratio, and on the right side of the margin.
-
-Then the choice of the rule's form: each candidate of benchmarks/advisor_candidates.py (written down before
-any was scored) scored by leave-one-out over all the recorded pairs (fit and held-out alike: the form and
-its coefficients were refitted on all 21, so none of them is held out any more), and the shipped
-coefficients refitted on all of them.
-
---heldout2 ADVISE.json: the second held-out set (benchmarks/advisor-heldout2-pairs.yaml), read from the JSON
-that `gpuvs advise-mps --pairs ... --json` wrote, scored by the shipped rule and reported apart from the 21.
-
-usage: PYTHONPATH=src python benchmarks/advisor_fit.py [DATA.json] [MARGIN] [--heldout2 ADVISE.json]"""
+    PYTHONPATH=src python benchmarks/advisor_fit.py [DATA.json] [MARGIN] [--heldout2 ADVISE.json]
+It reads tests/data/advisor-pairs-h100.json and prints the old and the shipped rule against the measured ratio.
+Then each candidate (advisor_candidates.py) is scored by leave-one-out over 21 pairs; --heldout2 scores a new set."""
 
 from __future__ import annotations
 
@@ -27,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuvs.sharing import stats
+from gpuvs.sharing import share_stats as stats
 from gpuvs.sharing.advice import BOTH_DRAM, FILL, RAMP, SLICE_LOSS, predict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

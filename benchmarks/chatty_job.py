@@ -1,6 +1,7 @@
-"""A job printing LINES short lines, one write each (issue 44): its wall time to /dev/null, through `| cat`, and under
-`gpuvs run command` wrapped and bare (the trial's stored wall_time_s), REPEATS times each; prints the medians and
-each one's ratio to `| cat`. Usage: python benchmarks/chatty_job.py [LINES] [REPEATS]"""
+"""A job printing LINES short lines, one write each (issue 44), timed to /dev/null, through `| cat` and by gpuvs.
+
+Usage: python benchmarks/chatty_job.py [LINES] [REPEATS].
+Under `gpuvs run command` it runs wrapped and bare, REPEATS times each; it prints medians and their ratios to cat."""
 
 from __future__ import annotations
 

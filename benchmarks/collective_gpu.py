@@ -1,14 +1,8 @@
-"""GPU proof of issue 35, item 2: gpuvs's `collective` all-reduce sweep across 2 and 4 GPUs of one host (as many
-as there are, 2 at least) against a plain torch.distributed NCCL loop (benchmarks/collective_ref.py, no gpuvs)
-timing the same sizes the same way (warm-up, barrier, ITERS operations to the device's completion, the slowest
-rank's time, nccl-tests' busbw = S / t x 2(n-1)/n), in one call.
+r"""GPU proof of issue 35, item 2: gpuvs's `collective` all-reduce across 2 and 4 GPUs against a plain NCCL loop.
 
-usage: OUT=DIR PYTHONPATH=src python3 benchmarks/collective_gpu.py [--device cpu]
-  SIZES: MIN,MAX,FACTOR (default 8,128M,4 on a GPU; 1K,64K,4 on the CPU)  ITERS=20  REPEATS=5  WARMUP=5
-  TOTAL_S=220 (the whole call; each step gets what is left)
---device cpu: gloo processes on the CPU, 2 and 4 ranks, small sizes: a dry run on a machine without a GPU.
-Writes OUT/collective_gpu.md (per rank count and size: gpuvs busbw, reference busbw, their ratio),
-OUT/collective_gpu.db (gpuvs's store) and OUT/collective_gpu.log (every command and its output)."""
+    OUT=DIR [SIZES=8,128M,4] [ITERS=20] [REPEATS=5] [WARMUP=5] [TOTAL_S=220] \
+        PYTHONPATH=src python3 benchmarks/collective_gpu.py [--device cpu]      (the reference: collective_ref.py)
+Writes OUT/collective_gpu.md (busbw of each and their ratio), .db and .log. --device cpu: gloo, a dry run."""
 
 import json
 import os

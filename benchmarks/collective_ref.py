@@ -1,9 +1,8 @@
-"""Reference for benchmarks/collective_gpu.py: the plainest torch.distributed all-reduce loop, no gpuvs. One
-process per GPU (NCCL; gloo with `cpu`), float32; per size WARMUP operations, then REPEATS samples, each a barrier
-and ITERS operations up to the device's completion, the slowest rank's time (MAX); busbw = S / t x 2(n-1)/n
-(nccl-tests' doc/PERFORMANCE.md), t the mean time of one operation. Prints one JSON line {size: busbw GB/s}.
+"""Reference for benchmarks/collective_gpu.py: the plainest torch.distributed all-reduce loop, no gpuvs.
 
-usage: python3 benchmarks/collective_ref.py N SIZE[,SIZE...] [cpu] [warmup=5] [iters=20] [repeats=5]"""
+    python3 benchmarks/collective_ref.py N SIZE[,SIZE...] [cpu] [warmup=5] [iters=20] [repeats=5]
+Each sample is a barrier and ITERS operations to the device's completion, the slowest rank's time.
+busbw = S / t x 2(n-1)/n (nccl-tests' doc/PERFORMANCE.md); it prints one JSON line, {size: busbw GB/s}."""
 
 import json
 import os

@@ -1,9 +1,7 @@
-"""The markdown table of benchmarks/command_gpu.sh: a user's own training script run by gpuvs as a command (its
-per-step rate read with --step-metric), host against pod, beside gpuvs's own cnn-train on the same model and
-settings on the host, from `gpuvs report ID --format json` of the two stored experiments.
+"""The markdown table of benchmarks/command_gpu.sh: a user's training script as a command, host against pod.
 
-usage: python benchmarks/command_gpu_table.py DB COMMAND_EXPERIMENT CNN_EXPERIMENT yes|no|cpu
-(yes: the script waits for the GPU after every step; cpu: a CPU dry run)"""
+    python benchmarks/command_gpu_table.py DB COMMAND_EXPERIMENT CNN_EXPERIMENT yes|no|cpu
+Beside it, gpuvs's own cnn-train of the same model on the host. yes: the script waits for the GPU every step."""
 
 import json
 import subprocess

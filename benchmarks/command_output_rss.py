@@ -1,11 +1,8 @@
-"""Peak memory of gpuvs's worker while it reads a command's output: `gpuvs run command` of a job printing SIZE_MB
-megabytes (lines of 100 bytes, then `final rate N`) as fast as it can, with a --metric searched in every line. The
-worker's peak resident set (VmHWM in /proc/PID/status, read every 50 ms while it runs) is the figure: a worker that
-read the output into a queue without end grew with it (437 MB for 200 MB of output before issue 30), one that
-reads it as it comes stays flat (target: under 100 MB). It also checks that the trial is ok with the true final
-figure and every line counted.
+"""Peak memory of gpuvs's worker while it reads a command's output of SIZE_MB megabytes (target: under 100 MB).
 
-    .venv/bin/python benchmarks/command_output_rss.py [SIZE_MB]     (default 200; a temporary store)"""
+    .venv/bin/python benchmarks/command_output_rss.py [SIZE_MB]     (default 200; a temporary store)
+The figure is the worker's VmHWM, read every 50 ms; a --metric is searched in every line.
+It also checks the trial is ok, with the true final figure and every line counted."""
 
 import json
 import os

@@ -1,10 +1,8 @@
-"""GPU check of issue 45 item 3: an A/A `gpuvs compare cnn-train` on one GPU while a co-tenant (benchmarks/
-gpu_cotenant.py --busy 0.3: matrix products 30% of the time) computes on the same GPU from the second round on.
-Prints what gpuvs showed (its lead sentence, the lines of what competed with each arm, the A/A sentence) and, from
-the store, each trial's figure and the other GPU processes it recorded; writes $OUT/contention_gpu.md.
+"""GPU check of issue 45 item 3: an A/A `gpuvs compare cnn-train` on a GPU a co-tenant joins from round two.
 
-usage: OUT=DIR [TRIALS=6] [BUSY=0.3] [GPU=0] [ARGS="--steps 50"] PYTHONPATH=src python benchmarks/contention_gpu.py
-DEVICE=cpu runs spin beside a CPU co-tenant: a check of the script, not a measurement (no GPU process to see)."""
+    OUT=DIR [TRIALS=6] [BUSY=0.3] [GPU=0] [ARGS="--steps 50"] PYTHONPATH=src python benchmarks/contention_gpu.py
+It prints what gpuvs showed of the contention and each trial's figure, and writes $OUT/contention_gpu.md.
+DEVICE=cpu runs spin beside a CPU co-tenant: a check of the script, not a measurement."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""Drift verdicts and change points, their error rates measured on the project's own code:
-gpuvs.fleet.history.points_from_run (each run's trials -> each node's level with its standard error),
-gpuvs.fleet.drift.assess and gpuvs.fleet.changepoint.detect (each node against its peers run by run,
-gpuvs.fleet.peers) on simulated fleet histories (gpuvs.fleet.drift_simulate: per-trial noise, a node's
-own run-to-run movement, and a change of the whole fleet that must not cause alarms).
+"""Drift verdicts' and change points' error rates, measured on gpuvs's own code on simulated fleet histories.
 
     PYTHONPATH=src python benchmarks/drift_error_rates.py [--fleets 1000] > /tmp/drift-rates.md
-
-One node changes (a step or a slide of 3%, 5% or 10%), or none; the others are stable. False drift
-alarm: a fleet in which any stable node (the changed node's peers too) is called slower or faster than
-its own past at the latest run (the promise: at most 1 - confidence = 5% per check). False change
-point: a fleet in which any stable node gets a change point (the same promise). Power: the changed node is called
-slower / gets a change point; located: one within +/-1 run of where the change began (of a slide: of
-its runs). A 95% interval (Wilson) is given for every rate. Pure CPU; no figure here is a
-performance claim."""
+One node steps or slides by 3, 5 or 10%, or none does. It counts false alarms on the stable nodes, and power.
+Every rate has a Wilson interval. Pure CPU; no figure here is a performance claim."""
 
 from __future__ import annotations
 
@@ -20,7 +10,7 @@ import argparse
 import math
 import time
 
-from gpuvs.fleet.drift_simulate import Change, Noise, simulate
+from gpuvs.fleet.simulate.simulate_nodes.simulate_drift import Change, Noise, simulate
 
 SIZES = (3, 8, 32, 100)
 

@@ -1,19 +1,8 @@
-"""Where a fresh trial's first training step goes on a GPU (issue 25's diagnosis, BENCHMARKS.md "Issue 25"):
-one parent imports torch and torchvision once and forks a fresh child per case, as gpuvs's zygote does; each
-child creates its CUDA context, builds ResNet-50 on the GPU and times its first step (forward, backward,
-optimiser), the next 9 steps, and then 30 (or 60) steps for the rate.
+"""Where a fresh trial's first training step goes on a GPU: one parent imports torch, a forked child per case.
 
-usage: python3 benchmarks/first_step.py [--preload] CASE...
-  CASE  JOB[:KEY=VALUE,...]; JOB is aa (ResNet-50 bf16 NHWC batch 256, the A/A of issue 25) or def
-        (cnn-train's defaults: fp32 NCHW batch 64); keys:
-          bench=on|off|split   cuDNN benchmark mode (split: a first step with heuristics, then benchmark on)
-          limit=N              torch.backends.cudnn.benchmark_limit (PyTorch's default is 10)
-          prof=1               torch.profiler over the first step: GPU kernel seconds and the top CPU entries
-          nvml=1               a thread reading NVML every 0.1 s, as gpuvs's telemetry does
-          initthread=1         the CUDA context made in a background thread, as gpuvs's worker does
-  --preload   the parent loads cuDNN's libraries (dlopen, no CUDA call) before it forks
-Prints one JSON line per case (seconds; rate in images/sec); the parent's line first.
-e.g. python3 benchmarks/first_step.py aa aa aa:bench=off aa:prof=1 def def:limit=1"""
+    python3 benchmarks/first_step.py [--preload] CASE...     CASE: JOB[:KEY=VALUE,...], JOB aa or def
+    e.g. python3 benchmarks/first_step.py aa aa aa:bench=off aa:prof=1 def def:limit=1
+Keys bench, limit, prof, nvml, initthread: JOBS in this file; --preload loads cuDNN first. A JSON line a case."""
 
 from __future__ import annotations
 
@@ -30,6 +19,14 @@ import torch  # noqa: E402
 import torchvision  # noqa: E402
 
 IMPORT_S = time.perf_counter() - T0
+# JOB aa: ResNet-50 bf16 NHWC batch 256, issue 25's A/A; def: cnn-train's defaults, fp32 NCHW batch 64. Keys:
+#   bench=on|off|split  cuDNN benchmark mode (split: a first step with heuristics, then benchmark on)
+#   limit=N             torch.backends.cudnn.benchmark_limit (PyTorch's default is 10)
+#   prof=1              torch.profiler over the first step: GPU kernel seconds and the top CPU entries
+#   nvml=1              a thread reading NVML every 0.1 s, as gpuvs's telemetry does
+#   initthread=1        the CUDA context made in a background thread, as gpuvs's worker does
+# --preload: the parent loads cuDNN's libraries (dlopen, no CUDA call) before it forks.
+# Each child times its first step (forward, backward, optimiser), the next 9, then 30 (or 60) for the rate.
 JOBS = {"aa": dict(bs=256, prec="bf16", fmt="NHWC"), "def": dict(bs=64, prec="fp32", fmt="NCHW")}
 
 

@@ -1,11 +1,8 @@
-"""The fleet's error rates, measured on the project's own code: gpuvs.fleet.adaptive.run and
-gpuvs.fleet.verdicts.assess on simulated fleets (each trial's figure = speed x (1 + cv z), z normal).
+"""The fleet's error rates, measured on gpuvs's own code: adaptive.run and verdicts.assess on simulated fleets.
 
     PYTHONPATH=src python benchmarks/fleet_error_rates.py [--runs 2000] [--cv 0.03] > /tmp/fleet-rates.md
-
-False alarm: a run in which any healthy node is called slower or faster (the fleet-wide error the
-docs promise to hold at 1 - confidence = 5%). Power: runs in which the slowed node is called slower.
-A 95% interval (Wilson) is given for every rate. Pure CPU; no figure here is a performance claim."""
+False alarm: a run in which any healthy node is called slower or faster (promised at most 5%). Power: the slowed node.
+Every rate has a Wilson interval. Pure CPU; no figure here is a performance claim."""
 
 from __future__ import annotations
 
@@ -13,7 +10,8 @@ import argparse
 import math
 import time
 
-from gpuvs.fleet import adaptive, simulate
+from gpuvs.fleet.execute import adaptive
+from gpuvs.fleet.simulate import simulate_nodes as simulate
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -33,8 +31,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2000)
     ap.add_argument("--cv", type=float, default=0.03)
     args = ap.parse_args()
-    plans = [("4, up to 12 (default)", adaptive.Plan(4, 12, 4)), ("3, up to 9", adaptive.Plan(3, 9, 3)),
-             ("5, no more", adaptive.Plan(5, 5, 5)), ("3, no more", adaptive.Plan(3, 3, 3))]
+    plans = [("4, up to 12 (default)", adaptive.AdaptiveTrials(4, 12, 4)), ("3, up to 9", adaptive.AdaptiveTrials(3, 9, 3)),
+             ("5, no more", adaptive.AdaptiveTrials(5, 5, 5)), ("3, no more", adaptive.AdaptiveTrials(3, 3, 3))]
     print(f"cv {args.cv:g} per trial, margin ±5%, confidence 0.95; {args.runs} simulated fleets per row "
           "(32-node rows: a quarter of that)\n")
     print("| trials per node | nodes | slowed | false alarm (any healthy node called slower/faster) | "

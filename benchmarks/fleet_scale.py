@@ -2,25 +2,7 @@
 
     python benchmarks/fleet_scale.py [--sizes 4,8,16] [--trials 4] [--parallel 4] [--output fleet-scale.md]
 
-Brings up a test cluster of its own (scripts/test-cluster with its own state folder, names, ports and pod network,
-so it runs beside the shared test cluster; defaults below, each overridable by the GPUVS_CLUSTER_* settings),
-with the API server's audit log on, and runs `gpuvs fleet spin` over the first N of its nodes for each size.
-For each run it measures:
-
-- API requests, from the API server's own audit log (every request at level Metadata): gpuvs's (its user, the
-  cluster's admin), by verb and resource; and those the cluster's components (scheduler, kubelets) made about
-  gpuvs's objects (the pods, their events, the package ConfigMap).
-- etcd: every write under /registry/, from a watch on etcd itself: the writes of gpuvs's objects (pods, their
-  events, the package ConfigMap) with their bytes, the peak of their live bytes, and what is left after the run
-  (events stay for the API server's event TTL, 1 h); and etcd's own counters (etcd_debugging_mvcc_total_put_size_in_bytes,
-  etcd_mvcc_db_total_size_in_bytes) before and after, which include the kubelets' background writes.
-- wall time of the command, and gpuvs's own CPU time.
-
-Then a fit per figure, y = a + b * nodes (least squares over the sizes), and the projection to 1,000 nodes.
-Requests and bytes are counts: they do not depend on the machine. Wall and CPU times do.
-
-The cluster is brought down at the end (also on failure, Ctrl-C, SIGTERM and SIGHUP) unless --keep.
-"""
+It brings up a test cluster of its own (audit log on), runs `gpuvs fleet spin` per size, and projects to 1,000 nodes."""
 
 from __future__ import annotations
 
@@ -53,6 +35,14 @@ omitStages: [RequestReceived, ResponseStarted]
 rules:
 - level: Metadata
 """
+# What each run measures:
+# - API requests, from the API server's audit log (every request at level Metadata): gpuvs's (its user, the
+#   cluster's admin), by verb and resource, and those the scheduler and kubelets made about gpuvs's objects;
+# - etcd: every write under /registry/, from a watch on etcd itself: gpuvs's objects' writes and bytes, the peak of
+#   their live bytes, what is left after the run (events stay for the event TTL, 1 h), and etcd's own counters;
+# - the command's wall time, and gpuvs's own CPU time.
+# Then a fit per figure, y = a + b * nodes. Requests and bytes are counts, not the machine's; wall and CPU times are.
+# The cluster comes down at the end (on failure, Ctrl-C, SIGTERM and SIGHUP too) unless --keep.
 # gpuvs's objects in etcd: its trial pods, their events, the package ConfigMap
 KINDS = {"pods": "/registry/pods/default/gpuvs-", "events": "/registry/events/default/gpuvs-",
          "package configmap": "/registry/configmaps/default/gpuvs-pkg-"}

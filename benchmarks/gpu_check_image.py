@@ -1,13 +1,8 @@
-"""The image the GPU cluster kit's `check` part runs gpu-check in (issue 33): this machine's Python interpreter, its
-standard library, numpy (the worker summarises a trial's samples with it) and glibc's libraries, nothing else: no
-PyTorch, no CUDA toolkit, no other site-packages. gpuvs's own
-source comes into the pod through the package ConfigMap, and the GPU's device nodes and the NVIDIA driver's files
-(libcuda, libnvidia-ptxjitcompiler, libnvidia-ml, ...) through the device plugin's Allocate answer, as NVIDIA's
-container toolkit hands them to any image. Built where it runs (the GPU machine's Python differs from this one's).
+"""The image the GPU cluster kit's `check` part runs gpu-check in (issue 33): Python, numpy and glibc, nothing else.
 
     python benchmarks/gpu_check_image.py OUT.tar [--tag localhost/gpuvs-check:kit]
-
-Writes a `docker save`-style archive of one layer (scripts/test-cluster's writer), which the kit's registry serves."""
+No PyTorch and no CUDA toolkit: gpuvs comes in by the package ConfigMap, the driver's files by the device plugin.
+Built where it runs (the GPU machine's Python differs): a one-layer `docker save` archive the kit's registry serves."""
 
 from __future__ import annotations
 

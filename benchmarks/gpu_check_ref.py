@@ -1,14 +1,8 @@
 """gpu-check against references on the same GPU (issue 33, item 1).
 
     PYTHONPATH=src python3 benchmarks/gpu_check_ref.py [--steps 10] [--json OUT.json]
-
-Two processes, one after the other: (1) gpu-check's own run (workloads/gpu_check.py: PTX through ctypes on
-libcuda.so.1) in a process that imports no PyTorch, which reports from itself the libraries it has mapped
-(/proc/self/maps) and the GPU modules it has imported (sys.modules); (2) the references in a PyTorch process:
-torch.matmul fp32 with TF32 off (8192^3), fp16 torch.matmul (8192^3), copy_ of the same bytes device to device,
-pinned host<->device copy_ of the same size, and an empty-kernel launch (torch.cuda._sleep(0), back to back); each
-timed with CUDA events over blocks after a warm-up. Prints a table of gpu-check / reference with the tolerance each
-figure is held to, and the datasheet's peaks (probes/peaks.py) beside them."""
+gpu-check runs in a process without PyTorch, which reports the libraries and GPU modules it loaded.
+Then torch's references for each figure, timed alike; a table gives each ratio, its tolerance and the datasheet peak."""
 
 from __future__ import annotations
 
@@ -22,7 +16,7 @@ CHECK = r"""
 import json, sys, time
 from gpuvs import workloads
 from gpuvs.spec import RunSpec
-from gpuvs.workloads.base import RunContext
+from gpuvs.workloads.workload import RunContext
 params = json.loads(sys.argv[1])
 w = workloads.get("gpu-check")
 spec = RunSpec(workload="gpu-check", params=params, device="cuda")

@@ -1,26 +1,8 @@
-"""Pack what the GPU cluster kit (benchmarks/gpu_cluster.sh) needs on a GPU machine that has no container engine,
-no network and none of this machine's packages, into one folder for the device tool's `carry` (the repo and the
-carried folder together at most 64 MiB):
+"""Pack what the GPU cluster kit (benchmarks/gpu_cluster.sh) needs into one folder for the device tool's `carry`.
 
-    bin.tar.xz      bin/kube-multicall (kube-apiserver, kube-controller-manager, kube-scheduler and the kubelet in one
-                    static binary, built from the Kubernetes tree `scripts/test-cluster build` fetched:
-                    benchmarks/kube_multicall/main.go), bin/etcd, bin/containerd, bin/containerd-shim-runc-v2,
-                    bin/runc and cni/{bridge,ptp,host-local,loopback} (Debian's): one xz stream with the x86 filter
-                    and a dictionary as large as the tar, so that what the binaries share is stored once
-    py/site.tar.xz  the kubernetes client and what it needs that the GPU machine lacks (benchmarks/pod_gpu_prepare.py)
-    pki/            the cluster's CA certificate, the API server's serving certificate, its kubelet-client
-                    certificate and the service-account keys, made by scripts/test-cluster (no CA key goes along)
-    images/         pause, gpuvs-node:gpu (near-empty: the node's /usr, /etc and /opt come in by --mount) and
-                    gpuvs-probe:kit (busybox, for gpuvs validate's probe pods), xz-compressed docker archives
-
-Usage, from the repo root (the kit then runs from the repo root on the GPU machine, so this branch must be in the
-checkout the device tool sends):
-
-    python benchmarks/gpu_cluster_prepare.py [DEST]        (default .carry/gpu; builds kube-multicall once, ~15-30 min)
-    python benchmarks/gpu_cluster_prepare.py DEST --quick  (this machine only, for tests and dry runs: bin.tar holds
-                                                            links to the test cluster's binaries, no site packages)
-
-Prints the packed size and the device tool calls."""
+    python benchmarks/gpu_cluster_prepare.py [DEST] [--quick]      (from the repo root; DEST is .carry/gpu by default)
+The GPU machine has no container engine, no network and none of this machine's packages: what goes is listed below.
+The first run builds kube-multicall (15-30 min); --quick packs links, for tests. It prints the device tool's calls."""
 
 from __future__ import annotations
 
@@ -36,6 +18,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pod_gpu_prepare as pod  # noqa: E402  (the one-node kit's pieces: site, node image, test-cluster module)
 
+# What goes into DEST (the repo and DEST together at most LIMIT_MIB):
+#   bin.tar.xz      bin/kube-multicall (kube-apiserver, kube-controller-manager, kube-scheduler and the kubelet in one
+#                   static binary, built from the tree `scripts/test-cluster build` fetched:
+#                   benchmarks/kube_multicall/main.go), bin/etcd, bin/containerd, bin/containerd-shim-runc-v2, bin/runc
+#                   and cni/{bridge,ptp,host-local,loopback} (Debian's). One xz stream, the x86 filter and a dictionary
+#                   as large as the tar, so that what the binaries share is stored once
+#   py/site.tar.xz  the kubernetes client and what it needs that the GPU machine lacks (pod_gpu_prepare.py)
+#   pki/            the cluster's CA certificate, the API server's serving and kubelet-client certificates and the
+#                   service-account keys, made by scripts/test-cluster (no CA key goes along)
+#   images/         pause, gpuvs-node:gpu (near-empty: the node's /usr, /etc and /opt come in by --mount) and
+#                   gpuvs-probe:kit (busybox, for gpuvs validate's probe pods), xz-compressed docker archives
+# The kit then runs from the repo root on the GPU machine, so this branch must be in the checkout the tool sends.
 REPO = pod.REPO
 MULTICALL = "kube-multicall"
 BINARIES = {"etcd": "/usr/bin/etcd", "containerd": "/usr/bin/containerd",

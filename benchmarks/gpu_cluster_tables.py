@@ -1,22 +1,8 @@
-"""Tables of the GPU cluster kit (benchmarks/gpu_cluster.sh), from its store:
+"""Tables of the GPU cluster kit (benchmarks/gpu_cluster.sh), from its store: each table is a function below.
 
-    python benchmarks/gpu_cluster_tables.py ids DB              experiment ids, oldest first (one a line)
-    python benchmarks/gpu_cluster_tables.py nodes DB ID         a fleet run's nodes: GPU (UUID as NVML reads it in
-                                                                the pod, and as the device plugin handed it), verdict,
-                                                                and which fingerprint fields differ between nodes
-    python benchmarks/gpu_cluster_tables.py runs DB RUNS.tsv    every fleet run of the kit: workload, co-tenant, wall
-                                                                time, nodes called slower / equivalent / inconclusive
-    python benchmarks/gpu_cluster_tables.py power DB RUNS.tsv   per co-tenant share: how often the slowed GPU (or
-                                                                node) was found and a healthy one flagged, its ratio
-                                                                and the cause row gpuvs gave it
-    python benchmarks/gpu_cluster_tables.py check DB REF.json   gpu-check in the kit's pod (the store's last
-                                                                gpu-check run) against gpu-check on the host and
-                                                                torch's references (benchmarks/gpu_check_ref.py
-                                                                --json), and what the pod's process loaded
-
-RUNS.tsv (written by the kit, one line per fleet run): experiment id, workload, co-tenant node (- for none), what the
-co-tenant is (its GPU's UUID and name), the command's wall time in seconds, the co-tenant's share busy (- for none;
-absent in files of earlier kits)."""
+    python benchmarks/gpu_cluster_tables.py ids DB | nodes DB ID | check DB REF.json
+    python benchmarks/gpu_cluster_tables.py runs DB RUNS.tsv | power DB RUNS.tsv
+    (RUNS.tsv: the kit's, one line per fleet run; REF.json: benchmarks/gpu_check_ref.py --json)"""
 
 from __future__ import annotations
 
@@ -24,8 +10,8 @@ import sys
 from pathlib import Path
 
 from gpuvs.errors import UsageError
-from gpuvs.fleet import fingerprints
-from gpuvs.fleet.run import FleetResult
+from gpuvs.fleet.assess import fingerprint_diff as fingerprints
+from gpuvs.fleet.result import FleetResult
 from gpuvs.report import markdown
 from gpuvs.store.db import Store
 
@@ -47,6 +33,7 @@ def _uuid(fp: dict) -> str | None:
 
 
 def nodes(st: Store, exp_id: str) -> str:
+    """A fleet run's nodes: GPU (NVML's UUID in the pod, and the device plugin's), verdict, differing fingerprints."""
     res = fleet_result(st, exp_id)
     if res is None:
         return f"(experiment {exp_id} holds no fleet result: the run was stopped before it ended)\n"
@@ -79,6 +66,9 @@ def nodes(st: Store, exp_id: str) -> str:
 
 
 def runs(st: Store, runs_tsv: Path) -> str:
+    """Every fleet run of the kit: workload, co-tenant, wall time, nodes called slower / equivalent / inconclusive."""
+    # RUNS.tsv, a line per fleet run: experiment id, workload, co-tenant node (- for none), the co-tenant's GPU UUID
+    # and name, the command's wall time in seconds, the co-tenant's share busy (- for none; absent in earlier kits)
     table = ["| workload | co-tenant (outside Kubernetes) | wall time of the run | slower | equivalent | "
              "other verdicts |", "|---|---|---|---|---|---|"]
     for line in runs_tsv.read_text().splitlines() if runs_tsv.exists() else []:
@@ -116,6 +106,7 @@ def unit_name(r) -> str:
 
 
 def power(st: Store, runs_tsv: Path) -> str:
+    """Per co-tenant share: how often the slowed GPU (or node) was found and a healthy one flagged, and its cause."""
     by_share: dict[str, list] = {}
     for line in runs_tsv.read_text().splitlines() if runs_tsv.exists() else []:
         exp_id, workload, node, what, wall, share = (line.split("\t") + [""] * 6)[:6]
@@ -155,6 +146,7 @@ CHECK_ROWS = (("fp32_fma", "fp32_matmul_tflops", 0.02), ("fp16_mma", "fp16_matmu
 
 
 def check(st: Store, ref_json: Path) -> str:
+    """gpu-check in the kit's pod (the store's last) against the host's and torch's references, and what it loaded."""
     import json
     import statistics
 

@@ -1,15 +1,8 @@
-"""A co-tenant outside Kubernetes for the GPU cluster kit (benchmarks/gpu_cluster.sh): large matrix products in a loop
-on one GPU, so that the pods that GPU's node runs share its multiprocessors with it. It only computes: it never
-changes clocks, power limits, compute mode or MIG.
+"""A co-tenant outside Kubernetes for the GPU cluster kit: large matrix products in a loop on one GPU.
 
     CUDA_VISIBLE_DEVICES=GPU-<uuid> python benchmarks/gpu_cotenant.py [--size 8192] [--seconds 600] [--busy 0.05]
-
-Prints one line `cotenant running gpu=NAME uuid=UUID` once its first products are done (the kit waits for it), then
-`cotenant rate=X TFLOP/s` every few seconds, and `cotenant stopped after S s, N products` when SIGTERM/SIGINT or
---seconds (a backstop, should whoever started it be killed outright) ends it. --device cpu runs the same loop on the
-CPU (to test the script on a machine without a GPU). --busy SHARE makes it a light co-tenant: in every --period
-(100 ms) it runs products for SHARE of the period and then sleeps, and its rate lines say the share it was busy
-(time inside products over wall time), measured, not the share asked for."""
+It only computes: it never changes clocks, power limits, compute mode or MIG. The kit waits for its `running` line.
+--busy SHARE runs products for SHARE of every --period and sleeps the rest; its rate lines say the share measured."""
 
 from __future__ import annotations
 

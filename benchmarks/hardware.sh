@@ -244,7 +244,7 @@ elif part == "kernel_tables":
 
 elif part == "telemetry_overhead":
     from gpuvs.workloads import get
-    from gpuvs.workloads.base import RunContext
+    from gpuvs.workloads.workload import RunContext
     if not cuda:
         print("Telemetry overhead: skipped (no GPU: NVML has nothing to sample).\n")
         raise SystemExit(0)

@@ -1,6 +1,7 @@
-"""Write a synthetic ImageFolder (class folders of JPEGs) for data-pipeline benchmarks on a machine
-with no data set: smooth colour fields with noise, so that decoding costs what a photo of the same
-size costs. Usage: python benchmarks/make_imagefolder.py OUT [--classes 16] [--per-class 100] [--size 256]"""
+"""Write a synthetic ImageFolder (class folders of JPEGs) for data-pipeline benchmarks on a machine with no data set.
+
+Smooth colour fields with noise, so that decoding costs what a photo of the same size costs.
+Usage: python benchmarks/make_imagefolder.py OUT [--classes 16] [--per-class 100] [--size 256]"""
 
 import argparse
 import os

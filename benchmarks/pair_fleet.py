@@ -1,15 +1,8 @@
-"""Do the pair fleet's verdicts keep their promise? (issue 35; a sibling of verdicts.py and fleet_error_rates.py)
+"""Do the pair fleet's verdicts keep their promise? Simulated fleets through gpuvs.fleet.execute.pair_plan.run_pairs (issue 35).
 
-Simulated fleets pushed through gpuvs's own pair fleet (gpuvs.fleet.pairs.run_pairs: the plan, the second
-pass and pair_verdicts.judge), fixed seeds, CPU only. Each pair trial's figure is 100 x exp(min(a_i, a_j) +
-l_ij) x (1 + cv z): the pair as slow as its slower member, a link's own loss on top. Per row: the rate of
-runs with any false call (a healthy node, or a pair of healthy nodes on a healthy link, called slower or
-faster, within the margin included), and how often the slow node (called slower) or the slow link (a pair
-called slower, blamed on the link) is found. Defaults: 4 partners, 2 good partners per suspect, 4 trials a
-pair, 2% trial noise, margin +/-5%, 95% confidence. Then the cost table (gpuvs.fleet.pair_cost).
-
-usage: PYTHONPATH=src python benchmarks/pair_fleet.py [--quick] [--json FILE]
-"""
+    PYTHONPATH=src python benchmarks/pair_fleet.py [--quick] [--json FILE]
+Per row: the rate of runs with any false call, and how often the slow node or link is found (fixed seeds, CPU only).
+Figures are drawn as fleet/simulate/simulate_pairs.py draws them; then the cost table (gpuvs.fleet.execute.pair_cost)."""
 
 from __future__ import annotations
 
@@ -18,7 +11,8 @@ import json
 import sys
 import time
 
-from gpuvs.fleet import pair_cost, pair_simulate
+from gpuvs.fleet.execute import pair_cost
+from gpuvs.fleet.simulate import simulate_pairs as pair_simulate
 
 ROWS = [
     # (label, nodes, kwargs)

@@ -1,10 +1,7 @@
-"""Reference: the plainest PyTorch training (or inference) loop of a torchvision CNN on one fixed
-synthetic batch, timed with a host clock around the whole timed loop (synchronised at both ends).
-gpuvs's figures are held against this in the same command.
+"""Reference: the plainest PyTorch loop of a torchvision CNN on one synthetic batch, timed with a host clock.
 
-usage: python benchmarks/plain_loop.py MODEL BATCH PRECISION FORMAT [STEPS] [WARMUP] [infer] [cpu] [size=N]
-(cpu: on the CPU, to check a script that uses it on a machine without a GPU; size=N: N x N images)
-prints one JSON line: {"images_per_sec": ..., ...}"""
+    python benchmarks/plain_loop.py MODEL BATCH PRECISION FORMAT [STEPS] [WARMUP] [infer] [cpu] [size=N]
+gpuvs's figures are held against this in the same command. It prints one JSON line: {"images_per_sec": ..., ...}."""
 
 import json
 import sys

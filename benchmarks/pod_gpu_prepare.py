@@ -1,17 +1,8 @@
-"""Prepare what the GPU machine needs to run a real GPU pod (benchmarks/pod_gpu.sh): that machine has no
-container engine and no network, so everything goes along in one folder (at most 64 MiB with the repo):
+"""Prepare what the GPU machine needs to run a real GPU pod (benchmarks/pod_gpu.sh), in one folder.
 
-    bin/*.xz        etcd, kube-apiserver, kubelet (built by scripts/test-cluster build), containerd,
-                    containerd-shim-runc-v2, runc (Debian's), xz-compressed with the x86 filter (no ctr: the
-                    images are pulled from benchmarks/pod_gpu_registry.py)
-    py/site.tar.xz  the kubernetes client (31, pure Python) and what it needs that the GPU machine lacks
-    pki/            a CA, the API server's serving certificate (127.0.0.1), its kubelet-client certificate,
-                    the service-account key pair, a token file, and two kubeconfigs (admin, node gpu-node)
-    images/         the pause image and `gpuvs-node:gpu`: a near-empty image (mount points and the
-                    merged-/usr symlinks); the pod gets the node's /usr, /etc and Python through --mount
-    wt/             this worktree (src, tests' device plugin, benchmarks, experiments)
-
-Usage, from the repo root:  python benchmarks/pod_gpu_prepare.py DEST  (e.g. /work/main/.carry/pod)"""
+    python benchmarks/pod_gpu_prepare.py DEST      (from the repo root; e.g. /work/main/.carry/pod)
+That machine has no container engine and no network, so everything goes along (at most 64 MiB with the repo).
+The folder's parts are listed below the imports."""
 
 from __future__ import annotations
 
@@ -30,6 +21,16 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+# What goes into DEST:
+#   bin/*.xz        etcd, kube-apiserver, kubelet (built by scripts/test-cluster build), containerd,
+#                   containerd-shim-runc-v2, runc (Debian's), xz-compressed with the x86 filter (no ctr: the images
+#                   are pulled from benchmarks/pod_gpu_registry.py)
+#   py/site.tar.xz  the kubernetes client (31, pure Python) and what it needs that the GPU machine lacks
+#   pki/            a CA, the API server's serving certificate (127.0.0.1), its kubelet-client certificate, the
+#                   service-account key pair, a token file, and two kubeconfigs (admin, node gpu-node)
+#   images/         the pause image and `gpuvs-node:gpu`: a near-empty image (mount points and the merged-/usr
+#                   symlinks); the pod gets the node's /usr, /etc and Python through --mount
+#   wt/             this worktree (src, tests' device plugin, benchmarks, experiments)
 REPO = Path(__file__).resolve().parent.parent
 K8S_BIN = Path(os.environ.get("GPUVS_K8S_CACHE", "/var/cache/gpuvs-k8s")) / "bin"
 NODE = "gpu-node"

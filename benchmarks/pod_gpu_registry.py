@@ -1,12 +1,8 @@
-"""A read-only image registry on 127.0.0.1 for the GPU machine's one-node cluster (benchmarks/pod_gpu.sh):
-it serves `docker save`-style archives (one layer each, as scripts/test-cluster writes them) through the
-registry API v2, so that containerd pulls the pause image and the pod's image itself (no `ctr` to carry,
-and the pod's start-up includes a real pull).
+"""A read-only image registry on 127.0.0.1 for the GPU machine's one-node cluster (benchmarks/pod_gpu.sh).
 
     python benchmarks/pod_gpu_registry.py PORT ARCHIVE.tar [ARCHIVE.tar ...]
-
-Repository and tag come from each archive's RepoTags with the registry part dropped
-(k8s.gcr.io/pause:3.2 is served as pause:3.2, localhost/gpuvs-node:gpu as gpuvs-node:gpu)."""
+It serves one-layer `docker save` archives through the registry API v2, so that the pod's start-up includes a real pull.
+Each repository and tag is the archive's RepoTags without the registry part (k8s.gcr.io/pause:3.2 is pause:3.2)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""Issue 36, across several GPUs: a trial's start-up with its ranks spawned (before: each rank re-imports
-Python, gpuvs and torch) and forked from the worker (after), the same A/A in one call.
+"""Issue 36 across several GPUs: a trial's start-up with its ranks spawned (before) and forked from the worker (after).
 
     OUT=DIR [DEVICE=cuda|cpu] [GPUS=2] [TRIALS=3] [LIMIT_S=280] PYTHONPATH=src python benchmarks/ranks_startup.py
-
-Each mode runs `gpuvs compare cnn-train` with two identical arms (seeds 1 and 2) across GPUS ranks, TRIALS trials
-an arm, on the host at gpuvs's defaults (--fresh auto: forked trials), the ranks' start forced by GPUVS_RANKS
-(spawn, then fork). On a GPU the job is host-vs-container-2gpu's (ResNet-50 bf16 NHWC batch 256, 10 warm-up
-steps, 30 timed steps, margin 0.01) with both arms on the host. Writes OUT/ranks_startup.md (the breakdown of
-each mode: wall time, start-up, the ranks' start and its parts, warm-up, timed steps, per trial and as shares),
-OUT/ranks_startup.json and OUT/ranks_startup.log (every command with its output). DEVICE=cpu runs a toy
-ResNet-18 over gloo: a check of the script, not a measurement."""
+Each mode is one A/A `gpuvs compare cnn-train` across GPUS ranks, the ranks' start forced by GPUVS_RANKS.
+Writes OUT/ranks_startup.md (each mode's breakdown), .json and .log. DEVICE=cpu checks the script, measures nothing."""
 
 from __future__ import annotations
 

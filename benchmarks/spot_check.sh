@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU spot check after a refactoring (issue 20): gpuvs's figures against their references, in one command,
-# to hold against BENCHMARKS.md's Foundation section (cnn-train / plain loop 0.9968) and its "gpuvs GEMM against
-# a bare torch.matmul" (102.04%): a change that only moves code must leave both within 1%.
+# to hold against BENCHMARKS.md's Foundation table (cnn-train / plain loop 0.9968, gemm against a bare
+# torch.matmul 102.04%): a change that only moves code must leave both within 1%.
 #   1. cnn-train against the plain PyTorch loop (benchmarks/plain_loop.py), ResNet-50 bf16 NHWC batch 256,
 #      100 timed steps after 10 warm-up steps, PAIRS alternating pairs (plain first), one process each;
 #   2. the gemm workload against a bare torch.matmul in one process (benchmarks/hardware.sh's gemm_vs_bare).

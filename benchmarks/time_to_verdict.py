@@ -1,47 +1,8 @@
-"""GPU proof of issues 25 and 36 (a verdict in the time it takes to measure), in one command of about 8 to 9
-minutes on an H100. Old and new side by side, every figure from gpuvs's own store:
+"""GPU proof of issues 25 and 36, a verdict in the time it takes to measure: old and new side by side, about 8 minutes.
 
-  e  nothing else slows: the plain PyTorch loop (benchmarks/plain_loop.py), twice, against gpuvs's figure of
-     the same job in parts b and c (run first: it also warms the machine's caches for what follows)
-  b  an A/A --until-confident within ±1% on ResNet-50 bf16 NHWC batch 256 (30 timed steps), new mechanism:
-     wall time to the verdict (target 45 s; 110 s before). Named twice in PARTS it runs twice: the first gpuvs
-     command on a fresh machine fills gpuvs's bytecode cache (gpuvs.trial.bytecode), the later ones read it
-  a  `gpuvs compare cnn-train` at its defaults, new (fork, events read once completed, bytecode cached) and old
-     (--fresh exec, GPUVS_TIMED_READ=blocking, GPUVS_PYCACHE=off): share of the wall time in timed steps (target
-     at least half) and the per-trial breakdown; named again, the new mechanism alone once more
-  d  the dip: per-step rates of steps 1, 11, 21 against the others at --display-every 10, old reading against new
-  c  independence: fresh exec against fork in one interleaved comparison, 8 rounds: the trial-to-trial spread of
-     each (Brown-Forsythe's test on log figures, and an F-test on their variances) and the verdict of fork
-     against exec within ±1%
-Issue 36 (warm-up that ends when the steps are steady; b is then the "before": --warmup-steps 10, the old default):
-  s  step series recorded: 3 trials with one warm-up step and 100 timed steps, every step's seconds written to
-     $OUT/warmup_series.json (tests/data/warmup/'s format: the rule replays on them in tests/test_warmup.py);
-     run first, it also warms the machine (bytecode, the first bf16 convolutions)
-  w  the A/A of b with the adaptive warm-up (no --warmup-steps: the default a user gets): wall time, shares,
-     and what each trial's warm-up decided (steps, seconds, steady or cap); named twice, it runs twice
-  l  the adaptive warm-up against a long fixed one (--warmup-steps 50), interleaved, 4 trials each: their
-     rates' ratio and its interval (target within ±0.5%)
-  h  the A/A of w with --cudnn heuristics (cuDNN's heuristics choose the algorithms; nothing is timed in the
-     first step); named twice, it runs twice
-  k  the rate with cuDNN's algorithms timed (--cudnn benchmark) against its heuristics, 3 trials an arm, on
-     several jobs (K_JOBS: the A/A's, cnn-train's defaults, fp32 and fp16 at batch 256, ResNet-18, VGG-16)
-STEPS=N: the A/A's timed steps (default 30; cnn-train's own default is 100). W_LIMIT: the time limit of w and h.
-NUM_GPUS=N: the A/A's job (b, w, h) on N GPUs (DDP, a rank a GPU).
-K_FIRST=N: the first k runs only the first N jobs; k named again runs the rest (PARTS=k,w,h,k: the A/A's job
-first, which also warms the machine, then the A/As, then the other jobs in what is left of TOTAL_S).
-
-Each part has a time limit (gpuvs is stopped with SIGTERM at it and keeps what it finished; c gets what is left
-of TOTAL_S); progress is printed as it goes and the markdown is rewritten after every part, so a stop returns
-what was done.
-
-usage: OUT=DIR [DEVICE=cuda|cpu] [TOTAL_S=530] [ROUNDS=8] [PARTS=e,b,a,d,c] [A_OLD=0] [SERIES_STEPS=100] [STEPS=30] PYTHONPATH=src python benchmarks/time_to_verdict.py
-issue 36, one call under 8 minutes: OUT=DIR TOTAL_S=450 PARTS=s,b,w,l PYTHONPATH=src python3 benchmarks/time_to_verdict.py
-PARTS: some parts only, in that order (each fits one device call when the whole does not); b and a may come
-again (a again: the new mechanism alone). A_OLD=0: a without its old run.
-DEVICE=cpu runs every part at toy sizes: a check of the script, not a measurement.
-A part whose time limit no longer fits in what is left of TOTAL_S is skipped and said so.
-Writes $OUT/time_to_verdict.md, $OUT/time_to_verdict.db (every experiment), $OUT/time_to_verdict.log and (s)
-$OUT/warmup_series.json."""
+    OUT=DIR [DEVICE=cuda|cpu] [TOTAL_S=530] [PARTS=e,b,a,d,c] PYTHONPATH=src python benchmarks/time_to_verdict.py
+Every figure is read from gpuvs's own store; the parts and the other settings are listed below the imports.
+Writes $OUT/time_to_verdict.md, rewritten after every part so a stop returns what was done, and its .db and .log."""
 
 from __future__ import annotations
 
@@ -62,6 +23,29 @@ from gpuvs.analysis import comparison  # noqa: E402
 from gpuvs.report import tables  # noqa: E402
 from gpuvs.store.db import Store  # noqa: E402
 
+# The parts (PARTS, in that order). b, w and h named twice run twice; a named again runs the new mechanism alone;
+# k named again runs the rest of its jobs. Issue 36 in one call under 8 minutes: TOTAL_S=450 PARTS=s,b,w,l.
+#   e  the plain PyTorch loop (benchmarks/plain_loop.py), twice, against gpuvs's figure of the job of b and c;
+#      run first, it also warms the machine's caches
+#   b  an A/A --until-confident within ±1% on ResNet-50 bf16 NHWC batch 256: wall time to the verdict (target 45 s).
+#      The first gpuvs command on a fresh machine fills the bytecode cache (gpuvs.trial.bytecode); later ones read it
+#   a  `gpuvs compare cnn-train` at its defaults, new (fork, events read once completed, bytecode cached) and old
+#      (--fresh exec, GPUVS_TIMED_READ=blocking, GPUVS_PYCACHE=off): the share of wall time in timed steps
+#      (target at least half); A_OLD=0 leaves the old run out
+#   d  the dip: per-step rates of steps 1, 11, 21 against the others at --display-every 10, old reading and new
+#   c  fresh exec against fork in one interleaved comparison, ROUNDS rounds: each one's trial-to-trial spread
+#      (Brown-Forsythe's test on log figures, an F-test on variances) and fork against exec within ±1%
+#   s  step series: 3 trials of one warm-up step and SERIES_STEPS timed steps, every step's seconds written to
+#      $OUT/warmup_series.json (tests/data/warmup/'s format, which tests/workloads/test_warmup.py replays)
+#   w  the A/A of b with the adaptive warm-up (the default): wall time, shares, and what each warm-up decided
+#   l  the adaptive warm-up against a fixed --warmup-steps 50, interleaved, 4 trials each (target within ±0.5%)
+#   h  the A/A of w with --cudnn heuristics (nothing is timed in the first step)
+#   k  --cudnn benchmark against heuristics, 3 trials an arm, on the K_JOBS jobs; K_FIRST=N runs the first N jobs,
+#      and k named again the rest
+# STEPS=N: the A/A's timed steps (default 30). NUM_GPUS=N: the A/A on N GPUs (DDP). W_LIMIT: w's and h's limit.
+# Each part has a time limit: gpuvs is stopped with SIGTERM at it and keeps what it finished; c gets what is left.
+# A part whose limit no longer fits in what is left of TOTAL_S is skipped, and said so. DEVICE=cpu: toy sizes,
+# a check of the script, not a measurement.
 OUT = Path(os.environ.get("OUT") or "out")
 OUT.mkdir(parents=True, exist_ok=True)
 DB, MD, LOG = OUT / "time_to_verdict.db", OUT / "time_to_verdict.md", OUT / "time_to_verdict.log"

@@ -1,17 +1,8 @@
-"""GPU proof of issue 14: the shipped host arm of experiments/host-vs-container.yaml against itself
-(two host arms, seeds 1 and 2), settled with --until-confident, and the per-trial overhead (what a
-trial costs beyond its timed steps) before and after, in one command.
+"""GPU proof of issue 14: an A/A of the host arm of experiments/host-vs-container.yaml, before and after.
 
-- before: a checkout of gpuvs before this change (BEFORE, its src/ is used) runs 3 trials of the
-  same job (`gpuvs run`): its per-trial wall time and start-up;
-- after: this checkout runs `gpuvs compare ... --until-confident` (default cap 20): its wall time to
-  the verdict and its per-trial wall time and start-up;
-- the old stopping rule (BEFORE's stats.compare_arms after every pair, no correction) applied to the
-  same trials says at which look it would have stopped; before's wall time to a verdict is that many
-  trials at before's per-trial wall time (median).
-
-usage: python benchmarks/until_confident.py BEFORE_DIR OUT_DIR [--limit-before S] [--limit-after S] [--cpu]
-"""
+    python benchmarks/until_confident.py BEFORE_DIR OUT_DIR [--limit-before S] [--limit-after S] [--cpu]
+Before: a checkout from before the change runs 3 trials, and its old stopping rule is replayed on them.
+After: this checkout's `gpuvs compare --until-confident`. Both give their per-trial overhead and time to a verdict."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""A user's own training script, as a team would have it (not gpuvs's workload): the plain PyTorch loop of
-/work/shared/recipes/plain_train_loop.py (a torchvision CNN on one synthetic batch, SGD with momentum, bf16 autocast
-with `amp`, channels_last), with the two lines a user adds to watch it: a printed rate after every step, and the
-summary at the end. Like the recipe, it waits for the GPU after every step (torch.cuda.synchronize() before reading
-the clock), which costs a little throughput against a loop that does not (about 2% on an H100).
+"""A user's own training script, as a team would have it (not gpuvs's workload), which gpuvs reads as a command.
 
-gpuvs reads it as a command (benchmarks/command_gpu.sh):
-    gpuvs run command --step-metric 'images_per_sec=step \\d+: ([0-9.]+) images/sec,rate,images/sec' \\
-        -- python3 benchmarks/user_train_loop.py resnet50 256 amp
-Usage: user_train_loop.py MODEL BATCH [amp] [steps=N] [warmup=N] [size=PIXELS] [device=cuda|cpu]"""
+    python3 benchmarks/user_train_loop.py MODEL BATCH [amp] [steps=N] [warmup=N] [size=PIXELS] [device=cuda|cpu]
+The plain PyTorch loop of a recipe, with a printed rate after every step (benchmarks/command_gpu.sh reads it).
+Like the recipe, it waits for the GPU after every step, which costs about 2% on an H100."""
 import json
 import os
 import statistics

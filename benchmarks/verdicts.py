@@ -1,29 +1,8 @@
-"""Do the verdicts keep their promises? A pure-numpy simulation (fixed seeds, CPU only) of experiments
-pushed through gpuvs's own statistics (family.compare_all: stats.compare_arms, the headline/Holm
-family, the alpha-spending plan of --until-confident, trials to settle).
+"""Do the verdicts keep their promises? A pure-numpy simulation of experiments through gpuvs's own statistics.
 
-Each simulated trial figure is 1000 x exp(difference + noise): lognormal noise with the stated
-coefficient of variation, a share `rho` of whose variance is common to the round (A B | B A: what
-the round shares, such as drift or a busy neighbour) and the rest the trial's own. Metrics are
-independent of each other (the worst case for the family). The tables:
-
-1. false verdicts on identical arms (A/A): any 'faster'/'slower' (or other word) in any metric of
-   any arm, fixed trial counts and --until-confident, 1 to 6 arms against the baseline, 1 to 12
-   metrics; target at most 5%;
-2. power: a true difference of 1, 2, 3 and 5% on the headline, called with the right sign (and the
-   wrong sign, and a false 'equivalent' where the difference is outside the margin);
-3. coverage of the headline interval (fixed counts; 94-96% targeted);
-4. calibration of 'trials to settle': re-runs at the suggested count that settle (>= 80% targeted);
-5. the pairing: trials per arm to call a true 2% difference with 80% power, paired against
-   unpaired, at the same error rates;
-6. advise-mps's measured verdict that settles (issue 37): per repeat, the work time-sliced and under MPS
-   (lognormal with the stated CV each, a share `rho` of the variance common to the repeat: both are
-   divided by that repeat's solo rates), fed repeat by repeat to the advisor's own PairRuns (its
-   stopping check and stats.mps_verdict with the alpha-spending plan) from 3 planned repeats to the cap
-   of 8, margin ±5%: false 'mps helps'/'mps hurts' on identical distributions, and power for a true 20%.
-
-usage: PYTHONPATH=src python benchmarks/verdicts.py [--quick] [--advisor] [--json FILE]
-"""
+    PYTHONPATH=src python benchmarks/verdicts.py [--quick] [--advisor] [--json FILE]
+Trial figures are 1000 x exp(difference + noise), a share `rho` of the noise common to the round.
+Tables: false verdicts on A/A (at most 5%), power, coverage, trials to settle, pairing and advise-mps's verdict."""
 
 from __future__ import annotations
 
@@ -39,8 +18,8 @@ import numpy as np
 from gpuvs.analysis import family
 from gpuvs.analysis import stats
 from gpuvs.analysis import sequential
-from gpuvs.analysis.sequential import Plan
-from gpuvs.sharing import stats as sharestats
+from gpuvs.store.records import LookSchedule
+from gpuvs.sharing import share_stats as sharestats
 from gpuvs.sharing.advisor import PairRuns
 
 MARGIN = 0.02
@@ -96,7 +75,7 @@ def one_experiment(rng, arms, metrics, cv, diff, trials, rho=0.0, paired=True):
     if trials != "uc":
         return analyse(draw(rng, arms, metrics, trials, cv, diff, rho), figs, paired), trials
     values = draw(rng, arms, metrics, CAP, cv, diff, rho)
-    plan = Plan(FIRST, CAP)
+    plan = LookSchedule(FIRST, CAP)
     for n in plan.looks():
         heads = analyse(upto(values, n), figs[:1], paired, plan, n)
         if all(r.verdict != "inconclusive" for r in heads) or n == CAP:

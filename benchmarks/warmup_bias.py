@@ -1,20 +1,8 @@
 """Does the adaptive warm-up (workloads/_warmup.py) bias the figures? A simulation (fixed seeds, CPU only).
 
-The rule only decides which steps are timed; the statistics (benchmarks/verdicts.py's simulation of error
-rates) work on per-trial figures and never see a step. So what could change an error rate is a bias or an
-extra spread in the trial figures. Here step series are simulated with the warm-up transients GPUs show, and
-each trial's figure (items over the seconds of 30 timed steps, tf_cnn_benchmarks' figure) is taken twice from
-the same series: after the adaptive warm-up, and after a long fixed warm-up of 50 steps.
-
-1. bias: per shape of transient, the mean relative difference of each figure from the steady rate the
-   simulation knows, and adaptive against fixed (target: within +/-0.5%), over many seeds;
-   (a settle too slow for any short window to see, SLOW, is compared with the old fixed 10 steps instead);
-2. the A/A error rate: two identical arms, 5 trials each, every trial a simulated series with its own level
-   (1% CV between trials, as verdicts.py draws them) and a transient, judged by gpuvs's own statistics
-   (family.compare_all, margin 2%, 95%) once with the adaptive figures and once with the fixed ones.
-
-usage: PYTHONPATH=src python benchmarks/warmup_bias.py [--seeds N] [--aa-sims N] [--json FILE]
-"""
+    PYTHONPATH=src python benchmarks/warmup_bias.py [--seeds N] [--aa-sims N] [--json FILE]
+Each simulated step series gives a trial's figure twice: after the adaptive warm-up, and after 50 fixed steps.
+Tables: the bias per shape of transient (target within +/-0.5%), and the A/A error rate by gpuvs's statistics."""
 
 from __future__ import annotations
 

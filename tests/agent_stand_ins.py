@@ -1,7 +1,8 @@
-"""Stand-ins for the library calls the agent makes in its child process (tests/test_agent.py): module-level, so
-that the spawned child imports them by name. Each stores a real validate experiment in the agent's SQLite store
-and writes to stderr a line made to look like `gpuvs validate`'s, naming another experiment: the agent must take
-the id from what the call returns or emits, never from text."""
+"""Stand-ins for the library calls the agent makes in its child process (tests/agent/test_agent.py).
+
+They are module-level, so that the spawned child imports them by name.
+Each stores a real validate experiment, and writes to stderr a line like `gpuvs validate`'s naming another one.
+The agent must take the id from what the call returns or emits, never from text."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import time
 from pathlib import Path
 
 from gpuvs.store.db import Store
+from gpuvs.store.ids import new_id
 from gpuvs.store.records import ExperimentMeta
-from gpuvs.validate.run import KIND, ValidateResult
+from gpuvs.validate.validate_run import KIND, ValidateResult
 from gpuvs.validate.suite import FAIL, PASS, Row
 
 DECOY = "19990101-000000-decoy0"
@@ -19,7 +21,7 @@ ROWS = [Row("functional", "GPU nodes", PASS, "2 nodes"), Row("functional", "CPU 
 
 
 def _stored(store: str, name: str) -> str:
-    exp_id = time.strftime("%Y%m%d-%H%M%S-") + "stand1"
+    exp_id = new_id("stand1")
     with Store(store) as st:
         st.create_experiment(exp_id, name, KIND, ExperimentMeta(checks=[r.to_dict() for r in ROWS]))
     print(f"gpuvs validate: h (x), namespace default, experiment {DECOY}", file=sys.stderr, flush=True)
@@ -44,13 +46,13 @@ def validate_hangs(emit, settings, store, **kw):
 def fleet_all_failed(emit, base, store, options):
     """A fleet whose every trial failed on every node (the GPU check where no GPU is visible): a result, stored,
     that judges no node."""
-    from gpuvs.fleet.adaptive import Plan
+    from gpuvs.fleet.execute.adaptive import AdaptiveTrials
     from gpuvs.fleet.result import FleetResult, NodeRow
-    from gpuvs.fleet.verdicts import ErrorControl
+    from gpuvs.fleet.assess.node_verdicts import ErrorControl
 
-    exp_id = time.strftime("%Y%m%d-%H%M%S-") + "allbad"
+    exp_id = new_id("allbad")
     rows = [NodeRow(n, "failed", "every trial failed: GPU not visible", n_ok=0, n_trials=4) for n in options.nodes]
-    result = FleetResult(exp_id, base.workload, "ops/s", True, 0.05, 0.95, Plan(4, 12, 4),
+    result = FleetResult(exp_id, base.workload, "ops/s", True, 0.05, 0.95, AdaptiveTrials(4, 12, 4),
                          ErrorControl(0.95, 3, len(rows)), 1, rows)
     with Store(store) as st:
         st.create_experiment(exp_id, options.name, "fleet", ExperimentMeta(fleet=result.to_dict()))

@@ -1,14 +1,7 @@
-"""The real Kubernetes test cluster for the tests (scripts/test-cluster; docs/kubernetes.md).
+"""The real Kubernetes test cluster for the tests (scripts/test-cluster; docs/kubernetes.md), as the fixture `cluster`.
 
-    from cluster import cluster  # noqa: F401  (the session fixture)
-
-    @pytest.mark.cluster
-    def test_x(cluster):
-        cluster.kubeconfig, cluster.nodes, cluster.script("plugin", "restart", cluster.nodes[0])
-
-A running cluster (`scripts/test-cluster status` exits 0, as after .ci/run's `up`) is reused and left running;
-otherwise the fixture runs `up` and, at the end of the session, `down` (GPUVS_CLUSTER_KEEP=1 keeps it) unless
-another test session still uses it: each session notes its pid in STATE/users/ while it runs.
+Import it (`from cluster import cluster  # noqa: F401`); a test then reads cluster.kubeconfig and cluster.nodes.
+A running cluster is reused and left running; else the fixture brings one up and takes it down at the end.
 Binaries not built: the test fails under CI=true and is skipped elsewhere, with the reason."""
 
 from __future__ import annotations
@@ -17,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +66,7 @@ def _status() -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), "status"], capture_output=True, text=True, timeout=60)
 
 
-USERS = STATE / "users"
+USERS = STATE / "users"  # each test session notes its pid here while it runs: the last one takes the cluster down
 LOCK = STATE.parent / f".{STATE.name}.lock"  # scripts/test-cluster's: one cluster command at a time
 
 
@@ -95,6 +89,18 @@ def other_users() -> list[int]:
 
 
 PENDING = os.environ.get("GPUVS_CLUSTER_PENDING")  # .ci/run's background set-up writes "ready" or "failed" here
+
+
+def background_setup_ended() -> None:
+    """Wait, failing nothing, until .ci/run's background set-up has said how it ended. conftest calls it before a
+    cluster test's timer starts: a cold Kubernetes build (15 minutes on a slow 2-core machine) is not a test's time."""
+    from conftest import load_factor
+
+    status, spent, last = Path(PENDING), 0.0, time.monotonic()
+    while not (status.exists() and status.read_text().strip()) and spent < 3600:
+        time.sleep(2)
+        now = time.monotonic()
+        spent, last = spent + (now - last) / load_factor(), now
 
 
 def _wait_for_background_setup() -> None:

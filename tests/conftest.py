@@ -1,3 +1,7 @@
+"""What every test shares: gpuvs run as a process (run_cli, cli), waits, and its processes found by TEST_TAG.
+
+It orders the tests too: the cluster's last, on a worker of their own, then the quiet ones (tests/quiet.py)."""
+
 import os
 import resource
 import signal
@@ -8,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from quiet import turns as quiet_turns
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
@@ -177,36 +182,29 @@ def uses_cluster(item) -> bool:
     return item.get_closest_marker("cluster") is not None or "cluster" in names or "k8s_build" in names
 
 
-# Modules whose tests ask podman or docker for every gpuvs container on the machine ("none left"): they run one
-# after another, on one worker, so that one test's containers are never another's leftovers.
-ENGINE_MODULES = {"test_command.py", "test_command_programs.py", "test_containers.py", "test_docker.py",
-                  "test_gpu_check.py", "test_sharing.py", "test_zygote.py"}
+def quiet(item) -> bool:
+    return item.get_closest_marker("quiet") is not None
 
 
-def xdist_group(item) -> str:
-    """The worker group of a test under `-n N --dist loadgroup` (pyproject's addopts): the cluster's tests form one
-    group, run in order on one worker as soon as the cluster is up; the container engine's tests another; the other
-    workers take the rest a module at a time (a module's fixtures are made once)."""
-    if uses_cluster(item):
-        return "cluster"
-    module = Path(str(item.fspath)).name
-    return "engine" if module in ENGINE_MODULES else module
-
-
+# tryfirst: xdist's own hook turns the xdist_group marks into the groups it schedules by, so they are set before
+# it runs (without this, both workers took cluster tests and found each other's pods, containers and load)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """The tests that need the Kubernetes test cluster run last (in their order), so that the rest run while CI still
-    builds and starts the cluster in the background (GPUVS_CLUSTER_PENDING: tests/cluster.py); with several workers,
-    first, on a worker of their own (xdist_group). Every test's timeout
+    builds and starts the cluster in the background (GPUVS_CLUSTER_PENDING: tests/cluster.py); under pyproject's two
+    workers they run beside the rest, on a worker of their own. Every test's timeout
     (pytest-timeout's backstop against a hang; 300 s unless marked) is stated for an idle machine and stretched by
     the load at collection (load_factor), the cluster tests' twice as much: they wait on kubelets, pods and images."""
-    if getattr(config.option, "dist", "no") == "loadgroup":
-        # Several workers: the cluster's tests first, as one group on one worker that waits for the cluster while
-        # the others take the rest; scheduled in this order (pyproject: --no-loadscope-reorder).
-        items.sort(key=lambda item: (not uses_cluster(item), xdist_group(item) != "engine"))
+    # the rest first; on the cluster's worker its tests, then the quiet tests of the rest: they run after the
+    # cluster's set-up (a cold Kubernetes build is 12 minutes of compiling on both cores) and mostly alone
+    items.sort(key=lambda item: (uses_cluster(item) or quiet(item), quiet(item) and not uses_cluster(item)))
+    # a worker's own config says dist "no" and loadgroup True (xdist's remote.setup_config)
+    if getattr(config.option, "loadgroup", False) or getattr(config.option, "dist", "no") == "loadgroup":
+        # two groups, one worker each (pyproject's addopts): the cluster's tests wait for the cluster and then
+        # run in order beside the rest; within a group, one test never finds another's pods or containers
         for item in items:
-            item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
-    else:
-        items.sort(key=uses_cluster)
+            # a quiet test (tests/quiet.py) runs on the cluster's worker, which alone asks the other to pause
+            item.add_marker(pytest.mark.xdist_group("cluster" if uses_cluster(item) or quiet(item) else "local"))
     factor = load_factor()
     default = float(config.getini("timeout") or 300)
     for item in items:
@@ -214,6 +212,41 @@ def pytest_collection_modifyitems(config, items):
         base = float(mark.args[0]) if mark and mark.args else float(mark.kwargs.get("timeout", default)) if mark else default
         if base > 0:
             item.add_marker(pytest.mark.timeout(base * factor * (2 if uses_cluster(item) else 1)), append=False)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item):
+    """Quiet turns (tests/quiet.py), and .ci/run's background set-up for a cluster test, outside pytest-timeout's
+    timer: a paused test's wait is not its own time."""
+    import cluster
+
+    if cluster.PENDING and uses_cluster(item):
+        cluster.background_setup_ended()
+    t = quiet_turns(item.config)
+    if t is not None and quiet(item):
+        t.take()
+    elif t is not None:
+        t.wait_turn()
+    try:
+        yield
+    finally:
+        if t is not None and quiet(item):
+            t.give_back()
+
+
+def pytest_configure(config):
+    """The two workers need xdist's loadgroup to work: on pytest 9.2 it silently stops grouping (pytest-xdist issue
+    1386), and the cluster's tests would run on both workers at once."""
+    major, minor = (int(x) for x in pytest.__version__.split(".")[:2])
+    if getattr(config.option, "dist", "no") == "loadgroup" and (major, minor) >= (9, 2):
+        raise pytest.UsageError(f"pytest {pytest.__version__} and xdist's loadgroup do not group tests (pytest-xdist "
+                                "issue 1386): install the test extra (pytest<9.2), or run with -n 0")
+
+
+def pytest_sessionfinish(session):
+    t = quiet_turns(session.config)
+    if t is not None:
+        t.finished()
 
 
 def _in_ci() -> bool:

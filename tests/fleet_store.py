@@ -1,7 +1,8 @@
-"""Stored `gpuvs fleet` runs without a cluster, written through the real store API as `gpuvs fleet` writes
-them: an experiment of kind fleet with one arm per node (the pod environment pinned to it), every trial
-with its samples and summary, and the FleetResult in its meta, made by the fleet's own adaptive run and
-fleet.run.build from the trials' figures. Each trial's figure is drawn as 100 x fleet x level x (1 + cv z)."""
+"""Stored `gpuvs fleet` runs without a cluster, written through the real store API as `gpuvs fleet` writes them.
+
+An experiment of kind fleet has an arm per node, every trial with its samples, and the FleetResult in its meta.
+That result is made by the fleet's own adaptive run and fleet.run.build from the trials' figures.
+Each trial's figure is drawn as 100 x fleet x level x (1 + cv z)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import types
 import numpy as np
 
 from gpuvs import events
-from gpuvs.analysis import stats
-from gpuvs.fleet import adaptive
-from gpuvs.fleet import run as fleet_run
-from gpuvs.fleet.nodes import NodeInfo
+from gpuvs.fleet.execute import adaptive
+from gpuvs.fleet.execute import fleet_run
+from gpuvs.fleet.execute.node_choice import NodeInfo
 from gpuvs.store.records import ExperimentMeta, SampleRecord
+from gpuvs.store.summary import summarize_samples
 from gpuvs.spec import EnvSpec, RunSpec
 from gpuvs.store.db import Store
 
@@ -56,14 +57,14 @@ def store_fleet_run(st: Store, levels: dict[str, float], *, created: float, rng:
             samples = [events.sample(step, value, UNIT, seconds=1.0 / value, items=1.0) for step in range(1, 4)]
             for s in samples:
                 st.add_event(tid, s)
-            summary = stats.summarize_samples([SampleRecord.from_event(s) for s in samples])
+            summary = summarize_samples([SampleRecord.from_event(s) for s in samples])
             fingerprint = {"cpu_model": "test", "cpu_count": 2}
             st.finish_trial(tid, "ok", fingerprint=fingerprint, summary=summary)
             ended.append(types.SimpleNamespace(spec=spec, ok=True, fingerprint=fingerprint))
             got.setdefault(node, []).append(next(iter(summary.values())).value)
         return got
 
-    plan = adaptive.Plan(trials=trials, max_trials=trials, step=trials)
+    plan = adaptive.AdaptiveTrials(trials=trials, max_trials=trials, step=trials)
     outcome = adaptive.run(nodes, execute, plan, higher_is_better=True, margin=margin, confidence=confidence,
                            seed=exp.seed)
     ex = types.SimpleNamespace(results=ended, failed_nodes=dead)

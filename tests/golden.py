@@ -1,16 +1,8 @@
-"""Golden outputs of every command that renders stored results, on the committed store
-tests/data/golden/golden.db (made by real runs through the real command line: tests/data/make_golden.py).
+"""Golden outputs of every command that renders stored results, on the committed store tests/data/golden/golden.db.
 
-    python tests/golden.py render STORE OUT     run every command below on a copy of STORE, one file each in OUT
-
-Each command runs in this one process through gpuvs.cli.main (a fresh interpreter per command would take
-minutes), with its standard output and error captured as bytes (UTF-8, not a terminal, as a pipe is).
-What is fixed, not masked: the terminal width (COLUMNS=160: rich lays tables out to it), the time zone
-(TZ=UTC: reports print the stored creation times in local time), Python's string hashing
-(PYTHONHASHSEED=0: `compare --stored` names two different workloads in the order of a set) and the store's
-path (golden.db in the working folder: `results export --format json` prints it). Nothing in the outputs
-is masked or left out: every file is compared byte for byte, the HTML reports included (they embed no
-clock time, only the stored creation time)."""
+`python tests/golden.py render STORE OUT` runs every command on a copy of STORE, one file each in OUT.
+Each runs in this process through gpuvs.cli.main, output captured as bytes: an interpreter each would take minutes.
+What would differ between machines is fixed, never masked (ENV, STORE_NAME, PYTHONHASHSEED): every byte is compared."""
 
 from __future__ import annotations
 
@@ -27,7 +19,8 @@ HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "data" / "golden"
 STORE = GOLDEN / "golden.db"
 OUTPUTS = GOLDEN / "outputs"
-STORE_NAME = "golden.db"
+STORE_NAME = "golden.db"  # in the working folder: `results export --format json` prints the store's path
+# fixed, not masked: rich lays tables out to COLUMNS, and reports print the stored creation times in local time (TZ)
 ENV = {"COLUMNS": "160", "TZ": "UTC", "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
 REPORT_FORMATS = ("term", "md", "html", "json", "csv")
 
@@ -112,7 +105,7 @@ def _capture(argv: list[str]) -> tuple[int, bytes, bytes]:
 
 def render(store: Path, out: Path, columns: int = 160) -> list[str]:
     """Every command on a copy of `store` (opening a store may write to it), one file each in `out`; at
-    `columns` (the golden outputs: 160; tests/test_widths.py renders them at 60 and 80 too)."""
+    `columns` (the golden outputs: 160; tests/report/test_widths.py renders them at 60 and 80 too)."""
     os.environ.update(ENV, COLUMNS=str(columns))
     for name in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         os.environ.pop(name, None)
@@ -138,7 +131,9 @@ def render(store: Path, out: Path, columns: int = 160) -> list[str]:
 if __name__ == "__main__":
     if len(sys.argv) not in (4, 5) or sys.argv[1] != "render":
         sys.exit("usage: python tests/golden.py render STORE OUT [COLUMNS]")
-    if os.environ.get("PYTHONHASHSEED") != "0":  # fixed at the interpreter's start: start again with it
+    # `compare --stored` names two different workloads in the order of a set: string hashing is fixed too, and
+    # only at the interpreter's start, so start again with it
+    if os.environ.get("PYTHONHASHSEED") != "0":
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})
     names = render(Path(sys.argv[2]).resolve(), Path(sys.argv[3]).resolve(), *map(int, sys.argv[4:]))
     print(f"{len(names)} outputs in {sys.argv[3]}")

@@ -1,6 +1,7 @@
-"""Real container images for the tests, built from this machine's files (no registry is reachable):
-this interpreter, its standard library, the site-packages modules asked for and every shared library
-they load, imported into podman's storage as one layer."""
+"""Real container images for the tests, built from this machine's files (no registry is reachable).
+
+This interpreter, its standard library, the site-packages modules asked for and every shared library they load.
+They are imported into podman's storage as one layer."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Run a real program and read its output as the command workload's wrapper will: both streams line by line as they
-arrive, each line fed to a gpuvs.workloads.command.outputs Reader at once; then finish() once the program has exited."""
+"""Run a real program and read its output as the command workload's wrapper will.
+
+Both streams are read line by line as they arrive, each line fed at once to a command.outputs Reader.
+Then finish() is called once the program has exited."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""The Pod Security Standards (kubernetes.io/docs/concepts/security/pod-security-standards), baseline and
-restricted, as a check of a pod spec: what Pod Security admission enforces on Kubernetes 1.23 and later. The
-test cluster runs 1.20, which has no such admission, so the tests hold gpuvs's pods to the rules here and run
-them for real on the cluster."""
+"""The Pod Security Standards, baseline and restricted, as a check of a pod spec.
+
+That is what Pod Security admission enforces on Kubernetes 1.23 and later (kubernetes.io's pod-security-standards).
+The test cluster runs 1.20, which has no such admission.
+So the tests hold gpuvs's pods to the rules here, and run them for real on the cluster."""
 
 from __future__ import annotations
 

@@ -1,25 +1,8 @@
-"""Containment of a command job: nothing the job starts outlives its trial, not even a daemon that left the job's
-process group and session (`setsid sh -c '...' &`), whether the job ends by itself, is stopped (a timeout,
-SIGTERM, Ctrl-C) or gpuvs is killed outright (SIGKILL).
+"""Containment of a command job: nothing the job starts outlives its trial, however it detached or gpuvs ended.
 
-Each job runs under a keeper of its own: keeper_main() in a Python of its own (`python -I -S -c ...`; this module
-needs the standard library only, so it runs wherever gpuvs's worker runs, an image's Python included). The keeper
-
-- is a child subreaper (prctl PR_SET_CHILD_SUBREAPER): every process the job leaves behind, however it detached,
-  is reparented to the keeper, never to init, so the keeper's descendants are the job's whole tree;
-- puts the job in a cgroup of its own where it can make one (`GPUVS_CGROUP`: auto, the default, tries cgroup v2,
-  then v1's freezer hierarchy; v2 or v1 only that one; off none, as for a user who may not make cgroups), so that
-  the tree is also known by membership and is frozen while it is killed (no fork escapes the kill);
-- runs in a session of its own, so that the signals gpuvs sends to its worker's group do not reach it;
-- tells its owner (the process that started it: gpuvs's worker, wrapped; gpuvs itself, bare on the host) the job's
-  pid, the job's exit status at its exit, and when the tree has ended, over a status pipe;
-- ends the tree: at the job's exit (SIGKILL to whatever is left), at its owner's request ("stop G": SIGTERM to
-  the tree, SIGKILL to what is left after G seconds), and when its owner is gone (its control pipe reaches EOF or
-  it is reparented; even a SIGKILLed owner: SIGKILL to the tree). Then it removes the cgroup and ends.
-
-What is not covered: a process that is not the job's descendant (one the job asked another service to start) and
-the keeper itself killed with SIGKILL (then, with a cgroup, the next keeper made in the same place ends what is
-left in it; without one, nothing can find it)."""
+Each job runs under a keeper (keeper_main(), in a Python of its own): a child subreaper, in a cgroup where it can.
+The keeper tells its owner the job's pid and exit over a pipe, and ends the tree when asked or when its owner is gone.
+What it covers, and what not: docs/command.md ("Stopping"). Standard library only: it runs in an image's Python too."""
 
 from __future__ import annotations
 

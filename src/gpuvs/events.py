@@ -1,26 +1,25 @@
-"""The worker protocol: one JSON object per line, each with a "type".
-
-config       {"items": {...}}                      the run's configuration block
-fingerprint  {"data": {...}}                       where it ran (see fingerprint.py)
-startup      {"name", "seconds"}                   a first-call cost, never mixed into throughput
-sample       {"series", "step", "value", "unit", "seconds", "items", "extra"}
-metric       {"name", "value", "unit"}             a scalar result (final loss, p99 latency...)
-telemetry    {"t", "gpu", ...}                     one NVML reading
-summary      {"data": {series: {...}},             the worker's own summary of its samples, and how many sample events
-              "samples": N}                         it sent (a runner that got fewer fails the trial)
-error        {"kind", "message"}                   kind: oom | input | unavailable | crash
-log          {"message"}                           free text shown to the user
-contention   {"data": {...}}                       what competed with the trial (probes/contention.py), once at its end
-output       {"stream", "text", "bytes", "lines", "cut"}   a command's own output on one stream, capped (its first
-                                                   and last bytes; `cut` bytes left out between them)
-"""
+"""The worker protocol: one JSON object per line, each with a "type" (TYPES; the fields of each are below)."""
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
+# type         fields                                what it is
+# config       {"items": {...}}                      the run's configuration block
+# fingerprint  {"data": {...}}                       where it ran (probes/fingerprint.py)
+# startup      {"name", "seconds"}                   a first-call cost, never mixed into throughput
+# sample       {"series", "step", "value", "unit", "seconds", "items", "extra"}
+# metric       {"name", "value", "unit"}             a scalar result (final loss, p99 latency...)
+# telemetry    {"t", "gpu", ...}                     one NVML reading
+# summary      {"data": {series: {...}},             the worker's own summary of its samples, and how many sample
+#               "samples": N}                        events it sent (a runner that got fewer fails the trial)
+# error        {"kind", "message"}                   kind: oom | input | unavailable | crash
+# log          {"message"}                           free text shown to the user
+# contention   {"data": {...}}                       what competed with the trial (probes/contention.py), at its end
+# output       {"stream", "text", "bytes", "lines", "cut"}   a command's own output on one stream, capped (its first
+#                                                    and last bytes; `cut` bytes left out between them)
 TYPES = ("config", "fingerprint", "startup", "sample", "metric", "telemetry", "summary", "error", "log", "output",
          "contention")
 
@@ -48,6 +47,16 @@ def milestones(startup: Mapping[str, float]) -> dict[str, float]:
     """A trial's start-up items as start-up is shown (the start-up tables and chart): all but TIMED_S, which is
     measured time."""
     return {k: v for k, v in startup.items() if k != TIMED_S}
+
+
+def in_time_order(startups: Iterable[Mapping[str, float]]) -> list[str]:
+    """The start-up items of several arms (or trials) in the order they happen: by their mean seconds over
+    those that have them, earliest first (a tie by name), as a timeline is read; never alphabetically."""
+    seen: dict[str, list[float]] = {}
+    for startup in startups:
+        for k, v in startup.items():
+            seen.setdefault(k, []).append(float(v))
+    return sorted(seen, key=lambda k: (sum(seen[k]) / len(seen[k]), k))
 
 
 def startup(name: str, seconds: float) -> dict[str, Any]:

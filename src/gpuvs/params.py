@@ -1,6 +1,7 @@
-"""Param: the option schema of the whole project. Workloads, environment kinds and commands declare
-their options with it (name, type, default, limits, choices), so that bad input is refused with one
-line before anything starts. Neutral: it imports nothing of gpuvs but its errors."""
+"""Param: the option schema of the whole project (name, type, default, limits, choices).
+
+Workloads, environment kinds and commands declare their options with it.
+So bad input is refused with one line before anything starts. Neutral: it imports nothing of gpuvs but its errors."""
 
 from __future__ import annotations
 
@@ -137,6 +138,17 @@ def shown(raw: Any) -> str:
     if len(text) > SHOWN_CHARS:
         return f"{text[:SHOWN_CHARS]}... ({len(str(raw))} characters)"
     return text
+
+
+def refuse_unknown(names, known, what: str) -> None:
+    """One line for the first name of `names` that is not in `known`, as the command line words it: "unknown
+    option --x for WHAT (did you mean '--y'?); it takes --a, --b". Every mapping of options a library caller gives is checked here."""
+    options = [str(k).replace("_", "-") for k in known]
+    for name in names:
+        if name not in known:
+            dashed = str(name).replace("_", "-")
+            raise UsageError(f"unknown option --{dashed} for {what}{did_you_mean(dashed, options, prefix='--')}; "
+                             f"it takes {', '.join('--' + o for o in options)}")
 
 
 def did_you_mean(word: str, known, n: int = 1, prefix: str = "") -> str:

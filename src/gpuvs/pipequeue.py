@@ -1,8 +1,7 @@
-"""What a job printed, on its way from the threads that read its pipes to the one that parses it: a queue that never
-makes a reader wait, so the job never waits on its pipe for gpuvs. Up to MEMORY bytes are held in memory; past that,
-chunks go to an unnamed temporary file, read back in order. Only where no such file can be made does a reader wait
-for room, and that time is counted (`waited_s`).
+"""What a job printed, on its way from the threads that read its pipes to the one that parses it.
 
+A queue that never makes a reader wait, so the job never waits on its pipe for gpuvs.
+Past MEMORY bytes, chunks go to an unnamed temporary file; only where none can be made does a reader wait (`waited_s`).
 Standard library only: the command workload's wrapper uses it inside the user's image."""
 
 from __future__ import annotations

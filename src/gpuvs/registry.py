@@ -1,5 +1,6 @@
-"""One registry of plug-in classes, found by importing every module of a package: workloads (by name) and
-environments (by kind) both use it, so that a new workload or engine is one new module and nothing else."""
+"""One registry of plug-in classes, found by importing every module of a package.
+
+Workloads (by name) and environments (by kind) both use it, so a new workload or engine is one new module."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""Text that came from a job or its environment, made safe to show: what a command printed, error messages built
-from its output, an engine's or kubectl's words. A job may print anything; shown raw, its escape sequences would
-retitle the terminal, clear the screen, write the clipboard (OSC 52) or hide what follows. safe_text() writes every
-character a terminal would act on as a visible escape (ESC as \\x1b, NUL as \\x00, a carriage return as \\r, a
-bidi override as \\u202e) and leaves the rest as it was; the store keeps the bytes as the job wrote them: escape
-where text is shown, never where it is kept. Escaping twice changes nothing.
+"""Text that came from a job or its environment, made safe to show: safe_text() escapes what a terminal would act on.
 
-Escaped: C0 controls (newline and tab kept where a multi-line log is shown: lines=True), DEL, C1 controls, the
-Unicode line and paragraph separators, every format character (category Cf: zero-width spaces and joiners, bidi
-controls, the BOM, tags), so that names `base` and `base\\u200b` read apart, and lone surrogates (an undecodable
-byte read with surrogateescape shows as that byte, \\xff; any other lone surrogate as \\udXXX). Backslashes are
-left alone.
-Rich markup is not this module's business: gpuvs's consoles print with markup off.
-
+A job's escape sequences could retitle the terminal, write the clipboard or hide what follows (docs/command.md).
+Escape where text is shown, never where it is kept; escaping twice changes nothing; backslashes are left alone.
 Standard library only: job.py, which runs inside the user's image, uses it."""
 
 from __future__ import annotations
@@ -57,6 +47,15 @@ def safe_text(text: Any, lines: bool = False) -> str:
     elif not isinstance(text, str):
         text = str(text)
     return text.translate(_table("\n\t" if lines else ""))
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` whole if it fits in `limit` characters; otherwise its words up to `limit`, then " …". A word or a
+    number is never cut in two (one longer than `limit` alone is cut, and marked)."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit + 1].rsplit(" ", 1)[0] if " " in text[:limit + 1] else text[:limit]
+    return head.rstrip() + " …"
 
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # OWASP's list: a spreadsheet reads such a cell as a formula

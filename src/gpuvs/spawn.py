@@ -1,9 +1,7 @@
 """A child in a process group of its own (its own session), never orphaned by an interruption while it starts.
 
-subprocess.Popen forks and execs the child, then waits on a pipe for exec's outcome; a Ctrl-C or SIGTERM turned
-into an exception during that wait (or before the caller holds the Popen object) would leave the child running
-with nobody to stop it, in a session of its own where the terminal's signals do not reach it. group_popen ends
-the child's whole group when that happens, then lets the exception go on."""
+A Ctrl-C during Popen's wait for exec would leave the child running, in a session the terminal's signals miss.
+group_popen ends the child's whole group when that happens, then lets the exception go on."""
 
 from __future__ import annotations
 

@@ -10,6 +10,11 @@ from typing import Any
 from gpuvs.errors import UsageError
 
 
+def new_run_id() -> str:
+    """A trial attempt's id: 12 random hex digits (each retry gets a new one)."""
+    return uuid.uuid4().hex[:12]
+
+
 @dataclass
 class EnvSpec:
     """Where a worker runs: an environment kind (see gpuvs.environments, which owns the kinds and
@@ -38,7 +43,7 @@ class RunSpec:
     # Start barrier for workers that must measure the same window (sharing/group.py):
     # {"dir": path, "name": this worker's name, "window_s": seconds or None, "wait_s": seconds}
     barrier: dict[str, Any] | None = None
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    run_id: str = field(default_factory=new_run_id)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

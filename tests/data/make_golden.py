@@ -1,20 +1,17 @@
-"""Makes tests/data/golden/golden.db by real runs through the real command line (python -m gpuvs), tiny
-and on the CPU, with fixed trial-order seeds, and writes the golden outputs of every command that renders
-stored results from it (tests/golden.py) with the code of this checkout. tests/test_golden.py renders them
-again with the code under test and compares.
+"""Makes tests/data/golden/golden.db by real runs of the command line, tiny and on the CPU, with fixed seeds.
 
-    python tests/data/make_golden.py store      # run the experiments below into a new golden.db (minutes;
-                                                # the fleet and validate runs take the test cluster's lock)
+    python tests/data/make_golden.py store      # run the experiments below into a new golden.db (minutes)
     python tests/data/make_golden.py outputs    # (re)write tests/data/golden/outputs/ from golden.db
+"""
 
-The store is made once and committed: its figures are measured, so a new one differs in every number. The
-outputs are rewritten only where a change of output is meant (and the diff reviewed).
-
-What the store holds (one experiment per name): runs (ok, failed with a retry, interrupted by a SIGKILL of
-gpuvs), comparisons (two arms, three arms --until-confident, an experiment file with a multi-series,
-multi-metric workload, an arm that always fails, 1 vs 2 CPU processes for the scaling table, an NLP
-workload's metric family), gpuvs share, advise-mps and share-matrix on the CPU, and, where the test
-cluster is up, a gpuvs fleet of its three nodes and a gpuvs validate run."""
+# The store is made once and committed: its figures are measured, so a new one differs in every number. The
+# outputs are rewritten only where a change of output is meant (and the diff reviewed); tests/report/test_golden.py
+# renders them again with the code under test and compares. The fleet and validate runs take the test cluster's
+# lock. What the store holds (one experiment per name): runs (ok, failed with a retry, interrupted by a SIGKILL of
+# gpuvs), comparisons (two arms, three arms --until-confident, an experiment file with a multi-series,
+# multi-metric workload, an arm that always fails, 1 vs 2 CPU processes for the scaling table, an NLP
+# workload's metric family), gpuvs share, advise-mps and share-matrix on the CPU, and, where the test
+# cluster is up, a gpuvs fleet of its three nodes and a gpuvs validate run.
 
 from __future__ import annotations
 
@@ -34,7 +31,7 @@ import golden  # noqa: E402  (tests/golden.py)
 
 CLUSTER_LOCK = "/tmp/gpuvs-cluster.lock"
 KUBECONFIG = Path(os.environ.get("GPUVS_CLUSTER_DIR", "/tmp/gpuvs-cluster")) / "kubeconfig"
-IMAGE = "localhost/gpuvs-python:test"  # the test cluster's image (tests/test_fleet_cluster.py)
+IMAGE = "localhost/gpuvs-python:test"  # the test cluster's image (tests/fleet/test_fleet_cluster.py)
 SPIN = ["--device", "cpu", "--steps", "4", "--ops", "50000", "--warmup-steps", "1"]
 SELFTEST = ["--device", "cpu", "--steps", "5", "--step-seconds", "0.004"]
 

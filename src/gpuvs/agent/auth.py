@@ -1,8 +1,8 @@
-"""Who may start a run: POST /runs carries `Authorization: Bearer TOKEN`, TOKEN the content of --token-file (in the
-cluster, the Secret gpuvs-agent-token that `gpuvs deploy` makes and the Deployment mounts; docs/deploy.md). The
-file is read at each POST, so a rotated Secret (the kubelet rewrites the mounted file) counts without a restart.
-No file, or an empty one: POST /runs is refused for everyone. The token is compared in constant time
-(hmac.compare_digest); nothing about it is ever written to the log or to an answer."""
+"""Who may start a run: POST /runs carries `Authorization: Bearer TOKEN`, TOKEN the content of --token-file.
+
+In the cluster that file is the Secret gpuvs-agent-token, which `gpuvs deploy` makes (docs/deploy.md).
+It is read at each POST, so a rotated Secret counts without a restart; no file or an empty one refuses everyone.
+The token is compared in constant time (hmac.compare_digest), and never written to the log or to an answer."""
 
 from __future__ import annotations
 

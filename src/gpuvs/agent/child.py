@@ -1,11 +1,8 @@
-"""A library call in a child process of its own: the agent runs validate and fleet this way, so that a run that
-crashes or hangs can be ended (SIGTERM: the call cleans up its pods as a Ctrl-C would, then SIGKILL after a
-grace) while the agent's HTTP server goes on answering.
+"""A library call in a child process of its own, so that a run that crashes or hangs can be ended.
 
-The child is started with multiprocessing's spawn (a fresh interpreter: nothing of the agent's threads or
-locks is inherited). What it says comes back over a pipe as typed values, never as text meant for people:
-each event the call emits (e.g. the id of the experiment it created, as soon as it exists), then its return
-value or the error it raised."""
+The agent runs validate and fleet so; its HTTP server goes on answering meanwhile.
+The child is spawned (a fresh interpreter, none of the agent's threads or locks).
+What it says comes back over a pipe as typed values: each event, then its return value or its error."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ class WorkloadSpec:
         """With pairs=true (`gpuvs fleet collective --pairs`): the pair fleet's plan (fleet.pairs.PairPlan) from
         partners= and second-pass=; None for a fleet of nodes. A pair option without pairs=true, or pairs of
         another workload than the collective, is one line."""
-        from gpuvs.fleet import pairs
+        from gpuvs.fleet.execute import pair_plan as pairs
 
         params = {p.name: p for p in pairs.PARAMS}
         given = {}
@@ -129,7 +129,7 @@ class AgentConfig:
     min_interval_s: float = 120.0  # a run asked for through the API starts at least this long after the last ended
     http_timeout_s: float = 10.0  # the most one HTTP connection may take, from accept to close
     condition: bool = False  # the NodeCondition GpuvsPerformance and Events on the nodes (deploy --condition)
-    taint: bool = False  # gpuvs.io/slow on the nodes found slower, with the circuit breaker (fleet/taints.py)
+    taint: bool = False  # gpuvs.io/slow on the nodes found slower, with the circuit breaker (fleet/cluster/taints.py)
     taint_effect: str = "NoSchedule"
     taint_max_share: float = 0.1
 

@@ -1,17 +1,8 @@
-"""deploy/'s manifests as the installed package carries them (gpuvs/manifests: the same files, package data), and
-their application to a cluster through the official client: each object created, or merge-patched to the
-manifest where it exists (what `kubectl apply -k deploy/` does for these plain objects), in the kustomization's
-order (the namespace first); removed by --delete with the agent first: its Deployment, then waited for until its
-pod is gone (the agent, stopping, ends its run's child, whose pods go, and takes gpuvs.io/testing off the nodes
-it tested, which it can only do while its ServiceAccount and ClusterRole are still there), then any
-gpuvs.io/testing still on a node taken off by the caller (an agent killed at the end of its grace period), then
-every other gpuvs.io/ label and annotation, the taint gpuvs.io/slow and the condition GpuvsPerformance taken off
-every node (the labels kept on request), then the rest in the reverse order. Another image or other agent
-arguments change the Deployment's container only; the Deployment is replaced whole, the other objects patched.
+"""deploy/'s manifests as the installed package carries them, applied to a cluster through the official client.
 
-The agent's API token is no manifest (a file of deploy/ cannot hold a random value, and one applied again would
-replace it): `gpuvs deploy` adds the Secret gpuvs-agent-token with a random token before the Deployment, created
-once and never patched (a token already there, made by an earlier deploy or by hand, is kept)."""
+Each object is created, or merge-patched where it exists, in the kustomization's order (`kubectl apply -k`).
+--delete stops the agent first and takes gpuvs's labels, taint and condition off the nodes (docs/deploy.md).
+The API token's Secret is no manifest: it is made once with a random token, never patched."""
 
 from __future__ import annotations
 
@@ -239,7 +230,7 @@ def _unmark_nodes(cluster: Cluster) -> list[tuple[str, str]]:
     return out
 
 
-PREFIX = "gpuvs.io/"  # gpuvs's domain: every node label and annotation gpuvs writes (fleet/labels.py, agent/idle.py)
+PREFIX = "gpuvs.io/"  # gpuvs's domain: every node label and annotation gpuvs writes (fleet/cluster/node_labels.py, agent/idle.py)
 NOT_REMOVED = "could not be removed"
 
 
@@ -248,7 +239,7 @@ def _clear_nodes(cluster: Cluster, keep_labels: bool = False) -> list[tuple[str,
     verdicts kept with keep_labels), the taint gpuvs.io/slow and the condition GpuvsPerformance (a patch of
     nodes/status). Nothing else reads or removes them once gpuvs is gone, and a stale True condition is what
     remediation tools act on. [(Node/name, what was removed, kept, or could not be removed and why)]."""
-    from gpuvs.fleet import taints
+    from gpuvs.fleet.cluster import taints
     from gpuvs.kube import SLOW_TAINT, nodestatus
     from gpuvs.agent.idle import TESTING
 

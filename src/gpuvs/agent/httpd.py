@@ -1,27 +1,8 @@
-"""The agent's HTTP server and its routes:
+"""The agent's HTTP server and its routes: /healthz, /readyz, /metrics, /runs, and the status page at /.
 
-    GET  /healthz       liveness: 200 while the agent's loop is alive (a broken store does not fail it: the agent
-                        stays up and says what is wrong, rather than restarting in a loop that hides it)
-    GET  /readyz        readiness: 200 once the agent has started (its store opened or its error recorded), with
-                        what it knows of the API server and the store; 503 before
-    GET  /metrics       Prometheus's exposition format (metrics.py)
-    GET  /runs          the latest runs, newest first (JSON; ?limit=N, at most 500)
-    GET  /runs/ID       one run (JSON)
-    POST /runs          a run now, for a caller with the bearer token (auth.py; 401 without it or with another,
-                        403 while the agent has none): 202 with the queued run, 409 with the one already queued or
-                        running, 429 (Retry-After) until --min-interval has passed since the last run ended
-    GET  /, /status     the status page (gpuvs.report.status.render_status_page over the agent's store, read-only),
-                        rendered again only when a run's record changed
-
-The reads are open and say nothing of the cluster's address or the kubeconfig's path (public.py). A route is one
-function of (the agent, the request's path and query) returning a Response; ROUTES maps (method, path or path
-prefix ending in /) to it, so a new page is one function and one entry.
-
-The server: a thread per connection, at most MAX_CONNECTIONS at once. One more waits in the overflow (one thread,
-non-blocking, at most OVERFLOW_MAX sockets): GET /healthz and /readyz are answered there, anything else gets 503,
-so idle sockets cannot fail the kubelet's probes. Each connection is closed --http-timeout after it was accepted,
-whatever it has sent (a request not whole by then is dropped, never acted on). A bad request is one line in the
-log (4xx but 409, and 500), a client that went away nothing; never a traceback."""
+A route is one function of (the agent, the path, the query) returning a Response: ROUTES maps to it.
+A thread per connection, MAX_CONNECTIONS at once; the probes are answered in the overflow even when all are held.
+The reads are open and say nothing of the cluster's address (public.py); docs/deploy.md has each route."""
 
 from __future__ import annotations
 

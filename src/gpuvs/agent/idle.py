@@ -1,16 +1,8 @@
 """Which nodes the agent may test, and the marks it leaves while it does.
 
-A node is tested only when nobody else has requested its GPUs, and that is asked of the scheduler, not read from
-other people's pods (the agent may not read pods outside its namespace: deploy/clusterrole.yaml): a hold pod per
-node, pinned to it, at the trial pods' PriorityClass (gpuvs-trial: below every real job, preemptionPolicy Never),
-asks for every allocatable GPU of the node. Placed: the node's GPUs are free, the hold pod is deleted (and waited
-for) and the node is tested. Unschedulable (the scheduler's own message), or not placed within --hold-timeout:
-the node is skipped with that reason. It preempts nobody; a real job arriving later preempts it and the trials
-alike. A node without GPUs (a CPU cluster) has nothing anyone could have requested: it is tested.
-
-While a node is under test it carries gpuvs.io/testing=true, removed after on every exit path; at the agent's
-start, every node still carrying it and every pod of gpuvs's left in the agent's namespace (label gpuvs=1: trial,
-probe and hold pods of a run cut short) are cleaned up."""
+A node is tested only when the scheduler places a hold pod asking for all its GPUs, below every real job.
+While under test a node carries gpuvs.io/testing=true, removed on every exit path.
+At start, marks and gpuvs pods left by a run cut short are cleaned up (sweep)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""The agent's runs, kept in the store's SQLite file (table agent_runs, one row per run, written when it is queued,
-starts and ends), so that the runs and the experiments they made survive a restart. A run found `running` at start
-was cut short (the agent's pod killed outright): it is marked `interrupted`. A store that cannot be written
-raises LedgerError with one line; the agent keeps running and says so in its log and in /metrics."""
+"""The agent's runs, kept in the store's SQLite file (table agent_runs): a row per run, written as it goes.
+
+So the runs and the experiments they made survive a restart.
+A run found `running` at start was cut short (the agent's pod killed outright): it is marked `interrupted`.
+A store that cannot be written raises LedgerError in one line; the agent keeps running and says so."""
 
 from __future__ import annotations
 

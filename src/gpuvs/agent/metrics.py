@@ -1,8 +1,8 @@
-"""/metrics: the agent's state in Prometheus's exposition format (prometheus-client), named by Prometheus's
-conventions (base units, the unit last: _seconds, _ratio; _total for counters; labels for what varies, an
-interval's ends a `bound` label; gpuvs_build_info). Read from the state at each scrape by one collector, beside
-prometheus-client's process and Python collectors; docs/deploy.md has the table. A new metric is one more
-`yield` here."""
+"""/metrics: the agent's state in Prometheus's exposition format (prometheus-client), by Prometheus's conventions.
+
+Base units with the unit last (_seconds, _ratio), _total for counters, labels for what varies, gpuvs_build_info.
+One collector reads the state at each scrape, beside prometheus-client's process and Python collectors.
+docs/deploy.md has the table; a new metric is one more `yield` here."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class AgentCollector(Collector):
                 success.add_metric(key, fig.measured_at)
             yield from (ratio, bound, verdict, stale, success)
 
-            gpu_key = ["node", "gpu", "uuid", "workload"]  # --per-gpu fleets (fleet/pergpu.py)
+            gpu_key = ["node", "gpu", "uuid", "workload"]  # --per-gpu fleets (fleet/execute/pergpu.py)
             g_ratio = GaugeMetricFamily("gpuvs_gpu_perf_ratio", "The GPU's speed against the fleet's GPUs of its "
                                         "model in the last per-GPU fleet that measured its node (below 1: slower)",
                                         labels=gpu_key)

@@ -1,8 +1,8 @@
-"""A kustomize overlay of deploy/ as `gpuvs deploy --overlay DIR` reads it: its base (deploy/ itself, in `bases`
-or `resources`), more objects (`resources` files) and RFC 6902 patches of named objects (`patchesJson6902`), the
-fields that kubectl 1.20's kustomize (v2.0.3) and today's read alike; any other field is refused in one line.
-What it adds is remembered on the agent's Deployment (annotation gpuvs.io/overlay), so that a later
-`gpuvs deploy` without --overlay keeps it and `--delete` removes its objects."""
+"""A kustomize overlay of deploy/ as `gpuvs deploy --overlay DIR` reads it: its base, more objects, JSON patches.
+
+Only the fields kubectl 1.20's kustomize (v2.0.3) and today's read alike are taken; any other is refused in one line.
+What it adds is remembered on the agent's Deployment (annotation gpuvs.io/overlay).
+So a later `gpuvs deploy` without --overlay keeps it, and `--delete` removes its objects."""
 
 from __future__ import annotations
 

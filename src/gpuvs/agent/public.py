@@ -1,7 +1,7 @@
-"""What the open read routes (GET /runs, /runs/ID, /readyz, errors) may say: the runs' reasons and the API error
-with the cluster's address and the kubeconfig's path taken out. The reasons come from the Kubernetes client
-("no cluster reachable at https://10.0.0.1:6443 (kubeconfig /home/x/.kube/config ...)"); the agent's log and its
-store keep them whole, for the operator."""
+"""What the open read routes (GET /runs, /runs/ID, /readyz, errors) may say.
+
+The runs' reasons and the API error come from the Kubernetes client, which names the cluster's address.
+Here that address and the kubeconfig's path are taken out; the agent's log and store keep them whole."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
-"""One run of the agent: reach the cluster, find the nodes free to test (idle.py), mark them gpuvs.io/testing,
-run the functional validate suite on one of them and a fleet per workload on all of them (labels written as by
-`gpuvs fleet --label`), then remove the marks, whatever happened.
+"""One run of the agent: find the nodes free to test, mark them, run validate and a fleet per workload, unmark them.
 
-validate and fleet are the library's run_validate and run_fleet, each called in a child process (child.py) with
-the agent's store: the same code and clean-up as `gpuvs validate` and `gpuvs fleet` (each deletes its pods and
-releases gpuvs's package ConfigMap when it ends, SIGTERM included), and a child that fails or hangs cannot take
-the agent with it. What they found comes back as typed values: the validate run's experiment id as soon as it
-exists, then its ValidateResult; the fleet's FleetResult (the failed trials are read from the store)."""
+validate and fleet are the library's run_validate and run_fleet, each in a child process (child.py).
+So a child that fails or hangs cannot take the agent with it; what they found comes back as typed values."""
 
 from __future__ import annotations
 
-import shlex
 import signal
 import sys
 import threading
@@ -31,6 +25,13 @@ from gpuvs.spec import RunSpec
 
 STOP_GRACE_S = 45.0  # a child's own clean-up after SIGTERM (the pod deletions), before SIGKILL
 NO_VERDICT = "no-verdict"  # a run (or fleet) whose results judged no node: not a success
+
+
+# the fleet options the agent sets itself (its --condition, --taint, ...): a workload cannot give them
+AGENT_OWN = ("nodes", "label", "dry_run", "condition", "taint", "taint_effect", "taint_max_share")
+# the run options that go into the base spec, by the RunSpec field each sets
+SPEC_KEYS = {"device": "device", "num_gpus": "num_gpus", "timeout": "timeout_s",
+             "telemetry_interval": "telemetry_interval_s"}
 
 
 class Interrupted(Exception):
@@ -87,8 +88,8 @@ def has_gpus(nodes: list[Any], resource: str) -> bool:
 
 def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> None:
     """Run `run` to its end: its status, reason and findings are set on it (and saved as they change)."""
-    from gpuvs.fleet import kube as fleet_kube
-    from gpuvs.fleet import nodes as fleet_nodes
+    from gpuvs.fleet.cluster import sweep as fleet_kube
+    from gpuvs.fleet.execute import node_choice as fleet_nodes
     from gpuvs.kube import client
 
     c, state = ctx.config, ctx.state
@@ -187,8 +188,8 @@ def no_verdict(rows: list[Any]) -> str:
 
 def validate_in_child(emit: Emit, settings: dict[str, Any], store: str, **kw: Any) -> Any:
     """In the child: run_validate, its experiment id emitted as soon as it exists."""
-    from gpuvs.validate.run import ValidateHooks, run_validate
-    from gpuvs.validate.run import settings as checked
+    from gpuvs.validate.validate_run import ValidateHooks, run_validate
+    from gpuvs.validate.validate_run import settings as checked
 
     return run_validate(checked(**settings), store, hooks=ValidateHooks(on_start=lambda s: emit(s.experiment_id)),
                         **kw)
@@ -196,14 +197,14 @@ def validate_in_child(emit: Emit, settings: dict[str, Any], store: str, **kw: An
 
 def fleet_in_child(emit: Emit, base: RunSpec, store: str, options: Any) -> FleetResult:
     """In the child: run_fleet."""
-    from gpuvs.fleet.run import run_fleet
+    from gpuvs.fleet.execute.fleet_run import run_fleet
 
     return run_fleet(base, store, options)
 
 
 def pair_fleet_in_child(emit: Emit, base: RunSpec, store: str, options: Any, plan: Any) -> Any:
     """In the child: run_pair_fleet (`gpuvs fleet collective --pairs`), its PairFleetResult."""
-    from gpuvs.fleet.pair_run import run_pair_fleet
+    from gpuvs.fleet.execute.pair_run import run_pair_fleet
 
     return run_pair_fleet(base, store, options, plan)
 
@@ -230,7 +231,7 @@ def _validate(ctx: Context, run: RunRecord, namespace: str, image: str, node: st
                         else "")
     log(f"run {run.id}: validate on {node} exited {code}" + (f": {_last_line(why)}" if code else ""))
     if c.condition and failed and core is not None:
-        from gpuvs.fleet import signals
+        from gpuvs.fleet.cluster import signals
 
         sig = signals.validate_failed(core, node, failed[0].check, failed[0].detail)
         log(f"run {run.id}: event {sig.detail} on {node}: {sig.status}")
@@ -242,36 +243,32 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
     are `gpuvs fleet`'s without their dashes: fleet options, trials, order_seed, device, num_gpus, timeout,
     telemetry_interval, pod options, the workload's parameters; others are the agent's own (one line if given)."""
     from gpuvs import environments, workloads
-    from gpuvs.fleet import pairs
-    from gpuvs.fleet import run as fleet_run
+    from gpuvs.fleet.execute import pair_plan as pairs
+    from gpuvs.fleet.execute import fleet_run
     from gpuvs.trial.overrides import SPEC_PARAMS
-    from gpuvs.trial.plan import STUDY_PARAMS
 
     workload = workloads.get(w.name)
     plan = w.pair_plan()  # a pair fleet: no --condition, --taint or --max-trials (pair_run.check)
-    argv = [w.name, "--image", image, "--image-pull-policy", c.pull_policy, "--nodes", ",".join(nodes), "--label",
-            "--priority-class", c.priority_class, "--pod-security", c.pod_security, "--package", c.package,
-            "--python", c.python, "--gpu-resource", c.gpu_resource, "--margin", str(c.margin), "--parallel",
-            str(c.parallel), "--store", c.store, "--name", f"agent {run.id} {w}", "--namespace", namespace]
-    argv += ["--kubeconfig", c.kubeconfig] if c.kubeconfig else []
-    argv += ["--context", c.context] if c.context else []
     own = {k.replace("-", "_") for k, _ in w.options}
-    argv += [] if "device" in own else ["--device", c.device]
-    argv += [] if "trials" in own else ["--trials", str(c.trials)]
     max_trials = c.max_trials if plan is None else None
     condition, taint = c.condition and plan is None, c.taint and plan is None
-    if max_trials is not None and "max_trials" not in own:
-        argv += ["--max-trials", str(max_trials)]
-    argv += ["--condition"] if condition else []
-    argv += (["--taint", "--taint-effect", c.taint_effect, "--taint-max-share", f"{c.taint_max_share:g}"] if taint
-             else [])
     pair_keys = {p.name for p in pairs.PARAMS}
-    argv += [a for k, v in w.options if k.replace("-", "_") not in pair_keys for a in (f"--{k}", v)]
-    argv += ["--pairs", "--partners", str(plan.partners), "--second-pass", str(plan.second)] if plan else []
-    o = fleet_run.FleetOptions(nodes=list(nodes), label=True, margin=c.margin, parallel=c.parallel, trials=c.trials,
-                               max_trials=max_trials, name=f"agent {run.id} {w}", timeout_s=3600.0,
-                               command="gpuvs fleet " + shlex.join(argv), condition=condition, taint=taint,
-                               taint_effect=c.taint_effect, taint_max_share=c.taint_max_share)
+    given: list[tuple[str, Any]] = [  # what the agent sets, then the workload's own options, as gpuvs fleet's
+        ("image", image), ("image_pull_policy", c.pull_policy), ("nodes", ",".join(nodes)), ("label", True),
+        ("priority_class", c.priority_class), ("pod_security", c.pod_security), ("package", c.package),
+        ("python", c.python), ("gpu_resource", c.gpu_resource), ("margin", str(c.margin)), ("parallel", c.parallel),
+        ("store", c.store), ("name", f"agent {run.id} {w}"), ("namespace", namespace), ("kubeconfig", c.kubeconfig),
+        ("context", c.context), ("device", None if "device" in own else c.device),
+        ("trials", None if "trials" in own else c.trials),
+        ("max_trials", None if "max_trials" in own else max_trials), ("condition", condition), ("taint", taint),
+        *([("taint_effect", c.taint_effect), ("taint_max_share", f"{c.taint_max_share:g}")] if taint else []),
+        *[(k, v) for k, v in w.options if k.replace("-", "_") not in pair_keys],
+        *([("pairs", True), ("partners", plan.partners), ("second_pass", plan.second)] if plan else [])]
+    values: dict[str, Any] = dict(nodes=list(nodes), label=True, margin=c.margin, parallel=c.parallel,
+                                  trials=c.trials, max_trials=max_trials, name=f"agent {run.id} {w}", timeout=3600.0,
+                                  condition=condition, taint=taint, taint_effect=c.taint_effect,
+                                  taint_max_share=c.taint_max_share,
+                                  command=fleet_run.recorded_command([w.name, *fleet_run.option_words(given)]))
     kind = fleet_run.node_kinds()[0]  # the kind that places a worker on a named node (the pod), as gpuvs fleet's
     env: dict[str, Any] = {"env": kind, "image": image, "image_pull_policy": c.pull_policy,
                            "priority_class": c.priority_class, "pod_security": c.pod_security, "package": c.package,
@@ -279,28 +276,18 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
                            "kubeconfig": c.kubeconfig, "context": c.context}
     spec: dict[str, Any] = {"device": c.device, "num_gpus": 1, "timeout_s": 3600.0, "telemetry_interval_s": 0.1}
     params: dict[str, Any] = {}
-    fleet_params = {p.name: p for p in fleet_run.PARAMS
-                    if p.name not in ("nodes", "label", "dry_run", "condition", "taint", "taint_effect",
-                                      "taint_max_share")}  # the agent's own settings
-    run_params = {p.name: p for p in STUDY_PARAMS if p.name in ("trials", "order_seed")}
-    spec_keys = {"device": "device", "num_gpus": "num_gpus", "timeout": "timeout_s",
-                 "telemetry_interval": "telemetry_interval_s"}
+    fleet_keys = {p.name for p in fleet_run.PARAMS if p.name not in AGENT_OWN} | set(fleet_run.RUN_KEYS)
+    multiple = {p.name for p in fleet_run.PARAMS if p.multiple}
     pod = {p.name: p for p in environments.kind(kind).params}
     names = {p.name for p in workload.params}
     for key, value in w.options:
         k = key.replace("-", "_")
         if k in pair_keys:
             continue  # the plan's (w.pair_plan)
-        if k in fleet_params:
-            v = fleet_params[k].coerce(value)
-            if k == "node_label":
-                o.node_labels = (o.node_labels or []) + v
-            else:
-                setattr(o, k, v)
-        elif k in run_params:
-            setattr(o, k, run_params[k].coerce(value))
-        elif k in spec_keys:
-            spec[spec_keys[k]] = SPEC_PARAMS[spec_keys[k]].coerce(value)
+        if k in fleet_keys:  # checked with the agent's own values by FleetOptions.from_values
+            values[k] = [*(values.get(k) or []), value] if k in multiple else value
+        elif k in SPEC_KEYS:
+            spec[SPEC_KEYS[k]] = SPEC_PARAMS[SPEC_KEYS[k]].coerce(value)
         elif k in pod:
             env[k] = env.get(k, []) + [value] if pod[k].multiple else value
         elif k in names:
@@ -308,7 +295,8 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
         else:
             raise UsageError(f"--workload {w}: {key} is not an option of gpuvs fleet {w.name} that the agent passes "
                              f"on (fleet, run and pod options and {w.name}'s parameters; the agent sets the rest)")
-    o.timeout_s = spec["timeout_s"]
+    values["timeout"] = spec["timeout_s"]
+    o = fleet_run.FleetOptions.from_values(values)
     base = RunSpec(workload=w.name, params=workload.validate(params, spec["device"]), device=spec["device"],
                    num_gpus=spec["num_gpus"], env=environments.env_spec(env), timeout_s=spec["timeout_s"],
                    telemetry_interval_s=spec["telemetry_interval_s"], fresh="auto")

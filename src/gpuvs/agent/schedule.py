@@ -1,6 +1,7 @@
-"""When the next run is due: --every after the start of the last one (the first one --first-after the agent
-starts), or at once on demand; and the back-off while the cluster cannot be reached (doubling from 5 s up to
---backoff-max, reset by the first run that reaches it). Plain arithmetic on the caller's clock: tested alone."""
+"""When the next run is due: --every after the start of the last one, the first --first-after the start, or on demand.
+
+While the cluster cannot be reached, runs back off: doubling from 5 s up to --backoff-max, reset once one reaches it.
+Plain arithmetic on the caller's clock: tested alone."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""The agent: the loop that starts runs when they are due (schedule.py) or asked for (POST /runs), one at a time;
-the HTTP server; SIGTERM and SIGINT (a run in flight is stopped: its child cleans up its pods, the marks come off
-the nodes, the run is kept as interrupted, then the agent exits 0).
+"""The agent: the loop that starts runs when due or asked for, one at a time; the HTTP server; the signals.
 
-At start: the runs a killed agent left `running` are marked interrupted (ledger.py), the figures of earlier runs
-are read back from the store (state.py) with each node's drift against its own past (read again when a
-run with fleets ends), and, on first reaching the cluster, what a killed agent left there is
-removed (idle.sweep: gpuvs.io/testing on nodes, gpuvs pods in its namespace)."""
+SIGTERM and SIGINT stop a run in flight: its child cleans up its pods, it is kept as interrupted, and the agent exits 0.
+At start it marks the runs a killed agent left `running` as interrupted and reads earlier figures back."""
 
 from __future__ import annotations
 
@@ -13,7 +9,6 @@ import os
 import signal
 import threading
 import time
-import uuid
 
 from gpuvs.agent import idle, metrics
 from gpuvs.agent.auth import TokenFile
@@ -25,6 +20,7 @@ from gpuvs.agent.runs import Context, execute, log
 from gpuvs.agent.schedule import Schedule
 from gpuvs.agent.state import State
 from gpuvs.errors import GpuvsError, UsageError
+from gpuvs.store.ids import new_id
 
 OWN_POD = "GPUVS_AGENT_POD"  # the agent's own pod's name (the Deployment sets it from the downward API)
 MEMORY_RUNS = 500  # the runs of this process kept in memory too (GET /runs while the store cannot be read)
@@ -93,7 +89,7 @@ class Agent:
 
     def _restore(self) -> None:
         """The runs cut short by a killed agent are marked interrupted; earlier figures come back from the store."""
-        from gpuvs.fleet.pair_run import PairFleetResult
+        from gpuvs.fleet.execute.pair_run import PairFleetResult
         from gpuvs.fleet.result import FleetResult
         from gpuvs.store.db import Store
 
@@ -139,7 +135,7 @@ class Agent:
     def _read_drift(self) -> None:
         """Each node's drift against its own past, from the store's fleet runs (at start and when a run ended with
         fleets), read as `gpuvs fleet history` reads it (its defaults: the last 10 runs, ±5%, 0.95)."""
-        from gpuvs.fleet import stored
+        from gpuvs.fleet.assess import stored_history as stored
         from gpuvs.store.db import Store
 
         try:
@@ -204,7 +200,7 @@ class Agent:
                 wait = 0.0 if last is None else min(gap, last + gap - time.time())
                 if wait > 0:
                     return Asked(None, False, wait)
-            run = RunRecord(id=time.strftime("%Y%m%d-%H%M%S-", time.gmtime()) + uuid.uuid4().hex[:4],
+            run = RunRecord(id=new_id(chars=4, utc=True),
                             trigger=trigger, queued_at=time.time())
             self.pending = run
         self.save(run)

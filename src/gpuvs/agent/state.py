@@ -1,21 +1,8 @@
-"""What the agent's metrics show, kept in memory and rebuilt from the store at start: the latest figure per node
-and workload (ratio, verdict, when it was last measured), the latest validate checks, the nodes gone from the
-cluster, the runs and their failed trials, and whether the API server and the store answer.
+"""What the agent's metrics show, kept in memory and rebuilt from the store at start.
 
-A figure is stale when the last run did not renew it (the node was skipped, failed, gone; the run could not reach
-the cluster) or when it is older than --stale-after (default twice --every); stale figures are still shown, with
-gpuvs_node_perf_stale 1 and their own gpuvs_node_perf_last_success_timestamp_seconds. Nothing is dropped: a node
-deleted from the cluster keeps its last figures, marked gone (gpuvs_node_gone 1) and stale. A workload the agent
-no longer runs (not among its last run's, or --workload's) keeps its figures here, left out of /metrics.
-
-Each node's drift (its latest run against its own past, docs/history.md) is read from the store by
-gpuvs.fleet.stored.read when a run ends and at start (drift_from), not at each scrape. A drift figure is stale
-when the node's figure against the fleet is, or when it is not from the run that measured that figure (the node
-was not measured in the workload's latest stored run: its last drift is kept).
-
-A pair fleet (`--workload collective:pairs=true`, fleet/pair_run.py) gives each judged node's links against the
-fleet's (LinkFigure: renewed, stale and gone as a node's figure is) and each measured pair's verdict (PairFigure:
-the last pair fleet's pairs of the workload, replaced whole by the next one)."""
+The latest figure per node and workload, each node's drift, validate's checks, the runs and the nodes gone.
+A figure not renewed by the last run, or older than --stale-after, is stale: still shown, and marked.
+Nothing is dropped: a node gone from the cluster keeps its last figures, marked gone (docs/deploy.md)."""
 
 from __future__ import annotations
 
@@ -27,10 +14,10 @@ from typing import TYPE_CHECKING
 
 from gpuvs.agent.ledger import RunRecord
 from gpuvs.fleet.result import FleetResult
-from gpuvs.fleet.stored import FleetHistory
+from gpuvs.fleet.assess.stored_history import FleetHistory
 
 if TYPE_CHECKING:
-    from gpuvs.fleet.pair_run import PairFleetResult
+    from gpuvs.fleet.execute.pair_run import PairFleetResult
 
 PASS_STATUSES = ("pass", "shared")  # validate's row statuses that count as ok (shared: a finding, not a failure)
 
@@ -50,7 +37,7 @@ class NodeFigure:
 
 @dataclass
 class GpuFigure:
-    """One GPU's figure against the fleet's GPUs of its model, from a --per-gpu fleet (fleet/pergpu.py)."""
+    """One GPU's figure against the fleet's GPUs of its model, from a --per-gpu fleet (fleet/execute/pergpu.py)."""
 
     node: str
     gpu: int

@@ -1,10 +1,8 @@
-"""One experiment's results as the objects every report renders: per-arm summaries, verdicts of
-each arm against the first (baseline) arm, derived tables (speed-up, scaling efficiency, per
-trial), fingerprints side by side with the differences nobody asked for, and failures.
+"""One experiment's results as the objects every report renders (Analysis).
 
-Built from the store (`from_store`: its ExperimentRecord and TrialRecords) or from the runner's
-TrialResults while an experiment is still running (`from_results`, for --until-confident); both go
-through the same trial records. Every part is a dataclass; to_dict() is `gpuvs report --format json`."""
+Per-arm summaries, each arm's verdicts against the first arm, derived tables, fingerprints and failures.
+Built from the store (`from_store`), or from the runner's TrialResults while it runs (`from_results`).
+Every part is a dataclass; to_dict() is `gpuvs report --format json`."""
 
 from __future__ import annotations
 
@@ -24,6 +22,7 @@ from gpuvs.store.records import (
     ArmMeta,
     ExperimentMeta,
     ExperimentRecord,
+    SeriesSummary,
     TelemetryRecord,
     TrialRecord,
     json_value,
@@ -82,7 +81,7 @@ class ArmResult:
     n_total: int
     values: dict[str, dict[int, float]] = field(default_factory=dict)  # metric -> {trial: figure}
     summaries: dict[str, stats.TrialsSummary] = field(default_factory=dict)  # metric -> across its trials
-    trial_summaries: dict[str, list[stats.SeriesSummary]] = field(default_factory=dict)  # series -> per trial
+    trial_summaries: dict[str, list[SeriesSummary]] = field(default_factory=dict)  # series -> per trial
     startup: dict[str, float] = field(default_factory=dict)  # mean seconds over ok trials
     fingerprint: dict[str, Any] = field(default_factory=dict)  # of its first successful trial
 
@@ -283,7 +282,7 @@ def _declarations(workload: str, params: dict[str, Any] | None = None):
     """The workload's declaration of each figure of a run with these parameters (the command workload's figures
     are named by its parameters); a figure the job declared while it ran carries its declaration in its summary."""
     from gpuvs import workloads
-    from gpuvs.workloads.base import recorded
+    from gpuvs.workloads.workload import recorded
 
     try:
         w = workloads.get(workload)

@@ -1,6 +1,7 @@
-"""What competed with each arm's trials, from their contention records: the highest load and CPU pressure, the
-usable CPUs, other processes on the GPU, and the SM clock under load (kept in the record from the trial's NVML
-telemetry). `busy` applies the rule of probes/contention.py; `lines` says it per arm, beside the verdict."""
+"""What competed with each arm's trials, from their contention records.
+
+The highest load and CPU pressure, the usable CPUs, other GPU processes, and the SM clock under load.
+`busy` applies the rule of probes/contention.py; `lines` says it per arm, beside the verdict."""
 
 from __future__ import annotations
 

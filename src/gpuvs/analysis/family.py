@@ -1,18 +1,8 @@
-"""Error rates over the whole family of comparisons of one experiment: every arm against the
-baseline, on every metric.
+"""Error rates over the whole family of comparisons of one experiment: every arm against the baseline, every metric.
 
-- The headline metric (the one the workload declares) carries the verdict at the stated
-  confidence: each of the k arms is tested at alpha / k (Bonferroni), and under --until-confident
-  at the nominal level of the current look of an alpha / k spending plan (sequential.py).
-- The other tested metrics are a second family, behind a parallel gatekeeper: they share
-  alpha * r / k, where r is the number of arms whose headline difference was established, and are
-  tested with Holm's step-down method within that share. With no headline difference (r = 0) they
-  are descriptive: figures and intervals, no verdict. Bonferroni in the first family is what makes
-  the gate valid: the chance of any false verdict, headline or not, stays at alpha.
-- For every comparison both hypotheses are tested at its level (different; equivalent within the
-  margin): at most one of them is true, so a comparison counts once. Holm's count is the number of
-  comparisons with a hypothesis not yet rejected.
-- Metrics declared `tested=False`, or not declared by the workload, are descriptive."""
+The headline metric tests each of k arms at alpha / k; the others share alpha * r / k behind a gatekeeper.
+So the chance of any false verdict, headline or not, stays at alpha (docs/compare.md).
+Metrics declared `tested=False`, or not declared by the workload, are descriptive."""
 
 from __future__ import annotations
 
@@ -21,7 +11,7 @@ from typing import Any, Mapping
 
 from gpuvs.analysis import stats
 from gpuvs.analysis import sequential
-from gpuvs.analysis.sequential import Plan
+from gpuvs.store.records import LookSchedule
 
 
 @dataclass
@@ -62,7 +52,7 @@ class MetricVerdict(stats.Comparison):
         return cls(**{f.name: getattr(c, f.name) for f in fields(stats.Comparison)}, **what)
 
 
-def headline_levels(alpha: float, k: int, plan: Plan | None = None, rounds: int = 0) -> tuple[float, float]:
+def headline_levels(alpha: float, k: int, plan: LookSchedule | None = None, rounds: int = 0) -> tuple[float, float]:
     """(difference level, equivalence level) of each arm's headline comparison."""
     share = alpha / max(1, k)
     if plan is None:
@@ -93,6 +83,7 @@ def holm(rows: list[MetricVerdict], alpha: float, estimate: bool = True) -> None
     decided: dict[int, float] = {}
     threshold = alpha / max(1, len(open_))
     for p, i, _ in hyps:
+        # a comparison counts while either of its hypotheses is open: at most one of the two is true
         threshold = alpha / max(1, sum(1 for c in open_.values() if c > 0))
         if p > threshold:
             break
@@ -105,7 +96,7 @@ def holm(rows: list[MetricVerdict], alpha: float, estimate: bool = True) -> None
             r.tested = True
 
 
-def adjust(rows: list[MetricVerdict], alpha: float, arms: int, plan: Plan | None = None, rounds: int = 0,
+def adjust(rows: list[MetricVerdict], alpha: float, arms: int, plan: LookSchedule | None = None, rounds: int = 0,
            estimate: bool = True) -> None:
     """Set the verdicts of one experiment's comparisons in place; arms: the number of arms compared
     with the baseline."""
@@ -137,7 +128,7 @@ def adjust(rows: list[MetricVerdict], alpha: float, arms: int, plan: Plan | None
 
 def compare_all(metrics, values: list[dict[str, dict[Any, float]]], names: list[str], *, margin: float,
                 confidence: float, paired: bool, floors: list[dict[str, float]] | None = None,
-                plan: Plan | None = None, rounds: int = 0, estimate: bool = True) -> list[MetricVerdict]:
+                plan: LookSchedule | None = None, rounds: int = 0, estimate: bool = True) -> list[MetricVerdict]:
     """Every arm against the first on every metric, verdicts made for the family. metrics: objects
     with name, unit, better, up, down, headline, tested (comparison.Metric); values[i][metric]:
     arm i's figures by round ({round: figure}); floors[i][metric]: its per-trial floor; estimate:

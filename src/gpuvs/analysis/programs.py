@@ -1,11 +1,7 @@
-"""Whether the arms of a command comparison ran the same program: each trial records what it ran, read where it
-ran (store/records.ProgramRecord: the executable with its sha256 and version, an interpreter's script, the working
-directory). Two arms that ran "python3 train.py" may have run two Pythons: a host's venv and an image's
-/usr/bin/python3. A verdict between them measures the programs as much as where they ran, so the report says so
-beside it, and `compare --strict` refuses to give one.
+"""Whether the arms of a command comparison ran the same program (store/records.ProgramRecord, read where it ran).
 
-Where the arms asked to differ in the program, what differs is named instead: their command lines differ, or they
-compare one image (or --rootfs, or environment variables) against another in the same kind of environment.
+Two arms that ran "python3 train.py" may have run two Pythons, so the report says so beside the verdict.
+`compare --strict` refuses a verdict then; where the arms asked to differ, what differs is named instead.
 Reads typed records, runs nothing."""
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Summaries of samples (per trial) and of trials (per arm), and the comparison of two arms, as typed
-records: SeriesSummary, TrialsSummary, LogRatio, Comparison. Their to_dict() is the JSON the worker
-protocol, the store and `--format json` carry (the same keys as ever; from_dict reads it back).
+"""Summaries of samples (per trial) and of trials (per arm), and the comparison of two arms, as typed records.
 
-Per trial, tf_cnn_benchmarks semantics: throughput = total items / total time (not the mean of
-per-step rates); +/- = standard deviation of per-step rates / sqrt(steps); jitter = 1.4826 x the
-median absolute deviation of per-step rates."""
+SeriesSummary, TrialsSummary, LogRatio, Comparison: their to_dict() is what the protocol, the store and JSON carry.
+A trial's throughput is tf_cnn_benchmarks's: total items over total time, not the mean of per-step rates."""
 
 from __future__ import annotations
 
@@ -14,9 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from gpuvs.store.records import SeriesSummary, _known  # noqa: F401  (the record type)
-from gpuvs.store.summary import (MAD_SCALE, Sample, jitter, perf_timing, std_error,  # noqa: F401  (a trial's
-                                 summarize_samples, summarize_series)  # figures: the store keeps them)
+from gpuvs.store.records import known_fields
 
 def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
     """Mean and Student-t confidence interval of the mean: (mean, low, high)."""
@@ -222,7 +217,7 @@ class Comparison:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Comparison:
-        known = _known(cls, data)
+        known = known_fields(cls, data)
         known["words"] = tuple(known.get("words") or ("faster", "slower"))
         return cls(**known)
 
@@ -233,13 +228,12 @@ def compare_arms(a, b, *, better: str | None = "higher", words: tuple[str, str] 
                  floor_b: float = 0.0, estimate: bool = True) -> Comparison:
     """Arm B against baseline arm A from per-trial figures: ratio B/A, its interval and a verdict.
 
-    level / level_eq: the two-sided level of the difference test and the one-sided level of each
-    equivalence test, after any correction for several looks, arms or metrics (default 1 -
-    confidence); the interval is at 1 - level, so it agrees with the verdict. words: (above, below)
-    the baseline, from the metric's declaration. verdict: 'equivalent', WORD-within-margin (both hold;
-    `also` = the word), a word, or 'inconclusive'; trials_needed: trials per arm at which a new
-    run settles it with probability >= SETTLE_TARGET (None: not within the estimate's limit; not
-    computed without `estimate`)."""
+    level / level_eq: the two-sided level of the difference test and the one-sided level of each equivalence
+    test, after any correction for looks, arms or metrics (default 1 - confidence); the interval is at 1 - level,
+    so it agrees with the verdict. words: (above, below) the baseline, from the metric's declaration.
+    verdict: 'equivalent', WORD-within-margin (both hold; `also` = the word), a word, or 'inconclusive'.
+    trials_needed: trials per arm at which a new run settles it with probability >= SETTLE_TARGET (None: not
+    within the estimate's limit; not computed without `estimate`)."""
     alpha = round(1 - confidence, 12)
     level = alpha if level is None else level
     level_eq = level if level_eq is None else level_eq

@@ -1,11 +1,7 @@
-"""`gpuvs compare --stored A B`: two stored experiments (or two arms of one) compared as two arms, A the baseline
-(pyperf's compare_to). What this module owns: the references read (EXPERIMENT or EXPERIMENT:ARM), the short name
-each side is shown by, and the refusal of two sides that measured nothing in common.
+"""`gpuvs compare --stored A B`: two stored experiments, or two arms of one, compared as two arms (A the baseline).
 
-Each side is shown by a short name, so that a table and the verdict sentence read as words: its arm's name where
-the two arms' names differ (an arm called `default`, a plain run's, only within one experiment), else the random
-tail of its experiment's id (`20261124-061959-6bfad3` is `6bfad3`), else the whole reference. `pairs()` says which
-is which, for the line a report prints under the verdict."""
+It reads the references (EXPERIMENT or EXPERIMENT:ARM) and refuses two sides that measured nothing in common.
+Each side is shown by a short name, its arm's or its id's random tail, so the verdict reads as words."""
 
 from __future__ import annotations
 
@@ -108,17 +104,22 @@ def refuse_unshared(sides: list[Side]) -> None:
 
 
 def compare(sides: list[Side], margin: float, confidence: float) -> Analysis:
-    """The two sides as one unpaired analysis, each side's trials under its short name. Not interleaved: the
-    report says that drift between the two runs cannot be told apart from the change."""
+    """The two sides as one analysis, each side's trials under its short name. Two arms of one interleaved
+    experiment ran in the same rounds: they are paired by round, as that experiment's own report pairs them
+    (its looks and A/A kept). Two experiments are not interleaved: the report says that drift between them
+    cannot be told apart from the change."""
     refuse_unshared(sides)
     a, b = sides
     merged = []
     for side in sides:
         merged += [dataclasses.replace(r, arm=side.name) for r in side.records]
+    exp, rounds = a.experiment, same_rounds(sides)
     header = ExperimentRecord(f"{a.full} vs {b.full}", f"stored: {b.name} against {a.name}", "compare-stored",
                               time.time(),
                               ExperimentMeta(margin=margin, confidence=confidence, workload=_workload(a) or _workload(b),
-                                             interleaved=False, arms=[ArmMeta(a.name), ArmMeta(b.name)]))
+                                             interleaved=rounds, arms=[ArmMeta(a.name), ArmMeta(b.name)],
+                                             sequential=exp.meta.sequential if rounds else None,
+                                             aa=exp.meta.is_aa(exp.kind) if rounds else None))
     analysis = analyse(header, merged)
     head = next((m.name for m in analysis.metrics if m.headline), None)
     fa, fb = a.figures(), b.figures()
@@ -130,7 +131,17 @@ def compare(sides: list[Side], margin: float, confidence: float) -> Analysis:
     return analysis
 
 
+def same_rounds(sides: list[Side]) -> bool:
+    """Whether the two sides are arms of one experiment whose trials ran in interleaved rounds (A B | B A)."""
+    a, b = sides
+    return a.experiment.id == b.experiment.id and a.experiment.meta.is_interleaved(a.experiment.kind)
+
+
 def pairs(sides: list[Side]) -> str:
-    """Which short name is which experiment and arm: one line under the report."""
-    return "; ".join(f"{s.name}: experiment {s.experiment.id}, arm {s.arm}" + (" (the baseline)" if i == 0 else "")
+    """Which short name is which experiment and arm: one line under the report, which says where the two
+    arms ran in the same interleaved rounds."""
+    line = "; ".join(f"{s.name}: experiment {s.experiment.id}, arm {s.arm}" + (" (the baseline)" if i == 0 else "")
                      for i, s in enumerate(sides) if s.name)
+    if same_rounds(sides):
+        line += "; both arms ran in the same interleaved rounds: paired by round"
+    return line

@@ -1,32 +1,8 @@
 """Where an experiment's wall time went, as seconds and as shares of that wall time.
 
-Per trial, from the launch (gpuvs starts the worker, or asks the zygote for a fork) to the exit that gpuvs
-sees (L = launch_to_exit_s), with T0 = launch to the first timed step (launch_to_timed_s; where a workload
-does not report it, launch_to_done_s minus the timed steps; failing that, L minus them):
-- measured: the timed steps' own seconds (the headline series' total_seconds: what the figure is made of; a
-  workload that times several series one after another (gemm's shapes, membw's and collective's sizes,
-  gpu-check's figures, kernels' apps) says its timed blocks' seconds over all of them itself, timed_s, since
-  its headline is one of them or made of the others);
-- fork: the fork request to the child running (fork_s; 0 for a fresh exec);
-- warm-up: the first step and the warm-up steps (warmup_s); an adaptive warm-up also says how many steps it
-  ran and why it stopped (steady, cap: the trial's config items warmup_steps and warmup_stop); a workload that
-  warms up each shape alone (gemm, membw) says so per shape (the config item warmup_shapes: blocks, why);
-- start-up: T0 minus fork and warm-up: the interpreter and imports (exec), the fingerprint, the device's
-  context, the model and data; across several GPUs or CPU ranks it holds the ranks' start (ranks_s: the ranks'
-  processes started, their imports, their process group), which the breakdown names as a part of start-up;
-- teardown: L minus T0 minus measured: the end of the timed phase (its final synchronise, the workload's
-  last figures), the summary and the process's exit (its GPU context released).
-A command job (the command workload: its trials record `job_start_s` and their `wall_time_s`, wrapped or bare) is
-timed by gpuvs as a whole, not step by step: its parts are
-- the job's run: its wall time (wall_time_s: the keeper's clock, or the engine's or the kubelet's record, bare);
-- start-up: launch to the job's start (job_start_s; bare in a container container_started_s, in a pod
-  pod_started_s): gpuvs's worker, its fingerprint, the keeper, the container or pod made;
-- teardown: L minus those two: its output read to its end, its figures, gpuvs's exit (bare: the exit's state and
-  the fingerprint read from outside). Where no start is known, what is not the job's run is start-up.
-Per experiment: the wall time from the runner's start to its end; start-up also holds the time the runner
-waited for zygotes to start (once per zygote, paid by the experiment); other is what is left: the
-runner's own time (validation, the store, launching, the between-round analysis of --until-confident)
-and trials that never reported a launch-to-exit time. The parts add up to the wall time."""
+Per trial: measured, fork, warm-up, start-up and teardown, from the launch to the exit gpuvs sees.
+A command job is timed as a whole: its run, the start-up before it and the teardown after it.
+Per experiment, other is the runner's own time; the parts add up to the wall time (docs/trials.md)."""
 
 from __future__ import annotations
 
@@ -37,13 +13,13 @@ from gpuvs.events import TIMED_S
 
 if TYPE_CHECKING:
     from gpuvs.store.records import ExperimentRecord, TrialRecord
-    from gpuvs.analysis.stats import SeriesSummary
+    from gpuvs.store.records import SeriesSummary
 
 PARTS = ("measured", "start_up", "warm_up", "fork", "teardown", "other")
 JOB = "job"  # a command job's run: a part of its own, where an experiment has such trials (between measured and start-up)
 LABELS = {"measured": "measured (timed steps)", JOB: "the job's run (its wall time)", "start_up": "start-up",
           "warm_up": "warm-up", "fork": "fork", "teardown": "teardown", "other": "other (the runner's own)"}
-WALL_TIME = "wall_time_s"  # the command workload's own series (workloads/command/outputs/base.py: WALL_TIME)
+WALL_TIME = "wall_time_s"  # the command workload's own series (workloads/command/outputs/parsing.py: WALL_TIME)
 RANK_PARTS = ("ranks_s", "ranks_process_s", "ranks_import_s", "ranks_group_s")  # trial/multiproc.py: the ranks' start
 JOB_STARTS = ("job_start_s", "container_started_s", "pod_started_s")  # a command job's start, first known wins
 
@@ -115,10 +91,11 @@ def trial_time(startup: Mapping[str, float], summary: Mapping[str, SeriesSummary
         return TrialTime(wall, 0.0, fork, 0.0, start - fork, around - start, job_s=run)
     head = next(iter(summary.values()), None) if summary else None
     measured = float(head.total_seconds or 0.0) if head is not None else 0.0
+    # a workload that times several series in turn says all its timed blocks' seconds itself (events.TIMED_S)
     if startup.get(TIMED_S) is not None:
         measured = float(startup[TIMED_S])
     warm = float(startup.get("warmup_s") or 0.0)
-    if startup.get("launch_to_timed_s") is not None:
+    if startup.get("launch_to_timed_s") is not None:  # T0, launch to the first timed step; else worked back
         timed_at = float(startup["launch_to_timed_s"])
     elif startup.get("launch_to_done_s") is not None:
         timed_at = float(startup["launch_to_done_s"]) - measured

@@ -1,9 +1,8 @@
 """The gpuvs command line: thin; it parses, calls the library and renders.
 
-Every command is a module of gpuvs.cli.commands that declares its options as Params (command.py);
-one parser (parser.py) and one help renderer (help.py) serve them all; helpers that several commands
-share are in common.py and options.py. main() finds the command by name, parses, runs it, and turns
-what went wrong into one line and an exit status."""
+Every command is a module of gpuvs.cli.commands declaring its options as Params (command.py).
+One parser (parser.py) and one help renderer (help.py) serve them all; common.py and options.py hold shared helpers.
+main() finds the command by name, parses and runs it, and turns what went wrong into one line and an exit status."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import signal
 import sys
 
 from gpuvs.cli import commands, help, parser
-from gpuvs.cli.command import Command
+from gpuvs.cli.declaration import Command
 from gpuvs.errors import GpuvsError, Stopped, UsageError
 from gpuvs.params import did_you_mean
 from gpuvs.safetext import safe_text
@@ -41,7 +40,7 @@ def dispatch(argv: list[str]) -> int | None:
         found = commands.get(word) if cmd is None else cmd.subcommand(word)
         if found is None:
             known = commands.names() if cmd is None else [c.name for c in cmd.subcommands]
-            raise UsageError(f"no such command {word!r}{did_you_mean(word, known)}.")
+            raise UsageError(f"no such command {word!r}{did_you_mean(word, known)}")
         cmd, path, rest = found, f"{path} {word}", rest[1:]
     try:
         args = parser.parse(cmd, rest, path)

@@ -1,7 +1,7 @@
-"""What several commands share (not a command): a RunSpec prepared from parsed options, the device
-resolved with its CPU note, an experiment executed with the step log and progress, failed trials
-turned into the exit status, a job given as text (`--with "WORKLOAD --p v"`), the store opened for
-reading, a command's -o FILE written whole or not at all."""
+"""What several commands share (not a command).
+
+A RunSpec from parsed options, the device resolved, an experiment run with its step log, failures as the exit status.
+Also a job given as text (`--with "WORKLOAD --p v"`), the store opened for reading, and -o FILE written whole or not."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ import os
 import shlex
 import stat
 import tempfile
-import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -22,14 +20,16 @@ from rich.console import Console
 from gpuvs import environments, workloads
 from gpuvs.analysis import timeshare
 from gpuvs.cli import options, parser
-from gpuvs.cli.command import Args
+from gpuvs.cli.declaration import Args
 from gpuvs.errors import RunFailed, UsageError
+from gpuvs.safetext import clip
 from gpuvs.report import tables, terminal
-from gpuvs.trial import plan
+from gpuvs.report.numbers import Units
+from gpuvs.trial import experiment
 from gpuvs.trial.runner import Experiment, TrialResult
 from gpuvs.trial.study import Hooks, Ran, run_trials
 from gpuvs.spec import EnvSpec, RunSpec
-from gpuvs.store.db import Store, StoreError
+from gpuvs.store.db import Store, open_existing
 
 
 @dataclass
@@ -37,15 +37,16 @@ class Prepared:
     workload: workloads.Workload
     base: RunSpec
     run: dict[str, Any]  # the run options, checked (defaults filled)
+    note: str = ""  # the CPU note, said once the run starts (cpu_note)
 
 
 def resolve_device(device: str | None, env: EnvSpec | str, console: Console) -> str:
-    """The device asked for, else the environment's (plan.default_device: cuda where it has a GPU to give,
+    """The device asked for, else the environment's (experiment.default_device: cuda where it has a GPU to give,
     else cpu, with a note)."""
     if device:
         return device
     env = env if isinstance(env, EnvSpec) else EnvSpec(kind=env)
-    device = plan.default_device(env)
+    device = experiment.default_device(env)
     if device == "cpu":
         console.print(f"note: no NVIDIA GPU found {environments.get(env).gpus_where}; running on the CPU (--device "
                       "cpu). CPU figures from a shared machine are not GPU performance claims.", style="yellow",
@@ -60,7 +61,7 @@ SPEC_KEYS = {"device": "device", "num_gpus": "num_gpus", "timeout": "timeout_s",
 
 def run_doc(args: Args) -> dict[str, Any]:
     """The command line's workload, its parameters, run and environment options as the mapping an experiment
-    file holds (plan.study and plan.spec read it): what was not given has the option's default."""
+    file holds (experiment.study and experiment.spec read it): what was not given has the option's default."""
     run = args.group("run")
     env = options.env_spec(args.group("env"))  # the environment options the kind takes, checked
     doc: dict[str, Any] = {"workload": args.workload.name, "params": dict(args.params)}
@@ -71,37 +72,47 @@ def run_doc(args: Args) -> dict[str, Any]:
 
 
 def device_default(console: Console) -> Callable[[EnvSpec], str]:
-    """plan's device default, saying so where it is the CPU."""
+    """experiment's device default, saying so where it is the CPU."""
     return lambda env: resolve_device(None, env, console)
 
 
-def cpu_note(workload: workloads.Workload, given: Mapping[str, Any], device: str, console: Console) -> None:
-    """Say which CPU-sized defaults a run on the CPU took."""
+def cpu_note(workload: workloads.Workload, given: Mapping[str, Any], device: str) -> str:
+    """The line that says which CPU-sized defaults a run on the CPU took ('' where none). It is said once the
+    first trial starts (say_note), never before a refusal it has nothing to do with."""
     cpu_filled = {k: v for k, v in workload.cpu_defaults.items() if k not in given}
-    if device == "cpu" and cpu_filled:
-        why = f"{workload.cpu_note}; " if workload.cpu_note else ""
-        console.print("note: CPU-sized defaults: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
-                                                              cpu_filled.items()) + f" ({why}give them to override)",
-                      style="yellow", highlight=False)
+    if device != "cpu" or not cpu_filled:
+        return ""
+    why = f"{workload.cpu_note}; " if workload.cpu_note else ""
+    return ("note: CPU-sized defaults: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in cpu_filled.items())
+            + f" ({why}give them to override)")
+
+
+def say_note(console: Console, note: str) -> None:
+    if note:
+        console.print(note, style="yellow", highlight=False)
 
 
 def prepare(args: Args, console: Console) -> Prepared:
     """The checked base RunSpec of a command that runs a workload (`WORKLOAD [options]`): its run and
     environment options, the device resolved, the workload's parameters checked for that device; built by
-    the loader of experiment files (plan.spec) from the mapping the command line makes (run_doc)."""
+    the loader of experiment files (experiment.spec) from the mapping the command line makes (run_doc)."""
     assert args.workload is not None, f"{args.command.name} takes no workload"
-    workload, base = plan.spec(run_doc(args), device_default(console))
-    cpu_note(workload, args.params, base.device, console)
-    return Prepared(workload, base, args.group("run"))
+    workload, base = experiment.spec(run_doc(args), device_default(console))
+    return Prepared(workload, base, args.group("run"), cpu_note(workload, args.params, base.device))
 
 
-def trial_hooks(console: Console, quiet: bool, progress: bool = False, up_to: int | None = None) -> Hooks:
+def trial_hooks(console: Console, quiet: bool, progress: bool = False, up_to: int | None = None,
+                note: str = "", units: Units | None = None) -> Hooks:
     """The command line's hooks of a run of trials: the step log, a rule and a line per trial, and (progress)
-    a progress bar over the trials (`up_to`: the trials there may be in all, where more may be added)."""
+    a progress bar over the trials (`up_to`: the trials there may be in all, where more may be added); `note`
+    (the CPU note) is said as the first trial starts; `units`: the run's one unit per metric, which its first
+    trial line chooses and the tables after keep."""
     log = terminal.StepLog(console, quiet=quiet)
     bar = terminal.TrialProgress(console, up_to) if progress else None
+    unsaid = [note]
 
     def on_start(spec: RunSpec, i: int, n: int) -> None:
+        say_note(console, unsaid.pop() if unsaid else "")
         log.start_trial()
         if bar:
             bar.start(spec, i, n)
@@ -111,23 +122,26 @@ def trial_hooks(console: Console, quiet: bool, progress: bool = False, up_to: in
     def on_end(result: TrialResult) -> None:
         if not quiet:
             terminal.total_block(console, result)
-        console.print(terminal.trial_line(result), style=None if result.ok else "red", highlight=False)
+        console.print(terminal.trial_line(result, units), style=None if result.ok else "red", highlight=False)
         if bar:
             bar.done()
 
     return Hooks(on_event=log, on_trial_start=on_start, on_trial_end=on_end, running=(lambda: bar) if bar else None)
 
 
-def render_ran(console: Console, ran: Ran, store_path: str) -> None:
-    """The tables of a run of trials as they ran (per arm, startup, metrics, series, telemetry, time shares)."""
+def render_ran(console: Console, ran: Ran, store_path: str, units: Units | None = None) -> None:
+    """The tables of a run of trials as they ran (per arm, startup, metrics, series, telemetry, time shares),
+    each metric in the one unit of `units` (the run's, chosen by its trial lines and kept)."""
     results = ran.results
+    units = terminal.results_units(results, units)
     total = len(ran.experiment.arms) * ran.planned
     if total > 1 or any(len(r.summary) > 1 for r in results):
-        console.print(terminal.arm_table(results, arms=[a.name for a in ran.experiment.arms]))
-    for table in (terminal.startup_table(results, [a.name for a in ran.experiment.arms]), terminal.metrics_table(results)):
+        console.print(terminal.arm_table(results, arms=[a.name for a in ran.experiment.arms], units=units))
+    for table in (terminal.startup_table(results, [a.name for a in ran.experiment.arms]),
+                  terminal.metrics_table(results, units)):
         if table is not None and total > 1:
             console.print(table)
-    for table in (terminal.series_table(results), terminal.telemetry_table(results)):
+    for table in (terminal.series_table(results, units), terminal.telemetry_table(results)):
         if table is not None:
             console.print(table)
     shares = timeshare.from_records(results,
@@ -138,10 +152,12 @@ def render_ran(console: Console, ran: Ran, store_path: str) -> None:
 
 
 def execute(exp: Experiment, store_path: str, console: Console, quiet: bool,
-            timeout_s: float | None = None, retries: int = 0) -> list[TrialResult]:
+            timeout_s: float | None = None, retries: int = 0, note: str = "") -> list[TrialResult]:
     """Run an experiment with the step log and per-trial lines, then its tables (gpuvs run)."""
-    ran = run_trials(exp, store_path, trial_hooks(console, quiet), timeout_s=timeout_s, retries=retries)
-    render_ran(console, ran, store_path)
+    units = Units()  # one unit per metric in the trial lines and the tables alike
+    ran = run_trials(exp, store_path, trial_hooks(console, quiet, note=note, units=units), timeout_s=timeout_s,
+                     retries=retries)
+    render_ran(console, ran, store_path, units)
     return ran.results
 
 
@@ -149,8 +165,8 @@ def finish(results: list[TrialResult]) -> None:
     """Exit status 1 (RunFailed) when a trial failed; the others are kept in the store."""
     failed = [r for r in results if not r.ok]
     if failed:
-        raise RunFailed(f"{len(failed)} of {len(results)} trial(s) failed (the others are kept); "
-                        f"first: {failed[0].error.splitlines()[0][:160] if failed[0].error else failed[0].status}")
+        raise RunFailed(f"{len(failed):,} of {len(results):,} trial(s) failed (the others are kept); "
+                        f"first: {clip(failed[0].error.splitlines()[0], 160) if failed[0].error else failed[0].status}")
 
 
 def job_spec(text: str, base: RunSpec) -> RunSpec:
@@ -168,22 +184,9 @@ def job_spec(text: str, base: RunSpec) -> RunSpec:
     return spec
 
 
-def experiment_id() -> str:
-    """A new experiment's id: when, and a random tail."""
-    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-
-
 def open_store(path: str) -> Store:
-    """An existing store (reading results); one line when there is none. On a full disk, where opening it to
-    write fails, it is read as it stands: what it holds is shown."""
-    if not Path(path).exists():
-        raise UsageError(f"no store at {path} (run something first, or pass --store PATH)")
-    try:
-        return Store(path)
-    except StoreError as exc:
-        if exc.reason != "full":
-            raise
-        return Store(path, readonly=True)
+    """An existing store, or one line when there is none (store.db.open_existing: the library reads stores so too)."""
+    return open_existing(path)
 
 
 def check_output(output: str | None, option: str = "-o") -> None:

@@ -11,7 +11,7 @@ from rich.console import Console
 from gpuvs.report.fit import Table
 
 from gpuvs import workloads
-from gpuvs.cli.command import Command
+from gpuvs.cli.declaration import Command
 from gpuvs.params import Param
 
 
@@ -42,9 +42,9 @@ def usage(prefix: str, line: str, width: int) -> str:
                                    break_long_words=False, break_on_hyphens=False))
 
 
-def param_table(w: workloads.Workload) -> Table:
-    """A workload's parameters, every column (gpuvs workloads NAME)."""
-    return options_table(f"{w.name}: {w.summary}", w.params)
+def param_table(w: workloads.Workload, full: bool = True) -> Table:
+    """A workload's parameters: every column (gpuvs workloads NAME, --help-all), or option and meaning."""
+    return options_table(f"{w.name}: {w.summary}", w.params, full)
 
 
 def console() -> Console:
@@ -69,7 +69,7 @@ def command_help(cmd: Command, path: str, workload: workloads.Workload | None = 
         if workload is None:
             out.print(f"workloads: {', '.join(workloads.names())}  (gpuvs workloads NAME shows one's options)")
         else:
-            out.print(options_table(f"{workload.name}: {workload.summary}", workload.params, full))
+            out.print(param_table(workload, full))
     shown = [p for p in cmd.positionals if p.help and not p.workload]
     if shown:
         t = Table(title="arguments", title_justify="left")

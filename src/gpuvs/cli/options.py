@@ -1,13 +1,14 @@
-"""Option groups that several commands share, declared with the same Param type workloads use: the
-run options (run, compare, share, fleet, advise-mps), the environment options (every kind's, owned by
-the environments registry), the store. A command lists the groups it takes in its Command."""
+"""Option groups that several commands share, declared with the Param type workloads use.
+
+The run options (run, compare, share, fleet, advise-mps), the environment options (the registry's), and the store.
+A command lists the groups it takes in its Command."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from gpuvs import environments
-from gpuvs.cli.command import Group
+from gpuvs.cli.declaration import Group
 from gpuvs.trial.launch import FRESH
 from gpuvs.params import Param
 from gpuvs.spec import EnvSpec

@@ -1,8 +1,8 @@
-"""The one command-line parser: `--name value`, `--name=value`, flags (`--quiet`, `--quiet false`),
-`-o` for an option with a one-letter alias, options given more than once, `--` before positionals.
-Every command goes through parse(): its options and a workload's parameters are parsed together, so
-an unknown option is refused with the list of known ones, and every value is checked by its Param,
-before anything starts. Bad input is a UsageError: one line, exit 2."""
+"""The one command-line parser: `--name value`, `--name=value`, flags, `-o` aliases, repeats, `--` before positionals.
+
+Every command goes through parse(): its options and a workload's parameters are parsed together.
+So an unknown option is refused with the known ones listed, and every value is checked by its Param first.
+Bad input is a UsageError: one line, exit 2."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import shlex
 from typing import Any, Sequence
 
 from gpuvs import workloads
-from gpuvs.cli.command import Args, Command, Form
+from gpuvs.cli.declaration import Args, Command, Form
 from gpuvs.errors import UsageError
 from gpuvs.params import Param, did_you_mean
 
@@ -228,11 +228,13 @@ def parse(cmd: Command, argv: list[str], path: str) -> Args:
                                 len(specs)) from None
         raise
     required = [s for s in specs if s.required]
-    if len(positionals) < len(required):
-        raise UsageError(f"Missing argument '{required[len(positionals)].name}'.")
+    if len(positionals) < len(required):  # lowercase and no full stop, as every other error
+        missing = required[len(positionals)]
+        raise UsageError(f"missing argument {missing.name.upper()} for {what}"
+                         + (f": {missing.help}" if missing.help else ""))
     for p in static:
         if p.required and p not in values:
-            raise UsageError(f"Missing option '{p.option}'.")
+            raise UsageError(f"missing option {p.option} for {what}" + (f": {p.help}" if p.help else ""))
     options = {p.name: p.coerce(values[p]) if p in values else p.default for p in static}
     given = frozenset(p.name for p in static if p in values)
     params = {p.name: values[p] for p in workload.params if p in values} if workload is not None else {}

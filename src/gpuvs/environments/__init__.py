@@ -1,18 +1,14 @@
 """Environments: where a worker runs. This registry owns the kinds.
 
-Every module of this package that registers an Environment subclass (`@register`) is one kind: the
-class declares its name, its options (Params with types, defaults, limits and help), its checks
-(`check` before anything starts, `doctor` for `gpuvs doctor`), how it is labelled, and the
-fingerprint fields it adds (see base.Environment). Nothing else in gpuvs names the kinds one by one:
-the command line, experiment files, the runner, comparisons and reports ask this registry, so a new
-engine (Slurm, say) is one new module. Modules must not import heavy or optional libraries (a
-cluster client, say) at module level, so that discovering the kinds stays cheap."""
+Each module that registers an Environment subclass (`@register`) is one kind, declaring its options and checks.
+Nothing else in gpuvs names the kinds one by one, so a new engine (Slurm, say) is one new module.
+Modules import no heavy or optional library at module level, so that discovering the kinds stays cheap."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpuvs.environments.base import Environment, Launched, WorkerStream
+from gpuvs.environments.environment import Environment, Launched, WorkerStream
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
 from gpuvs.registry import Registry

@@ -1,11 +1,8 @@
 """The container environment: the same worker, started by a real engine (podman or docker).
 
-gpuvs reaches the container without rebuilding the image: its package folder is mounted read-only
-at /opt/gpuvs/gpuvs and PYTHONPATH points there; the run spec goes in as the GPUVS_SPEC environment
-variable, handed to the engine through its own environment (`-e GPUVS_SPEC`), never through a
-shell. Every container is named gpuvs-<run_id>, labelled gpuvs=1, started with --rm, and removed
-with `rm -f` on every exit path (success, failure, timeout, Ctrl-C). Never --privileged, no added
-capabilities, --network none unless --network is given."""
+gpuvs's package is mounted read-only at /opt/gpuvs/gpuvs; the spec goes in as GPUVS_SPEC, never through a shell.
+Every container is gpuvs-<run_id>, labelled gpuvs=1, removed on every exit path (docs/containers.md).
+Never --privileged, no added capabilities, --network none unless --network is given."""
 
 from __future__ import annotations
 
@@ -24,7 +21,7 @@ from gpuvs import events
 from gpuvs.probes import checkup
 from gpuvs.environments import engine as engines
 from gpuvs.environments import gpu_access, register
-from gpuvs.environments.base import Environment, Launched, check_local_gpus
+from gpuvs.environments.environment import Environment, Launched, check_local_gpus
 from gpuvs.environments.host import ENV_VAR
 from gpuvs.errors import GpuvsError, UsageError
 from gpuvs.probes.fingerprint import SOFTWARE_FIELDS

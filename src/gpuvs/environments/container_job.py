@@ -1,8 +1,8 @@
-"""Bare mode in a container: the command is the container's own process (an image with no Python). The engine's
-client runs attached, in its own process group, and relays the container's stdout and stderr as they are printed;
-the container is not started with --rm, so that once it has exited the engine's own record of it (State.StartedAt,
-State.FinishedAt, ExitCode, OOMKilled) gives the job's wall time, start-up and fate; then it is removed. A kill
-stops the client's group and removes the container (`rm -f`), whatever the client did."""
+"""Bare mode in a container: the command is the container's own process (an image with no Python).
+
+The engine's client runs attached, in its own process group, and relays the container's output as it is printed.
+The container is not started with --rm: once it exits, the engine's record gives the job's times and fate.
+Then it is removed. A kill stops the client's group and removes the container (`rm -f`), whatever the client did."""
 
 from __future__ import annotations
 

@@ -1,22 +1,8 @@
-"""Container engines (podman, docker): finding one, asking it whether it works, and the host quirks
-it needs, detected here rather than hard-coded.
+"""Container engines (podman, docker): finding one, asking whether it works, and the host quirks it needs.
 
-Configuration, in the order it is applied:
-1. GPUVS_PODMAN_ARGS / GPUVS_DOCKER_ARGS: global engine arguments, split like a shell would
-   (e.g. "--root /tmp/store --runtime /opt/runc"); the user's own settings, never spec data.
-2. --engine-arg (repeatable): more global arguments for one run or arm.
-3. Detection (only for what 1 and 2 leave unset):
-   - systemd is not running (no /run/systemd/system) but podman would use the systemd cgroup
-     manager: add `--cgroup-manager cgroupfs`;
-   - podman would use crun on a hybrid cgroup v1+v2 layout, which crun refuses, and runc is
-     installed: add `--runtime runc`;
-   - a root engine without CAP_SYS_RESOURCE cannot set its default rlimits (1048576 files and
-     processes) above the hard limits it runs with: run containers with `--ulimit nofile=S:H`
-     (this process's own limits) and `--ulimit nproc=N:N` (N = this process's hard limit, at most
-     kernel.pid_max), unless the user set those ulimits. For docker, whose daemon is another
-     process, the same when the daemon is local (a unix socket) and this host's capability bounding
-     set lacks CAP_SYS_RESOURCE: no process here, the daemon included, can have it.
-"""
+The quirks are detected here rather than hard-coded, and apply only where the user's own arguments leave them unset.
+The user's arguments are GPUVS_PODMAN_ARGS / GPUVS_DOCKER_ARGS, then --engine-arg.
+What is detected, and what it adds: docs/containers.md."""
 
 from __future__ import annotations
 

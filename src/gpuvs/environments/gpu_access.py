@@ -1,9 +1,7 @@
-"""How a container gets the GPU: the engine's own way (docker --gpus with the NVIDIA container
-toolkit; CDI --device nvidia.com/gpu=all), or what the toolkit would do, done by gpuvs: pass the
-/dev/nvidia* device nodes and mount the driver's user-space libraries read-only.
+"""How a container gets the GPU: the engine's own way, or what the NVIDIA container toolkit would do, done by gpuvs.
 
-Modes (--gpus): auto (device cpu: none; docker with the toolkit: toolkit; a CDI spec for
-nvidia.com/gpu: cdi; else devices), toolkit, cdi, devices, none."""
+Modes (--gpus): toolkit (docker --gpus), cdi (--device nvidia.com/gpu=all), devices, none, or auto.
+devices passes the /dev/nvidia* nodes and mounts the driver's user-space libraries read-only."""
 
 from __future__ import annotations
 

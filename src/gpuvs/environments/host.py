@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuvs.environments import register
-from gpuvs.environments.base import Environment, Launched, check_local_gpus, package_root
+from gpuvs.environments.environment import Environment, Launched, check_local_gpus, package_root
 from gpuvs.params import Param
 from gpuvs.spec import RunSpec
 

@@ -1,10 +1,8 @@
-"""An image's software read from outside, through its engine, without running anything in it (bare mode: the image
-may have no Python, no shell). With podman as root, the image is mounted (`podman image mount`) and read in place,
-every field included. Elsewhere (docker, rootless podman) a container is created, never started, the files
-software.py reads are copied out of it one by one (`cp NAME:PATH -`, a tar stream), and it is removed; the
-libraries' folders are not listed then (a CUDA image's would be copied whole), so `libraries` and `driver_libs` are
-left out and `software.note` says so. Cached per image ID for the process: every trial of an arm uses the same
-image."""
+"""An image's software read from outside, through its engine, without running anything in it (bare mode).
+
+With podman as root the image is mounted and read in place; elsewhere a container is created, never started.
+Then software.py's files are copied out one by one, and the libraries' folders are left out (`software.note`).
+Cached per image ID for the process: every trial of an arm uses the same image."""
 
 from __future__ import annotations
 

@@ -1,22 +1,8 @@
-"""Bare mode's side of the environments: a command run as an environment's own process, without gpuvs's worker
-(an image with no Python: a C++ benchmark's, a distroless one). Each kind that can run a command bare returns a
-RawJob from `Environment.start_bare()`; gpuvs.workloads.command.bare turns it into the trial's protocol events.
+"""Bare mode's side of the environments: a command run as an environment's own process, without gpuvs's worker.
 
-What a RawJob gives, all seen from outside the job:
-    output       (stream, bytes, arrival time) as the job prints (chunks of its pipes, or lines), None once its
-                 output has ended (a pipequeue.SpillQueue: never makes a reader wait, spilling to a file past 16 MiB)
-    blocked()    (reads that found a pipe full, the time the job may have waited on its pipes)
-    held         the streams a process the job left still held open when its output was ended (empty: read to
-                 their end)
-    wait()       its exit status (-N: killed by signal N; None: unknown)
-    timings()    the job's own wall time from the environment's lifecycle events, the clock it came from and its
-                 resolution, and start-up stages (seconds from the trial's launch)
-    facts()      what could be read about where it ran without running anything in it (a fingerprint)
-    failure()    the environment's own reason when the job could not run or was stopped from outside
-    events()     protocol events the environment reports itself (a pod's start-up breakdown)
-    program()    what the command ran, read from outside once it ended (probes/program.py), or None
-                 where its files cannot be read from here
-    kill() / close()   stop it / clean up after it: nothing it started is left"""
+Each kind that can run a command bare returns a RawJob from `Environment.start_bare()`.
+gpuvs.workloads.command.bare turns it into the trial's protocol events.
+Everything a RawJob gives is seen from outside the job."""
 
 from __future__ import annotations
 
@@ -41,17 +27,20 @@ class RawJob:
                   "during the run, no start-up breakdown inside the job")
 
     def __init__(self) -> None:
+        # (stream, bytes, arrival time) as the job prints, None once its output has ended; never makes a reader wait
         self.output = pipequeue.SpillQueue()
         self.launched_at = time.time()
-        self.held: list[str] = []
+        self.held: list[str] = []  # streams a process the job left still held open when its output was ended
 
     def blocked(self) -> tuple[int, float]:
+        """(reads that found a pipe full, the time the job may have waited on its pipes)."""
         return 0, 0.0
 
     def running(self) -> bool:
         raise NotImplementedError
 
     def wait(self, timeout: float | None = None) -> int | None:
+        """Its exit status (-N: killed by signal N; None: unknown)."""
         raise NotImplementedError
 
     def timings(self) -> dict[str, Any]:
@@ -60,21 +49,27 @@ class RawJob:
         return {"wall_s": None, "clock": "not measured", "resolution_s": None, "startup": {}}
 
     def facts(self) -> dict[str, Any]:
+        """What could be read about where it ran without running anything in it (a fingerprint)."""
         return {}
 
     def failure(self, code: int | None) -> tuple[str, str] | None:
+        """The environment's own reason when the job could not run or was stopped from outside."""
         return None
 
     def events(self) -> list[dict[str, Any]]:
+        """Protocol events the environment reports itself (a pod's start-up breakdown)."""
         return []
 
     def program(self, argv: list[str]) -> dict[str, Any] | None:
+        """What the command ran, read from outside once it ended (probes/program.py); None where its files cannot."""
         return None
 
     def kill(self) -> None:
+        """Stop it: nothing it started is left."""
         raise NotImplementedError
 
     def close(self) -> None:
+        """Clean up after it: nothing it started is left."""
         raise NotImplementedError
 
 

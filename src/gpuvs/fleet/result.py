@@ -1,6 +1,7 @@
-"""What a fleet run found, as typed records: one NodeRow per node (the excluded ones included), the
-FleetResult around them (the plan, how the error rate was held, the labels written). Every report renders
-it; the store keeps its to_dict() in the experiment's meta (`fleet`), and from_dict() reads it back."""
+"""What a fleet run found, as typed records: a NodeRow per node, excluded ones included, in a FleetResult.
+
+The FleetResult also holds the plan, how the error rate was held, and the labels written. Every report renders it.
+The store keeps its to_dict() in the experiment's meta (`fleet`), and from_dict() reads it back."""
 
 from __future__ import annotations
 
@@ -8,14 +9,10 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from gpuvs.fleet.adaptive import Plan
-from gpuvs.fleet.verdicts import ErrorControl
+from gpuvs.fleet.execute.adaptive import AdaptiveTrials
+from gpuvs.fleet.assess.node_verdicts import ErrorControl
 from gpuvs.probes.gpu_health import GpuHealth
-
-
-def _known(cls, data: Mapping[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
+from gpuvs.store.records import known_fields
 
 
 @dataclass
@@ -44,10 +41,10 @@ class NodeRow:
     differs: dict[str, list[Any]] = field(default_factory=dict)  # label -> [its value, the majority's]
     fingerprint: dict[str, Any] = field(default_factory=dict)  # the worker's, plus the kubelet's under `node`
     # each GPU's NVML health over the node's trials (probes/gpu_health.py), and for a slow or slower-within-margin
-    # node what of it differs from its peers (fleet/causes.py); both empty on a CPU and in earlier results
+    # node what of it differs from its peers (fleet/assess/causes.py); both empty on a CPU and in earlier results
     health: list[GpuHealth] = field(default_factory=list)
     why: list[str] = field(default_factory=list)
-    # with --per-gpu (fleet/pergpu.py) the row is one GPU of `node`: its index on the node and the id its pod was
+    # with --per-gpu (fleet/execute/pergpu.py) the row is one GPU of `node`: its index on the node and the id its pod was
     # handed (the device plugin's: a GPU UUID with NVIDIA's); None in a node's row and in earlier results
     gpu: int | None = None
     uuid: str | None = None
@@ -65,7 +62,7 @@ class NodeRow:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodeRow:
-        known = _known(cls, data)
+        known = known_fields(cls, data)
         known["health"] = [GpuHealth.from_dict(h) for h in data.get("health") or []]
         return cls(**known)
 
@@ -83,7 +80,7 @@ class NodeLabels:
 
 @dataclass
 class NodeSignal:
-    """One thing done (or planned) on one node for the cluster's tools (fleet/signals.py): what (condition, event,
+    """One thing done (or planned) on one node for the cluster's tools (fleet/cluster/signals.py): what (condition, event,
     taint), its detail, and what became of it."""
 
     node: str
@@ -100,7 +97,7 @@ class FleetResult:
     higher_is_better: bool
     margin: float
     confidence: float
-    plan: Plan
+    plan: AdaptiveTrials
     control: ErrorControl
     looks_used: int
     rows: list[NodeRow]
@@ -130,12 +127,12 @@ class FleetResult:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FleetResult:
-        known = _known(cls, data)
-        known["plan"] = Plan(**_known(Plan, data["plan"]))
-        known["control"] = ErrorControl(**_known(ErrorControl, data["control"]))
+        known = known_fields(cls, data)
+        known["plan"] = AdaptiveTrials(**known_fields(AdaptiveTrials, data["plan"]))
+        known["control"] = ErrorControl(**known_fields(ErrorControl, data["control"]))
         known["rows"] = [NodeRow.from_dict(r) for r in data.get("rows") or []]
-        known["labels"] = [NodeLabels(**_known(NodeLabels, lab)) for lab in data.get("labels") or []]
-        known["signals"] = [NodeSignal(**_known(NodeSignal, s)) for s in data.get("signals") or []]
+        known["labels"] = [NodeLabels(**known_fields(NodeLabels, lab)) for lab in data.get("labels") or []]
+        known["signals"] = [NodeSignal(**known_fields(NodeSignal, s)) for s in data.get("signals") or []]
         return cls(**known)
 
     def gpu_rows(self) -> list[NodeRow]:

@@ -1,11 +1,7 @@
-"""The one set of words a node's verdict is said in, everywhere: the node labels gpuvs.io/perf (against its peers)
-and gpuvs.io/drift (against its own past), the metrics' `verdict` label, the reports, and the NodeCondition's
-reason mapped from them (docs/vocabulary.md holds the table). The words are the statistics' own
-(analysis.stats.settled_verdict): slower, slower-within-margin, equivalent, faster-within-margin, faster,
-inconclusive, and reference for the node every other was held against (--reference).
+"""The one set of words a node's verdict is said in, everywhere: labels, metrics, reports, conditions.
 
-Labels written before this vocabulary (gpuvs.io/perf ok|slow|slow-within-margin|fast-within-margin,
-gpuvs.io/drift ok) are read as the words they meant (word())."""
+The words are analysis.stats.settled_verdict's, and reference (docs/vocabulary.md holds the table).
+Labels written before this vocabulary are read as the words they meant (word())."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""Kubernetes through the official client: the connection (client.py), gpuvs's package (package.py), a node's
-condition (nodestatus.py), Events on a node (events.py) and long-lived watches, the nodes' shared by a process's
-pods (watch.py). Imported only when a cluster is used.
+"""Kubernetes through the official client, imported only when a cluster is used (docs/internals.md lists the modules).
 
-SLOW_TAINT is the taint `gpuvs fleet --taint` puts on a node found slower (fleet/taints.py); every pod gpuvs
-starts tolerates it (SLOW_TOLERATION), so that a tainted node is measured again and untainted when it reads well."""
+SLOW_TAINT is the taint `gpuvs fleet --taint` puts on a node found slower (fleet/cluster/taints.py).
+Every pod gpuvs starts tolerates it (SLOW_TOLERATION), so a tainted node is measured again and untainted when well."""
 
 SLOW_TAINT = "gpuvs.io/slow"
 SLOW_TOLERATION = {"key": SLOW_TAINT, "operator": "Exists"}

@@ -1,7 +1,8 @@
-"""A connection to a Kubernetes cluster through the official `kubernetes` client: kubeconfig (a file,
-KUBECONFIG, ~/.kube/config) with an optional context, or the in-cluster service account when gpuvs
-itself runs in a pod. Every way of not reaching the cluster becomes one UsageError line (bad input,
-nothing started). The client is imported here only, and only when a pod environment is used."""
+"""A connection to a Kubernetes cluster through the official `kubernetes` client.
+
+A kubeconfig (a file, KUBECONFIG, ~/.kube/config) with an optional context, or the in-cluster service account.
+Every way of not reaching the cluster becomes one UsageError line: bad input, nothing started.
+The client is imported here only, and only when a pod environment is used."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""gpuvs's own NodeCondition, GpuvsPerformance, in a node's status.conditions: written with a strategic merge
-patch of nodes/status whose merge key is the condition's type, so the kubelet's conditions (Ready,
-MemoryPressure, ...) are never touched. Like node-problem-detector's conditions it reads True when the problem
-is present (the node is slower than its peers or than its own past), False when the node reads well (or slower
-only within the margin), Unknown when the run could not tell. lastHeartbeatTime is each write's time;
-lastTransitionTime is kept while status and reason stay the same.
+"""gpuvs's own NodeCondition, GpuvsPerformance, in a node's status.conditions.
 
-nodes/status patch is granted only by the opt-in component deploy/node-status (`gpuvs deploy --condition`);
-without it the API answers 403, which comes back here as one line, never an exception."""
+A strategic merge patch of nodes/status keyed on the condition's type, so the kubelet's conditions are never touched.
+True when the problem is present (the node is slower), False when it reads well, Unknown when the run could not tell.
+Without the opt-in rights (`gpuvs deploy --condition`) the API's 403 comes back as one line, never an exception."""
 
 from __future__ import annotations
 

@@ -1,24 +1,8 @@
-"""gpuvs's own package in the cluster, shipped once: one ConfigMap per package content, shared by every trial pod
-of a run, by the runs going on at the same time and by later runs with the same package (docs/pod.md).
+"""gpuvs's own package in the cluster, shipped once: one immutable ConfigMap per package content (docs/pod.md).
 
-- Name `gpuvs-pkg-<sha256 of the zip, 12 hex>`, labels gpuvs=1 and gpuvs.package=<the same 12 hex>, immutable
-  (its content never changes under its name; the kubelets stop watching it).
-- Who uses it: every gpuvs process that starts pods with it marks it with an annotation
-  `gpuvs.io/user.<process token>: <unix time until which the mark holds>` before its first pod (created with
-  the mark if missing), and renews the mark before a trial that could outlast it. A mark holds at least an
-  hour and twice as long as the trial being started may run.
-- Deleted by the last user: at the end of a run (`release()`: at exit, Ctrl-C and SIGTERM included, or called
-  by a long-lived caller after each run) gpuvs removes its mark; if no mark that still holds is left, it deletes
-  the ConfigMap with the resourceVersion it just read as a precondition, so a run that marked it in between
-  keeps it (the delete is refused with 409).
-- A process killed outright (SIGKILL) leaves its mark: the first pod of any later run in the namespace deletes
-  every gpuvs package ConfigMap whose marks have all run out (10 minutes' grace for clocks that differ),
-  with the same precondition. That sweep lists the namespace's ConfigMaps; where that is refused (gpuvs agent's
-  Role grants no list: deploy/role.yaml) it is skipped, and a ConfigMap of the same package is still deleted
-  by the first run that releases it after the dead mark ran out.
-- Size: a ConfigMap holds at most 1 MiB (data and binaryData together); gpuvs refuses a package over 90% of
-  that before anything starts, with the size and the limit.
-"""
+Every trial pod of a run shares it, and so do runs going on at once and later runs with the same package.
+Each process using it marks it; the last to release it deletes it, with a resourceVersion precondition.
+A mark left by a killed process runs out, and a later run sweeps the ConfigMap."""
 
 from __future__ import annotations
 

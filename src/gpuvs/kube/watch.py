@@ -1,11 +1,8 @@
-"""Long-lived watches, kept as client-go's reflectors keep theirs: opened again from the last resourceVersion when
-the API server ends one (its timeout_seconds), with bookmarks keeping that version fresh, and from scratch after an
-error or 410 Gone (a watch without a resourceVersion starts with every object as ADDED, so no state is missed).
+"""Long-lived watches, kept as client-go's reflectors keep theirs: opened again from the last resourceVersion.
 
-`Follow` is one such watch on a thread, ended at once by stop(). `nodes(cluster)` is the one watch of the nodes a
-process shares among all the pods it runs on a cluster: every running trial reads its node's Ready condition from
-it, with no request of its own (before, each running pod read its node once a second). It also says when the API
-server last answered, which a pod whose own watches are quiet uses to tell a silent API from a quiet pod."""
+After an error or 410 Gone a watch starts from scratch, every object ADDED, so no state is missed.
+`Follow` is one such watch on a thread. `nodes(cluster)` is the one node watch a process shares among all its pods.
+It also says when the API server last answered, to tell a silent API from a quiet pod."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Model files: one torch file per model (tensors, vocabulary, labels, configuration), loaded with
-weights_only=True (no code runs on load). Saving writes a temporary file in the same folder and
-renames it over the old one, so a reader sees the old model or the new one, never half of one,
-whatever happens during the save."""
+"""Model files: one torch file per model (tensors, vocabulary, labels, configuration), loaded with weights_only=True.
+
+So no code runs on load. Saving writes a temporary file in the same folder and renames it over the old one.
+A reader then sees the old model or the new one, never half of one, whatever happens during the save."""
 
 from __future__ import annotations
 

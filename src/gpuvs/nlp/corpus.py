@@ -1,10 +1,8 @@
-"""A corpus generated on the spot (no download, no network): English-like sentences with named
-entities tagged in BIO form (PER, LOC, ORG, DATE) for NER, and sentences about one of six topics for
-text classification. Deterministic for a seed; any size (`sentences`).
+"""A corpus generated on the spot (no download, no network), deterministic for a seed, of any size.
 
-The sentences are built from templates and word lists, with ambiguity on purpose (names that are
-also places, topic words that leak into other topics), so a model has something to learn and a
-broken one shows: chance is 1/6 for TC, and a tagger that says O everywhere gets no entity right."""
+English-like sentences with entities tagged in BIO form for NER, and sentences about six topics for classification.
+The templates are ambiguous on purpose (names that are also places), so a model has something to learn.
+A broken model shows: chance is 1/6 for TC, and a tagger that says O everywhere gets no entity right."""
 
 from __future__ import annotations
 

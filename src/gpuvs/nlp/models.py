@@ -1,6 +1,7 @@
-"""The models: a small transformer encoder (or a BiLSTM) with a token-classification head (NER) or a
-mean-pooled text-classification head (TC), and Bundle, a model with everything needed to use it
-(vocabulary, labels, configuration)."""
+"""The models: a small transformer encoder (or a BiLSTM) with a token-classification (NER) or text-classification head.
+
+The text-classification head is mean-pooled.
+Bundle is a model with everything needed to use it: vocabulary, labels, configuration."""
 
 from __future__ import annotations
 

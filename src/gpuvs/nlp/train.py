@@ -1,6 +1,7 @@
-"""Training shared by the ner-train / tc-train workloads and the gRPC Train call: examples to
-batches on the device, a Trainer (AdamW, cross-entropy), a timed step loop that keeps warm-up out of
-the figures, and held-out evaluation (accuracy, entity F1, the majority-label baseline)."""
+"""Training shared by the ner-train / tc-train workloads and the gRPC Train call.
+
+Examples to batches on the device, a Trainer (AdamW, cross-entropy), and a timed step loop that keeps warm-up out.
+Then held-out evaluation: accuracy, entity F1, and the majority-label baseline."""
 
 from __future__ import annotations
 

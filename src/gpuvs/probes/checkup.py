@@ -111,7 +111,7 @@ def probe_checks(probe: dict[str, Any], spec: RunSpec, report: Report) -> None:
         report.add("--shm-size honoured", FAIL, "inside sees no /dev/shm")
 
 
-SHM_MIN_MIB = 1024  # below 1 GiB a DataLoader with workers or NCCL within one node runs out (docs/trials.md)
+SHM_MIN_MIB = 1024  # below 1 GiB a DataLoader with workers or NCCL within one node runs out (docs/containers.md)
 
 
 def _fix(name: str, torch_version: str | None) -> str:

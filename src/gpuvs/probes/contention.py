@@ -1,13 +1,16 @@
-"""What competes with a trial on its machine: load average, CPU pressure (PSI) or steal time, the usable CPUs,
-and other processes on the trial's GPUs (NVML). The worker reads them at the trial's start and end (GPU
-processes at telemetry ticks too) and sends one `contention` event; `busy` is the rule that calls a trial
-contended, and `now` is what `gpuvs doctor` reads of the machine. Standard library only (pynvml where there)."""
+"""What competes with a trial on its machine: load, CPU pressure (PSI) or steal, usable CPUs, other GPU processes.
+
+The worker reads them at the trial's start and end (GPU processes at every tick) and sends a `contention` event.
+`busy` is the rule that calls a trial contended; `now` is what `gpuvs doctor` reads of the machine.
+Standard library only (pynvml where there)."""
 
 from __future__ import annotations
 
 import os
 import time
 from typing import Any
+
+from gpuvs.probes.gpu_health import descends_from
 
 # The rule (docs/trials.md says it too): contended where the 1-minute load is above the usable CPUs, where some
 # runnable task waited for a CPU during more than PRESSURE_LIMIT of the trial's time (PSI "some"), where the
@@ -126,15 +129,7 @@ def _stat(pid: int) -> tuple[str, int] | None:
 
 def is_own(pid: int, root: int) -> bool:
     """Whether `pid` is `root` or runs under it (its ranks, the job a command workload started)."""
-    seen = 0
-    while pid > 1 and seen < 64:
-        if pid == root:
-            return True
-        stat = _stat(pid)
-        if stat is None:
-            return False
-        pid, seen = stat[1], seen + 1
-    return False
+    return descends_from(pid, root) is True
 
 
 def gpu_processes(nvml, handles: list[tuple[int, Any]], root: int, before: set[int] | None = None

@@ -1,12 +1,8 @@
-"""A GPU's health over one trial, read through NVML before, during and after it (GpuHealth): the PCIe link
-against the most the GPU and its slot support, SM and memory clocks against their maxima, the clock-event
-(throttle) reasons seen, the power limit against its default, temperature against the slowdown threshold,
-volatile uncorrected ECC errors, row remapping, XID events, and the other processes on the GPU with how much of
-it they used. Every field NVML does not support here, or that cannot be told, is None: never guessed.
+"""A GPU's health over one trial, read through NVML before, during and after it (GpuHealth).
 
-HealthReader does the reading, driven by telemetry.Sampler's thread (before(), tick() per reading, after());
-the worker sends each GPU's GpuHealth as a telemetry event with a `health` key (what the store keeps with the
-trial's telemetry); from_telemetry() reads it back, merge() folds a node's trials into one per GPU."""
+PCIe link, clocks, throttle reasons, power limit, temperature, ECC, row remapping, XIDs and other processes.
+A field NVML does not support here, or that cannot be told, is None: never guessed.
+HealthReader reads, driven by telemetry.Sampler's thread; from_telemetry() reads it back, merge() folds trials."""
 
 from __future__ import annotations
 
@@ -134,7 +130,7 @@ def merge(records: list[GpuHealth]) -> GpuHealth:
 
 # -- reading it through NVML (only on a GPU) ---------------------------------------------------------
 
-def _descends_from(pid: int, ancestor: int) -> bool | None:
+def descends_from(pid: int, ancestor: int) -> bool | None:
     """Whether pid is ancestor or one of its descendants, as this process's /proc shows it; None where pid is not
     in it (another pid namespace: a container's or a pod's)."""
     seen = 0
@@ -247,7 +243,7 @@ class HealthReader:
         for p in procs:
             pid = int(p.pid)
             self._pids.add(pid)
-            ours = _descends_from(pid, self.own_pid)
+            ours = descends_from(pid, self.own_pid)
             if ours:
                 self._own_seen = True
             elif ours is None:
@@ -276,7 +272,7 @@ class HealthReader:
             per_pid.setdefault(int(s.pid), []).append(float(s.smUtil))
         other = 0.0
         for pid, values in per_pid.items():
-            ours = _descends_from(pid, self.own_pid)
+            ours = descends_from(pid, self.own_pid)
             if ours is None and pid not in others:
                 self._unknown = True
             if not ours:

@@ -1,8 +1,8 @@
 """Datasheet peaks per GPU model, looked up by the name NVML (and torch) report.
 
-Figures are NVIDIA's published dense peaks (no 2:4 sparsity) at boost clock: TFLOP/s per precision
-(fp32 = the non-tensor FP32 rate; tf32/fp16/bf16/fp8 = tensor cores) and memory bandwidth in GB/s
-(10^9 bytes/s). A model that is not in the table gets no percentage: a wrong peak is worse than none."""
+They are NVIDIA's published dense peaks (no 2:4 sparsity) at boost clock, TFLOP/s per precision and memory GB/s.
+fp32 is the non-tensor FP32 rate; tf32, fp16, bf16 and fp8 are tensor cores; GB/s is 10^9 bytes/s.
+A model that is not in the table gets no percentage: a wrong peak is worse than none."""
 
 from __future__ import annotations
 

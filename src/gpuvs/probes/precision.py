@@ -1,13 +1,7 @@
-"""What a workload's --precision means to torch, in one place: whether TF32 is allowed, which dtype
-the operands are in, which autocast runs the step and whether the loss is scaled.
+"""What a workload's --precision means to torch: TF32 or not, the operands' dtype, the autocast, the loss scaling.
 
-- fp32: strict float32 (no TF32 anywhere gpuvs sets it).
-- tf32: float32 tensors, TF32 tensor-core math allowed (cuBLAS matmuls; cuDNN too for CNNs and RNNs).
-- fp16 / bf16: float32 weights under torch.autocast to that dtype (training fp16 scales the loss with
-  a GradScaler); gemm multiplies operands in that dtype.
-
-torch is imported inside each function, so that importing this module stays cheap (the workload
-registry is discovered without torch)."""
+fp32 is strict float32; tf32 allows TF32 tensor-core math; fp16 and bf16 run float32 weights under autocast.
+torch is imported inside each function, so the workload registry is discovered without torch."""
 
 from __future__ import annotations
 

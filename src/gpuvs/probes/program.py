@@ -1,21 +1,7 @@
-"""What a command job actually ran (the `command` workload's probe), read where it ran: by the job's wrapper inside
-the environment (wrapped: the worker, on the host, in a container or a pod), by gpuvs beside a bare job on the host,
-or from outside a stopped bare container (its --rootfs folder or its mounted files, and its bind mounts). Recorded
-per trial as the configuration item `program` (store/records.py reads it as a ProgramRecord), so that a comparison
-can tell when two arms that ran "the same command" ran two different programs (analysis/programs.py).
+"""What a command job actually ran, read where it ran: recorded per trial as the configuration item `program`.
 
-- the executable: argv[0] resolved as exec resolves it there (a name with a `/` from the working directory, else
-  the first executable file of that name on the job's own PATH), its size and content hash (sha256), and the file a
-  link points to;
-- its version where it says one: `EXE --version`, run after the job has ended (never inside the measurement), and
-  only for programs known to answer it without doing anything else (interpreters and the tools in KNOWN_TOOLS: a
-  user's own program given `--version` may just run again, with its side effects; its hash tells it apart),
-  under a keeper that ends whatever it starts (contain.py), within VERSION_TIMEOUT_S; its first line, control
-  characters escaped; nothing (None) where it printed nothing, failed or ran past its time. It never fails the
-  trial;
-- for an interpreter (python3, bash, node...), the script too: its first argument that is an existing file;
-- the working directory the job started in.
-
+So a comparison can tell two arms that ran "the same command" with two different programs (analysis/programs.py).
+The executable with its sha256, its version where it safely says one, an interpreter's script, the working directory.
 Standard library only (with gpuvs.contain and gpuvs.safetext): it runs inside the user's image."""
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
-"""The software an image holds, read from its files without running anything in it: the CUDA toolkit, cuDNN, the
-driver's user-space libraries, the OS, and (inside, where Python runs) the installed frameworks. Two images that
-differ in these are flagged when a comparison's arms differ only in `image` (did the upgrade change anything?).
+"""The software an image holds, read from its files without running anything in it.
 
-The same rules read the files wherever they are: `here()` inside the worker (this process's filesystem), and
-`from_files()` for an image read from outside through its engine (bare mode: the files an engine copies out of a
-created, never started, container; environments/image_files.py). Standard library only: it runs inside the
-user's image.
-
-Fields (any may be missing; an absent file leaves its field out, never a guess):
-    cuda          the CUDA toolkit's version (/usr/local/cuda/version.json, else version.txt, else the image's
-                  CUDA_VERSION variable as NVIDIA's images set it)
-    cudnn         MAJOR.MINOR.PATCH from cudnn_version.h (else cudnn.h; else NV_CUDNN_VERSION / CUDNN_VERSION)
-    os            /etc/os-release's PRETTY_NAME
-    libraries     {library: version} of the versioned CUDA libraries found (libcudart, libcublas, libcudnn, libnccl)
-    driver_libs   the version of the driver's libcuda.so.VERSION seen (mounted in from the host in a container)
-    frameworks    "torch 2.5.1, numpy 2.1.3": the installed versions of the packages in FRAMEWORKS (inside only)
-    env_versions  the image's own *_VERSION variables (from outside: the image's configuration)"""
+The CUDA toolkit, cuDNN, the driver's libraries, the OS and (inside) the frameworks, compared when arms differ in image.
+`here()` reads this filesystem; `from_files()` an image read from outside (environments/image_files.py).
+Standard library only: it runs inside the user's image."""
 
 from __future__ import annotations
 
@@ -49,6 +36,7 @@ def _first(read: Reader, paths: Iterable[str]) -> tuple[str, str] | None:
 
 
 def cuda_version(read: Reader, env: dict[str, str]) -> str | None:
+    """The CUDA toolkit's version: version.json, else version.txt, else CUDA_VERSION as NVIDIA's images set it."""
     found = _first(read, CUDA_FILES)
     if found is not None:
         path, text = found
@@ -64,6 +52,7 @@ def cuda_version(read: Reader, env: dict[str, str]) -> str | None:
 
 
 def cudnn_version(read: Reader, env: dict[str, str]) -> str | None:
+    """MAJOR.MINOR.PATCH from cudnn_version.h (else cudnn.h), else NV_CUDNN_VERSION or CUDNN_VERSION."""
     for path in CUDNN_FILES:
         text = read(path)
         if not text:
@@ -76,6 +65,7 @@ def cudnn_version(read: Reader, env: dict[str, str]) -> str | None:
 
 
 def os_name(read: Reader) -> str | None:
+    """/etc/os-release's PRETTY_NAME."""
     found = _first(read, OS_FILES)
     if found is None:
         return None
@@ -84,7 +74,9 @@ def os_name(read: Reader) -> str | None:
 
 
 def libraries(names: Iterable[str]) -> tuple[dict[str, str], str | None]:
-    """({library: version} of the CUDA libraries, the driver's libcuda version) from file names."""
+    """({library: version} of the CUDA libraries, the driver's libcuda version) from file names.
+
+    The driver's libcuda.so.VERSION is the host's, mounted into a container."""
     libs: dict[str, str] = {}
     driver = None
     for name in names:
@@ -104,13 +96,16 @@ def _key(version: str) -> tuple[int, ...]:
 
 
 def env_versions(env: dict[str, str]) -> dict[str, str]:
+    """The image's own *_VERSION variables (from outside: the image's configuration)."""
     return {k: v for k, v in sorted(env.items()) if k.endswith("_VERSION") and v}
 
 
 def from_files(read: Reader, env: dict[str, str] | None = None, names: Iterable[str] = (),
                frameworks: dict[str, str] | None = None) -> dict[str, object]:
-    """The fields above from a file reader (path -> text, or None), the image's environment variables, the names of
-    the files in LIB_DIRS and the installed framework versions (each where known)."""
+    """cuda, cudnn, os, libraries, driver_libs, frameworks and env_versions, each only where known (never a guess).
+
+    From a file reader (path -> text, or None), the image's environment variables, the names of the files in LIB_DIRS
+    and the installed framework versions ("torch 2.5.1, numpy 2.1.3": FRAMEWORKS, inside only)."""
     env = env or {}
     out: dict[str, object] = {"cuda": cuda_version(read, env), "cudnn": cudnn_version(read, env), "os": os_name(read)}
     libs, driver = libraries(names)

@@ -1,8 +1,8 @@
-"""NVML sampler: a background thread that reads utilisation, memory, power, clocks, temperature
-and throttle reasons of the GPUs a worker uses, and emits one telemetry event per GPU per tick; with
-`health`, each GPU's health over the run too (gpu_health.py: read before, at every tick and after; one
-telemetry event with a `health` key per GPU when the sampler stops). Where NVML is absent it says so once
-and does nothing."""
+"""NVML sampler: a background thread reading the worker's GPUs each tick, one telemetry event per GPU per tick.
+
+It reads utilisation, memory, power, clocks, temperature and throttle reasons.
+With `health` it also reads each GPU's health (gpu_health.py), sent as one event per GPU when it stops.
+Where NVML is absent it says so once and does nothing."""
 
 from __future__ import annotations
 

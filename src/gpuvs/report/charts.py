@@ -3,11 +3,14 @@ them as inline SVG and escapes every label, so a chart needs no script, no netwo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Sequence
 
+from gpuvs import events
 from gpuvs.analysis.comparison import Analysis
-from gpuvs.report.numbers import fmt
+from gpuvs.analysis.stats import TrialsSummary
+from gpuvs.report.numbers import Units, fmt
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")
@@ -66,14 +69,24 @@ def _axes(frame: _Frame, xticks: Sequence[float] | None, yticks: Sequence[float]
             "xticks": [{"x": frame.x(v), "label": tick_label(v)} for v in (xticks or [])]}
 
 
-def bar_chart(a: Analysis, metric: str) -> dict[str, Any] | None:
+def _scaled(s: TrialsSummary, k: float) -> TrialsSummary:
+    """An arm's summary with its figures in another unit (k per declared unit); the CV is the same."""
+    def x(v: float | None) -> float | None:
+        return None if v is None else v * k
+
+    return dataclasses.replace(s, values=[v * k for v in s.values], mean=x(s.mean), ci_low=x(s.ci_low),
+                               ci_high=x(s.ci_high), std=x(s.std), min=x(s.min), max=x(s.max))
+
+
+def bar_chart(a: Analysis, metric: str, units: Units) -> dict[str, Any] | None:
     """One bar per arm (mean of per-trial figures) with its confidence-interval whisker and the
-    trials as dots."""
+    trials as dots, in the metric's unit of this report (tables.units_of)."""
     arms = [(i, arm, arm.summaries.get(metric)) for i, arm in enumerate(a.arms)]
     arms = [(i, arm, s) for i, arm, s in arms if s is not None and s.n]
     if not arms:
         return None
-    unit = next(m.unit for m in a.metrics if m.name == metric)
+    k, unit = units.of(metric, next(m.unit for m in a.metrics if m.name == metric))
+    arms = [(i, arm, _scaled(s, k)) for i, arm, s in arms]
     top = max(max(s.ci_high if s.ci_high == s.ci_high and s.ci_high is not None else s.mean, s.max)
               for _, _, s in arms)
     yticks = nice_ticks(0.0, top * 1.08)
@@ -125,15 +138,16 @@ def legend(a: Analysis) -> list[dict[str, str]]:
     return [{"colour": colour(i), "name": arm.name} for i, arm in enumerate(a.arms)]
 
 
-def step_chart(a: Analysis) -> dict[str, Any] | None:
+def step_chart(a: Analysis, units: Units) -> dict[str, Any] | None:
     """Per-step figure of the headline series for every trial, coloured by arm."""
     head = a.headline
     if head is None:
         return None
+    k, unit = units.of(head.name, head.unit)
     index = {arm.name: i for i, arm in enumerate(a.arms)}
     lines = [{"name": f"{t.arm} trial {t.trial + 1}", "colour": colour(index.get(t.arm, 0)),
-              "points": [(float(s), float(v)) for s, v in t.steps]} for t in a.trials if t.steps]
-    return line_chart(f"{head.name} per step, every trial", head.unit, "step", lines)
+              "points": [(float(s), float(v) * k) for s, v in t.steps]} for t in a.trials if t.steps]
+    return line_chart(f"{head.name} per step, every trial", unit, "step", lines)
 
 
 def telemetry_charts(a: Analysis) -> list[dict[str, Any]]:
@@ -193,27 +207,29 @@ def ratio_chart(a: Analysis, metric: str) -> dict[str, Any] | None:
                     "text": f"{v.ratio:.3f}× [{fmt(v.ci_low, 3)}–{fmt(v.ci_high, 3)}] {v.verdict}" if shown
                     else f"{v.ratio:.3f}× {v.verdict}"})
     bottom = height - BOTTOM
+    paired = " (paired: the geometric mean of the per-round ratios)" if any(v.method == "paired" for v in rows) else ""
     return {"width": width, "height": height, "left": left, "right": x(xticks[-1]), "top": TOP, "bottom": bottom,
             "text_x": x(xticks[-1]) + 10, "one": x(1.0), "band": {"x": x(lo_m), "width": round(x(hi_m) - x(lo_m), 1)},
             "xticks": [{"x": x(t), "label": f"{t:g}"} for t in xticks], "rows": out,
-            "title": f"{metric}: each arm / {a.arms[0].name} with its interval; shaded: the ±{100 * a.margin:g}% "
-                     "margin; the line: no difference",
+            "title": f"{metric}: each arm / {a.arms[0].name} with its interval{paired}; shaded: the "
+                     f"±{100 * a.margin:g}% margin; the line: no difference",
             "xlabel": f"ratio to {a.arms[0].name}"}
 
 
-def trials_chart(a: Analysis) -> dict[str, Any] | None:
+def trials_chart(a: Analysis, units: Units) -> dict[str, Any] | None:
     """The headline's figure of every trial in the order the trials ran, one line of points per arm, on an
     axis fitted to the figures (not from zero): drift over the run shows as a slope."""
     head = a.headline
     done = sorted((t for t in a.trials if t.value is not None), key=lambda t: (t.id is None, t.id or 0))
     if head is None or len(done) < 2:
         return None
-    order = {id(t): k + 1 for k, t in enumerate(done)}
+    order = {id(t): n + 1 for n, t in enumerate(done)}
     index = {arm.name: i for i, arm in enumerate(a.arms)}
+    k, unit = units.of(head.name, head.unit)
     lines = [{"name": arm.name, "colour": colour(i),
-              "points": [(float(order[id(t)]), float(t.value)) for t in done if t.arm == arm.name]}
+              "points": [(float(order[id(t)]), float(t.value) * k) for t in done if t.arm == arm.name]}
              for arm, i in ((arm, index[arm.name]) for arm in a.arms)]
-    chart = line_chart(f"{head.name} of every trial, in the order they ran", head.unit, "trial (run order)",
+    chart = line_chart(f"{head.name} of every trial, in the order they ran", unit, "trial (run order)",
                        lines, zero=False)
     if chart:
         chart["dots"] = [{"cx": p.split(",")[0], "cy": p.split(",")[1], "colour": line["colour"]}
@@ -223,8 +239,8 @@ def trials_chart(a: Analysis) -> dict[str, Any] | None:
 
 def startup_chart(a: Analysis) -> dict[str, Any] | None:
     """Start-up as a chart: per arm, each milestone's mean seconds from launch as a bar, one row per arm and
-    milestone, so where start-up goes is seen side by side."""
-    keys = sorted({k for arm in a.arms for k in arm.startup})
+    milestone, the milestones in the order they happen, so where start-up goes is seen side by side."""
+    keys = events.in_time_order(arm.startup for arm in a.arms)  # a timeline: the milestones as they happen
     if not keys:
         return None
     top = max(v for arm in a.arms for v in arm.startup.values())

@@ -1,8 +1,8 @@
 """Every table gpuvs prints on a terminal, a pipe or a CI log: never cut, and no number, interval or word broken.
-A column is never narrower than its longest unbreakable piece (atoms), and a cell wraps only at the spaces
-between them; a table whose narrowest layout is still wider than the page is printed stacked, a record per
-row ('column: value' lines), or, where two or three tables fit, its columns are spread over them, each
-with the columns that name a row."""
+
+A column is never narrower than its longest unbreakable piece, and a cell wraps only at the spaces between pieces.
+A table wider than the page at its narrowest is stacked, as 'column: value' lines per row.
+Where two or three tables fit, its columns are spread over them instead, each with the columns that name a row."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""A fleet run's report in every format: one row per node, slowest first (relative speed against the
-fleet with its interval, verdict, trials, the reference it was compared with, the fingerprint fields
-where it differs from the majority, or why it did not run; for a slow or slower-within-margin node, what of
-its NVML readings differs from its peers': "why: ..."), the fingerprints side by side, and how
-the error rate was held. The rows are built once (rows()); each format only lays them out, every text with its
-control characters escaped (safetext.py: a reason may carry a pod's or a job's words)."""
+"""A fleet run's report in every format: one row per node, slowest first, the fingerprints, the error control.
+
+The rows are built once (rows()); each format only lays them out.
+Every text has its control characters escaped (safetext.py): a reason may carry a pod's or a job's words."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import io
 import json
 from typing import Any
 
-from gpuvs.fleet import fingerprints
+from gpuvs.fleet.assess import fingerprint_diff as fingerprints
 from gpuvs.fleet.result import FleetResult, NodeRow
 from gpuvs.report import markdown
 from gpuvs.report.tables import Table, interval
@@ -49,7 +47,7 @@ def notes(r: NodeRow) -> str:
     if r.reason and r.verdict not in ("slower", "faster", "equivalent", "slower-within-margin",
                                       "faster-within-margin"):
         parts.append(r.reason)
-    if r.why:  # a slow node's NVML readings against its peers' (fleet/causes.py)
+    if r.why:  # a slow node's NVML readings against its peers' (fleet/assess/causes.py)
         parts.append("why: " + "; ".join(r.why))
     if r.differs:
         parts.append("differs from the majority in " + ", ".join(f"{k} ({v[0]} vs {v[1]})"

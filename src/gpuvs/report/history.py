@@ -1,8 +1,8 @@
-"""Each node against its own past, as text: the sentences ("node-7: 6.1% slower than its last 9 checks
-(0.939× [0.91–0.97]), not interleaved"; "since run X on 2026-11-20 09:00 UTC: 5.2% slower"), the tables
-(the nodes, slow and drifting first; each node's figure, interval and verdict at each run) and the
-`gpuvs fleet history` report in the terminal, markdown and JSON. The tables are built once here; the
-HTML page (report/status.py) lays out the same rows and sentences."""
+"""Each node against its own past, as text: the sentences, the tables, and `gpuvs fleet history`'s report.
+
+A sentence reads "node-7: 6.1% slower than its last 9 checks (0.939× [0.91–0.97]), not interleaved".
+The tables list the nodes, slow and drifting first, and each node's figure and verdict at each run.
+They are built once here, for the terminal, markdown and JSON; the HTML page (report/status.py) lays out the same."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import json
 import time
 from typing import Any
 
-from gpuvs.fleet.changepoint import ChangePoint
-from gpuvs.fleet.drift import DriftVerdict
-from gpuvs.fleet.history import HistoryPoint
-from gpuvs.fleet.stored import FleetHistory, NodeStanding, RunRow, WorkloadStanding
+from gpuvs.fleet.assess.changepoint import ChangePoint
+from gpuvs.fleet.assess.drift import DriftVerdict
+from gpuvs.fleet.assess.node_history import HistoryPoint
+from gpuvs.fleet.assess.stored_history import FleetHistory, NodeStanding, RunRow, WorkloadStanding
 from gpuvs.report import markdown
 from gpuvs.report.numbers import fmt
 from gpuvs.report.tables import Table, interval

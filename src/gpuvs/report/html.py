@@ -1,9 +1,8 @@
-"""The HTML report: one self-contained file (inline CSS and SVG, no script, nothing fetched), with
-the verdict table, per metric each arm's ratio to the baseline with its interval against a line at 1 and
-the shaded ±margin band (a run of one arm: a bar per arm instead), the headline of every trial in run
-order (drift shows), the start-up milestones as a chart, per-step figures of every trial, NVML telemetry over time where it was recorded, and fingerprints side by side. Every name a
-user supplied goes through the template's autoescaping, and every text shown has its control characters escaped
-(safetext.py: a job's output in an error, a name a job declared), the page's own markup excepted."""
+"""The HTML report: one self-contained file (inline CSS and SVG, no script, nothing fetched).
+
+The verdict table, each arm's ratio against the margin band, trials in run order, start-up, steps and telemetry.
+Every name a user supplied goes through the template's autoescaping.
+Every text shown has its control characters escaped (safetext.py), the page's own markup excepted."""
 
 from __future__ import annotations
 
@@ -36,11 +35,12 @@ def environment() -> jinja2.Environment:
 
 def render(a: Analysis) -> str:
     env = environment()
+    units = tables.units_of(a)  # one unit per metric, in the tables and the charts alike
     ratios = [c for c in (charts.ratio_chart(a, m.name) for m in a.metrics) if c]
-    bars = [] if ratios else [c for c in (charts.bar_chart(a, m.name) for m in a.metrics) if c]  # one arm
+    bars = [] if ratios else [c for c in (charts.bar_chart(a, m.name, units) for m in a.metrics) if c]  # one arm
     return env.get_template("report.html.j2").render(
         a=a, version=__version__, answer=tables.headline_sentence(a), header=tables.header_lines(a),
         disturbances=tables.disturbance_lines(a),
-        tables=tables.all_tables(a), ratios=ratios, bars=bars, legend=charts.legend(a),
-        trials=charts.trials_chart(a), startup=charts.startup_chart(a), steps=charts.step_chart(a),
+        tables=tables.all_tables(a, units), ratios=ratios, bars=bars, legend=charts.legend(a),
+        trials=charts.trials_chart(a, units), startup=charts.startup_chart(a), steps=charts.step_chart(a, units),
         telemetry=charts.telemetry_charts(a))

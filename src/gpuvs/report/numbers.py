@@ -1,19 +1,24 @@
-"""How a number is written in every report (terminal, markdown, HTML, charts, the command line's tables):
-one place, so that the same figure reads the same everywhere.
+"""How a number is written in every report, in one place, so that the same figure reads the same everywhere.
 
-By significant figures, never rounded to nothing: at least SIGNIFICANT of them (0.192, not 0.2; 0.0123, not
-0.0), whole numbers with thousands separators instead of an exponent (1,048,576, not 1.04858e+06); figures
-side by side get the digits that tell them apart (fmt_all); seconds are scaled to ms or µs where they are
-below one (scale_unit)."""
+By significant figures, never rounded to nothing (0.192, not 0.2), whole numbers with thousands separators.
+Figures side by side get the digits that tell them apart (fmt_all); choose_unit picks one unit per metric per report."""
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Sequence
 
 SIGNIFICANT = 3
 NO_SPREAD = "n/a"  # the one spelling of "no spread measured" (a single figure has no +/- and no jitter)
 TIME_UNITS = {"s": ("ms", "µs"), "sec": ("ms", "µs"), "seconds": ("ms", "µs"), "ms": ("µs", "ns")}
+# Units of one kind, in a common base: a figure in one is written in another by the ratio of the two.
+KINDS = ({"s": 1.0, "sec": 1.0, "seconds": 1.0, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "ns": 1e-9},
+         {"B": 1.0, "bytes": 1.0, "KiB": 2.0 ** 10, "MiB": 2.0 ** 20, "GiB": 2.0 ** 30})
+# The unit a metric's name ends in ('latency_p95_ms'); '_per_sec' names a rate, not a time.
+NAME_UNITS = {"s": "s", "sec": "s", "seconds": "s", "ms": "ms", "us": "µs", "ns": "ns", "bytes": "bytes",
+              "kib": "KiB", "mib": "MiB", "gib": "GiB"}
+_NAME_UNIT = re.compile(r"(?<!per)_(" + "|".join(NAME_UNITS) + r")$", re.IGNORECASE)
 
 
 def _decimals(value: float, digits: int, significant: int = SIGNIFICANT) -> int:
@@ -62,6 +67,49 @@ def scale_unit(values: Sequence[float | None], unit: str) -> tuple[float, str]:
     if max(real) >= 1e-3:
         return 1e3, smaller[0]
     return 1e6, smaller[1]
+
+
+def name_unit(name: str) -> str | None:
+    """The unit a metric's name ends in: 'wall_time_s' -> 's', 'gemm/latency_us' -> 'µs'; None for
+    'events_per_sec' (a rate) or a name without one."""
+    m = _NAME_UNIT.search(name.rpartition("/")[2])
+    return NAME_UNITS[m.group(1).lower()] if m else None
+
+
+def _kind(unit: str) -> dict[str, float] | None:
+    return next((k for k in KINDS if unit in k), None)
+
+
+def choose_unit(name: str, unit: str | None, values: Sequence[float | None]) -> tuple[float, str]:
+    """(factor, unit) for every figure of one metric in one report, given all of them: the one place a
+    unit is chosen. A name that ends in a unit of the declared unit's kind is shown in it, never scaled
+    ('wall_time_s' stays in s, so no name sits beside a unit that contradicts it); else seconds
+    below one as ms or µs (scale_unit)."""
+    unit = unit or ""
+    own = name_unit(name)
+    kind = _kind(unit)
+    if own is not None and kind is not None and own in kind:
+        return (1.0, unit) if kind[unit] == kind[own] else (kind[unit] / kind[own], own)  # 'us' stays 'us'
+    return scale_unit(values, unit)
+
+
+class Units:
+    """One unit per metric in one report: chosen once (choose_unit, from the figures known then) and
+    kept for every table, chart and line after, whatever figures they show."""
+
+    def __init__(self) -> None:
+        self.chosen: dict[tuple[str, str], tuple[float, str]] = {}  # (name, declared unit): two workloads' 'main'
+
+    def of(self, name: str, unit: str | None, values: Sequence[float | None] = ()) -> tuple[float, str]:
+        key = (name, unit or "")
+        if key not in self.chosen:
+            self.chosen[key] = choose_unit(name, unit, values)
+        return self.chosen[key]
+
+    def scaled(self, name: str, unit: str | None, values: Sequence[float | None]) -> tuple[list[float | None], str]:
+        """The figures of one metric in its report's unit, and that unit."""
+        k, shown = self.of(name, unit, values)
+        return [None if v is None else v * k for v in values], shown
 
 
 def fmt_unit(value: float | None, unit: str) -> str:

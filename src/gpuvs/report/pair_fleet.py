@@ -1,10 +1,8 @@
-"""A pair fleet run's report (`gpuvs fleet --pairs`, `gpuvs report ID`): the summary sentence first ("node-X's
-links are 0.62x the fleet's [..]; pairs without node-X are equivalent"), then a row per node (slowest first:
-speed against the fleet, its interval, verdict, partners) and a row per pair (speed, interval, verdict, mean
-figure, trials, cause), each row stacked onto a second line where it would pass the width (80 by default);
-every line of text wider than the width (the summary sentence, a pair's notes) wrapped at words (textwrap), a
-row's continuation indented; JSON is the result's to_dict(); markdown the same rows as tables; every text
-escaped (safetext.py) before it is measured."""
+"""A pair fleet run's report (`gpuvs fleet --pairs`, `gpuvs report ID`), its summary sentence first.
+
+Then a row per node and a row per pair, each stacked onto a second line where it would pass the width (80).
+Long text is wrapped at words; every text is escaped (safetext.py) before it is measured.
+JSON is the result's to_dict(); markdown the same rows as tables."""
 
 from __future__ import annotations
 
@@ -12,8 +10,8 @@ import html as html_lib
 import json
 import textwrap
 
-from gpuvs.fleet.pair_run import PairFleetResult
-from gpuvs.fleet.pair_verdicts import UnitVerdict
+from gpuvs.fleet.execute.pair_run import PairFleetResult
+from gpuvs.fleet.assess.pair_verdicts import UnitVerdict
 from gpuvs.safetext import safe_text
 
 FORMATS = ("term", "md", "html", "json")

@@ -6,7 +6,7 @@ import time
 
 from gpuvs.report.fit import Table
 
-from gpuvs.report.numbers import fmt, spread
+from gpuvs.report.numbers import Units, fmt, spread
 from gpuvs.report.terminal import safe_cells
 from gpuvs.safetext import safe_text
 from gpuvs.store.records import ExperimentRecord, SeriesSummary, TrialRecord
@@ -24,11 +24,11 @@ def experiments_table(store, found: list[ExperimentRecord]) -> Table:
     return t
 
 
-def spreads(main: SeriesSummary) -> tuple[str, str]:
-    """A trial's +/- and jitter; numbers.NO_SPREAD for a single figure (a job's own last printed figure keeps
-    the spread it printed)."""
+def spreads(main: SeriesSummary, k: float = 1.0) -> tuple[str, str]:
+    """A trial's +/- and jitter (k: per declared unit, in the unit shown); numbers.NO_SPREAD for a single figure
+    (a job's own last printed figure keeps the spread it printed)."""
     n = None if main.figure == "last printed" else main.n
-    return spread(main.pm, n), spread(main.jitter, n)
+    return tuple(spread(None if x is None else x * k, n) for x in (main.pm, main.jitter))
 
 
 def trials_table(ident: str, trials: list[TrialRecord]) -> Table:
@@ -43,9 +43,17 @@ def trials_table(ident: str, trials: list[TrialRecord]) -> Table:
     for col in ("trial id", "arm", "#", "status", "device", "env", "value", "+/-", "jitter", "unit",
                 "first step s", "GPU", "error"):
         table.add_column(col)
+    units = Units()  # one unit per series, chosen from the successful trials' figures, as the reports choose
+    shown: dict[str, list[float | None]] = {}
     for t in trials:
-        main = t.primary() or SeriesSummary()
+        if t.summary and t.ok:
+            shown.setdefault(next(iter(t.summary)), []).append(t.primary().value)
+    for t in trials:
+        main, series = t.primary() or SeriesSummary(), next(iter(t.summary), "")
+        k, unit = units.of(series, main.unit, shown.get(series, []))
+        value = None if main.value is None else main.value * k
         table.add_row(*safe_cells(t.id, t.arm, t.trial + 1, t.status, t.spec.device if t.spec else "-",
-                                  t.spec.env.kind if t.spec else "-", fmt(main.value), *spreads(main), main.unit, fmt(t.startup.get("first_step_s"), 3),
+                                  t.spec.env.kind if t.spec else "-", fmt(value), *spreads(main, k), unit,
+                                  fmt(t.startup.get("first_step_s"), 3),
                                   t.fingerprint.get("gpu_name") or "cpu", t.error or ""))
     return table

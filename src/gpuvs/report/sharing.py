@@ -1,18 +1,19 @@
-"""Sharing's tables and figures: gpuvs share (scaling, pairs, capacity), share-matrix and advise-mps, each table made
-from the studies' typed results; a figure over repeated groups as 'mean [low, high]', a ratio of two arms with its
-interval and verdict."""
+"""Sharing's tables and figures: gpuvs share (scaling, pairs, capacity), share-matrix and advise-mps.
+
+Each table is made from the studies' typed results.
+A figure over repeated groups reads 'mean [low, high]'; a ratio of two arms has its interval and verdict."""
 
 from __future__ import annotations
 
 from gpuvs.report.fit import Table
 
 from gpuvs.report.numbers import fmt
-from gpuvs.sharing import stats as sharestats
+from gpuvs.sharing import share_stats as sharestats
 from gpuvs.sharing import studies
 from gpuvs.sharing.advisor import PairRuns, mean, verdicts
 from gpuvs.sharing.group import Group, normalized_sum
 from gpuvs.spec import RunSpec
-from gpuvs.sharing.stats import Figure, MpsVerdict
+from gpuvs.sharing.share_stats import Figure, MpsVerdict
 from gpuvs.analysis.stats import Comparison
 
 

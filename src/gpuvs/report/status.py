@@ -1,13 +1,8 @@
-"""The status page: one self-contained HTML page (inline CSS and inline SVG, no script, nothing fetched)
-that a person reads at a glance on a laptop screen: the nodes that need a look first (slow against the
-fleet, drifting from their own past, failed, changed), the fleet's latest verdicts per workload, the
-latest `gpuvs validate` results, and each node's speed against the fleet over time as a chart with each
-run's interval, the fleet band and its change points marked.
+"""The status page: one self-contained HTML page a person reads at a glance, the nodes that need a look first.
 
-render_status_page(store) reads a store and returns the page (what `gpuvs report status` writes and the
-in-cluster agent serves); render_history(history) lays out `gpuvs fleet history --format html`, the
-same page without the validate part. Chart geometry is computed here (numbers only); the template
-draws it and escapes every name."""
+render_status_page(store) is what `gpuvs report status` writes and the agent serves.
+render_history(history) is `gpuvs fleet history --format html`, the same page without validate.
+Chart geometry is computed here (numbers only); the template draws it and escapes every name."""
 
 from __future__ import annotations
 
@@ -16,11 +11,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gpuvs import __version__
-from gpuvs.fleet import stored
-from gpuvs.fleet.stored import FleetHistory, NodeStanding, WorkloadStanding
+from gpuvs.fleet.assess import stored_history as stored
+from gpuvs.fleet.assess.stored_history import FleetHistory, NodeStanding, WorkloadStanding
 from gpuvs.report import history as text
 from gpuvs.report import validation
 from gpuvs.report.charts import nice_ticks, tick_label
+from gpuvs.validate.validate_run import KIND as VALIDATE_KIND
 
 if TYPE_CHECKING:
     from gpuvs.store.db import Store
@@ -136,7 +132,7 @@ def attention(h: FleetHistory, nodes: set[str] | None = None, workloads: set[str
 
 def validate_views(st: Store) -> list[dict[str, Any]]:
     """The latest validate runs, newest first: the verdict line and where it ran; every check of the newest."""
-    found = [e for e in st.experiments() if e.kind == validation.KIND][-VALIDATE_SHOWN:][::-1]
+    found = [e for e in st.experiments() if e.kind == VALIDATE_KIND][-VALIDATE_SHOWN:][::-1]
     out = []
     for i, listing in enumerate(found):
         exp = st.experiment(listing.id)

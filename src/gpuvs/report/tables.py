@@ -1,5 +1,6 @@
-"""The tables of a comparison report, once, as plain rows of text: the terminal, markdown and HTML
-renderers only lay them out, so every format says exactly the same thing."""
+"""The tables of a comparison report, once, as plain rows of text.
+
+The terminal, markdown and HTML renderers only lay them out, so every format says exactly the same thing."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuvs import events
 from gpuvs.analysis import stats
 from gpuvs.analysis.comparison import Analysis, fingerprint_rows
 from gpuvs.analysis.family import MetricVerdict
-from gpuvs.report.numbers import fmt, fmt_all, percent, scale_unit
+from gpuvs.report.numbers import Units, fmt, fmt_all, percent
+from gpuvs.safetext import clip
 from gpuvs.analysis.stats import TrialsSummary
 from gpuvs.analysis.timeshare import LABELS, TimeShares
 
@@ -69,16 +72,16 @@ def to_settle(v: MetricVerdict) -> str:
     if v.verdict != "inconclusive":
         return "settled"
     if v.ratio is not None and v.reason.startswith("needs"):
-        return f"2+ trials per arm needed ({v.more_trials} more)"
+        return f"2+ trials per arm needed ({v.more_trials:,} more)"
     if v.more_trials is None:
         return "more than 10,000 per arm" if v.se_log else (v.reason or "-")
-    return f"{v.trials_needed} per arm ({v.more_trials} more)"
+    return f"{v.trials_needed:,} per arm ({v.more_trials:,} more)"
 
 
 def tested_as(v: MetricVerdict) -> str:
     """How the row was tested: its family and the analysis of the design."""
     if v.method == "paired":
-        how = f"paired, {v.n_pairs} rounds" + (f" ({v.unused} trials unpaired, left out)" if v.unused else "")
+        how = f"paired, {v.n_pairs:,} rounds" + (f" ({v.unused:,} trials unpaired, left out)" if v.unused else "")
     elif v.method == "unpaired":
         how = "unpaired" + ("" if v.interleaved else ", not interleaved")
     else:
@@ -108,21 +111,47 @@ def agreement_note(a: Analysis) -> str:
     return "; ".join(parts)
 
 
-def verdict_table(a: Analysis) -> Table | None:
+def units_of(a: Analysis, units: Units | None = None) -> Units:
+    """The one unit of each metric in a's report, chosen from its per-trial figures (what `results show` sees
+    too, so both say the same); `units`: the choices already made for this report (a live run's trial lines),
+    which stay. Every format's tables and charts take their units from here."""
+    units = units if units is not None else Units()
+    for m in a.metrics:
+        units.of(m.name, m.unit, [v for arm in a.arms for v in arm.values.get(m.name, {}).values()])
+    return units
+
+
+def ratio_cell(v: MetricVerdict) -> str:
+    """The ratio and, where paired, its statistic: '0.980× (geometric mean of 5 rounds; of the means 0.917×)',
+    the ratio of the means said where it reads otherwise, so that the means beside it never seem to contradict
+    it."""
+    text = ratio(v.ratio)
+    if v.ratio is None or v.method != "paired":
+        return text
+    text += f" (geometric mean of {v.n_pairs} rounds"
+    if v.mean_a and v.mean_b is not None and ratio(v.mean_b / v.mean_a) != ratio(v.ratio):
+        text += f"; of the means {ratio(v.mean_b / v.mean_a)}"
+    return text + ")"
+
+
+def verdict_table(a: Analysis, units: Units | None = None) -> Table | None:
     if len(a.arms) < 2 or not a.verdicts:
         return None
+    units = units_of(a, units)
     pct = f"{100 * a.confidence:g}%"
     rows = []
     for v in a.verdicts:
-        k, unit = scale_unit([v.mean_a, v.mean_b], v.unit)
-        means = fmt_all([None if m is None else m * k for m in (v.mean_a, v.mean_b)])
+        scaled, unit = units.scaled(v.metric, v.unit, [v.mean_a, v.mean_b])
+        means = fmt_all(scaled)
         word = verdict_word(v) + (AA_CELL if a.aa and _differs(v) else "")
-        rows.append([f"{v.metric} ({unit})" if unit else v.metric, v.arm, *means, ratio(v.ratio),
+        rows.append([f"{v.metric} ({unit})" if unit else v.metric, v.arm, *means, ratio_cell(v),
                      interval(v.ci_low, v.ci_high), word, tested_as(v), to_settle(v)])
     head = a.headline
     fams = sorted({v.family for v in a.verdicts if v.family}, key=lambda f: not f.startswith("headline"))
-    note = (f"ratio = arm / {a.arms[0].name} (the baseline): per-round ratios (paired) where the trials were "
-            "interleaved and both trials of a round succeeded, else ratio of means (Welch); the interval is at the "
+    note = (f"ratio = arm / {a.arms[0].name} (the baseline): where the trials were interleaved and both trials of "
+            "a round succeeded, the geometric mean of the per-round ratios (paired; the cell says so, and gives "
+            "the ratio of the means where that reads otherwise), else the ratio of the means (Welch); the interval "
+            "is at the "
             f"level each row was tested at ({pct} for one headline comparison at a fixed count); equivalent = two "
             f"one-sided tests within ±{100 * a.margin:g}%; the headline ({head.name if head else '-'}) carries the "
             f"verdict, the other metrics are tested with Holm's method once the headline shows a difference, "
@@ -138,18 +167,26 @@ def verdict_table(a: Analysis) -> Table | None:
                   "trials to settle"], rows, note, right={2, 3, 4, 5}, whole={1})
 
 
-def arm_table(a: Analysis) -> Table | None:
+def with_statistic(name: str, summaries) -> str:
+    """'latency (mean)' where each trial's figure is the mean of its steps (a latency per request), so that a
+    reader never takes it for a median or a p99; a rate (items over time) keeps its name."""
+    return f"{name} (mean)" if summaries and all(s.mean_of_steps for s in summaries) else name
+
+
+def arm_table(a: Analysis, units: Units | None = None) -> Table | None:
     rows, clipped = [], False
+    units = units_of(a, units)
     for arm in a.arms:
         for m in a.metrics:
             s = arm.summaries.get(m.name) or TrialsSummary()
             n = s.n
-            k, unit = scale_unit([s.mean, s.min, s.max], m.unit)
+            k, unit = units.of(m.name, m.unit)
             x = (lambda v: None if v is None else v * k)
             positive = n > 0 and (s.min or 0) >= 0
             clipped |= positive and n > 1 and s.ci_low is not None and s.ci_low < 0
             mean, low, high = fmt_all([x(s.mean), x(s.min), x(s.max)])
-            rows.append([arm.name, m.name, arm.device + (f" x{arm.num_gpus}" if arm.num_gpus > 1 else ""), arm.env,
+            name = with_statistic(m.name, arm.trial_summaries.get(m.name, [])) if m.source == "series" else m.name
+            rows.append([arm.name, name, arm.device + (f" x{arm.num_gpus}" if arm.num_gpus > 1 else ""), arm.env,
                          f"{n}/{arm.n_total}", mean, interval(x(s.ci_low), x(s.ci_high), 1, positive) if n > 1 else "-",
                          span(low, high) if n else "-", f"{100 * (s.cv or 0):.2f}%" if n > 1 else "-",
                          unit])
@@ -160,7 +197,7 @@ def arm_table(a: Analysis) -> Table | None:
                   "CV", "unit"], rows, CLIPPED_NOTE if clipped else "", right={4, 5, 6, 7, 8}, whole={0})
 
 
-def per_trial_table(a: Analysis) -> Table | None:
+def per_trial_table(a: Analysis, units: Units | None = None) -> Table | None:
     head = a.headline
     if head is None:
         return None
@@ -168,34 +205,36 @@ def per_trial_table(a: Analysis) -> Table | None:
                     {f.trial for f in a.failures})
     failed = {(f.arm, f.trial): f.status for f in a.failures}
     rows = []
-    k, unit = scale_unit([v for arm in a.arms for v in arm.values.get(head.name, {}).values()], head.unit)
+    k, unit = units_of(a, units).of(head.name, head.unit)
     for t in trials:
         row = [f"{a.name} #{t + 1}"]
         values = [arm.values.get(head.name, {}).get(t) for arm in a.arms]
         for arm, value, text in zip(a.arms, values, fmt_all([None if v is None else v * k for v in values])):
             row.append(text if value is not None else failed.get((arm.name, t), "-"))
         rows.append(row)
-    return Table("per_trial", f"Per trial: {head.name} ({unit})",
-                 ["test case"] + [f"{arm.name} {unit}" for arm in a.arms], rows,
+    return Table("per_trial", f"Per trial: {head.name}" + (f" ({unit})" if unit else ""),  # no unit: no '()'
+                 ["test case"] + [f"{arm.name} {unit}" if unit else arm.name for arm in a.arms], rows,
                  right=set(range(1, len(a.arms) + 1)))
 
 
-def speedup_table(a: Analysis) -> Table | None:
-    if not a.speedup:
+def speedup_table(a: Analysis, units: Units | None = None) -> Table | None:
+    if not a.speedup or a.headline is None:
         return None
-    unit = a.speedup[0].unit
-    rows = [[a.name, r.cpu_arm, fmt(r.cpu_mean), r.gpu_arm, fmt(r.gpu_mean), f"{r.speedup:.2f}×",
+    k, unit = units_of(a, units).of(a.headline.name, a.speedup[0].unit)
+    x = (lambda v: None if v is None else v * k)
+    rows = [[a.name, r.cpu_arm, fmt(x(r.cpu_mean)), r.gpu_arm, fmt(x(r.gpu_mean)), f"{r.speedup:.2f}×",
              interval(r.ci_low, r.ci_high, 2)] for r in a.speedup]
     return Table("speedup", "Speed-up: CPU time / GPU time for the same work",
                  ["test case", "CPU arm", f"CPU {unit}", "GPU arm", f"GPU {unit}", "speed-up",
                   f"{100 * a.confidence:g}% CI"], rows, right={2, 4, 5, 6})
 
 
-def scaling_table(a: Analysis) -> Table | None:
-    if not a.scaling:
+def scaling_table(a: Analysis, units: Units | None = None) -> Table | None:
+    if not a.scaling or a.headline is None:
         return None
-    unit = a.scaling[0].unit
-    rows = [[r.arm, str(r.num_gpus), fmt(r.mean), f"{r.speedup:.2f}×", f"{r.ideal:g}×", f"{100 * r.efficiency:.1f}%",
+    k, unit = units_of(a, units).of(a.headline.name, a.scaling[0].unit)
+    rows = [[r.arm, str(r.num_gpus), fmt(r.mean * k), f"{r.speedup:.2f}×", f"{r.ideal:g}×",
+             f"{100 * r.efficiency:.1f}%",
              "-" if r.eff_low is None else f"{100 * r.eff_low:.1f}%–{100 * r.eff_high:.1f}%"] for r in a.scaling]
     return Table("scaling", f"Scaling: N-GPU throughput / (N x {a.scaling[0].baseline})",
                  ["arm", "GPUs", unit, "speed-up", "ideal", "scaling efficiency", f"{100 * a.confidence:g}% CI"],
@@ -203,7 +242,7 @@ def scaling_table(a: Analysis) -> Table | None:
 
 
 def startup_table(a: Analysis) -> Table | None:
-    keys = sorted({k for arm in a.arms for k in arm.startup})
+    keys = events.in_time_order(arm.startup for arm in a.arms)  # as the chart: in the order they happen
     if not keys:
         return None
     rows = [[arm.name] + [fmt(arm.startup[k], 3) if k in arm.startup else "-" for k in keys] for arm in a.arms]
@@ -226,7 +265,9 @@ def fingerprint_table(a: Analysis) -> Table | None:
 def failure_table(a: Analysis) -> Table | None:
     if not a.failures:
         return None
-    rows = [[f.arm, str(f.trial + 1), f.status, f.error.splitlines()[0][:200] if f.error else "-"] for f in a.failures]
+    # the error's whole first line (a job's last lines are about 1 KB): a cut word would be misread
+    rows = [[f.arm, str(f.trial + 1), f.status, clip(f.error.splitlines()[0], 1000) if f.error else "-"]
+            for f in a.failures]
     return Table("failures", "Trials that did not finish", ["arm", "trial", "status", "error"], rows)
 
 
@@ -243,7 +284,7 @@ def time_shares_table(ts: TimeShares | None) -> Table | None:
                  fmt(float(ts.per_trial['wall']), 2) if "wall" in ts.per_trial else "-"])
     zyg = (f"; start-up holds {len(ts.zygote_starts_s)} zygote start(s) of "
            + ", ".join(f"{s:.1f}" for s in ts.zygote_starts_s) + " s") if ts.zygote_starts_s else ""
-    note = (f"{ts.trials} trial(s); per trial: mean seconds from launch to exit (docs/trials.md defines each "
+    note = (f"{ts.trials:,} trial(s); per trial: mean seconds from launch to exit (docs/trials.md defines each "
             f"part){zyg}{_warm_ups(ts.warm_ups)}{_warm_ups(ts.shape_warm_ups, 'shape(s)', 'blocks')}"
             f"{_ranks(ts.ranks)}")
     return Table("time", "Where the time went", ["part", "seconds", "share", "per trial (s)"], rows, note=note,
@@ -280,11 +321,14 @@ def _time_table(a: Analysis) -> Table | None:
     return time_shares_table(a.time)
 
 
-def all_tables(a: Analysis) -> list[Table]:
-    """In reading order: the answer first, then the figures behind it, then where they came from."""
-    makers = (verdict_table, speedup_table, scaling_table, arm_table, per_trial_table, startup_table, _time_table,
-              failure_table, fingerprint_table)
-    return [t for t in (m(a) for m in makers) if t is not None]
+def all_tables(a: Analysis, units: Units | None = None) -> list[Table]:
+    """In reading order: the answer first, then the figures behind it, then where they came from; each metric
+    in its one unit of this report (units_of)."""
+    units = units_of(a, units)
+    with_units = (verdict_table, speedup_table, scaling_table, arm_table, per_trial_table)
+    made = [m(a, units) for m in with_units] + [m(a) for m in (startup_table, _time_table, failure_table,
+                                                                 fingerprint_table)]
+    return [t for t in made if t is not None]
 
 
 def metric_name(v: MetricVerdict) -> str:
@@ -293,7 +337,7 @@ def metric_name(v: MetricVerdict) -> str:
 
 
 def _trials(v: MetricVerdict) -> str:
-    return f"{v.n_a} trials each" if v.n_a == v.n_b else f"{v.n_b} and {v.n_a} trials"
+    return f"{v.n_a:,} trials each" if v.n_a == v.n_b else f"{v.n_b:,} and {v.n_a:,} trials"
 
 
 def _pct(x: float) -> str:
@@ -322,7 +366,7 @@ def verdict_sentence(v: MetricVerdict, a: Analysis) -> str:
     if v.verdict != "inconclusive":
         return f"{v.arm} against {v.baseline} on {name}: {v.verdict}"
     if v.reason.startswith("needs"):
-        more = f" ({v.more_trials} more)" if v.more_trials else ""
+        more = f" ({v.more_trials:,} more)" if v.more_trials else ""
         return (f"can't tell yet whether {v.arm} differs from {v.baseline} on {name}: 2 or more successful "
                 f"trials per arm are needed{more}")
     cvs = [s.cv for arm in a.arms if arm.name in (v.arm, v.baseline)

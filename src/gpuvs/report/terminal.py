@@ -1,7 +1,7 @@
-"""The terminal: a tf_cnn_benchmarks-style step log while a trial runs, a line per trial, and a
-hyperfine-style summary per arm. Every text a job or its environment wrote (its log lines, errors, figure names
-and units, config items) is shown through safetext.safe_text, control characters escaped, and printed with rich
-markup off."""
+"""The terminal: a tf_cnn_benchmarks-style step log while a trial runs, a line per trial, a summary per arm.
+
+The summary is hyperfine-style.
+Every text a job or its environment wrote goes through safetext.safe_text, and is printed with rich markup off."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from gpuvs.report.fit import Table
 from gpuvs import environments
 from gpuvs.analysis import stats
 from gpuvs.report import tables
-from gpuvs.report.numbers import NO_SPREAD, fmt, fmt_all, plain, plain_apart, scale_unit, spread
+from gpuvs.report.numbers import NO_SPREAD, Units, fmt, fmt_all, plain, plain_apart, spread
 from gpuvs.safetext import safe_text
 from gpuvs import events
-from gpuvs.analysis.stats import SeriesSummary
+from gpuvs.store.records import SeriesSummary
+from gpuvs.store.summary import jitter, perf_timing, std_error
 from gpuvs.trial.study import Look
 
 CONFIG_LABELS = [
@@ -93,9 +94,9 @@ class StepLog:
                                else f"Step\t{unit}{safe_text(label)}", markup=False, highlight=False)
             self._header_done.add(series)
         if seconds and len(seconds) == len(values):  # timed steps: tf_cnn_benchmarks' get_perf_timing
-            rate, pm, jit = stats.perf_timing(items, seconds)
+            rate, pm, jit = perf_timing(items, seconds)
         else:  # a figure per step that is not items over time (a latency): its mean
-            rate, pm, jit = sum(values) / len(values), stats.std_error(values), stats.jitter(values)
+            rate, pm, jit = sum(values) / len(values), std_error(values), jitter(values)
         line = f"{event['step']}\t{safe_text(event['unit'])}: {self.figures(series, rate, pm, jit, len(values))}"
         if loss is not None:
             line += f"\t{loss:.3f}"
@@ -119,19 +120,20 @@ def thinned(n: int) -> bool:
     return n <= 100 or n % 10 ** (len(str(n)) - 2) == 0
 
 
-def trial_line(result) -> str:
-    """One line per trial (more where its error has more), control characters escaped."""
-    return safe_text(_trial_line(result), lines=True)
+def trial_line(result, units: Units | None = None) -> str:
+    """One line per trial (more where its error has more), control characters escaped; `units`: the report's
+    units so far (the first trial's figure chooses its metric's, and the tables after keep it)."""
+    return safe_text(_trial_line(result, units if units is not None else Units()), lines=True)
 
 
-def _trial_line(result) -> str:
+def _trial_line(result, units: Units) -> str:
     spec = result.spec
     where = f"{environments.label(spec.env)}, {spec.device}" + (f" x{spec.num_gpus}" if spec.num_gpus > 1 else "")
     head = f"trial {spec.trial + 1} [{spec.arm}] ({where})"
     if not result.ok:
         return f"{head}: {result.status.upper()}: {result.error}"
     main = result.primary() or SeriesSummary()
-    k, unit = scale_unit([main.value], main.unit)
+    k, unit = units.of(next(iter(result.summary), ""), main.unit, [main.value])
     value = fmt(None if main.value is None else main.value * k)
     n = None if main.figure == "last printed" else main.n  # a job's own +/- over steps gpuvs did not see
     pm, jitter = (spread(None if x is None else x * k, n) for x in (main.pm, main.jitter))
@@ -169,11 +171,27 @@ def _in_order(arms: Sequence[str]):
     return lambda arm: arms.index(arm) if arm in arms else len(arms)
 
 
-def arm_table(results: Iterable, title: str = "Summary across trials", arms: Sequence[str] = ()) -> Table:
+def results_units(results: Iterable, units: Units | None = None) -> Units:
+    """The one unit of each series and metric of these trials, chosen from all their figures (numbers.Units);
+    `units`: the choices already made for this report, which stay."""
+    units = units if units is not None else Units()
+    figures: dict[str, tuple[str, list[float | None]]] = {}
+    for r in results:
+        if r.ok:
+            for name, m in [*r.summary.items(), *r.metrics.items()]:
+                figures.setdefault(name, (m.unit, []))[1].append(m.value)
+    for name, (unit, values) in figures.items():
+        units.of(name, unit, values)
+    return units
+
+
+def arm_table(results: Iterable, title: str = "Summary across trials", arms: Sequence[str] = (),
+              units: Units | None = None) -> Table:
     """One row per arm and series: mean of per-trial figures, 95% CI, range, CV; arms in `arms`' order
-    (the baseline first), not the order the first trials happened to run in."""
+    (the baseline first), not the order the first trials happened to run in; each series in its one unit."""
     groups: dict[tuple[str, str], list] = {}
     results = sorted(results, key=lambda r: _in_order(list(arms))(r.spec.arm))
+    units = results_units(results, units)
     for r in results:
         for series in (r.summary or {"main": None}):
             groups.setdefault((r.spec.arm, series), []).append(r)
@@ -184,11 +202,12 @@ def arm_table(results: Iterable, title: str = "Summary across trials", arms: Seq
         ok = [r for r in rs if r.ok and series in r.summary]
         values = [r.summary[series].value for r in ok]
         s = stats.summarize_trials(values)
-        k, unit = scale_unit([s.mean, s.min, s.max], ok[0].summary[series].unit if ok else "")
+        k, unit = units.of(series, ok[0].summary[series].unit if ok else "")
         x = (lambda v: None if v is None else v * k)
         ci = tables.interval(x(s.ci_low), x(s.ci_high), 1, positive=(s.min or 0) >= 0) if s.n > 1 else "-"
         mean, low, high = fmt_all([x(s.mean), x(s.min), x(s.max)])
-        table.add_row(*safe_cells(arm, series), f"{len(ok)}/{len(rs)}", mean, ci, tables.span(low, high) if ok else "-",
+        label = tables.with_statistic(series, [r.summary[series] for r in ok])
+        table.add_row(*safe_cells(arm, label), f"{len(ok)}/{len(rs)}", mean, ci, tables.span(low, high) if ok else "-",
                       f"{100 * (s.cv or 0):.2f}%" if s.n > 1 else "-", safe_text(unit))
     return table
 
@@ -202,7 +221,7 @@ def startup_table(results: Iterable, arms: Sequence[str] = ()) -> Table | None:
                 groups.setdefault(r.spec.arm, {}).setdefault(k, []).append(v)
     if not groups:
         return None
-    keys = sorted({k for d in groups.values() for k in d})
+    keys = events.in_time_order({k: sum(v) / len(v) for k, v in d.items()} for d in groups.values())
     table = Table(title="Start-up (seconds, mean over trials)", title_justify="left")
     table.add_column("arm")
     for k in keys:
@@ -212,8 +231,11 @@ def startup_table(results: Iterable, arms: Sequence[str] = ()) -> Table | None:
     return table
 
 
-def metrics_table(results: Iterable) -> Table | None:
-    rows = [(r.spec.arm, r.spec.trial + 1, name, m.value, m.unit) for r in results if r.ok
+def metrics_table(results: Iterable, units: Units | None = None) -> Table | None:
+    results = list(results)
+    units = results_units(results, units)
+    rows = [(r.spec.arm, r.spec.trial + 1, name, m.value * units.of(name, m.unit)[0] if m.value is not None else None,
+             units.of(name, m.unit)[1]) for r in results if r.ok
             for name, m in r.metrics.items() if "/" not in name]  # SERIES/NAME metrics: series_table
     if not rows:
         return None
@@ -225,11 +247,14 @@ def metrics_table(results: Iterable) -> Table | None:
     return table
 
 
-def series_table(results: Iterable) -> Table | None:
+def series_table(results: Iterable, units: Units | None = None) -> Table | None:
     """Per arm and series: the headline figure and the per-series metrics a workload reports as
-    'SERIES/NAME' (GEMM microseconds and % of peak, kernel wall time and footprint...), means over ok trials."""
+    'SERIES/NAME' (GEMM microseconds and % of peak, kernel wall time and footprint...), means over ok trials;
+    the series' figure in its one unit (each SERIES/NAME column is in the unit its name and workload say)."""
+    results = list(results)
+    units = results_units(results, units)
     rows: dict[tuple[str, str], dict[str, list[float]]] = {}
-    units: dict[tuple[str, str], str] = {}
+    units_of_series: dict[tuple[str, str], str] = {}
     columns: list[str] = []
     for r in results:
         if not r.ok:
@@ -240,7 +265,7 @@ def series_table(results: Iterable) -> Table | None:
                 continue
             row = rows.setdefault((r.spec.arm, series), {})
             row.setdefault(key, []).append(m.value)
-            units[(r.spec.arm, series)] = r.summary[series].unit
+            units_of_series[(r.spec.arm, series)] = r.summary[series].unit
             row.setdefault("", []).append(r.summary[series].value)
             if key not in columns:
                 columns.append(key)
@@ -254,8 +279,8 @@ def series_table(results: Iterable) -> Table | None:
     for (arm, series), row in rows.items():
         head = [v for v in row.get("", []) if v is not None]
         cells = [fmt(sum(row[k]) / len(row[k]), 1) if row.get(k) else "-" for k in columns]
-        table.add_row(*safe_cells(arm, series, fmt(sum(head) / len(head), 2) if head else "-", units[(arm, series)]),
-                      *cells)
+        k, unit = units.of(series, units_of_series[(arm, series)])
+        table.add_row(*safe_cells(arm, series, fmt(k * sum(head) / len(head), 2) if head else "-", unit), *cells)
     return table
 
 
@@ -301,9 +326,9 @@ def rich_table(t, no_wrap: Iterable[int] = (), fold: bool = False) -> Table:
     return table
 
 
-def comparison(console: Console, analysis, keys: tuple[str, ...] | None = None) -> None:
+def comparison(console: Console, analysis, keys: tuple[str, ...] | None = None, units: Units | None = None) -> None:
     """A comparison's report on the terminal: the answer first, what was compared, its tables (all, or
-    `keys`), flags."""
+    `keys`), flags; `units`: the units its trial lines and tables already chose (a live run), which stay."""
     answer = tables.headline_sentence(analysis)
     if answer:
         console.print(safe_text(answer), style="bold", highlight=False, markup=False, emoji=False)
@@ -315,8 +340,9 @@ def comparison(console: Console, analysis, keys: tuple[str, ...] | None = None) 
                       style="yellow" if level == "warning" else "dim", highlight=False, markup=False, emoji=False)
     if keys is None:
         for label, value in tables.header_lines(analysis):
-            console.print(safe_text(f"{label + ':':<18}{value}"), highlight=False, markup=False, emoji=False)
-    for t in tables.all_tables(analysis):
+            pad = max(18, len(label) + 2)  # a label longer than the column still gets its space
+            console.print(safe_text(f"{label + ':':<{pad}}{value}"), highlight=False, markup=False, emoji=False)
+    for t in tables.all_tables(analysis, units):
         if keys is None or t.key in keys:
             console.print(rich_table(t))
     for flag in analysis.flags:
@@ -340,11 +366,11 @@ def look_line(look: Look) -> tuple[str, str]:
     if look.decision == "empty":
         return f"until-confident: stopping; arm {look.arm} has no successful trial", "yellow"
     if look.decision == "settled":
-        return f"until-confident: settled after {look.per_arm} trials per arm", "green"
+        return f"until-confident: settled after {look.per_arm:,} trials per arm", "green"
     if look.decision == "capped":
-        return (f"until-confident: not settled after {look.per_arm} trials per arm (--max-trials "
+        return (f"until-confident: not settled after {look.per_arm:,} trials per arm (--max-trials "
                 f"{look.max_trials})", "yellow")
-    return f"until-confident: not settled after {look.per_arm} trials per arm; adding {look.add} per arm", "dim"
+    return f"until-confident: not settled after {look.per_arm:,} trials per arm; adding {look.add:,} per arm", "dim"
 
 
 class TrialProgress:

@@ -1,5 +1,6 @@
-"""The report of a `gpuvs validate` run (an experiment of kind `validate`): a verdict line, where it ran,
-and one row per check, as terminal text, markdown, self-contained HTML, JSON or CSV."""
+"""The report of a `gpuvs validate` run: a verdict line, where it ran, and one row per check.
+
+In terminal text, markdown, self-contained HTML, JSON or CSV."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from gpuvs.store.records import ExperimentRecord
 from gpuvs.report import markdown, tables
 from gpuvs.report.numbers import fmt
 from gpuvs.safetext import safe_row, safe_text
-from gpuvs.validate.run import KIND  # noqa: F401  (the kind of experiment this reports, re-exported)
 from gpuvs.validate.suite import FAIL, FIGURES, NOT_RUN, PASS, SHARED, Row, Settings
 
 MARKS = {PASS: "ok  ", FAIL: "FAIL", NOT_RUN: "--  ", SHARED: "SHRD"}

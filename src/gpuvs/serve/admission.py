@@ -1,10 +1,7 @@
-"""Back-pressure: at most `max_in_flight` calls run at once; up to `max_queue` more wait for a slot,
-first come first served, each for at most `queue_timeout_s` and never past its own deadline; a call
-that finds both full is refused at once with RESOURCE_EXHAUSTED and a retry hint (in the message, and
-in the trailing metadata `retry-after-ms`). A queued call whose client cancels, or whose deadline
-passes, leaves the queue at once (CANCELLED / DEADLINE_EXCEEDED). The slot of a running call is
-freed when its handler ends; handlers stop their work when the call is cancelled (see server.py).
+"""Back-pressure: at most `max_in_flight` calls run at once, and up to `max_queue` more wait for a slot.
 
+A call that finds both full is refused at once with RESOURCE_EXHAUSTED and a retry hint (docs/nlp.md).
+A queued call whose client cancels, or whose deadline passes, leaves the queue at once.
 The health service and Metrics never pass through here: they answer while the server is loaded."""
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from typing import Iterator
 
 import grpc
 
-from gpuvs.serve.validate import Refused
+from gpuvs.serve.request_checks import Refused
 
 RETRY_METADATA = "retry-after-ms"
 MAX_HINT_S = 600.0  # a hint is capped: a long training's remaining time is not worth waiting out blind

@@ -1,12 +1,8 @@
-"""Regenerate nlp_pb2.py and nlp_pb2_grpc.py from nlp.proto: `python -m gpuvs.serve.codegen`
-(needs grpcio-tools; nothing else does). `--check` says whether the checked-in files are up to date:
-byte for byte when the installed grpcio-tools is the one that wrote them (its version is in their
-first line), else by comparing the message and service definitions they carry with the .proto's.
+"""Regenerate nlp_pb2.py and nlp_pb2_grpc.py from nlp.proto: `python -m gpuvs.serve.codegen` (needs grpcio-tools).
 
-Two edits follow protoc, so that the checked-in code runs with the protobuf and grpcio a machine
-already has rather than only with the exact versions that generated it: the runtime-version guards
-(protobuf's ValidateProtobufRuntimeVersion, grpc's GRPC_GENERATED_VERSION check) are taken out.
-The messages use nothing newer than protobuf 4.21 / grpcio 1.63; pyproject.toml states those floors."""
+`--check` says whether the checked-in files are up to date.
+protoc's runtime-version guards are taken out, so the code runs with the protobuf and grpcio a machine has.
+The messages need nothing newer than protobuf 4.21 / grpcio 1.63; pyproject.toml states those floors."""
 
 from __future__ import annotations
 

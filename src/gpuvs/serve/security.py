@@ -1,8 +1,8 @@
-"""Who may call the server. On a loopback address (127.0.0.0/8, ::1, localhost) plain text and no
-token are allowed. On any other address the server needs TLS (--tls-cert, --tls-key) and a token
-(--token-file), or an explicit --insecure (plain text, no token: only for a network you trust).
-With a token, every call (health and Metrics included) must carry `authorization: Bearer TOKEN`;
-any other call is refused with UNAUTHENTICATED before a handler runs."""
+"""Who may call the server. On a loopback address, plain text and no token are allowed.
+
+On any other address it needs TLS (--tls-cert, --tls-key) and a token (--token-file), or an explicit --insecure.
+--insecure is plain text without a token: only for a network you trust.
+With a token, every call must carry `authorization: Bearer TOKEN`, or is refused with UNAUTHENTICATED."""
 
 from __future__ import annotations
 

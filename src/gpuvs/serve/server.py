@@ -1,22 +1,8 @@
 """The NLP gRPC service and its server.
 
-Handlers take the raw request bytes and parse them themselves (validate.parse), so a request that is
-not the right message, or has a field of the wrong type, gets INVALID_ARGUMENT rather than gRPC's
-generic error. Requests over the size limit are refused by gRPC itself (grpc.max_receive_message_length,
-RESOURCE_EXHAUSTED) before any memory is spent on them. A handler never lets an exception reach
-gRPC: a refusal is its status code, anything unexpected is INTERNAL with the reason, and the server
-serves on.
-
-Limits under load (admission.py): Train, Predict and Load take a slot (at most max_in_flight run,
-max_queue wait, the rest get RESOURCE_EXHAUSTED with a retry hint); ListModels, Metrics and the
-standard health service (grpc.health.v1.Health) take none, and a few threads are kept spare for
-them, so they answer while the server is loaded. A call whose client cancels it or whose deadline
-passes stops its work: a Train at its next step, a Predict before its forward pass; its slot is free
-once the handler returns. Who may call: security.py.
-
-stop(grace) stops taking calls at once (health says NOT_SERVING), gives the calls in flight `grace` seconds to finish, then
-cancels the rest (a training in flight stops at its next step and saves nothing: the saved model,
-if any, stays as it was) and waits for every handler thread to end."""
+Handlers parse the raw request bytes themselves, so a malformed request gets INVALID_ARGUMENT.
+No exception reaches gRPC: a refusal is its status code, anything unexpected INTERNAL, and the server serves on.
+Load limits are admission.py's, who may call security.py's; stop(grace) lets calls in flight finish for `grace` s."""
 
 from __future__ import annotations
 
@@ -32,13 +18,13 @@ from typing import Any, Callable, Iterator
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from gpuvs.serve import metrics as metrics_mod
+from gpuvs.serve import call_stats as metrics_mod
 from gpuvs.serve import nlp_pb2 as pb
-from gpuvs.serve import validate
+from gpuvs.serve import request_checks as validate
 from gpuvs.serve.admission import Admission
-from gpuvs.serve.config import ServeConfig
-from gpuvs.serve.models import ModelStore
-from gpuvs.serve.validate import Limits, Refused
+from gpuvs.serve.settings import ServeConfig
+from gpuvs.serve.model_files import ModelStore
+from gpuvs.serve.request_checks import Limits, Refused
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Nlp"]
 TASK_ENUM = {"ner": pb.NER, "tc": pb.TC}

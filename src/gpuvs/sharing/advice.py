@@ -1,43 +1,8 @@
-"""The MPS advisor's prediction, from each job's solo window.
+"""The MPS advisor's prediction, from each job's solo window (the rule, and how it was chosen: docs/sharing.md).
 
-Work is counted as in `gpuvs share --with`: the sum over both jobs of (rate together / rate alone);
-2.0 means both ran at full speed, 1.0 is what taking turns gives.
-
-- Time-slicing gives each context the GPU in turns; a context with nothing queued yields, so the
-  jobs' busy *time* adds up: work_sliced = 2 / max(1, busy_A + busy_B), busy = GPM SM activity where
-  there is GPM (read inside the window), else NVML utilisation (the share of time some kernel ran); when the two contend (busy_A + busy_B > 1) the context switches
-  cost a further SLICE_LOSS (0.91: two ResNet-50 jobs time-sliced on an H100 did 0.91 of one alone,
-  BENCHMARKS.md, issue 7).
-- MPS, where there is GPM: the ratio work_mps / work_sliced = 1 + RAMP * min(1, busy_A + busy_B)
-  + BOTH_DRAM * min(dram_A, dram_B) (GPM SM and DRAM activity, fractions). The gain grows with how much
-  of the time the two jobs both want the GPU (jobs that each leave launch gaps do not interleave
-  perfectly under time-slicing: two ResNet-18 bs 64 trainings, each busy 42%, gained 1.27), and with how
-  much both stream memory. work_mps is capped at 2 (both at full speed); where the cap binds, taking turns
-  is what falls short: work_sliced = work_mps / ratio.
-- How it was chosen (issue 37): six forms using only the solo GPM readings were written down before any
-  was scored (benchmarks/advisor_candidates.py: always 1.00, constant, the step rule before this one,
-  ramp, ramp with a term in min(DRAM), ramp with DRAM A x DRAM B), each scored by leave-one-out over the
-  21 recorded H100 pairs (tests/data/advisor-pairs-h100.json) and the most pairs on the right side of the
-  ±5% margin chosen (15 of 21; ramp alone 14, the step rule 13; within ±15% 17 of 21). RAMP and
-  BOTH_DRAM are then least squares on all 21 (measured - 1). The DRAM term was meant to lower the gain
-  where both jobs stream memory; its fitted sign is positive (two copies gained 1.11-1.12 under MPS), so
-  it does not predict "mps hurts" either. Checked on a second held-out set:
-  benchmarks/advisor-heldout2-pairs.yaml.
-- The rule before issue 37 added GPM's fills (SM occupancy, tensor and DRAM activity) and credited MPS
-  with 2 / max(fill sums): it overstated by 34-85% where the fills were low, because SM occupancy counts
-  resident warps, not the issue slots, shared memory and registers a second job could take (an fp32
-  4096^3 GEMM fills 12% of the warps and every SM: two of them gained 1.15 under MPS, predicted 2.07).
-  Occupancy and tensor activity are still read and reported, not used.
-- Prediction: "mps helps" when work_mps / work_sliced > 1 + margin, "mps hurts" below 1 - margin,
-  else "no difference"; "will not fit" when the solo footprints add up to more than 95% of memory.
-
-Without GPM (GPUs before Hopper, a driver without it) the only per-job load NVML gives is time-based
-(NVML utilisation, which counts any kernel running as busy): MPS is credited only with the context
-switches it saves (1 / SLICE_LOSS where the busy times add up to more than the GPU), and it says so.
-Where it is wrong (docs/sharing.md, BENCHMARKS.md issue 37): it never predicts below 1, so it never says
-"mps hurts" (pathfinder beside hotspot3D: 0.80; two ResNet-18 bs 8 inferences 0.89; ResNet-18 training
-beside a copy: 0.935, predicted 1.10); and it undersizes the gain of jobs that leave long gaps (two
-ResNet-18 bs 64 trainings: 1.27, predicted 1.09)."""
+Work is the sum over both jobs of (rate together / rate alone): 2.0 is both at full speed, 1.0 taking turns.
+Time-sliced, the jobs' busy times add up; MPS gains with how much both want the GPU and both stream memory.
+Without GPM, MPS is credited only with the context switches it saves, and the advice says so."""
 
 from __future__ import annotations
 
@@ -45,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FILL = ("sm_occupancy", "tensor_active", "dram_active")
-SLICE_LOSS = 0.91
+SLICE_LOSS = 0.91  # contending time-sliced contexts lose this to switches: two ResNet-50s on an H100 did 0.91 of one
 # MPS / time-sliced work = 1 + RAMP * min(1, SM busy sum) + BOTH_DRAM * min(DRAM A, DRAM B): least squares on
 # (measured - 1) over the 21 H100 pairs of tests/data/advisor-pairs-h100.json (benchmarks/advisor_fit.py --loo)
 RAMP = 0.0946

@@ -1,21 +1,19 @@
-"""The study of `gpuvs advise-mps`: each job alone (NVML and GPM over its window), then each pair
-time-sliced and under MPS, in fresh process groups every repeat; the prediction (advice.py) from the
-solo windows against the measured verdict (stats.py). With a cap above the planned repeats, repeats
-are added, one at a time and only for the pairs not yet settled, until each pair's verdict settles or
-the cap: compare --until-confident's sequential rule (stats.mps_verdict with a plan). Windows are
-calibrated (windows.py): a job's first solo window, at --duration, gives its step times; a job that needs
-longer is measured alone again at its own window (the short one, stored, was its calibration, as
-pyperf's calibration run), and each pair gets the window both its jobs need together, up to the cap."""
+"""The study of `gpuvs advise-mps`: each job alone, then each pair time-sliced and under MPS, in fresh groups.
+
+The prediction (advice.py) from the solo windows is set against the measured verdict (stats.py).
+With a cap above the planned repeats, repeats are added only for the pairs not yet settled.
+Each window is calibrated from the job's first solo window (windows.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
 
-from gpuvs.sharing import stats, windows
+from gpuvs.sharing import windows
+from gpuvs.sharing import share_stats as stats
 from gpuvs.sharing.advice import Advice, predict
 from gpuvs.sharing.group import Coordinator, Group, normalized_sum
-from gpuvs.sharing.stats import Plan
+from gpuvs.sharing.share_stats import LookSchedule
 from gpuvs.spec import RunSpec
 
 RUNS = ("A alone", "B alone", "A+B", "A+B, MPS")
@@ -43,7 +41,7 @@ class PairRuns:
     b: str
     runs: dict[str, list[Group]] = field(default_factory=lambda: {r: [] for r in RUNS})
     work: dict[str, list[float | None]] = field(default_factory=lambda: {"A+B": [], "A+B, MPS": []})
-    plan: Plan | None = None  # the looks of a measurement that adds repeats until it settles
+    plan: LookSchedule | None = None  # the looks of a measurement that adds repeats until it settles
     margin: float = 0.05
     window: windows.Window | None = None  # the pair's calibrated window (None: the coordinator's, uncalibrated)
     solo_windows: dict[str, windows.Window] = field(default_factory=dict)  # "A alone", "B alone": each job's

@@ -1,6 +1,7 @@
-"""NVML GPM (GPU performance monitoring; Hopper and later): how much of the GPU a job fills over a
-window, not only whether some kernel was running. Two GPM samples bracket the window; nvmlGpmMetricsGet
-turns them into percentages. Where the GPU or driver has no GPM, start() says why and returns None."""
+"""NVML GPM (GPU performance monitoring; Hopper and later): how much of the GPU a job fills over a window.
+
+Not only whether some kernel was running: two GPM samples bracket the window, and nvmlGpmMetricsGet gives percentages.
+Where the GPU or driver has no GPM, start() says why and returns None."""
 
 from __future__ import annotations
 

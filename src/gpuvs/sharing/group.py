@@ -1,6 +1,7 @@
-"""Concurrent workers on one GPU: a start barrier so every worker measures the same window, MPS on
-or off, mixed pairs (interference), a capacity search (add workers until one fails), and the
-MPS advisor. Every worker is an ordinary trial: stored, fingerprinted, cleaned up."""
+"""Concurrent workers on one GPU, all measuring the same window behind a start barrier.
+
+MPS on or off, mixed pairs (interference), a capacity search (add workers until one fails), and the MPS advisor.
+Every worker is an ordinary trial: stored, fingerprinted, cleaned up."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from typing import Any, Callable
 from gpuvs import workloads
 from gpuvs.probes import telemetry
 from gpuvs.sharing import gpm
-from gpuvs.workloads import _barrier as barrier
-from gpuvs.errors import UsageError, interruption
+from gpuvs.workloads import barrier
+from gpuvs.errors import UsageError
 from gpuvs.sharing.mps import MpsDaemon
-from gpuvs.trial.runner import LiveTrial, Runner, TrialResult
-from gpuvs.sharing.stats import as_rate, window_rate
+from gpuvs.trial.runner import Flight, LiveTrial, Runner, TrialResult
+from gpuvs.sharing.share_stats import as_rate, window_rate
 from gpuvs.spec import EnvSpec, RunSpec
 
 BIG_STEPS = 10_000_000  # the window, not the step count, ends a shared run
@@ -106,6 +107,7 @@ class Coordinator:
         self.window_s = window_s
         self.ready_timeout_s = ready_timeout_s
         self.say = say
+        self._flight: Flight | None = None  # the workers of the group in hand (_workers)
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -117,21 +119,11 @@ class Coordinator:
         probe.telemetry_interval_s = 0.1
         return telemetry.start_for(probe, lambda e: sink.append(e) if e.get("type") == "telemetry" else None)
 
-    def _pump(self, lives: list[LiveTrial]) -> None:
-        for live in lives:
-            if live.done:
-                continue
-            try:
-                live.pump(block=False)
-            except TimeoutError:
-                live.fail("timeout", f"timed out after {live.timeout:g} s; the worker was stopped")
-                live.finish()
-
     def _wait_ready(self, lives: list[LiveTrial], folder: str, count: int) -> LiveTrial | None:
         """Until `count` workers are ready. Returns a worker that ended before it was ready, if any."""
         deadline = time.monotonic() + self.ready_timeout_s
         while len(barrier.ready(folder)) < count:
-            self._pump(lives)
+            self._flight.pump(lives)
             failed = [lv for lv in lives if lv.done]
             if failed:
                 return failed[0]
@@ -160,7 +152,7 @@ class Coordinator:
                 group.clients_attached = mps.clients()
             grace = time.monotonic() + window_s + 120
             while not all(lv.done for lv in lives):
-                self._pump(lives)
+                self._flight.pump(lives)
                 if window is not None and (time.monotonic() >= gpm_end or any(lv.done for lv in lives)):
                     group.gpm, window = window.stop(), None
                 if time.monotonic() > grace:
@@ -187,17 +179,14 @@ class Coordinator:
         out, each worker is stopped and stored, the daemon stopped and the folder removed."""
         folder = tempfile.mkdtemp(prefix="gpuvs-barrier-")
         daemon = MpsDaemon() if mps else None
-        lives: list[LiveTrial] = []
         try:
             if daemon is not None:
                 daemon.start()
-            yield folder, daemon, lives
-        except KeyboardInterrupt as exc:
-            _interrupted(lives, exc)
-            raise
+            with Flight(self.runner) as flight:  # any way out: every worker is stopped and committed
+                self._flight = flight
+                yield folder, daemon, flight.live
         finally:
-            for lv in lives:
-                lv.finish()
+            self._flight = None
             if daemon is not None:
                 daemon.stop()
             shutil.rmtree(folder, ignore_errors=True)
@@ -214,9 +203,7 @@ class Coordinator:
                               (client_env or [])[i] if client_env and i < len(client_env) else None)
                   for i, s in enumerate(specs)]
             for spec in ws:
-                live = LiveTrial(self.runner, spec)
-                lives.append(live)
-                live.start()
+                self._flight.launch(spec)
             bad = self._wait_ready(lives, folder, len(lives))
             if bad is not None:
                 group.failure = f"worker {bad.result.spec.trial} failed before the start: {bad.result.error}"
@@ -238,10 +225,7 @@ class Coordinator:
         with self._workers(mps) as (folder, daemon, lives):
             barrier.release(folder, delay_s=0.0)  # open-ended: each starts once ready, ends at the stop file
             for i in range(max_workers):
-                live = LiveTrial(self.runner, worker_spec(spec, folder, f"w{i:03d}", 0, label, i, daemon,
-                                                          client_env))
-                lives.append(live)
-                live.start()
+                self._flight.launch(worker_spec(spec, folder, f"w{i:03d}", 0, label, i, daemon, client_env))
                 bad = self._wait_ready(lives, folder, len(lives))
                 if bad is not None:
                     run.failed_at, run.failure = bad.result.spec.trial + 1, bad.result.error
@@ -260,22 +244,22 @@ class Coordinator:
             barrier.stop(folder)
             deadline = time.monotonic() + 60
             while not all(lv.done for lv in lives) and time.monotonic() < deadline:
-                self._pump(lives)
+                self._flight.pump(lives)
                 time.sleep(0.02)
         run.trials = [lv.result for lv in lives]
         return run
 
     def _capacity_window(self, lives: list[LiveTrial], count: int, daemon: MpsDaemon | None) -> CapacityStep:
-        self._pump(lives)
+        self._flight.pump(lives)
         time.sleep(min(0.5, self.window_s / 4))  # the newest instance's first steps are not the window's
-        self._pump(lives)
+        self._flight.pump(lives)
         marks = [len(lv.result.samples) for lv in lives]
         sink: list[dict[str, Any]] = []
         sampler = self._sampler(lives[0].result.spec, sink)
         end = time.monotonic() + self.window_s
         try:
             while time.monotonic() < end and not any(lv.done for lv in lives):
-                self._pump(lives)
+                self._flight.pump(lives)
                 time.sleep(0.01)
         finally:
             if sampler is not None:
@@ -328,12 +312,6 @@ class CapacityRun:
 
     def measured(self) -> list[CapacityStep]:
         return [s for s in self.steps if s.failure is None]
-
-
-def _interrupted(lives: list[LiveTrial], exc: BaseException) -> None:
-    for lv in lives:
-        if not lv.done:
-            lv.fail("interrupted", interruption(exc), status="interrupted")
 
 
 def gpu_memory_total_mib(device: str) -> float | None:

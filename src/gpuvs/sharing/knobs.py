@@ -1,7 +1,7 @@
-"""The MPS settings people set per client, as arms of a sharing study: the share of the SMs a client
-may use (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) and its pinned device memory limit
-(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT). Both are read by the client when it connects, so each worker gets
-them in its own environment."""
+"""The MPS settings people set per client, as arms of a sharing study.
+
+The share of the SMs a client may use (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), and its pinned device memory limit.
+The client reads both when it connects, so each worker gets them in its own environment."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The pairs file (read by `gpuvs share-matrix` and `gpuvs advise-mps --pairs`) and the matrix's runs:
-pairs of jobs x an input-size sweep x MPS off/on, each pair measured alone and together in shared
-windows (the published MPS study's matrix)."""
+"""The pairs file (of `gpuvs share-matrix` and `gpuvs advise-mps --pairs`) and the matrix's runs.
+
+Pairs of jobs x an input-size sweep x MPS off/on, each pair measured alone and together in shared windows.
+That is the published MPS study's matrix."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpuvs.errors import UsageError
-from gpuvs.trial.plan import load_yaml
+from gpuvs.trial.experiment import load_yaml
 from gpuvs.params import Param, did_you_mean
 from gpuvs.sharing.group import Coordinator, Group
 from gpuvs.spec import RunSpec

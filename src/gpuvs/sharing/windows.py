@@ -1,14 +1,8 @@
-"""How long advise-mps measures each window, calibrated the way pyperf calibrates its loops: from a job's
-solo window (its steps and their times are known), the window in which it runs at least MIN_STEPS steps
-and enough of them for the window's rate to be within TARGET (relative standard error) given how much its
-step times vary, with a floor of --duration and a cap of --max-duration. Statistics only: no worker runs
-here, and the text of a reason is the one line the command prints.
+"""How long advise-mps measures each window, calibrated as pyperf calibrates its loops (docs/sharing.md).
 
-The window's rate is its steps over its time; for steps of mean m and coefficient of variation c, a window
-of N = T / m steps has a rate whose relative standard error is about c / sqrt(N) (the renewal count's
-spread; steps taken as independent). So N = max(MIN_STEPS, (c / TARGET)^2) and T = N * m. Two jobs
-together each run slower (taking turns, about half as fast): a pair's window is calibrated on each job's
-step time times PAIR_SLOWDOWN, and is the longer of the two jobs' windows."""
+N steps read a rate to about c / sqrt(N), c the steps' variation: so N = max(MIN_STEPS, (c / TARGET)^2).
+A pair's window takes each job's steps as PAIR_SLOWDOWN times longer, and is the longer of the two.
+Statistics only: no worker runs here, and a reason's text is the one line the command prints."""
 
 from __future__ import annotations
 

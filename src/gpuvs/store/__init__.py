@@ -1,1 +1,1 @@
-"""The store: SQLite (db) and the typed records it returns (records)."""
+"""The store: SQLite (db), the typed records it returns (records) and the ids it keys them by (ids)."""

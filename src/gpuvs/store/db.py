@@ -1,16 +1,8 @@
-"""SQLite store: one file, WAL. A trial's row is committed as 'running' when it starts; its samples
-and telemetry are written in batches while it runs (at most FLUSH_INTERVAL_S apart, by gpuvs, never
-by the worker, so the cost stays out of the measured loop), and the rest with its final status in
-one transaction. A gpuvs killed outright (SIGKILL) loses at most the last second of its trial in
-flight: the next open marks that trial interrupted and keeps what it had measured. Several trials may
-be in flight at once (workers sharing a GPU). Every SQLite error is one line that says what is wrong (a
-folder, a full disk, read-only, busy, not a database, damaged: only the last gets the way to recover) and what
-to do; a store on a read-only mount is opened read-only and can still be listed, shown and reported. A store that
-wrote something is checkpointed as it closes (its data in the main file, not only in the WAL), and the close fails
-with one line saying where the data is if the file was moved, replaced or deleted meanwhile, or does not read back.
+"""SQLite store: one file, WAL, every trial's events kept as they arrive.
 
-Rows are read into typed records (gpuvs.store.records: ExperimentRecord, TrialRecord, SampleRecord,
-TelemetryRecord) and written from them: the JSON of the store's columns is made and read there."""
+Samples are written in batches by gpuvs, never the worker, so the cost stays out of the measured loop.
+A gpuvs killed outright loses at most the last second of its trial in flight: the next open marks it interrupted.
+Every SQLite error is one line saying what is wrong and what to do; rows are typed records (store/records.py)."""
 
 from __future__ import annotations
 
@@ -70,7 +62,7 @@ CREATE INDEX IF NOT EXISTS trials_experiment ON trials(experiment_id);
 """
 
 STATUSES = ("running", "ok", "failed", "interrupted")
-FLUSH_INTERVAL_S = 1.0
+FLUSH_INTERVAL_S = 1.0  # a trial in flight's samples are written this often: a SIGKILL loses at most this much
 JSON_COLUMNS = ("spec", "fingerprint", "config", "startup", "metrics", "summary", "contention")
 # Columns added to a table after stores were first written: (table, column, type). Opening a writable store adds
 # those it lacks; a read-only one is read without them (records.py reads a missing column as None).
@@ -508,17 +500,25 @@ class Store:
         return [ExperimentListing.from_row(r) for r in rows]
 
     def experiment(self, experiment_id: str) -> ExperimentRecord:
+        """An experiment by its id, else by its name (--name) or the start of its id: one line where none or
+        several match."""
         row = self.db.execute("SELECT * FROM experiments WHERE id=?", (experiment_id,)).fetchone()
         if row is None:
-            matches = self.db.execute("SELECT * FROM experiments WHERE substr(id, 1, ?) = ? ORDER BY created",
-                                      (len(experiment_id), experiment_id)).fetchall()
+            named = self.db.execute("SELECT * FROM experiments WHERE name=? ORDER BY created",
+                                    (experiment_id,)).fetchall()
+            starts = self.db.execute("SELECT * FROM experiments WHERE substr(id, 1, ?) = ? ORDER BY created",
+                                     (len(experiment_id), experiment_id)).fetchall()
+            matches = list({m["id"]: m for m in [*named, *starts]}.values())
             if not matches:
-                raise UsageError(f"no experiment {experiment_id!r} in {self.path} (see: gpuvs results list)")
+                raise UsageError(f"no experiment {experiment_id!r} (as an id, its start or a name) in {self.path} "
+                                 f"(see: gpuvs results list)")
             if len(matches) > 1:
                 shown = ", ".join(m["id"] for m in matches[:10]) + (f" and {len(matches) - 10} more"
                                                                     if len(matches) > 10 else "")
-                raise UsageError(f"{experiment_id!r} is the start of {len(matches)} experiments in {self.path}: "
-                                 f"{shown}; give more of the id")
+                what = ("is the name of" if not starts else "is the start of" if not named
+                        else "is the name or the start of the id of")
+                raise UsageError(f"{experiment_id!r} {what} {len(matches):,} experiments in {self.path}: "
+                                 f"{shown}; give {'more of the id' if not named else 'the id'}")
             row = matches[0]
         return ExperimentRecord.from_row(row)
 
@@ -548,6 +548,19 @@ class Store:
         if fmt == "csv":
             return trials_csv(self.trials(experiment_id))
         raise UsageError(f"unknown export format {fmt!r}; use json or csv")
+
+
+def open_existing(path: str | os.PathLike) -> Store:
+    """An existing store (reading results); one line when there is none. On a full disk, where opening it to
+    write fails, it is read as it stands: what it holds is shown."""
+    if not Path(path).exists():
+        raise UsageError(f"no store at {path} (run something first, or pass --store PATH)")
+    try:
+        return Store(path)
+    except StoreError as exc:
+        if exc.reason != "full":
+            raise
+        return Store(path, readonly=True)
 
 
 def _json(value: Any) -> str:

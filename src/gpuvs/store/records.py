@@ -1,13 +1,7 @@
-"""What the store keeps, as typed records: an experiment (ExperimentRecord, its ExperimentMeta), its
-trials (TrialRecord), their samples (SampleRecord), NVML readings (TelemetryRecord) and a command's own
-output (OutputRecord). The store reads
-its rows into these and writes them back; everything after the store works on them.
+"""What the store keeps, as typed records: experiments, their trials, samples, NVML readings, a command's output.
 
-JSON is made and read here and nowhere after the store: to_dict() is exactly the JSON the store's
-columns, `gpuvs results export` and `results show --json` carry (the same keys, in the same order, as
-ever), from_dict()/from_row() read it back. Reading is tolerant of stores written by earlier versions: a
-key they did not write gets the default those versions meant (said where it matters), one this version
-does not know is kept (meta) or left out (a run spec's unknown field)."""
+JSON is made and read here and nowhere after the store: to_dict() is what the store's columns carry.
+Reading is tolerant of stores written by earlier versions: a missing key gets the default they meant."""
 
 from __future__ import annotations
 
@@ -18,7 +12,7 @@ from typing import Any, Iterable, Mapping
 
 from gpuvs.spec import EnvSpec, RunSpec
 
-def _known(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+def known_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
     """The items of `data` that are fields of the dataclass `cls` (a stored record read back: a key an
     earlier version did not write keeps the field's default; one a later version added is left out)."""
     names = {f.name for f in fields(cls)}
@@ -70,15 +64,21 @@ class SeriesSummary:
     def from_dict(cls, data: Mapping[str, Any]) -> SeriesSummary:
         """A stored summary. One written before `better` existed has better None (undeclared: its unit was
         never a declaration) and keeps its higher_is_better."""
-        out = cls(**_known(cls, data))
+        out = cls(**known_fields(cls, data))
         if "higher_is_better" not in data:
             out.higher_is_better = _DIRECTION.get(out.better or "")
         return out
 
+    @property
+    def mean_of_steps(self) -> bool:
+        """Whether the trial's figure is the mean of its step values (each request's latency), not items
+        over time: a table then names the statistic."""
+        return self.n > 0 and self.total_seconds is None and self.figure is None
+
 
 
 @dataclass(frozen=True)
-class Plan:
+class LookSchedule:
     """The looks of one --until-confident run: first (planned trials per arm), step, cap."""
 
     first: int
@@ -152,7 +152,7 @@ class FileFacts:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> FileFacts | None:
-        return cls(**_known(cls, data)) if isinstance(data, Mapping) and data.get("path") else None
+        return cls(**known_fields(cls, data)) if isinstance(data, Mapping) and data.get("path") else None
 
     def short(self) -> str:
         """Its path and the start of its hash: `/usr/bin/python3 (sha256 a83c0370d915)`."""
@@ -177,7 +177,7 @@ class ProgramRecord:
     def from_dict(cls, data: Mapping[str, Any] | None) -> ProgramRecord | None:
         if not isinstance(data, Mapping) or "argv0" not in data:
             return None
-        known = _known(cls, data)
+        known = known_fields(cls, data)
         known["executable"] = FileFacts.from_dict(data.get("executable"))
         known["script"] = FileFacts.from_dict(data.get("script"))
         return cls(**known)
@@ -300,8 +300,8 @@ class ContentionRecord:
     def from_dict(cls, data: Mapping[str, Any] | None) -> ContentionRecord | None:
         if not isinstance(data, Mapping):
             return None
-        known = _known(cls, data)
-        known["gpu_processes"] = [GpuProcess(**_known(GpuProcess, p)) for p in data.get("gpu_processes") or []
+        known = known_fields(cls, data)
+        known["gpu_processes"] = [GpuProcess(**known_fields(GpuProcess, p)) for p in data.get("gpu_processes") or []
                                   if isinstance(p, Mapping) and "pid" in p]
         return cls(**known)
 
@@ -444,27 +444,25 @@ class ArmMeta:
 
 @dataclass
 class ExperimentMeta:
-    """What an experiment stores besides its trials: how it is judged, what was run, and what each kind of
-    run keeps of its own. Every field is None where the experiment did not store it, and `order` keeps the
-    order of the keys of a stored meta, so that to_dict() writes back the JSON that was read, key for key.
-    A new meta is written in the order of the fields below (the order `gpuvs run` and `gpuvs compare`
-    always wrote), skipping what is None.
+    """What an experiment stores besides its trials: how it is judged, what was run, what each kind keeps.
 
-    What a field left out meant, for stores of every version: margin 0.02 and confidence 0.95 (compare's
-    defaults: judged()); interleaved: the trials of a compare were run in interleaved rounds, other kinds'
-    were not, and only `compare --stored` says otherwise (is_interleaved()); sequential: a fixed count."""
+    Every field is None where the experiment did not store it. `order` keeps a stored meta's key order, so that
+    to_dict() writes back the JSON that was read; a new meta is written in the fields' order, skipping None.
+    A field left out means what it meant in every version: see judged(), is_interleaved() and `sequential`."""
 
-    # how a comparison is judged
+    # how a comparison is judged; left out: compare's defaults, 0.02 and 0.95 (judged())
     margin: float | None = None
     confidence: float | None = None
     # where it came from
     file: str | dict[str, Any] | None = None  # compare --file: its path; share-matrix: the pairs file itself
     description: str | None = None
     command: str | None = None
-    sequential: Plan | None = None  # --until-confident: the looks planned (first, cap, step)
+    sequential: LookSchedule | None = None  # --until-confident: the looks planned (first, cap, step); left out: a fixed count
     # what was run (the runner's experiments: run, compare, fleet)
     workload: str | None = None
-    interleaved: bool | None = None  # stated only where trials were not interleaved (compare --stored)
+    # stated only where trials were not interleaved (compare --stored); left out, a compare's were, other kinds'
+    # were not (is_interleaved())
+    interleaved: bool | None = None
     aa: bool | None = None  # an A/A run (compare --aa): stated where it was one
     trials: int | None = None  # trials per arm planned
     seed: int | None = None  # of the trial order
@@ -534,7 +532,7 @@ class ExperimentMeta:
                    extra={k: v for k, v in data.items() if k not in names}, order=tuple(data))
         if isinstance(data.get("sequential"), Mapping):
             seq = data["sequential"]
-            meta.sequential = Plan(int(seq["first"]), int(seq["cap"]), int(seq.get("step", 2)))
+            meta.sequential = LookSchedule(int(seq["first"]), int(seq["cap"]), int(seq.get("step", 2)))
         if data.get("arms") is not None:
             meta.arms = [ArmMeta(a["name"], dict(a.get("overrides") or {})) for a in data["arms"]]
         if isinstance(data.get("base"), Mapping):

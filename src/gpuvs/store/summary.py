@@ -1,7 +1,8 @@
-"""How one trial's figures are made from its samples, with tf_cnn_benchmarks' semantics: throughput = total items
-over total time (batch size / mean step time), +/- = standard deviation of per-step rates / sqrt(steps), jitter =
-1.4826 x their median absolute deviation. The worker summarises a trial with it, and the store with it summarises
-what an interrupted trial had measured; gpuvs.analysis.stats goes on from these figures across trials."""
+"""How one trial's figures are made from its samples, with tf_cnn_benchmarks' semantics.
+
+Throughput is total items over total time; +/- the standard deviation of per-step rates / sqrt(steps).
+Jitter is 1.4826 x their median absolute deviation. The worker summarises a trial with it.
+The store summarises an interrupted trial with it too; gpuvs.analysis.stats goes on from these figures."""
 
 from __future__ import annotations
 

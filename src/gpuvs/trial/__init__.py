@@ -1,2 +1,3 @@
-"""One trial, end to end: the plan of an experiment (one loader for command line and files), the runner that
-orders and records trials, the launch of a worker, the zygote it may fork from, and the worker itself."""
+"""One trial, end to end: the plan of an experiment, the runner, the launch of a worker, the zygote, the worker.
+
+The plan has one loader for the command line and files; the runner orders and records the trials."""

@@ -1,18 +1,8 @@
-"""Where the compiled bytecode of a trial process's imports is kept.
+"""Where the compiled bytecode of a trial process's imports is kept (GPUVS_PYCACHE, docs/trials.md).
 
-Python compiles a module's source to bytecode at its first import and keeps it beside the source
-(`__pycache__`) for the next process. Some environments keep none: PYTHONDONTWRITEBYTECODE set (common in
-container images) over a framework installed without its bytecode (uv, and `pip --no-compile`, install
-none), or a site-packages this user cannot write. There every process that imports torch compiles its
-modules again, about 2,000 of them: 5-10 s of each trial's start (or of a zygote's) on a GPU server's CPU,
-paid before anything is measured.
-
-gpuvs's trial processes (the worker and the zygote) then keep that bytecode in a folder of gpuvs's own,
-$XDG_CACHE_HOME/gpuvs/pycache (~/.cache/gpuvs/pycache; Python's own `sys.pycache_prefix`): the sources and
-the user's environment stay as they are, the same code runs, and the next process reads what the first
-one compiled. About 60 MB for torch and torchvision. GPUVS_PYCACHE=off turns it off (trials then import
-as Python is told to); GPUVS_PYCACHE=DIR names another folder. Nothing here imports the modules it asks
-about."""
+Where Python keeps none beside the sources, every trial would compile torch's modules again: 5-10 s each.
+The worker and the zygote then keep it in $XDG_CACHE_HOME/gpuvs/pycache, Python's sys.pycache_prefix.
+Nothing here imports the modules it asks about."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""What makes a fork safe, asked by the zygote before every trial's fork (zygote.py) and by a worker before it forks
-the ranks of a run across several GPUs (multiproc.py): one thread, and CUDA not initialised. Standard library only."""
+"""What makes a fork safe: one thread, and CUDA not initialised. Standard library only.
+
+The zygote asks before every trial's fork (zygote.py), a worker before it forks the ranks of a run (multiproc.py)."""
 
 from __future__ import annotations
 

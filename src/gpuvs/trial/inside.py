@@ -1,11 +1,8 @@
-"""What gpuvs runs inside a container.
+"""What gpuvs runs inside a container: `python -m gpuvs.trial.inside` is the worker, as on the host.
 
-`python -m gpuvs.trial.inside` is the worker (the same protocol as on the host). When a GPU run fails,
-it then checks whether the GPU is visible in the container at all (device nodes, libcuda.so.1,
-cuInit, device count) and, where it is not, replaces the framework's error with one line saying
-what is missing. `python -m gpuvs.trial.inside --probe` prints, as one JSON object, what `gpuvs doctor`
-reports: Python, modules, the GPU as seen from inside, limits. Standard library only up to the
-worker, so an image without numpy or torch still gets a clear answer."""
+When a GPU run fails, it checks whether the GPU is visible at all and says in one line what is missing.
+`--probe` prints, as one JSON object, what `gpuvs doctor` reports from inside.
+Standard library only up to the worker, so an image without numpy or torch still gets a clear answer."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""How a trial's process starts: `--fresh exec` (a new worker process, container or pod per trial, as the
-environment launches it) or `--fresh fork` (a fresh child of a zygote that paid the imports once; see
-zygote.py). The runner asks one Launcher for every trial; the child of a zygote is a WorkerStream like
-any worker: the same protocol lines, stderr tail, exit status, and a kill that takes its whole process
-group.
+"""How a trial's process starts: `--fresh exec` (a new worker process) or `--fresh fork` (a zygote's child).
 
-`--fresh auto` (the default) is decided once per experiment, for every arm alike: fork where every arm's
-environment forks by default (environments declare it: the host does; a container forks when asked;
-a pod cannot) and the workload does not measure its own start-up (`startup`), else exec. An arm may set
-`fresh` itself: a comparison of the two mechanisms.
-
-Zygotes are keyed by what they hold: the environment (kind and options, which set the zygote's
-environment variables and limits) and the modules the workload imports. Arms that share all of that
-share a zygote; others get their own, started the same way. Every zygote is started when the experiment
-starts (all at once), and closed on every exit path with the children it forked."""
+The runner asks one Launcher for every trial; a zygote's child is a WorkerStream like any worker.
+`--fresh auto` is decided once per experiment, for every arm alike (docs/trials.md).
+Zygotes are keyed by environment and imports, started with the experiment and closed on every exit path."""
 
 from __future__ import annotations
 
@@ -30,7 +20,7 @@ from typing import Any, Iterable
 
 from gpuvs import environments, events, spawn, workloads
 from gpuvs.trial import zygote
-from gpuvs.environments.base import WorkerStream
+from gpuvs.environments.environment import WorkerStream
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
 from gpuvs.spec import RunSpec

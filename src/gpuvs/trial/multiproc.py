@@ -1,29 +1,7 @@
-"""Data-parallel runs: one process per GPU (NCCL) or per CPU rank (gloo). Rank 0's events reach
-the worker's protocol stream through a queue; every rank's failure does too. Ranks are stopped
-on every exit path.
+"""Data-parallel runs: one process per GPU (NCCL) or per CPU rank (gloo), forked from the worker where safe.
 
-One host: the rendezvous is on 127.0.0.1 at a free port. A trial across nodes (the pod environment's
---num-nodes, environments/pod/gang.py) sets GPUVS_NUM_NODES, GPUVS_NODE_RANK, GPUVS_MASTER_ADDR and
-GPUVS_MASTER_PORT in each pod: this pod's ranks are NODE_RANK x --num-gpus + 0..--num-gpus-1 of a world of
-NUM_NODES x --num-gpus, and global rank 0 (in the first pod) holds the store the others meet at.
-
-How the ranks start (docs/trials.md, "Across several GPUs"): forked from the worker, which holds the
-workload's imports already (multiprocessing's "fork"), under the zygote's rules: the worker must be
-single-threaded at the fork (its parent watch is paused for it; pools that shut down at fork, OpenBLAS's,
-do so at an empty fork first) and CUDA not initialised in it (the worker forks its ranks before anything of
-its own touches CUDA). Where either does not hold, or GPUVS_RANKS=spawn asks for it, the ranks are spawned
-as before (a fresh interpreter each, every import paid again) and the reason is logged and stored. Each rank
-then sets its own device and makes its own CUDA context and process group.
-
-Each rank reports when it ran, had its imports and had its process group; the worker stores, per trial, the
-ranks' start as start-up items (ranks_s and its parts ranks_process_s, ranks_import_s, ranks_group_s) and how
-they started as config items (ranks_started_by, ranks_spawn_reason, ranks_preloaded: torch was imported
-in every rank before its code ran, rank_import_s: each rank's own import seconds).
-
-CPU ranks each set torch's intra-op threads to the cores this process may use // the ranks on this host (at
-least 1), or to OMP_NUM_THREADS where the user set it: each rank with every core's threads would oversubscribe
-the cores (torchrun sets OMP_NUM_THREADS=1 per rank for this). Stored as config items rank_threads (each
-rank's, as torch reports it) and rank_threads_by (what decided it)."""
+Rank 0's events and every rank's failure reach the worker's protocol stream through a queue.
+Ranks are stopped on every exit path. How they start, across nodes too, and what is stored: docs/trials.md."""
 
 from __future__ import annotations
 
@@ -103,7 +81,7 @@ def _rank_main(spec_json: str, params: dict[str, Any], rank: int, world: int, po
     from gpuvs import workloads
     from gpuvs.spec import RunSpec
     from gpuvs.probes.failures import classify
-    from gpuvs.workloads.base import RunContext
+    from gpuvs.workloads.workload import RunContext
 
     local = rank if local is None else local
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),

@@ -1,9 +1,8 @@
-"""What an arm changes of its experiment's base spec, sorted once: RunSpec fields, the environment kind,
-environment options and workload parameters (Overrides.sort), then laid over the base (Overrides.apply).
+"""What an arm changes of its base spec: RunSpec fields, `env`, environment options and workload parameters.
 
-An experiment file's keys, an `--arm NAME:key=value` and an Arm built in code all pass through sort(), so
-a key means the same wherever it is written. Given the workload, sort() also types each value and refuses
-a key that is none of the four; without it (an Arm built in code) other keys are parameters as given."""
+Overrides.sort sorts them once and Overrides.apply lays them over the base.
+A file's keys, `--arm NAME:key=value` and an Arm built in code all pass through sort(): a key means one thing.
+Given the workload, sort() types each value and refuses a key that is none of the four; else keys are parameters."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Experiment execution: expand arms x trials into RunSpecs, order them interleaved and shuffled
-(A B B A ...), run each in a fresh worker with a timeout, and store every event as it arrives."""
+"""Experiment execution: arms x trials as RunSpecs, ordered interleaved and shuffled (A B B A ...).
+
+Each runs in a fresh worker with a timeout, and every event is stored as it arrives."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import dataclasses
 import queue
 import random
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -16,7 +16,7 @@ from gpuvs import environments, events, workloads
 from gpuvs.probes import contention
 from gpuvs.trial import launch
 from gpuvs.errors import RunFailed, UsageError, interruption
-from gpuvs.trial.launch import exit_text  # noqa: F401  (a worker's end in words; the runner's since the start)
+from gpuvs.trial.launch import exit_text
 from gpuvs.store.records import (
     ArmMeta,
     ContentionRecord,
@@ -27,9 +27,10 @@ from gpuvs.store.records import (
     TrialRecord,
     summaries_from_dict,
 )
-from gpuvs.spec import RunSpec, check_device_syntax, nodes_asked
-from gpuvs.trial.overrides import SPEC_FIELDS, Overrides  # noqa: F401  (SPEC_FIELDS: the arm keys that are RunSpec fields)
+from gpuvs.spec import RunSpec, check_device_syntax, new_run_id, nodes_asked
+from gpuvs.trial.overrides import Overrides
 from gpuvs.store.db import Store, StoreError
+from gpuvs.store.ids import new_id
 
 
 @dataclass
@@ -100,6 +101,11 @@ class Arm:
             self.overrides = Overrides.sort(self.overrides)
 
 
+def draw_seed() -> int:
+    """A trial order's seed where none was given: from the system's randomness, below 2**31."""
+    return random.SystemRandom().randrange(2**31)
+
+
 @dataclass
 class Experiment:
     """A matrix of arms x trials over one base spec."""
@@ -110,9 +116,15 @@ class Experiment:
     trials: int = 1
     seed: int | None = None
     kind: str = "run"
-    id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
+    id: str = field(default_factory=new_id)
     meta: ExperimentMeta = field(default_factory=ExperimentMeta)  # stored with it (margin, command, ...)
     checked: bool = field(default=False, repr=False, compare=False)  # validate_experiment has passed it
+
+    def fix_seed(self) -> int:
+        """The trial order's seed: drawn once where none was given, then kept and stored, so the order can be re-made."""
+        if self.seed is None:
+            self.seed = draw_seed()
+        return self.seed
 
     def stored_meta(self) -> ExperimentMeta:
         """The meta the store keeps: this one, with the workload, planned trials, order seed, arms and base."""
@@ -122,7 +134,7 @@ class Experiment:
     def spec_for(self, arm: Arm, trial: int) -> RunSpec:
         spec = arm.overrides.apply(self.base)
         spec.arm, spec.trial, spec.experiment_id = arm.name, trial, self.id
-        spec.run_id = uuid.uuid4().hex[:12]
+        spec.run_id = new_run_id()
         return spec
 
     def order(self, start: int = 0) -> list[RunSpec]:
@@ -130,9 +142,7 @@ class Experiment:
         so that every arm runs as often early as late and drift cancels. `start` skips the rounds
         already run (trials added later continue the same sequence); a missing seed is drawn once
         and kept, so that the sequence is the same on every call and can be stored."""
-        if self.seed is None:
-            self.seed = random.SystemRandom().randrange(2**31)
-        rng = random.Random(self.seed)
+        rng = random.Random(self.fix_seed())
         specs: list[RunSpec] = []
         perm: list[Arm] = []
         for t in range(self.trials):
@@ -282,27 +292,117 @@ class Runner:
                 return result
             attempt += 1
             spec = copy.deepcopy(spec)
-            spec.run_id = uuid.uuid4().hex[:12]
+            spec.run_id = new_run_id()
 
     def run_trial(self, spec: RunSpec, attempt: int = 0) -> TrialResult:
-        live = LiveTrial(self, spec, attempt)
+        return Flight(self).run_one(spec, attempt)
+
+
+class Flight:
+    """The one trial loop: trials in flight, each a LiveTrial, started, read and stopped the same way for every
+    study. What to start when (order, parallelism, placement, groups, windows) is the caller's policy."""
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+        self.live: list[LiveTrial] = []
+
+    def __enter__(self) -> Flight:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        """On any way out: a trial still running is stopped (Ctrl-C, a refused store write, an error) and every
+        trial is committed, so that none outlives the loop and none is lost."""
+        if exc is not None:
+            self.stop(exc)
+        for lv in self.live:
+            lv.finish()
+
+    def launch(self, spec: RunSpec, attempt: int = 0) -> LiveTrial:
+        """Start a trial; a launcher's refusal is the trial's failure and is raised (a group that cannot start
+        one worker starts none)."""
+        lv = LiveTrial(self.runner, spec, attempt)
+        self.live.append(lv)
         try:
-            live.start()
-            live.pump(block=True)
+            lv.start()
+        except (KeyboardInterrupt, StoreError):  # the run stops; stop() keeps the trial
+            raise
+        except Exception as exc:
+            lv.fail(getattr(exc, "kind", "unavailable"), str(exc) or type(exc).__name__)
+            raise
+        return lv
+
+    def start(self, spec: RunSpec, attempt: int = 0) -> LiveTrial:
+        """Start a trial; a launcher's refusal (API error, engine missing) is that trial's failure alone."""
+        try:
+            return self.launch(spec, attempt)
+        except (KeyboardInterrupt, StoreError):
+            raise
+        except Exception:
+            return self.live[-1]
+
+    def poll(self, lv: LiveTrial) -> bool:
+        """Read what the trial said since; True once it ended and is committed (a timeout or a crash is its
+        failure). A store refusal or Ctrl-C is raised, for the caller's `with` to stop the rest."""
+        if lv.done:
+            lv.finish()
+            return True
+        try:
+            if not lv.pump(block=False):
+                return False
+        except TimeoutError:
+            lv.timed_out()
+        except (KeyboardInterrupt, StoreError):
+            raise
+        except Exception as exc:
+            lv.fail(getattr(exc, "kind", "crash"), str(exc) or type(exc).__name__)
+        lv.finish()
+        if self.runner.store_failed is not None:  # its final write was refused
+            raise self.runner.store_failed
+        return True
+
+    def pump(self, lives: list[LiveTrial]) -> None:
+        """Read every running trial of `lives` without blocking; one past its deadline is stopped and committed."""
+        for lv in lives:
+            if lv.done:
+                continue
+            try:
+                lv.pump(block=False)
+            except TimeoutError:
+                lv.timed_out()
+                lv.finish()
+
+    def stop(self, exc: BaseException) -> None:
+        """Every trial still running fails with the reason the loop stopped: Ctrl-C or SIGTERM, a store refusal."""
+        for lv in self.live:
+            if lv.done:
+                continue
+            if isinstance(exc, StoreError):
+                lv.fail("store", str(exc))
+            else:
+                lv.fail("interrupted", interruption(exc) if isinstance(exc, KeyboardInterrupt) else
+                        str(exc) or type(exc).__name__, status="interrupted")
+
+    def run_one(self, spec: RunSpec, attempt: int = 0) -> TrialResult:
+        """One trial start to end, blocking: what `gpuvs run` and `compare` do for each trial."""
+        lv = LiveTrial(self.runner, spec, attempt)
+        self.live.append(lv)
+        try:
+            lv.start()
+            lv.pump(block=True)
         except KeyboardInterrupt as exc:
-            live.fail("interrupted", interruption(exc), status="interrupted")
+            lv.fail("interrupted", interruption(exc), status="interrupted")
             raise
         except TimeoutError:
-            live.fail("timeout", f"timed out after {live.timeout:g} s; the worker was stopped")
+            lv.timed_out()
         except StoreError as exc:  # a write refused (disk full, read-only): the trial stops, and the run after it
-            live.fail("store", str(self.store_refused(exc)))
+            lv.fail("store", str(self.runner.store_refused(exc)))
         except Exception as exc:  # a launcher that failed to start (engine missing, ...)
-            live.fail(getattr(exc, "kind", "unavailable"), str(exc) or type(exc).__name__)
+            lv.fail(getattr(exc, "kind", "unavailable"), str(exc) or type(exc).__name__)
         finally:
-            live.finish()
-        if self.store_failed is not None:
-            raise self.store_failed
-        return live.result
+            lv.finish()
+        if self.runner.store_failed is not None:
+            raise self.runner.store_failed
+        return lv.result
 
 
 class LiveTrial:
@@ -411,6 +511,9 @@ class LiveTrial:
                 r.error_kind = "crash"
                 r.error = (exit_text(r.exit_code) if r.exit_code != 0 else
                            "the worker ended (status 0) without reporting its results") + (f": {tail}" if tail else "")
+
+    def timed_out(self) -> None:
+        self.fail("timeout", f"timed out after {self.timeout:g} s; the worker was stopped")
 
     def fail(self, kind: str, message: str, status: str = "failed") -> None:
         r = self.result

@@ -1,11 +1,7 @@
-"""A study run to its verdict, as a library call: `run_trials` runs an experiment's arms x trials and keeps
-them; `run_comparison` runs a Study (plan.py) with compare's stopping rule (--until-confident: pairs of
-trials per arm, A B | B A, until every arm's headline verdict is settled or the cap is hit) and returns the
-stored experiment's Analysis.
+"""A study run to its verdict, as a library call: run_trials runs arms x trials, run_comparison runs a Study.
 
-What happens on the way is told through Hooks, typed callbacks every one optional: the command line renders
-them (the step log, the progress bar, the trial lines, the stopping rule's looks), another caller logs them
-or ignores them. Nothing here prints."""
+run_comparison stops by compare's rule (--until-confident) and returns the stored experiment's Analysis.
+What happens on the way is told through Hooks, every one optional; nothing here prints."""
 
 from __future__ import annotations
 
@@ -16,11 +12,11 @@ from typing import Any, Callable, ContextManager, Literal
 
 from gpuvs.analysis import comparison
 from gpuvs.analysis.comparison import Analysis
-from gpuvs.analysis.sequential import Plan
+from gpuvs.store.records import LookSchedule
 from gpuvs.errors import UsageError
 from gpuvs.spec import RunSpec
 from gpuvs.store.db import Store
-from gpuvs.trial.plan import Study
+from gpuvs.trial.experiment import Study
 from gpuvs.trial.runner import EventHook, Experiment, Runner, TrialResult, validate_experiment, validate_spec
 
 
@@ -126,7 +122,7 @@ def run_comparison(study: Study, store: str | Path, hooks: Hooks | None = None, 
     more = None
     if study.until_confident:
         exp.trials = max(exp.trials, 2)
-        exp.meta.sequential = Plan(first=exp.trials, cap=max(study.max_trials or exp.trials, exp.trials), step=2)
+        exp.meta.sequential = LookSchedule(first=exp.trials, cap=max(study.max_trials or exp.trials, exp.trials), step=2)
         more = stopping_rule(study, hooks.on_look)
     ran = run_trials(exp, store, hooks, timeout_s=timeout_s, retries=study.retries, more=more)
     if hooks.on_ran:

@@ -1,9 +1,7 @@
 """The only code that runs inside an environment: `python -m gpuvs.trial.worker`.
 
-It reads one RunSpec (from --spec-file PATH, or the GPUVS_SPEC environment variable), runs one
-workload, and writes one JSON object per line (events.py) to its original standard output.
-Anything else that prints (libraries, warnings) is sent to standard error, so the protocol stream
-stays clean in every environment."""
+It reads one RunSpec (--spec-file PATH, or GPUVS_SPEC), runs one workload and writes events.py's JSON lines.
+Anything else that prints goes to standard error, so the protocol stream stays clean in every environment."""
 
 from __future__ import annotations
 
@@ -193,7 +191,7 @@ def run_events(spec: RunSpec, emit: Emit) -> None:
         if ranks is not None:
             ranks.wait(collect)
         else:
-            from gpuvs.workloads.base import RunContext
+            from gpuvs.workloads.workload import RunContext
 
             for event in workload.run(RunContext(spec=spec, params=params)):
                 collect(event)

@@ -1,40 +1,8 @@
-"""The zygote: one process per launch configuration that pays a trial's start-up once (the interpreter,
-gpuvs, the framework and the workload's modules) and forks a fresh child for every trial.
+"""The zygote: one process per launch configuration that pays a trial's start-up once and forks a child per trial.
 
-    python -m gpuvs.trial.zygote --connect SOCKET [--import MODULE]... [--entry worker|inside]
-
-It never touches a GPU and runs no framework operation. Before every fork it checks that this still
-holds, and refuses the fork with the reason where it does not:
-- it is single-threaded: no intra-op or OpenMP pool, no CUDA driver thread, no NCCL or telemetry
-  thread (numpy's OpenBLAS starts a pool at import and shuts it down at every fork, which an empty
-  fork right after the imports does once);
-- torch has not initialised CUDA (`torch.cuda.is_initialized()`), and where the CUDA driver is
-  installed it answers "not initialised" (cuDeviceGetCount returns CUDA_ERROR_NOT_INITIALIZED before
-  cuInit and initialises nothing).
-
-Each child is a new process: its own pid and process group, and a CUDA context, allocator,
-cuDNN/cuBLAS algorithm choices and thread pools of its own when it makes them. Random state is drawn
-anew as a new process draws it: Python's `random` reseeds itself at fork; numpy's global state and
-torch's CPU generator (both seeded from the OS at import, so a fork would copy the zygote's) are reseeded
-here; torch's CUDA generators start with CUDA, in the child; the workload then seeds torch from the
-trial's spec. The child speaks the worker's protocol
-on the two pipes gpuvs sent with the request (its stdout and stderr), has /dev/null as stdin, holds
-none of the zygote's own descriptors, and dies with the zygote (PR_SET_PDEATHSIG). The zygote reaps
-its children and tells gpuvs each one's exit status.
-
-What forked children share where exec'd workers do not: the zygote's address-space layout (ASLR is
-drawn once per zygote, not per trial), its str hash seed, and the imported modules as copy-on-write
-memory.
-
-The control channel is a Unix SOCK_SEQPACKET socket that gpuvs listens on, one JSON object per packet:
-  gpuvs -> zygote  {"op": "fork", "id", "spec"} with 2 descriptors (SCM_RIGHTS)
-                   {"op": "signal", "id", "sig"}   signal the child's process group (even once it is reaped)
-                   {"op": "exit"}
-  zygote -> gpuvs  {"op": "ready", "pid", "import_s", "python", "imports", "bytecode", "threads", "cuda"}
-                   {"op": "forked", "id", "pid", "threads", "cuda"} | {"op": "refused", "id", "error"}
-                   {"op": "exit", "id", "pid", "code"}   (exit status, or minus the signal that ended it)
-At the end of the channel (gpuvs ended, even killed outright), at "exit" and at SIGTERM or SIGHUP the
-zygote kills every child's process group, reaps them and ends."""
+`python -m gpuvs.trial.zygote --connect SOCKET [--import MODULE]... [--entry worker|inside]`.
+Before every fork it checks it is single-threaded and CUDA is not initialised, else refuses with the reason.
+What a child holds of its own and what it shares: docs/trials.md; the channel's messages are below."""
 
 from __future__ import annotations
 
@@ -65,6 +33,14 @@ OWN = ("gpuvs.trial.worker", "gpuvs.events", "gpuvs.probes.failures", "gpuvs.pro
 
 
 # -- the channel ------------------------------------------------------------------------------------
+# A Unix SOCK_SEQPACKET socket that gpuvs listens on, one JSON object per packet:
+#   gpuvs -> zygote  {"op": "fork", "id", "spec"} with 2 descriptors (SCM_RIGHTS: the child's stdout and stderr)
+#                    {"op": "signal", "id", "sig"}   signal the child's process group (even once it is reaped)
+#                    {"op": "exit"}
+#   zygote -> gpuvs  {"op": "ready", "pid", "import_s", "python", "imports", "bytecode", "threads", "cuda"}
+#                    {"op": "forked", "id", "pid", "threads", "cuda"} | {"op": "refused", "id", "error"}
+#                    {"op": "exit", "id", "pid", "code"}   (exit status, or minus the signal that ended it)
+# At the channel's end (gpuvs gone, even killed), at "exit" and at SIGTERM or SIGHUP, every child's group is killed.
 
 def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
     data = json.dumps(message, default=str).encode()

@@ -1,8 +1,8 @@
-"""The availability suite (opt-in: --disruptive --node NAME): a GPU job runs on the node while a cluster
-part is restarted by a command the user gave; each row says what happened to the job (still running, same
-container, no gap in its beats), to the node (Ready, allocatable GPUs: before → lowest seen → after), and
-how long until the node was back as before with a new GPU pod running on it (recovery_s).
-gpuvs never guesses how a cluster is run: a part without a command is `not run`."""
+"""The availability suite (opt-in: --disruptive --node NAME): a GPU job runs while a cluster part is restarted.
+
+Each part is restarted by a command the user gave; a part without a command is `not run` (gpuvs never guesses).
+Each row says what happened to the job (still running, same container, no gap in its beats) and to the node.
+It also says how long until the node was back as before, with a new GPU pod running on it (recovery_s)."""
 
 from __future__ import annotations
 

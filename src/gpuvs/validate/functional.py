@@ -1,7 +1,7 @@
-"""The functional suite: does GPU scheduling work on this cluster? Each row is one check; a GPU pod's life
-is followed step by step (a step after a failed one is `not run`, and the pod is deleted all the same); then
-several GPU pods at once, a pod asking every GPU and what pods share (several.py), an over-request, a CPU-only
-pod, and a CPU service beside a GPU job (service.py)."""
+"""The functional suite: does GPU scheduling work on this cluster? Each row is one check.
+
+A GPU pod's life is followed step by step; a step after a failed one is `not run`, and the pod is deleted anyway.
+Then several GPU pods at once and what they share (several.py), an over-request, a CPU-only pod, a CPU service."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 from typing import Any
 
 from gpuvs.kube.client import allocatable, list_nodes
-from gpuvs.validate import service, several
+from gpuvs.validate import several
+from gpuvs.validate import cpu_service as service
 from gpuvs.validate.probe import EXEC_WORD, Seen, reason, until
 from gpuvs.validate.suite import FAIL, CheckFailed, Suite, checked
 

@@ -1,9 +1,8 @@
-"""The validation pods and what is done to them. One shell probe serves every GPU check: it prints what the
-container sees of the GPU (NVIDIA_VISIBLE_DEVICES, /dev/nvidia<N> device nodes, `nvidia-smi -L` where the
-image has it, with each GPU's UUID), whether the image has python3, a `ready` line, then a beat with the time
-every half second until the pod is deleted (or its activeDeadlineSeconds, the server-side backstop, ends it).
-Which GPU a pod was given is read from inside it (`Seen.gpu_ids`). Every wait has a deadline. Every pod runs
-under the trial pods' security context (--pod-security: baseline, or restricted, the Pod Security Standard)."""
+"""The validation pods and what is done to them, every wait with a deadline.
+
+One shell probe serves every GPU check: it prints what the container sees of the GPU, then beats until deleted.
+Which GPU a pod was given is read from inside it (`Seen.gpu_ids`).
+Every pod runs under the trial pods' security context (--pod-security)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
 """Several GPU pods at once on one node, one pod asking for every GPU of the node, and what the pods share.
 
-The node: the `--node` one, else the GPU node that advertises the most GPUs (the first by name among equals).
-
-- several GPU pods: as many one-GPU pods as the node advertises GPUs, at most --max-gpu-pods (default 8), all
-  running together; each must see exactly one GPU; logs, exec and delete as for one pod. Fewer running at once
-  than asked is a failure with the reason: which pods stayed Pending in the scheduler's words, and which other
-  pods hold the node's GPUs. A one-GPU node runs one pod and says so (its cap is one).
-- all-GPUs pod: one pod asking every GPU the node advertises sees that many, distinct.
-- GPU sharing: how many physical GPUs the node has, against how many it advertises. Physical GPUs = the distinct
-  GPU identities seen inside the all-GPUs pod and the one-GPU pods together (probe.Seen.gpu_ids: NVML's UUIDs
-  where the image has nvidia-smi, which in the all-GPUs pod is NVML's count of the GPUs handed in; else the IDs
-  the device plugin handed in). The factor is advertised / physical. pass: factor 1 and no two pods saw the
-  same GPU; shared (a finding, not a failure): factor above 1 (a device plugin's replicas: time-slicing, MPS),
-  with which pods saw which GPU; FAIL: the same under --exclusive, or pods given the same GPU on a node that
-  advertises no more GPUs than it has.
-"""
+The node is `--node`, else the GPU node that advertises the most GPUs (the first by name among equals).
+The sharing factor is the GPUs advertised over the distinct GPUs the pods saw.
+Above 1 is `shared`, a finding, not a failure, but FAIL under --exclusive (docs/kubernetes.md)."""
 
 from __future__ import annotations
 

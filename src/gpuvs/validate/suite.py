@@ -1,6 +1,7 @@
-"""A validation run: its settings, one result row per check, and the suite that runs the checks one by one,
-each under its own timeout, hands every row to `record` as soon as it is known (the store keeps it), and
-deletes everything the run started, whatever happens (a failed check, a timeout, Ctrl-C, SIGTERM)."""
+"""A validation run: its settings, one result row per check, and the suite that runs the checks one by one.
+
+Each check has its own timeout; each row goes to `record` as soon as it is known (the store keeps it).
+Everything the run started is deleted, whatever happens: a failed check, a timeout, Ctrl-C, SIGTERM."""
 
 from __future__ import annotations
 

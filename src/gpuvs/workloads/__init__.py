@@ -1,16 +1,17 @@
-"""Workload registry. Every module in this package registers its workloads with @register
-when imported; modules must not import heavy frameworks (torch, cupy) at module level, so that
-discovering the registry stays cheap and the core runs without them."""
+"""Workload registry: every module in this package registers its workloads with @register when imported.
+
+Modules must not import heavy frameworks (torch, cupy) at module level.
+So discovering the registry stays cheap, and the core runs without them."""
 
 from __future__ import annotations
 
 from gpuvs.errors import UsageError
 from gpuvs.registry import Registry
-from gpuvs.workloads.base import RunContext, Workload
+from gpuvs.workloads.workload import RunContext, Workload
 
 __all__ = ["RunContext", "Workload", "register", "get", "names", "all_workloads"]
 
-_workloads: Registry[type[Workload]] = Registry(__name__, __path__, "workload", lambda cls: cls.name, skip=("base",))
+_workloads: Registry[type[Workload]] = Registry(__name__, __path__, "workload", lambda cls: cls.name, skip=("workload", "barrier"))
 register = _workloads.register
 
 
@@ -40,7 +41,7 @@ def _alone(name: str) -> type[Workload] | None:
     import importlib.util
 
     module = name.replace("-", "_")
-    if not module.isidentifier() or module == "base" or module.startswith("_"):
+    if not module.isidentifier() or module in _workloads.skip or module.startswith("_"):
         return None
     if importlib.util.find_spec(f"{__name__}.{module}") is None:
         return None

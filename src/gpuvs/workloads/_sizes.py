@@ -1,5 +1,7 @@
-"""Byte sizes as workloads' options take them: a plain number is bytes; K, M, G (and KiB, MiB, GiB) are 1024-based,
-as nccl-tests' -b/-e and most GPU tools read them; KB, MB, GB are 1000-based, as the SI and disk makers read them.
+"""Byte sizes as workloads' options take them: a plain number is bytes.
+
+K, M, G (and KiB, MiB, GiB) are 1024-based, as nccl-tests and most GPU tools read them.
+KB, MB, GB are 1000-based, as the SI and disk makers read them.
 One parser for every workload, so that "64MB" means the same to membw as to collective."""
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""The timed phase shared by step-based workloads (cnn-train, cnn-infer): how long it runs and how its
-steps are timed without disturbing them.
+"""The timed phase shared by step-based workloads (cnn-train, cnn-infer): how long it runs, how its steps are timed.
 
-How long: a fixed `--steps N`, or adaptive (`--target-se`, `--seconds`): the phase stops once the rate's
-own relative standard error (+/- over the figure, tf_cnn_benchmarks' +/-: the population standard
-deviation of per-step rates / sqrt(steps), over total items / total time) is at most the target, or once
-`--seconds` have passed, never before `--min-steps` and never after `--max-steps` (pyperf calibrates its
-loops in the same spirit). A step is a step either way: the figures keep their meaning.
-
-How it is timed on a device (a GPU): an event is recorded after every step and read only once it has
-completed (`query()`), so the host never waits inside the timed phase and the device's queue never
-drains there; the phase's start is marked while the warm-up's steps still fill the queue. Samples (and
-the step log's lines, with a display step's loss copied to pinned host memory on the device's stream)
-are emitted at display steps for the steps that have completed by then; after the last step, one
-synchronise, and everything left is read. Nothing here calls torch: the device's marks come from a
-`Device` (torch's CUDA events in production, a fake in tests/test_timed_phase.py). On the CPU: a host
-clock per step, read at once."""
+A fixed `--steps N`, or adaptive: until the rate's own +/- reaches `--target-se`, or `--seconds` pass.
+On a GPU each step's event is read only once completed, so the host never waits inside the phase.
+Nothing here calls torch: the marks come from a `Device` (a fake in tests/workloads/test_timed_phase.py); docs/trials.md."""
 
 from __future__ import annotations
 
@@ -39,7 +27,7 @@ PARAMS = (
 
 
 @dataclass(frozen=True)
-class Plan:
+class PhaseLength:
     """How long a timed phase runs: `steps` (fixed), or adaptive when target_se or seconds is set."""
 
     steps: int
@@ -49,7 +37,7 @@ class Plan:
     max_steps: int = 1000
 
     @classmethod
-    def from_params(cls, params: dict[str, Any], windowed: bool = False) -> Plan:
+    def from_params(cls, params: dict[str, Any], windowed: bool = False) -> PhaseLength:
         """Under a shared window (gpuvs share) the window decides and --steps is its cap: never adaptive."""
         if windowed:
             return cls(steps=int(params["steps"]))
@@ -196,7 +184,7 @@ Sample = Callable[..., dict[str, Any]]
 class TimedPhase:
     """One timed phase. `run()` yields the samples; afterwards `durations` holds every step's seconds."""
 
-    def __init__(self, plan: Plan, step: Callable[[], Any], *, items: float, unit: str, display: int,
+    def __init__(self, plan: PhaseLength, step: Callable[[], Any], *, items: float, unit: str, display: int,
                  window_open: Callable[[], bool] = lambda: True, device: Device | None = None,
                  clock: Callable[[], float] = time.perf_counter, with_loss: bool = True):
         self.plan = plan

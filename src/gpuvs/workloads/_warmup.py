@@ -1,23 +1,8 @@
-"""The warm-up of step-based workloads (cnn-train, cnn-infer): a fixed `--warmup-steps N`, or, where none is
-given, adaptive: it ends when the steps are steady. The hardware workloads (gemm, membw) warm up each shape
-(size) alone by the same rule (`per_shape`): a step there is one block of about --block-ms.
+"""The warm-up of step-based workloads, and of each gemm or membw shape: fixed, or until the steps are steady.
 
-The rule (pyperf calibrates its warm-ups; tf_cnn_benchmarks runs a fixed count). The first step is always
-warm-up (cuDNN's autotuning, the allocator's first blocks) and never tested. Of the step times after it, once
-there are at least 2 x WINDOW of them, the last WINDOW (B) are tested against the WINDOW before (A), and the
-2 x WINDOW together for a trend:
-- level: a two-sided Mann-Whitney test of A against B (exact, no ties assumed) at ALPHA, and the ratio of
-  their medians outside 1 +/- TOLERANCE;
-- trend: a two-sided Mann-Kendall test of the 2 x WINDOW times in order (exact) at ALPHA, and the Theil-Sen
-  slope across them (slope x (2 x WINDOW - 1) over their median) outside +/- TOLERANCE.
-A change counts only where it is both significant and larger than the tolerance: noise alone does not keep a
-warm-up going, and a difference too small to matter does not either. Steady = neither a level change nor a
-trend: the warm-up stops (`steady`). It stops anyway at `--warmup-max-steps` steps or `--warmup-max-seconds`
-(`cap`). A slow step or two left in A (autotuning that ended at step 3) moves neither the medians nor the
-Theil-Sen slope, so such a warm-up stops soon after it; clocks still ramping are a trend, and it keeps going.
-
-The rule only decides which steps are timed; the timed phase and the figures are as before. Standard library
-only: it runs in the worker, where importing scipy would cost start-up."""
+Steady: the last WINDOW step times show no level change against the WINDOW before, and no trend.
+A change counts only where it is both significant and beyond TOLERANCE (the rule: docs/trials.md).
+Standard library only: it runs in the worker, where importing scipy would cost start-up."""
 
 from __future__ import annotations
 
@@ -92,7 +77,7 @@ class WarmupDecision:
 
 
 def steady(times: Sequence[float], window: int = WINDOW, alpha: float = ALPHA, tolerance: float = TOLERANCE) -> bool:
-    """Are the last `window` step times steady against the `window` before (see the module's rule)?"""
+    """Are the last `window` step times steady against the `window` before (docs/trials.md, "The warm-up")?"""
     if len(times) < 2 * window:
         return False
     last = [float(t) for t in times[-2 * window:]]

@@ -1,5 +1,6 @@
-"""The figure a person quotes for a run of several series (shapes, apps): the whole set's work over
-its whole time, repeat by repeat (total work / total time, never a mean of rates)."""
+"""The figure a person quotes for a run of several series (shapes, apps).
+
+The whole set's work over its whole time, repeat by repeat: total work / total time, never a mean of rates."""
 
 from __future__ import annotations
 

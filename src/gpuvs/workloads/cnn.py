@@ -1,11 +1,7 @@
-"""CNN training and inference on synthetic ImageNet-shaped data or a real ImageFolder: the
-benchmark that tf_cnn_benchmarks users know, in PyTorch, with the same step log semantics.
+"""CNN training and inference on synthetic ImageNet-shaped data or a real ImageFolder, in PyTorch.
 
-The timed phase is workloads/_timed.py's: a fixed --steps N or adaptive (--target-se, --seconds, with
---min-steps and --max-steps). On a GPU, CUDA events recorded after every step and read only once they
-have completed, so the host never waits inside the timed phase; its start is marked while the warm-up's
-steps still fill the GPU's queue (no synchronise between warm-up and timed steps). On a CPU, a host
-clock per step."""
+The benchmark tf_cnn_benchmarks users know, with the same step log semantics.
+The timed phase is workloads/_timed.py's, the warm-up workloads/_warmup.py's."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from gpuvs.probes import precision
 from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.params import Param
 from gpuvs.workloads import _timed, _warmup, register
-from gpuvs.workloads.base import RunContext, Workload, duration, rate
+from gpuvs.workloads.workload import RunContext, Workload, duration, rate
 
 # For the GPU proof of the timed phase only (benchmarks/time_to_verdict.py): "blocking" restores the reading
 # of step events before issue 25 (a synchronise after the warm-up and at every display step), so that the
@@ -73,9 +69,10 @@ class _CnnBase(Workload):
     unit = "images/sec"
     metrics = (rate("main", headline=True), duration("latency_*_ms"))
     # 96x96 images (every model's smallest is below it): ResNet-50 at 224x224 took over two minutes on a busy
-    # 2-core machine, at 96x96 a whole `gpuvs run cnn-train` takes about 15 s there
+    # 2-core machine, at 96x96 a whole `gpuvs run cnn-train` took 13 s to 33 s there (load 0 to 1.5), far
+    # longer at a load of 5 to 11: the note says which machine its time is for
     cpu_defaults = {"batch_size": 8, "steps": 20, "warmup_steps": 2, "display_every": 5, "image_size": 96}
-    cpu_note = "96x96 images, not 224x224: a run ends in well under a minute on a 2-core CPU"
+    cpu_note = "96x96 images, not 224x224: a run takes under a minute on an idle 2-core CPU, longer on a busy one"
     multi_gpu = True
     windowed = True
     requires = ("torch", "torchvision")
@@ -94,7 +91,7 @@ class _CnnBase(Workload):
     def check_spec(self, spec, params: dict[str, Any]) -> None:
         from gpuvs.spec import ranks_asked
 
-        if ranks_asked(spec) > 1 and _timed.Plan.from_params(params).adaptive:
+        if ranks_asked(spec) > 1 and _timed.PhaseLength.from_params(params).adaptive:
             raise UsageError("--target-se and --seconds stop one device's timed phase; with "
                              f"{ranks_asked(spec)} ranks (--num-gpus, --num-nodes) every rank must run the same "
                              "steps: give --steps N")
@@ -163,7 +160,7 @@ class _CnnBase(Workload):
                        (y % p["num_classes"]).to(device, non_blocking=True))
             epoch += 1
 
-    def config_event(self, ctx: RunContext, plan: _timed.Plan | None = None) -> dict[str, Any]:
+    def config_event(self, ctx: RunContext, plan: _timed.PhaseLength | None = None) -> dict[str, Any]:
         p = ctx.params
         spec = ctx.spec
         devices = ctx.world_size
@@ -196,7 +193,7 @@ class _CnnBase(Workload):
         import torch
 
         p = ctx.params
-        plan = _timed.Plan.from_params(p, windowed=bool(ctx.spec.barrier))
+        plan = _timed.PhaseLength.from_params(p, windowed=bool(ctx.spec.barrier))
         yield self.config_event(ctx, plan)
         self.set_precision(p["precision"], p["cudnn"])
         try:
@@ -243,7 +240,7 @@ class _CnnBase(Workload):
                                 f"{p['precision']}, image {p['image_size']}); the GPU has {total:.1f} GiB: "
                                 f"{str(exc).splitlines()[0][:160]}") from None
 
-    def timed_on_device(self, ctx: RunContext, plan: _timed.Plan, step, data, out, first: float
+    def timed_on_device(self, ctx: RunContext, plan: _timed.PhaseLength, step, data, out, first: float
                         ) -> Iterator[dict[str, Any]]:
         """Warm-up and timed steps with no synchronise between them: the device's clock marks the warm-up's
         start (right after the first step's synchronise, so at about the host's time h0) and the timed

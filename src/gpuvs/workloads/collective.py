@@ -1,14 +1,8 @@
-"""collective: a collective operation over a sweep of sizes across ranks, as NVIDIA's nccl-tests measure it
-(all_reduce_perf, all_gather_perf, reduce_scatter_perf, broadcast_perf, sendrecv_perf).
+"""collective: a collective operation over a sweep of sizes across ranks, as NVIDIA's nccl-tests measure it.
 
-One process per GPU (NCCL) or per CPU rank (gloo), started by trial/multiproc.py (`--num-gpus N`, N >= 2). Per
-size, as nccl-tests' BenchTime: warm-up operations, a barrier, then --iters operations timed with the host's
-clock up to the device's completion; the time per operation is the slowest rank's (nccl-tests `-a 3`; its default
-`-a 1` averages the ranks). Bandwidths by nccl-tests' doc/PERFORMANCE.md: algbw = S / t, busbw = algbw x a factor
-of the operation and the rank count n (BUS_FACTOR), S the size in bytes with nccl-tests' convention (the whole
-gathered or scattered array for all-gather and reduce-scatter: the per-rank count x n x the element size).
-
-Every size's result is checked once with known values (rank r fills r + 1): a wrong element fails the trial."""
+One process per GPU (NCCL) or CPU rank (gloo), started by trial/multiproc.py (`--num-gpus N`, N >= 2).
+Time per operation is the slowest rank's; algbw and busbw follow nccl-tests' doc/PERFORMANCE.md (docs/hardware.md).
+Every size's result is checked once with known values: a wrong element fails the trial."""
 
 from __future__ import annotations
 
@@ -21,7 +15,7 @@ from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.workloads._sizes import parse_bytes
 from gpuvs.params import Param
 from gpuvs.workloads import register
-from gpuvs.workloads.base import MetricDecl, RunContext, Workload, duration, rate
+from gpuvs.workloads.workload import MetricDecl, RunContext, Workload, duration, rate
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "send-recv")
 PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -138,7 +132,7 @@ class Collective(Workload):
         Param("repeats", int, 5, "timed samples per size", min=1, max=10000),
     )
     cpu_defaults = {"max_bytes": "1M", "warmup": 2, "iters": 5, "repeats": 3}
-    cpu_note = "sizes up to 1M, 5 operations per sample: a sweep ends in seconds on a 2-core CPU"
+    cpu_note = "sizes up to 1M, 5 operations per sample: a sweep takes seconds on an idle 2-core CPU"
 
     def check(self, params: dict[str, Any]) -> None:
         low, high = parse_size("min_bytes", params["min_bytes"]), parse_size("max_bytes", params["max_bytes"])

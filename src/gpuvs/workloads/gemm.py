@@ -1,12 +1,8 @@
 """gemm: dense matrix multiply throughput on the DeepBench shapes, square and inference shapes.
 
-Convention (DeepBench's): a shape MxNxK is C[M x N] = A[M x K] . B[K x N], neither operand
-transposed ("NN"), 2*M*N*K floating-point operations. Inputs are random normal values (never
-zeros), several operand sets are rotated so that the cache does not flatter small shapes, and time
-is taken with CUDA events around blocks of GEMMs. Each shape warms up alone: a fixed --warmup N GEMMs, or
-(--warmup 0, a GPU's default) blocks until they are steady (workloads/_warmup.py's rule). Before timing, the
-same code path multiplies a small shape and is checked against a float64 NumPy reference with a tolerance per
-precision."""
+MxNxK is C[M x N] = A[M x K] . B[K x N], neither transposed, 2*M*N*K flops (docs/hardware.md).
+Operand sets are rotated so that the cache does not flatter small shapes; each shape warms up alone.
+Before timing, a small shape is checked against a float64 NumPy reference."""
 
 from __future__ import annotations
 
@@ -24,7 +20,7 @@ from gpuvs.params import Param
 from gpuvs.workloads import _warmup, register
 from gpuvs.workloads._devtime import is_cuda, sync, warm_and_time
 from gpuvs.workloads.aggregate import Totals
-from gpuvs.workloads.base import RunContext, Workload, duration, level, rate
+from gpuvs.workloads.workload import RunContext, Workload, duration, level, rate
 
 SETS: dict[str, list[str]] = {
     # DeepBench training GEMMs (M x N x K)

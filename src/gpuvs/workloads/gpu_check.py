@@ -1,13 +1,8 @@
-"""gpu-check: is this GPU as fast as it should be, measured with nothing but the NVIDIA driver. Its kernels are PTX
-text compiled by the driver's JIT and run through ctypes on libcuda.so.1 (workloads/_driver/), so it runs in
-gpuvs's own image (no PyTorch, no CUDA toolkit) on any node whose device plugin hands the pod the driver's files.
+"""gpu-check: is this GPU as fast as it should be, measured with nothing but the NVIDIA driver.
 
-Figures, each a series of `--steps` samples timed with CUDA events around blocks of about `--block-ms`:
-fp32_fma (TFLOP/s, the headline: SM clocks, throttling, a co-tenant), fp16_mma (TFLOP/s on the tensor cores,
-`mma.sync` m16n8k16 with fp32 accumulation; sm_80 and newer, skipped with the reason below), d2d_copy (GB/s, bytes
-read + written, as membw counts them), h2d_pinned and d2h_pinned (GB/s over pinned host memory: what a downtrained
-PCIe link shows) and launch (microseconds per launch of an empty kernel, back to back). Every kernel's result is
-known in advance and checked before and after its timed samples: a wrong result fails the trial."""
+Its kernels are PTX compiled by the driver's JIT, run through ctypes on libcuda.so.1 (workloads/_driver/).
+So it runs in gpuvs's own image (no PyTorch, no CUDA toolkit); its figures are in docs/hardware.md.
+Every kernel's result is checked before and after its timed samples: a wrong result fails the trial."""
 
 from __future__ import annotations
 
@@ -22,7 +17,7 @@ from gpuvs.errors import UsageError, WorkloadError
 from gpuvs.params import Param
 from gpuvs.probes import peaks
 from gpuvs.workloads import register
-from gpuvs.workloads.base import RunContext, Workload, duration, level, rate
+from gpuvs.workloads.workload import RunContext, Workload, duration, level, rate
 
 FMA_ITERS, MMA_ITERS = 4096, 2048  # loop turns per thread; the checked sums stay whole numbers below 2^24 in fp32
 BLOCKS_PER_SM = 8  # fma, copy: 256 threads a block, 2048 a multiprocessor; mma: 128 threads (4 warps) a block

@@ -1,9 +1,8 @@
-"""membw: memory bandwidth. Device-to-device copy (bytes read + written are counted, as in STREAM
-and nvbandwidth), host-to-device and device-to-host copies from pinned and from pageable host memory,
-over a sweep of sizes; GB/s (10^9 bytes/s) and percent of the datasheet memory bandwidth (d2d) or of
-the PCIe link NVML reports (h2d, d2h). On the CPU, d2d is a host memory copy (memcpy-like). Each copy
-(kind and size) warms up alone, after its checked copy: a fixed --warmup N copies, or (--warmup 0, a GPU's
-default) blocks until they are steady (workloads/_warmup.py's rule)."""
+"""membw: memory bandwidth over a sweep of sizes, in GB/s (10^9 bytes/s) and percent of a peak.
+
+Device-to-device copies count bytes read and written (as STREAM); host copies are from pinned and pageable memory.
+The peak is the datasheet's for d2d, the PCIe link NVML reports for h2d and d2h. On the CPU, h2h copies memory.
+Each copy warms up alone after its checked copy: a fixed --warmup N, or (--warmup 0) blocks until steady."""
 
 from __future__ import annotations
 
@@ -16,9 +15,11 @@ from gpuvs.workloads._sizes import parse_bytes
 from gpuvs.params import Param
 from gpuvs.workloads import _warmup, register
 from gpuvs.workloads._devtime import is_cuda, sync, warm_and_time
-from gpuvs.workloads.base import RunContext, Workload, level, rate
+from gpuvs.workloads.workload import RunContext, Workload, level, rate
 
 KINDS = ("d2d", "h2d", "d2h")
+HOST_COPY = "h2h"  # the CPU's copy: host memory to host memory, named for what it is (d2d on a CPU would say GPU)
+SAME_MEMORY = ("d2d", HOST_COPY)  # a copy within one memory: bytes read + written are counted
 
 
 def parse_size(text: str) -> int:
@@ -74,8 +75,8 @@ class MemBw(Workload):
     window_param = "repeats"
     requires = ("torch",)
     params = (
-        Param("kind", str, None, "d2d, h2d, d2h (repeat or comma-separate; default: all there are on the "
-              "device, d2d only on the CPU)", multiple=True),
+        Param("kind", str, None, "d2d, h2d, d2h on a GPU, h2h (a host memory copy) on the CPU (repeat or "
+              "comma-separate; default: all there are on the device)", multiple=True),
         Param("host_memory", str, "both", "host buffers of h2d/d2h: pinned, pageable or both",
               choices=("both", "pinned", "pageable")),
         Param("size", str, "4MiB,64MiB,256MiB,1GiB", "buffer sizes (repeat or comma-separate): 4MiB, 1GiB, 1GB...",
@@ -93,10 +94,13 @@ class MemBw(Workload):
     def validate(self, raw: dict[str, Any], device: str | None = None) -> dict[str, Any]:
         values = super().validate(raw, device)
         if device and not is_cuda(device):
-            host_only = [k for k in values["kind"] if k != "d2d"]
+            host_only = [k for k in values["kind"] if k not in SAME_MEMORY]
             if host_only:
-                raise UsageError(f"--kind {host_only[0]} copies between host and GPU; on the CPU only d2d "
-                                 "(a host memory copy) exists")
+                raise UsageError(f"--kind {host_only[0]} copies between host and GPU; on the CPU only h2h "
+                                 "(a host memory copy; --kind d2d names it too) exists")
+            values["kind"] = [HOST_COPY]  # the CPU's only copy, whatever named it (d2d on a CPU is h2h)
+        elif device and HOST_COPY in values["kind"]:
+            raise UsageError(f"--kind {HOST_COPY} is the CPU's host memory copy; on a GPU: d2d, h2d or d2h")
         return values
 
     def check(self, params: dict[str, Any]) -> None:
@@ -105,8 +109,9 @@ class MemBw(Workload):
         for value in [raw] if isinstance(raw, str) else raw:
             for part in str(value).split(","):
                 kind = part.strip().lower()
-                if kind not in KINDS:
-                    raise UsageError(f"--kind {part.strip()!r} is not allowed; expected d2d, h2d or d2h")
+                if kind not in (*KINDS, HOST_COPY):
+                    raise UsageError(f"--kind {part.strip()!r} is not allowed; expected d2d, h2d or d2h (on the "
+                                     f"CPU: {HOST_COPY})")
                 if kind not in kinds:
                     kinds.append(kind)
         params["kind"] = kinds
@@ -115,15 +120,27 @@ class MemBw(Workload):
             raise UsageError("--size needs at least one size")
 
     def headline_series(self, params: dict[str, Any]) -> str | None:
-        """The first kind's largest size: the copy least flattered by a cache (d2d unless --kind says)."""
+        """The first kind's largest size: the copy least flattered by a cache (d2d, or h2h on the CPU, unless
+        --kind says)."""
         kind, mem = self.plan(params, cuda=True)[0]
         return series_name(kind, mem, max(parse_sizes(params["size"])))
 
+    def summarize(self, samples: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Each kind's sizes from the largest down: the headline (the first kind's largest) leads, and the sizes
+        read in order after it (the largest first, then 1MiB, 16MiB read as no order at all)."""
+        summary = super().summarize(samples, params)
+        kinds = list(dict.fromkeys(name.rsplit(" ", 1)[0] for name in summary))
+
+        def place(name: str) -> tuple[int, int]:
+            kind, _, size = name.rpartition(" ")
+            return kinds.index(kind), -parse_size(size)
+        return dict(sorted(summary.items(), key=lambda item: place(item[0])))
+
     def plan(self, params: dict[str, Any], cuda: bool) -> list[tuple[str, str]]:
-        """(kind, host memory) pairs in run order; host memory is '' for d2d."""
-        kinds = params["kind"] or (list(KINDS) if cuda else ["d2d"])
+        """(kind, host memory) pairs in run order; host memory is '' for a copy within one memory."""
+        kinds = params["kind"] or (list(KINDS) if cuda else [HOST_COPY])
         mem = ["pinned", "pageable"] if params["host_memory"] == "both" else [params["host_memory"]]
-        return [(k, "") if k == "d2d" else (k, m) for k in kinds for m in ([""] if k == "d2d" else mem)]
+        return [(k, "") if k in SAME_MEMORY else (k, m) for k in kinds for m in ([""] if k in SAME_MEMORY else mem)]
 
     def run(self, ctx: RunContext) -> Iterator[dict[str, Any]]:
         import torch
@@ -138,7 +155,8 @@ class MemBw(Workload):
         yield events.config(workload="membw", device_name=gpu or "cpu", kinds=", ".join(
             f"{k} {m}".strip() for k, m in plan), sizes=", ".join(size_label(s) for s in sizes),
             peak_memory_gbps=hbm or "unknown", pcie_link_gbps=round(link, 1) if link else "unknown",
-            bytes_counted="d2d: read + written; h2d, d2h: transferred", repeats=p["repeats"],
+            bytes_counted="d2d: read + written; h2d, d2h: transferred" if cuda else "h2h: read + written",
+            repeats=p["repeats"],
             warmup=_warmup.per_shape_described(p, "copies"))
         gen = torch.Generator(device=device).manual_seed(p["seed"])
         if ctx.spec.barrier and len(plan) * len(sizes) != 1:
@@ -155,7 +173,7 @@ class MemBw(Workload):
                     yield events.log(f"{series}: skipped: out of GPU memory")
                     continue
                 yield from measured.add(series, secs, inner, warm_s, warm)
-                moved = (2 if kind == "d2d" else 1) * size * inner / 1e9
+                moved = (2 if kind in SAME_MEMORY else 1) * size * inner / 1e9
                 for i, sec in enumerate(secs, 1):
                     yield events.sample(i, moved / sec, self.unit, series=series, seconds=sec, items=moved,
                                         copies=inner, display=i == len(secs))
@@ -178,7 +196,7 @@ class MemBw(Workload):
         the blocks' seconds, the copies per block, the warm-up's seconds (the block's calibration included) and
         what an adaptive warm-up decided (None: a fixed count)."""
         data = torch.randint(0, 256, (size,), dtype=torch.uint8, device=device, generator=gen)
-        if kind == "d2d":
+        if kind in SAME_MEMORY:
             src, dst = data, torch.empty_like(data)
         elif kind == "h2d":
             src = data.cpu().pin_memory() if mem == "pinned" else data.cpu()

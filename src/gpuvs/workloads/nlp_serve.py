@@ -1,10 +1,7 @@
-"""nlp-serve: the gpuvs serve gRPC server as a workload, so that it runs wherever workers run (on the
-host, in a container with its port published) and its own view is stored like any trial's: calls
-served per second in each window (with the calls in flight and queued at its end), and at the end
-the server's Metrics (refusals, latency percentiles per call, peaks, models loaded and their memory).
+"""nlp-serve: the gpuvs serve gRPC server as a workload, so that it runs wherever workers run.
 
-It serves for --seconds (0: until stopped; the trial then ends as interrupted), then stops as
-gpuvs serve does on SIGTERM: calls in flight get --grace seconds, the rest are cancelled."""
+Its own view is stored like any trial's: calls served per window, and at the end the server's Metrics.
+It serves for --seconds (0: until stopped), then stops as gpuvs serve does on SIGTERM."""
 
 from __future__ import annotations
 
@@ -14,9 +11,9 @@ from typing import Any, Iterator
 
 from gpuvs import events
 from gpuvs.params import Param
-from gpuvs.serve import config as cfg
+from gpuvs.serve import settings as cfg
 from gpuvs.workloads import register
-from gpuvs.workloads.base import RunContext, Workload, amount, duration, rate
+from gpuvs.workloads.workload import RunContext, Workload, amount, duration, rate
 
 
 @register
@@ -57,7 +54,7 @@ class NlpServe(Workload):
     @staticmethod
     def _config(p: dict[str, Any], device: str) -> cfg.ServeConfig:
         from gpuvs.serve.security import Security
-        from gpuvs.serve.validate import Limits
+        from gpuvs.serve.request_checks import Limits
 
         return cfg.ServeConfig(p["host"], p["port"], device, p["models_dir"],
                                Limits(max_message_bytes=int(p["max_message_mb"] * (1 << 20))), p["max_in_flight"],

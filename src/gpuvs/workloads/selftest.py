@@ -15,9 +15,9 @@ from typing import Any, Iterator
 from gpuvs import events
 from gpuvs.errors import WorkloadError
 from gpuvs.params import Param
-from gpuvs.workloads._barrier import ready
+from gpuvs.workloads.barrier import ready
 from gpuvs.workloads import register
-from gpuvs.workloads.base import RunContext, Workload, rate
+from gpuvs.workloads.workload import RunContext, Workload, rate
 
 
 _RUNS = [0]  # runs of this workload in this process: a trial that shares a process with another sees it grow

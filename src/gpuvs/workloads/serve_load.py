@@ -1,13 +1,8 @@
-"""serve-load: drive a gpuvs serve target with concurrent gRPC clients and measure what a caller
-sees: elapsed time, throughput (requests and texts per second) and latency percentiles.
+"""serve-load: drive a gpuvs serve target with concurrent gRPC clients and measure what a caller sees.
 
-Before the timed requests: the model is trained on the server if it is missing (--train auto),
-loaded (the server's own load time is reported as start-up model_load_s), and warmed up with a few
-requests, the first timed apart. Each client has its own channel and TCP connection and sends one
-request at a time; --requests is the total over all clients. A request the server refuses as busy
-(RESOURCE_EXHAUSTED) is sent again after the server's retry hint, up to --retries times; its latency
-is from its first send to its answer, waits included, and every refusal is counted (refused_responses).
-Over TLS (--tls or --tls-ca) and with a token (--token-file) when the server asks for them."""
+The model is trained if missing (--train auto), loaded and warmed up before the timed requests.
+Each client has its own channel and sends one request at a time; --requests is the total over all clients.
+A request refused as busy is sent again after the retry hint; its latency includes the waits."""
 
 from __future__ import annotations
 
@@ -19,7 +14,10 @@ from gpuvs import events
 from gpuvs.errors import WorkloadError
 from gpuvs.params import Param
 from gpuvs.workloads import register
-from gpuvs.workloads.base import RunContext, Workload, amount, duration, rate
+from gpuvs.workloads.workload import RunContext, Workload, amount, duration, rate
+
+
+TRAIN_PROGRESS_EVERY = 5  # steps before the training's first progress message, which gives its estimate
 
 
 @register
@@ -63,15 +61,15 @@ class ServeLoad(Workload):
 
         if not params["target"]:
             raise UsageError("serve-load needs --target HOST:PORT (a running gpuvs serve)")
-        from gpuvs.serve.client import check_target
+        from gpuvs.serve.channel import check_target
 
         check_target(params["target"])
         params["model"] = params["model"] or f"load-{params['task']}"
-        from gpuvs.serve.validate import NAME
+        from gpuvs.serve.request_checks import NAME
 
         if not NAME.fullmatch(params["model"]):
             raise UsageError(f"--model {params['model']!r}: letters, digits, '_', '.' or '-' (at most 64)")
-        from gpuvs.serve.client import Access
+        from gpuvs.serve.channel import Access
         from gpuvs.serve.security import read_secret
 
         Access(token_file=params["token_file"]).token()  # readable, one line: else one clear line now
@@ -83,7 +81,7 @@ class ServeLoad(Workload):
         import numpy as np
 
         from gpuvs.nlp import corpus
-        from gpuvs.serve import client
+        from gpuvs.serve import channel as client
         from gpuvs.serve import nlp_pb2 as pb
 
         p = ctx.params
@@ -98,6 +96,10 @@ class ServeLoad(Workload):
         try:
             names = {m.name for m in stub.ListModels(pb.ListModelsRequest()).models}
             if p["train"] == "always" or (p["train"] == "auto" and p["model"] not in names):
+                why = "--train always" if p["train"] == "always" else "it is not on the server"
+                yield events.log(f"training {p['model']} on the server first ({why}): {p['train_sentences']:,} "
+                                 f"generated sentences, {p['train_epochs']:,} epoch(s), before {p['requests']:,} timed "
+                                 f"requests; how long it takes is estimated from its first steps")
                 yield from self._train(stub, pb, p)
             t0 = time.perf_counter()
             loaded = stub.Load(pb.LoadRequest(model=p["model"], reload=True))  # from its file, timed
@@ -145,7 +147,7 @@ class ServeLoad(Workload):
         failed = len(load.results) - len(done)
         yield events.metric("failed_requests", failed)
         yield events.metric("refused_responses", load.refusals)
-        yield events.log(f"{len(done)} requests in {elapsed:.2f} s from {p['clients']} clients: "
+        yield events.log(f"{len(done):,} requests in {elapsed:.2f} s from {p['clients']:,} clients: "
                          f"{len(done) / elapsed:.1f} requests/sec, latency p50 {np.percentile(lat, 50):.2f} ms, "
                          f"p99 {np.percentile(lat, 99):.2f} ms; {load.refusals} busy refusals retried"
                          + (f"; {failed} failed, first: "
@@ -158,8 +160,12 @@ class ServeLoad(Workload):
         for last in stub.Train(pb.TrainRequest(model=p["model"], task=task, generated_sentences=p["train_sentences"],
                                                options=pb.TrainOptions(epochs=p["train_epochs"], seed=p["seed"],
                                                                        d_model=p["train_d_model"],
-                                                                       layers=p["train_layers"]))):
-            pass
+                                                                       layers=p["train_layers"],
+                                                                       progress_every=TRAIN_PROGRESS_EVERY))):
+            if last.step == TRAIN_PROGRESS_EVERY and not last.done and last.total_steps > last.step:
+                yield events.log(f"training {p['model']}: step {last.step:,} of {last.total_steps:,} after "
+                                 f"{last.elapsed_s:.1f} s, about {last.elapsed_s * last.total_steps / last.step:.0f} s "
+                                 f"in all")
         yield events.startup("train_s", time.perf_counter() - t0)
         if last is not None:
             yield events.log(f"trained {p['model']} on the server ({last.device}) in {last.elapsed_s:.2f} s: "
@@ -220,7 +226,7 @@ class _Load:
     def run(self, window: float) -> Iterator[dict[str, Any]]:
         """Start the clients together; yield one throughput sample per window until all are done
         (the last window ends with the last reply, so the windows add up to the elapsed time)."""
-        from gpuvs.serve import client
+        from gpuvs.serve import channel as client
 
         go = threading.Event()
         threads = []

@@ -1,6 +1,7 @@
-"""spin: a fixed amount of single-threaded CPU arithmetic per step, timed. Needs no framework, so it
-runs in any image with Python; a node whose CPU is slower, throttled or capped by a CPU quota shows it
-as fewer operations per second. The fleet tests use it (a node slowed by a quota on its cgroup root)."""
+"""spin: a fixed amount of single-threaded CPU arithmetic per step, timed. Needs no framework.
+
+So it runs in any image with Python, and a slower, throttled or quota-capped CPU shows as fewer operations a second.
+The fleet tests use it, a node slowed by a quota on its cgroup root."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, Iterator
 from gpuvs import events
 from gpuvs.params import Param
 from gpuvs.workloads import register
-from gpuvs.workloads.base import RunContext, Workload, rate
+from gpuvs.workloads.workload import RunContext, Workload, rate
 
 
 def spin(ops: int) -> int:

@@ -1,11 +1,7 @@
-"""startup: how long a short job takes from launch to its first result, apart from steady-state
-throughput. Each trial is one launch (a fresh process, a fresh container): the worker measures from
-the moment the launcher started it (spec.launched_at, wall clock) to a first result that has been
-synchronised back to the host, and the launcher adds launch_to_exit_s (teardown included).
+"""startup: how long a short job takes from launch to its first result, apart from steady-state throughput.
 
-Jobs: kernel (one tiny kernel: ones(1) + 1, summed, read back), model (build a small torchvision
-model, move it to the device, one forward pass of a batch, read back). On the CPU the same steps run
-with CPU tensors."""
+Each trial is one launch: from the moment the launcher started it (spec.launched_at) to a synchronised first result.
+Jobs: kernel (one tiny kernel, read back) and model (a small torchvision model's first forward pass)."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ from gpuvs import events
 from gpuvs.errors import WorkloadError
 from gpuvs.params import Param
 from gpuvs.workloads import register
-from gpuvs.workloads.base import RunContext, Workload, duration
+from gpuvs.workloads.workload import RunContext, Workload, duration
 
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "alexnet")
 

@@ -1,5 +1,5 @@
 """The commands: one module per command, named after it (`gpuvs share-matrix` is share_matrix.py),
-each declaring `COMMAND = Command(...)` (gpuvs.cli.command). A command is found by its name, so
+each declaring `COMMAND = Command(...)` (gpuvs.cli.declaration). A command is found by its name, so
 running one imports that module alone; the help of gpuvs imports them all. A new command is one new
 module here, nothing else. Command modules never import one another: what several share lives in
 gpuvs.cli.common and gpuvs.cli.options."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from gpuvs.cli.command import Command
+from gpuvs.cli.declaration import Command
 
 
 def module_name(command: str) -> str:

@@ -1,13 +1,11 @@
-"""gpuvs agent [--every 6h] [--workload NAME[:KEY=VALUE,...]] [--listen :8080] [--store FILE] [cluster and trial
-options]: gpuvs inside the cluster, one replica (deploy/, docs/deploy.md). Runs the functional validate suite and a
-fleet per workload on a schedule and on demand (POST /runs) on the nodes whose GPUs nobody else has requested,
-labels the nodes as `gpuvs fleet --label` does, keeps every result in its store, serves /metrics.
+"""gpuvs agent: gpuvs inside the cluster, one replica (deploy/, docs/deploy.md), on a schedule and on demand.
 
+It runs validate and a fleet per workload on the nodes nobody else has requested, labels them and serves /metrics.
 Exit status: 0 when stopped by SIGTERM or Ctrl-C (after cleaning up the run in flight), 2 on bad input."""
 
 from __future__ import annotations
 
-from gpuvs.cli.command import Args, Command, Group
+from gpuvs.cli.declaration import Args, Command, Group
 from gpuvs.params import Param
 
 AGENT_OPTIONS = (

@@ -1,12 +1,8 @@
 """gpuvs compare: arms of one workload, trials interleaved (A B B A ...), and a verdict per metric.
 
-    gpuvs compare WORKLOAD [options] --arm NAME:key=value[,key=value...] --arm ... [--trials N]
-                  [--margin 0.02] [--until-confident --max-trials N] [--confidence 0.95]
-    gpuvs compare --file experiments/X.yaml [--trials N] [--store PATH] [--quiet] [other options]
-    gpuvs compare --stored BEFORE[:ARM] AFTER[:ARM] [--margin 0.02] [--confidence 0.95] [--store PATH]
-
-Exit status: 0 when every trial ran (whatever the verdict), 1 when a trial failed or --strict gave no verdict (arms
-ran different programs unasked, or the machine was contended), 2 on bad input."""
+The arms come from --arm options, an experiment file (--file), or two stored experiments (--stored BEFORE AFTER).
+Exit status: 0 when every trial ran, whatever the verdict; 2 on bad input. It is 1 when a trial failed, or when
+--strict gave no verdict (the arms ran different programs unasked, or the machine was contended)."""
 
 from __future__ import annotations
 
@@ -19,13 +15,14 @@ from rich.console import Console
 from gpuvs import workloads
 from gpuvs.analysis import comparison, stored
 from gpuvs.probes import contention
-from gpuvs.trial import plan as experiment
+from gpuvs.trial import experiment
 from gpuvs.cli import common, options
-from gpuvs.cli.command import Args, Command, Form, Group, Positional
+from gpuvs.cli.declaration import Args, Command, Form, Group, Positional
 from gpuvs.errors import NoVerdict, UsageError
-from gpuvs.trial.plan import STUDY_PARAMS, Study
+from gpuvs.trial.experiment import STUDY_PARAMS, Study
 from gpuvs.params import Param
 from gpuvs.report import terminal
+from gpuvs.report.numbers import Units
 from gpuvs.safetext import safe_text
 from gpuvs.trial.study import Look, Ran, run_comparison
 
@@ -33,8 +30,8 @@ COMPARE_OPTIONS = (
     Param("arm", str, None, "an arm: NAME:key=value[,key=value...] (two or more; the first is the baseline)",
           multiple=True),
     Param("file", str, None, "an experiment file (YAML) that names the workload and the arms"),
-    Param("stored", str, None, "two stored experiments, before and after: --stored A[:ARM] B[:ARM] (no trials run)",
-          multiple=True),
+    Param("stored", str, None, "two stored experiments (each an id, its start or its --name), before and after: "
+          "--stored A[:ARM] B[:ARM] (no trials run)", multiple=True),
     Param("strict", bool, False, "no verdict where arms that did not ask to differ in the program ran different "
           "programs (another executable or version, another script), or where the machine was contended during the "
           f"trials (a load above the usable CPUs, CPU pressure above {100 * contention.PRESSURE_LIMIT:g}%, another process "
@@ -91,7 +88,6 @@ def study_from_args(args: Args, console: Console) -> tuple[Study, dict[str, Any]
     if raw:  # --aa alone: the loader makes its two arms
         doc["arms"] = [{"name": name, **overrides} for name, overrides in raw]
     study = experiment.study(doc, device_default=common.device_default(console))
-    common.cpu_note(args.workload, args.params, study.experiment.base.device, console)
     return study, run
 
 
@@ -131,7 +127,8 @@ def look_hook(console: Console):
 
 
 def compare_stored(args: Args, console: Console) -> None:
-    """gpuvs compare --stored A B: the verdicts of two stored experiments, marked as not interleaved."""
+    """gpuvs compare --stored A B: the verdicts of two stored experiments, marked as not interleaved (two arms
+    of one interleaved experiment are paired by round, as its own report pairs them)."""
     refs = args["stored"] or []
     if len(refs) != 2:
         raise UsageError(f"--stored needs two experiments, before and after (EXPERIMENT[:ARM]), got {len(refs)}")
@@ -168,18 +165,20 @@ def run(args: Args) -> None:
     exp = study.experiment
     exp.meta.command = "gpuvs compare " + shlex.join(args.argv)
     up_to = study.max_trials * len(exp.arms) if study.until_confident and study.max_trials else None
-    hooks = common.trial_hooks(console, run["quiet"], progress=True, up_to=up_to)
+    note = "" if args.form is FILE else common.cpu_note(args.workload, args.params, exp.base.device)
+    units = Units()  # one unit per metric in the trial lines, the trials' tables and the verdicts' alike
+    hooks = common.trial_hooks(console, run["quiet"], progress=True, up_to=up_to, note=note, units=units)
     ran: list[Ran] = []
 
     def on_ran(r: Ran) -> None:  # the trials' own tables, before the verdicts
         ran.append(r)
-        common.render_ran(console, r, run["store"])
+        common.render_ran(console, r, run["store"], units)
 
     hooks.on_look, hooks.on_ran = look_hook(console), on_ran
     analysis = run_comparison(study, run["store"], hooks, timeout_s=run["timeout"])
     refuse_if_strict(args, analysis, f"; every trial is stored as experiment {analysis.id} (gpuvs results show "
                                      f"{analysis.id})")
-    terminal.comparison(console, analysis, keys=SUMMARY_TABLES)
+    terminal.comparison(console, analysis, keys=SUMMARY_TABLES, units=units)
     console.print(f"experiment {analysis.id} (gpuvs report {analysis.id} --format html -o report.html)",
                   highlight=False)
     common.finish(ran[0].results)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from gpuvs.cli.command import Args, Command, Group
+from gpuvs.cli.declaration import Args, Command, Group
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
 

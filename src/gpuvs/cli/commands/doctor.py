@@ -1,7 +1,7 @@
-"""gpuvs doctor --env KIND [environment options] [--device cuda|cpu]: can a worker run there, with the GPU
-visible? The environment runs its own checks (a container engine and image; a cluster's API, permissions
-and GPU nodes; ...), then starts one real worker probe that reports what it sees inside, and says
-exactly what is missing."""
+"""gpuvs doctor --env KIND [environment options] [--device cuda|cpu]: can a worker run there, with the GPU visible?
+
+The environment runs its own checks first: a container engine and image, or a cluster's API, permissions and GPU nodes.
+Then one real worker probe reports what it sees inside, and the command says exactly what is missing."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.console import Console
 from gpuvs import environments
 from gpuvs.probes import checkup
 from gpuvs.cli import common, options
-from gpuvs.cli.command import Args, Command, Group
+from gpuvs.cli.declaration import Args, Command, Group
 from gpuvs.errors import EnvironmentUnavailable
 from gpuvs.params import Param
 from gpuvs.report import machine

@@ -7,7 +7,7 @@ import json
 from rich.console import Console
 
 from gpuvs.probes import fingerprint
-from gpuvs.cli.command import Args, Command, Group
+from gpuvs.cli.declaration import Args, Command, Group
 from gpuvs.params import Param
 from gpuvs.report import machine
 

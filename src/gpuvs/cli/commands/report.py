@@ -10,7 +10,7 @@ import sys
 from rich.console import Console
 
 from gpuvs.analysis import comparison
-from gpuvs.cli.command import Args, Command, Group, Positional
+from gpuvs.cli.declaration import Args, Command, Group, Positional
 from gpuvs.cli.common import check_output, open_store, write_output
 from gpuvs.cli.options import STORE
 from gpuvs.errors import UsageError
@@ -18,6 +18,7 @@ from gpuvs.store.records import TrialRecord
 from gpuvs.params import Param
 from gpuvs.report import html, markdown, terminal, validation
 from gpuvs.store.db import trials_csv
+from gpuvs.validate import validate_run
 
 FORMATS = {"term": "term", "terminal": "term", "md": "md", "markdown": "md", "html": "html", "json": "json",
            "csv": "csv"}
@@ -38,7 +39,7 @@ def render(fmt: str, analysis: comparison.Analysis, trials: list[TrialRecord], w
 
 
 def experiment_of(st, ident: str) -> str:
-    """An experiment id from an experiment id or prefix, or a trial's run id."""
+    """An experiment id from an experiment id, prefix or name, or a trial's run id."""
     try:
         return st.experiment(ident).id
     except UsageError:
@@ -58,10 +59,10 @@ def report(args: Args) -> None:
         exp_id = experiment_of(st, ident)
         exp = st.experiment(exp_id)
         page = {} if output or fmt != "term" else {"width": Console().width}  # on the terminal: its width
-        if exp.kind == validation.KIND:
+        if exp.kind == validate_run.KIND:
             return _write(validation.render(fmt, exp, **page), output, exp_id)
         if exp.meta.pair_fleet:  # a gpuvs fleet --pairs run: its node and pair verdicts
-            from gpuvs.fleet.pair_run import PairFleetResult
+            from gpuvs.fleet.execute.pair_run import PairFleetResult
             from gpuvs.report import pair_fleet
 
             if fmt_name.lower() == "csv":
@@ -125,6 +126,6 @@ COMMAND = Command(
     groups=(Group("report options", (Param("format", str, "term", "term, md, html, json or csv"),
                                      Param("output", str, None, "write here instead of standard output",
                                            aliases=("o",)), STORE), "report"),),
-    positionals=(Positional("ident", "an experiment id (a unique prefix will do) or a trial's run id"),),
+    positionals=(Positional("ident", "an experiment id (a unique prefix will do), its --name or a trial's run id"),),
     subcommands=(STATUS,),
 )

@@ -7,7 +7,7 @@ import sys
 
 from rich.console import Console
 
-from gpuvs.cli.command import Args, Command, Group, Positional
+from gpuvs.cli.declaration import Args, Command, Group, Positional
 from gpuvs.cli.common import check_output, open_store, write_output
 from gpuvs.cli.options import STORE
 from gpuvs.errors import UsageError
@@ -63,14 +63,14 @@ def _show_logs(st: Store, trials: list[TrialRecord]) -> None:
         if not rows:
             out.write("(no output stored: only the command workload keeps its job's output)\n")
         for row in rows:
-            cut = f", {row.cut} bytes cut" if row.cut else ""
-            out.write(f"--- {safe_text(row.stream)} ({row.bytes} bytes, {row.lines} lines{cut})\n")
+            cut = f", {row.cut:,} bytes cut" if row.cut else ""
+            out.write(f"--- {safe_text(row.stream)} ({row.bytes:,} bytes, {row.lines:,} lines{cut})\n")
             text = safe_text(row.text, lines=True)
             out.write(text if text.endswith("\n") or not text else text + "\n")
 
 
 def _trials_of(st: Store, ident: str) -> list[TrialRecord]:
-    """A trial number, else an experiment id or a unique prefix of one (ids start with digits too)."""
+    """A trial number, else an experiment id, a unique prefix of one or its name (ids start with digits too)."""
     if ident.isdigit():
         try:
             return [st.trial(int(ident))]
@@ -103,7 +103,7 @@ COMMAND = Command(
                                                 Param("log", bool, False, "each trial's stored stdout and stderr (a "
                                                       "command's: its first 16 KiB and last 48 KiB of each)")),
                                     "results"),),
-                positionals=(Positional("ident", "an experiment id (a unique prefix will do) or a trial number"),)),
+                positionals=(Positional("ident", "an experiment id (a unique prefix will do), its --name or a trial number"),)),
         Command("export", "Everything stored (spec, fingerprint, samples, summary, status, error) as JSON, or a CSV "
                 "per trial.", export,
                 groups=(Group("options", (Param("format", str, "json", "json or csv"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from gpuvs.cli import common, options
-from gpuvs.cli.command import Args, Command, Positional
+from gpuvs.cli.declaration import Args, Command, Positional
 from gpuvs.trial.runner import Arm, Experiment
 
 WORKLOAD = Positional("workload", "the workload to run (gpuvs workloads lists them)", workload=True)
@@ -18,7 +18,7 @@ def run(args: Args) -> None:
     exp = Experiment(name=run_opts["name"] or prep.workload.name, base=prep.base, arms=[Arm("default")],
                      trials=run_opts["trials"], seed=run_opts["order_seed"], kind="run")
     results = common.execute(exp, run_opts["store"], console, run_opts["quiet"], run_opts["timeout"],
-                             run_opts["retries"])
+                             run_opts["retries"], prep.note)
     common.finish(results)
 
 

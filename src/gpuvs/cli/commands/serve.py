@@ -1,6 +1,7 @@
-"""gpuvs serve: the NLP gRPC service (Train, Predict, Load, ListModels, Metrics, and the standard
-health service) in the foreground, until SIGTERM or Ctrl-C, which stop it cleanly (calls in flight
-get --grace seconds, then are cancelled)."""
+"""gpuvs serve: the NLP gRPC service in the foreground, until SIGTERM or Ctrl-C stops it cleanly.
+
+It serves Train, Predict, Load, ListModels, Metrics and the standard health service.
+At the stop, calls in flight get --grace seconds, then are cancelled."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import signal
 import threading
 import time
 
-from gpuvs.cli.command import Args, Command, Group
+from gpuvs.cli.declaration import Args, Command, Group
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
-from gpuvs.serve import config as cfg
+from gpuvs.serve import settings as cfg
 
 SERVE_OPTIONS = (
     Param("port", int, 50051, "TCP port (0: any free port; the one taken is printed)"),
@@ -60,7 +61,7 @@ def serve(args: Args) -> None:
     try:
         from gpuvs.serve.security import Security
         from gpuvs.serve.server import NlpServer
-        from gpuvs.serve.validate import Limits
+        from gpuvs.serve.request_checks import Limits
     except ImportError as exc:
         raise UsageError(f"gpuvs serve needs grpcio, grpcio-health-checking and protobuf ({exc}): "
                          "pip install grpcio grpcio-health-checking protobuf") from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gpuvs.cli.command import Args, Command, Group
+from gpuvs.cli.declaration import Args, Command, Group
 from gpuvs.errors import UsageError
 from gpuvs.params import Param
 
@@ -27,7 +27,7 @@ def serve_metrics(args: Args) -> None:
     import grpc
     from google.protobuf import json_format
 
-    from gpuvs.serve import client
+    from gpuvs.serve import channel as client
     from gpuvs.serve import nlp_pb2 as pb
 
     client.check_target(target)

@@ -1,12 +1,13 @@
-"""gpuvs validate --image IMAGE [--kubeconfig F] [--context C] [--namespace N] [--node NAME] [--exclusive]
-[--max-gpu-pods N] [--pod-security restricted|baseline] [--job-workload NAME --job-param KEY=VALUE] [--disruptive --restart-plugin-cmd CMD --restart-kubelet-cmd CMD --stop-apiserver-cmd CMD --start-apiserver-cmd CMD]:
-the cluster test suite, stored as an experiment (kind `validate`) and reported like any other."""
+"""gpuvs validate --image IMAGE [cluster options]: the cluster test suite, stored as an experiment of kind `validate`.
+
+It is reported like any other experiment. --disruptive adds the availability suite, with the user's restart commands.
+The options are in the command's help and in docs/kubernetes.md."""
 
 from __future__ import annotations
 
 import sys
 
-from gpuvs.cli.command import Args, Command, Group
+from gpuvs.cli.declaration import Args, Command, Group
 from gpuvs.errors import RunFailed
 from gpuvs.params import Param
 from gpuvs.report import validation
@@ -47,7 +48,7 @@ VALIDATE_OPTIONS = (
 
 
 def validate(args: Args) -> None:
-    from gpuvs.validate.run import ValidateHooks, run_validate, settings
+    from gpuvs.validate.validate_run import ValidateHooks, run_validate, settings
 
     s = settings(image=args["image"], pull=args["image_pull_policy"], resource=args["resource"], node=args["node"],
                  timeout=args["timeout"], disruptive=args["disruptive"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from gpuvs import workloads
-from gpuvs.cli.command import Args, Command, Positional
+from gpuvs.cli.declaration import Args, Command, Positional
 from gpuvs.cli.help import param_table
 from gpuvs.report import workload_list
 

@@ -1,18 +1,8 @@
 """The pod environment: the same worker, in a Kubernetes pod, through the official client.
 
-The pod is `gpuvs-<run_id>`, labelled by Kubernetes's conventions (app.kubernetes.io/name gpuvs, component trial,
-managed-by gpuvs, version) and gpuvs.io/run-id, gpuvs.io/arm, gpuvs.io/experiment; gpuvs=1 too, the mark every
-clean-up selector of this and the last release finds (trial_labels()), with
-restartPolicy Never and activeDeadlineSeconds as a server-side backstop; it is deleted on every exit
-path. It runs `PYTHON -m gpuvs.trial.inside` (no shell); the run spec is its GPUVS_SPEC environment
-variable. gpuvs's package reaches it as a zip in one ConfigMap shared by every pod with the same
-package (kube/package.py), mounted read-only and put on PYTHONPATH (or, with --package image, from
-the image). GPUs are `limits: nvidia.com/gpu: N` (--gpu-resource for another name); /dev/shm is a
-memory emptyDir of --shm-size. Never privileged: no privilege escalation, every capability dropped,
-the runtime's default seccomp profile; --pod-security restricted adds runAsNonRoot (the restricted
-Pod Security Standard), the default runs as the image's own user since most GPU images run as
-root. No host namespace or capability unless named (--host-network, --cap-add). Everything the
-trial reports comes from the pod's log, status and events (kube/podrun.py)."""
+The pod runs `PYTHON -m gpuvs.trial.inside`, its spec in GPUVS_SPEC; gpuvs's package comes as a ConfigMap's zip.
+It is labelled gpuvs=1 (trial_labels()), never privileged, and deleted on every exit path (docs/pod.md).
+Everything the trial reports comes from the pod's log, status and events (podrun.py)."""
 
 from __future__ import annotations
 
@@ -23,14 +13,13 @@ from typing import Any
 
 from gpuvs import __version__
 from gpuvs.environments import register
-from gpuvs.environments.base import Environment, WorkerStream
+from gpuvs.environments.environment import Environment, WorkerStream
 from gpuvs.environments.container import CPUS, IMAGE, MEMORY, MOUNT, PYTHON, SHM_SIZE
 from gpuvs.environments.host import ENV_VAR, env_vars
 from gpuvs.errors import GpuvsError, UsageError
 from gpuvs.probes.fingerprint import SOFTWARE_FIELDS
 from gpuvs.kube import SLOW_TAINT, SLOW_TOLERATION
 from gpuvs.kube import package as pkg
-from gpuvs.kube.package import package_zip  # noqa: F401  (gpuvs's package as the pods get it)
 from gpuvs.params import Param
 from gpuvs.spec import RunSpec, gpus_asked
 
@@ -276,7 +265,7 @@ def deadline_s(spec: RunSpec, s: PodSettings) -> int:
 
 # The trial pod's own labels. Until the release before this one they were gpuvs.run_id, gpuvs.arm and
 # gpuvs.experiment (no domain prefix); gpuvs=1 stays as the mark every clean-up selector uses, so that pods of
-# either release are found and removed (fleet/kube.py's sweep also asks for the old experiment key).
+# either release are found and removed (fleet/cluster/sweep.py's sweep also asks for the old experiment key).
 RUN_ID, ARM, EXPERIMENT = "gpuvs.io/run-id", "gpuvs.io/arm", "gpuvs.io/experiment"
 OLD_EXPERIMENT = "gpuvs.experiment"
 OWN_APP_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/component", "app.kubernetes.io/managed-by",

@@ -1,6 +1,7 @@
-"""gpuvs doctor --env pod: the API, the namespace and gpuvs's permissions there, the nodes with GPUs,
-then one real pod running `python -m gpuvs.trial.inside --probe` (Python, the framework, the GPU as seen
-inside). Every failed row says what to do."""
+"""gpuvs doctor --env pod: the API, the namespace and gpuvs's permissions there, and the nodes with GPUs.
+
+Then one real pod runs `python -m gpuvs.trial.inside --probe`: Python, the framework, the GPU as seen inside.
+Every failed row says what to do."""
 
 from __future__ import annotations
 

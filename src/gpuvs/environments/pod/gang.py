@@ -1,22 +1,8 @@
 """One trial across nodes (--num-nodes N): N pods, one per node, started together, as one worker stream.
 
-Each pod runs the usual worker (podrun.py's PodLaunched follows it), whose one-process-per-rank runner
-(trial/multiproc.py) starts --num-gpus ranks; pod i holds the ranks i x --num-gpus onwards of a world of
-N x --num-gpus. The rendezvous is a store in the first pod: torch.distributed's TCP store, held by global rank
-0, reached at the first pod's IP (its status.podIP, read once the pod has one; the other pods are created then,
-with it in GPUVS_MASTER_ADDR). No Service and no cluster DNS is needed, so nothing is left that the pods'
-activeDeadlineSeconds would not end, and it works on clusters without CoreDNS (the test cluster has none).
-
-Distinct nodes: a required pod anti-affinity on the trial's gpuvs.io/run-id label over kubernetes.io/hostname,
-not nodeName: the scheduler still weighs resources, taints and selectors, and a pod that cannot be placed has
-the scheduler's own reason ("didn't match pod anti-affinity rules", "Insufficient nvidia.com/gpu").
-
-Gang semantics: a pod that is not placed and running within --schedule-timeout / --start-timeout, or whose
-worker fails, fails the trial with that pod's one line, and every pod is deleted (an error of the first pod's rank
-waits PEER_GRACE_S for another pod's failure, which is then the trial's: a peer that died is the cause, rank 0's
-"Connection reset by peer" its echo; the cluster's own reason about the first pod stands as it is); every pod is deleted on every
-other exit path too (kill, close: the runner's timeout, Ctrl-C, SIGTERM). Only the first pod's lines (global
-rank 0's figures) are the trial's."""
+The rendezvous is torch.distributed's store in the first pod, at its pod IP: no Service, no cluster DNS.
+A required pod anti-affinity keeps the pods on distinct nodes; the scheduler still weighs everything else.
+A pod that fails fails the trial, every pod is deleted, and only the first pod's lines are the trial's (docs/pod.md)."""
 
 from __future__ import annotations
 
@@ -27,7 +13,7 @@ import zlib
 from typing import Any
 
 from gpuvs import events
-from gpuvs.environments.base import WorkerStream
+from gpuvs.environments.environment import WorkerStream
 from gpuvs.environments.pod.podrun import PodLaunched, Waits
 from gpuvs.kube.client import Cluster
 

@@ -1,9 +1,7 @@
-"""Bare mode in a pod: the command is the pod's own container process (an image with no Python). The pod is watched
-as a worker's is (kube/podrun.py: scheduling, image, start failures, eviction, node loss, deletion, its start-up
-stages), but its log is the job's output, not protocol lines: one stream, stdout and stderr as the kubelet merged
-them. Its wall time is the kubelet's record of the container, state.terminated.startedAt to finishedAt, which
-Kubernetes keeps in whole seconds (said with the figure); nothing is run inside, so the fingerprint is what the
-pod's status and its node say."""
+"""Bare mode in a pod: the command is the pod's own container process (an image with no Python).
+
+The pod is watched as a worker's is (podrun.py), but its log is the job's output, stdout and stderr merged.
+Its wall time is the kubelet's record of the container, in whole seconds, said with the figure."""
 
 from __future__ import annotations
 

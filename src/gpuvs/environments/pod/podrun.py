@@ -1,20 +1,8 @@
-"""One worker in one pod: create it, watch it start, follow its log (the protocol), turn every way a
-pod can fail into one plain error line with the cluster's own reason, and delete it.
+"""One worker in one pod: create it, watch it start, follow its log, and delete it.
 
-The pod's log is the protocol stream. It is followed while the container runs; if the stream breaks
-(a kubelet restart, an API server hiccup) it is opened again from the start and the lines already
-handed on are skipped; once the container has ended the whole log is read once more and anything
-not yet handed on follows, so no line is lost. Pods cannot reach gpuvs, and gpuvs never execs into
-them: everything comes from the pod's status, its events and its log.
-
-What happens to the pod comes from two long-lived watches of its own (the pod, its events: kube/watch.py's
-Follow, opened again every few minutes, not every few seconds) and its node's Ready condition from the one node
-watch the process shares among all its pods (kube/watch.py's nodes()): a running pod makes no request a second.
-
-Start-up is broken down from what gpuvs observes of the pod (watches of the pod and its events,
-on this machine's clock, from the moment the create request was sent): pod_created_s,
-pod_scheduled_s, pod_image_ready_s, pod_started_s, pod_first_line_s, pod_first_result_s and
-launch_to_exit_s, stored as start-up metrics (lower is better)."""
+The pod's log is the protocol stream: a broken stream is opened again and read to its end, so no line is lost.
+Every way a pod can fail becomes one plain line with the cluster's own reason.
+Watches of its own and the shared node watch (kube/watch.py) follow it; start-up stages are timed (docs/pod.md)."""
 
 from __future__ import annotations
 
@@ -24,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuvs import events
-from gpuvs.environments.base import WorkerStream
+from gpuvs.environments.environment import WorkerStream
 from gpuvs.errors import EnvironmentUnavailable
 from gpuvs.kube import watch
 from gpuvs.kube.client import Cluster, api_message, client_module

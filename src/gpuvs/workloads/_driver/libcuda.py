@@ -1,8 +1,8 @@
-"""The CUDA driver API through ctypes on libcuda.so.1, the one library the NVIDIA container runtime and device
-plugins put in every GPU container: the primary context of one device, device memory, pinned host memory, a
-stream, events, and modules compiled from PTX text by the driver's JIT (cuModuleLoadDataEx). Every call's status
-is checked; a failure is a DriverError naming the call and the driver's own name for the error. Standard library
-only."""
+"""The CUDA driver API through ctypes on libcuda.so.1, which device plugins put in every GPU container.
+
+One device's primary context, device and pinned host memory, a stream, events, and modules compiled from PTX text.
+Every call's status is checked: a failure is a DriverError naming the call and the driver's name for the error.
+Standard library only."""
 
 from __future__ import annotations
 

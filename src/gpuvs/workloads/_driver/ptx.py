@@ -1,14 +1,7 @@
-"""gpu-check's kernels as PTX text, compiled for the device at run time by the driver's JIT. Each writes a result
-whose value is known exactly in advance (small whole numbers in fp32), so that a wrong result fails the trial.
+"""gpu-check's kernels as PTX text, compiled for the device at run time by the driver's JIT.
 
-- `gpuvs_empty`: nothing; the launch itself (launch latency).
-- `gpuvs_fma`: CHAINS independent fp32 FMA chains per thread, UNROLL deep per loop turn: x = x * a + b with a = b = 1
-  from the kernel's parameters (nothing the compiler can fold); chain k starts at k (so no two chains are the same
-  expression) and ends at k + UNROLL * iters; each thread stores its chains' sum.
-- `gpuvs_mma`: tensor cores, `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (sm_80+), MMA_CHAINS independent
-  accumulators per warp; A and B hold one fp16 value from the parameters in every element (1.0), so every
-  element of D gains 16 per instruction; each thread stores the sum of its accumulator registers.
-- `gpuvs_copy`: dst[i] = src[i] over 16-byte vectors, a grid-stride loop four vectors deep."""
+Each writes a result whose value is known exactly in advance (small whole numbers in fp32).
+So a wrong result fails the trial; each kernel's generator says what it computes."""
 
 from __future__ import annotations
 
@@ -75,10 +68,15 @@ def tensor() -> str:
 
 
 def _empty() -> str:
+    """gpuvs_empty: nothing; the launch itself (launch latency)."""
     return ".visible .entry gpuvs_empty()\n{\n    ret;\n}\n"
 
 
 def _fma() -> str:
+    """gpuvs_fma: CHAINS independent fp32 FMA chains per thread, UNROLL deep per loop turn, x = x * a + b.
+
+    a = b = 1 come from the kernel's parameters, so the compiler can fold nothing. Chain k starts at k, so no two
+    chains are the same expression, and ends at k + UNROLL * iters; each thread stores its chains' sum."""
     x = [f"%x{k}" for k in range(CHAINS)]
     body = "\n".join(f"    fma.rn.f32 {r}, {r}, %a, %b;" for _ in range(UNROLL) for r in x)
     init = "\n".join(f"    mov.f32 {r}, {_f32(k)};" for k, r in enumerate(x))
@@ -103,6 +101,10 @@ LOOP:
 
 
 def _mma() -> str:
+    """gpuvs_mma: tensor cores (sm_80+), MMA_CHAINS independent m16n8k16 accumulators per warp.
+
+    A and B hold 1.0 (fp16, from the parameters) in every element, so every element of D gains 16 per instruction.
+    Each thread stores the sum of its accumulator registers."""
     c = [[f"%c{4 * k + j}" for j in range(4)] for k in range(MMA_CHAINS)]
     one = ("    mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{d}}}, {{%a0, %a1, %a2, %a3}}, {{%b0, %b1}}, "
            "{{{d}}};")
@@ -139,6 +141,7 @@ LOOP:
 
 
 def _copy() -> str:
+    """gpuvs_copy: dst[i] = src[i] over 16-byte vectors, a grid-stride loop four vectors deep."""
     return """.visible .entry gpuvs_copy(.param .u64 dst, .param .u64 src, .param .u64 n)
 {
     .reg .u64 %d, %s, %n, %i, %st, %st2, %st3, %st4, %j, %off, %p0, %p1, %p2, %p3, %q0, %q1, %q2, %q3, %t;

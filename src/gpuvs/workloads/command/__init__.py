@@ -1,14 +1,8 @@
-"""command: any program as a workload, `gpuvs run command -- ARGV...`. Its figures are read from its own output,
-each with a declared direction (gpuvs.workloads.command.outputs: --metric, --step-metric, JSON lines, ready parsers); the default
-headline is its wall time, launch to exit (lower is better). The argv is executed as given, never through a shell.
+"""command: any program as a workload, `gpuvs run command -- ARGV...`, executed as given, never through a shell.
 
-Two ways it runs (docs/command.md):
-- wrapped (the default): gpuvs's worker runs in the environment and starts the command as its child (job.py):
-  fingerprint, NVML telemetry, start-up breakdown, samples streamed as they appear. The image needs Python 3
-  (the standard library is enough);
-- bare (--bare): the command is the environment's own process, for an image without Python (bare.py): gpuvs reads
-  its output from the engine or the cluster and its times from their lifecycle events, and says what it could not
-  measure inside."""
+Its figures are read from its own output (outputs/); the default headline is its wall time, launch to exit.
+Wrapped (the default), gpuvs's worker starts it as its child (job.py).
+Bare (--bare), it is the environment's own process, read from outside (bare.py). docs/command.md is the reference."""
 
 from __future__ import annotations
 
@@ -20,7 +14,7 @@ from gpuvs.errors import UsageError
 from gpuvs.params import Param
 from gpuvs.spec import RunSpec
 from gpuvs.workloads import register
-from gpuvs.workloads.base import MetricDecl, RunContext, Workload, duration, rate, score
+from gpuvs.workloads.workload import MetricDecl, RunContext, Workload, duration, rate, score
 
 
 class ArgvParam(Param):

@@ -1,10 +1,7 @@
-"""Bare mode: a command run as the environment's own process (environments' start_bare: a child of gpuvs on the
-host, the container's process, the pod's), its output read from outside, turned into the same protocol events a
-worker sends (job.Session), so that the runner, the store and every report treat the trial like any other.
+"""Bare mode: a command run as the environment's own process, its output read from outside.
 
-What gpuvs cannot do from outside is said, not filled in: the trial's configuration names it (`unmeasured`), the
-fingerprint is what the environment could read without running anything in the image (`taken_by` says who took
-it), and the wall time comes from the environment's own lifecycle events with their clock and resolution."""
+It is turned into the same protocol events a worker sends (job.Session), so the trial is like any other.
+What gpuvs cannot measure from outside is said (`unmeasured`, `taken_by`), not filled in."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ from typing import Any
 
 from gpuvs import events
 from gpuvs.workloads.command import job
-from gpuvs.environments.base import WorkerStream
+from gpuvs.environments.environment import WorkerStream
 from gpuvs.spec import RunSpec
 
 

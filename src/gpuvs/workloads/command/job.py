@@ -1,30 +1,8 @@
-"""One command job (the `command` workload's trial): its output read as it arrives and turned into gpuvs's protocol
-events, wherever it runs. The same Session serves both ways a job runs:
+"""One command job (the `command` workload's trial): its output read as it arrives, turned into protocol events.
 
-- wrapped: gpuvs's worker runs in the environment and starts the job as its child (run(), below): the job's
-  stdout and stderr are pipes the worker reads, its wall time is the worker's clock from the job's start to its
-  exit, and everything else the worker does (fingerprint, NVML telemetry, start-up breakdown) comes with it;
-- bare (bare.py): the job is the environment's own process (the container's, the pod's, or a child of gpuvs on
-  the host) and gpuvs reads its output from the engine or the cluster, outside.
-
-Each reading is a sample, streamed as it appears: a figure printed every step is a sample per step; a figure
-printed once is a sample each time it is printed (the last one stands for the trial), and so is a cumulative
-figure (tf_cnn_benchmarks' running images/sec, with its +/- and jitter). The trial's wall time (`wall_time_s`) is a
-sample too. summarize() gives the trial's figure of each: the mean, +/- and jitter of a per-step figure (the
-definitions of stats.summarize_series for figures that are not items over time, in plain Python: the worker may run
-in an image whose Python has no numpy), the last printing otherwise.
-
-Wrapped, the job's pipes are read to their end, every line through the parsers, in bounded memory (_Pipes: a queue
-that spills to a temporary file past 16 MiB, so the job never waits on its pipe for gpuvs); a pipe that something the
-job left behind holds open fails the trial (unread_text), never a partial read kept as a result. A --metric regex's
-time on a line and on the whole output is bounded (outputs/budget.py). A series keeps at most KEEP_FIRST + RESERVOIR
-+ 1 samples (Series), its summary over all of them.
-
-Each stream's text is kept for the store, capped at OUTPUT_CAP bytes (its first HEAD and last TAIL bytes, and how
-much was cut between them) and shown by `gpuvs results show ID --log`.
-
-Standard library only (with gpuvs.workloads.command.outputs, gpuvs.probes.program, gpuvs.events and gpuvs.contain):
-it runs inside the user's image."""
+One Session serves both ways a job runs, wrapped (run(), below) and bare (bare.py); each reading is a sample.
+Wrapped, the pipes are read to their end in bounded memory (_Pipes) and each stream's text is capped (OUTPUT_CAP).
+Standard library only (with outputs/, probes.program, events and contain): it runs inside the user's image."""
 
 from __future__ import annotations
 
@@ -47,7 +25,7 @@ from gpuvs.workloads.command import outputs
 from gpuvs.probes import program
 from gpuvs.errors import WorkloadError
 from gpuvs.workloads.command.outputs import Metric, Reading, budget
-from gpuvs.safetext import safe_text
+from gpuvs.safetext import clip, safe_text
 
 HEAD = 16 * 1024  # bytes of a stream kept from its start
 TAIL = 48 * 1024  # and from its end
@@ -332,8 +310,8 @@ class Session:
         return [c.event() for c in self.captures.values() if c.total or c.stream == "stdout"]
 
     def last_lines(self, n: int = 5) -> str:
-        """The job's last lines on one line, each cut at 200 characters, control characters escaped (safetext.py)."""
-        shown = " | ".join(f"{ln.stream}: {safe_text(' '.join(ln.text.split())[:200])}" for ln in self.reader.tail(n))
+        """The job's last lines on one line, each its first 200 characters (whole words), control characters escaped (safetext.py)."""
+        shown = " | ".join(f"{ln.stream}: {safe_text(clip(' '.join(ln.text.split()), 200))}" for ln in self.reader.tail(n))
         return shown or "(the command printed nothing)"
 
     def failure(self, code: int | None, signalled: str | None = None, unread: str | None = None
@@ -372,7 +350,7 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 def steps_summary(values: list[float]) -> dict[str, float]:
     """stats.summarize_series of figures that are not items over time: the mean, +/- (the standard error: sample
     standard deviation / sqrt(n)), jitter (1.4826 x the median absolute deviation), median, range, percentiles."""
-    arr = sorted(values)
+    arr = sorted(values)  # in plain Python: the worker may run in an image whose Python has no numpy
     median = statistics.median(arr)
     pm = statistics.stdev(arr) / math.sqrt(len(arr)) if len(arr) > 1 else 0.0
     mean = statistics.fmean(arr)

@@ -1,11 +1,8 @@
-"""kernels: Rodinia-style applications (hotspot, hotspot3D, srad, pathfinder, nw, lud, gaussian, bfs,
-kmeans, backprop), written once in PyTorch so the same code runs on a GPU and on the CPU.
+"""kernels: Rodinia-style applications, written once in PyTorch so the same code runs on a GPU and on the CPU.
 
-Each run of an app copies its inputs to the device, computes, and copies the results back. Wall
-time is that whole run on a host clock; kernel time is the computation alone (CUDA events on a GPU);
-footprint is the device memory the run allocated at its peak (torch's allocator; GPU only); data is
-the size of the inputs and results. The first run is untimed (start-up) and is checked against a
-NumPy reference (at min(size, the app's check size), so that a check stays quick)."""
+A run copies its inputs to the device, computes, and copies the results back: wall time is all of it (host clock).
+Kernel time is the computation alone (CUDA events on a GPU); footprint the run's peak device memory.
+The first run is untimed and checked against a NumPy reference (docs/hardware.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +17,7 @@ from gpuvs.params import Param
 from gpuvs.workloads import register
 from gpuvs.workloads._devtime import is_cuda, sync
 from gpuvs.workloads.aggregate import Totals
-from gpuvs.workloads.base import RunContext, Workload, amount, duration
+from gpuvs.workloads.workload import RunContext, Workload, amount, duration
 from gpuvs.workloads.kernels import dynprog, graph, learn, linalg, stencil  # noqa: F401  (they register apps)
 from gpuvs.workloads.kernels.app import APPS, App
 

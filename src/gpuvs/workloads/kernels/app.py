@@ -1,6 +1,6 @@
-"""What a Rodinia-style application is here: random inputs (NumPy), the computation written once
-in PyTorch (so the same code runs on a GPU and, for real, on the CPU), a NumPy reference and a check
-that the two agree."""
+"""What a Rodinia-style application is here: random inputs (NumPy) and the computation written once in PyTorch.
+
+So the same code runs on a GPU and, for real, on the CPU. A NumPy reference and a check that the two agree."""
 
 from __future__ import annotations
 

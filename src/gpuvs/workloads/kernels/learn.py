@@ -1,5 +1,6 @@
-"""Learning apps: kmeans (Lloyd's algorithm) and backprop (training steps of a two-layer perceptron,
-Rodinia's backprop: many inputs, 16 hidden units, one output, learning rate and momentum 0.3)."""
+"""Learning apps: kmeans (Lloyd's algorithm) and backprop (training steps of a two-layer perceptron).
+
+backprop is Rodinia's: many inputs, 16 hidden units, one output, learning rate and momentum 0.3."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """Metrics read from a job's own output: what the `command` workload measures besides wall time.
 
-- base.py: the records (Metric: a declared figure with its direction; Reading: one value of it, with the line it
-  came from), the Parser interface (fed line by line as the job prints, finished after it exits) and WALL_TIME,
-  the default headline, measured by the wrapper, declared here so that wrapper and reports share it.
-- patterns.py: --metric / --step-metric texts into declarations (UsageError before anything starts) and their parser.
-- reader.py: one job's output read by all its parsers; which required metrics never appeared, and why a trial fails.
-- one module per ready parser, registered by name (`--parser NAME[:ARG]`): tf_cnn_benchmarks, hyperfine, sysbench,
-  stress-ng, jsonl. A new parser is one new module (a Parser subclass with @register) and its test.
-
+base.py holds the records and the Parser interface, patterns.py --metric and --step-metric, reader.py one job's output.
+Each ready parser is one module registered by name (`--parser NAME[:ARG]`): a Parser subclass with @register.
 Standard library only (the worker wraps a command inside the user's image). docs/command.md is the reference."""
 
 from __future__ import annotations
@@ -16,13 +10,13 @@ from typing import Iterable
 
 from gpuvs.errors import UsageError
 from gpuvs.registry import Registry
-from gpuvs.workloads.command.outputs.base import WALL_TIME, Job, Line, Metric, OutputError, Parser, Reading, wall_time
+from gpuvs.workloads.command.outputs.parsing import WALL_TIME, Job, Line, Metric, OutputError, Parser, Reading, wall_time
 
 __all__ = ["Job", "Line", "Metric", "Missing", "OutputError", "Parser", "PatternParser", "Reader", "Reading",
            "WALL_TIME", "create", "get", "names", "make_reader", "parse_metric_spec", "register", "wall_time"]
 
 _parsers: Registry[type[Parser]] = Registry(__name__, __path__, "parser", lambda cls: cls.name,
-                                            skip=("base", "budget", "patterns", "reader"))
+                                            skip=("parsing", "budget", "patterns", "reader"))
 register = _parsers.register
 
 

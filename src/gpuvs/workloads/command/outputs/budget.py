@@ -1,20 +1,8 @@
-"""The time one regex may spend on one line of a job's output, and on all of it: `--metric` regexes are the user's, and Python's `re`
-backtracks, so `(a|a)*b` on a 40-character line would take hours (and a nested quantifier, `(a+)+b`, is refused
-before anything starts: patterns.backtracking()).
+"""The time one regex may spend on one line of a job's output, and on all of it.
 
-Each match is given MATCH_CPU_S seconds of this thread's CPU time (CPU, not wall, so that a loaded machine does not
-turn a fast regex into a slow one). In the main thread, inside watching() (the wrapped worker reads its job there),
-a match that runs past its budget is interrupted: a SIGALRM ticks every TICK_S while the job's output is read, and
-`re`'s matching loop runs signal handlers as it goes. Elsewhere (bare mode reads in a thread of gpuvs, where no
-signal can reach) the same pattern is matched by the `regex` module (a declared dependency of gpuvs; the wrapped
-worker in a user's image never takes this path), which stops a match at its timeout and lets gpuvs's other threads
-run meanwhile (`concurrent`); where `regex` cannot take a pattern, the time is measured around the match and a
-match over its budget is reported once it returns.
-
-A regex's total time on a trial's output is bounded too (over_trial()): TRIAL_CPU_S, or LINE_CPU_S per line searched
-if more, so that a regex just under the line's budget cannot spend the trial's timeout on a few hundred lines.
-
-Standard library only where it runs inside the user's image (the main thread's path)."""
+`--metric` regexes are the user's, and Python's `re` backtracks: `(a|a)*b` on 40 characters would take hours.
+In the main thread a SIGALRM interrupts a match past MATCH_CPU_S of CPU; elsewhere the `regex` module's timeout does.
+over_trial() bounds a regex's total time on a trial's output; docs/command.md has the figures."""
 
 from __future__ import annotations
 

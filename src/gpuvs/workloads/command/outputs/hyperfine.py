@@ -1,13 +1,8 @@
 """hyperfine's `--export-json FILE`, read once the command has exited (hyperfine writes it at the end).
 
-ARG: the file (relative to the job's working directory); without one, the FILE after `--export-json` in the
-command's argv. One benchmarked command per run: gpuvs compares one command across arms, so a file with several
-results (several commands, a parameter scan) fails the trial rather than mixing them.
-
-- mean_s (the headline, lower is better): hyperfine's mean time of one run; its stddev is in the reading's extra.
-- median_s, min_s, user_s, system_s (lower is better).
-- time_s (per step, lower is better): each run's time from the `times` array, step = the run's number (1, 2...).
-Info: command, runs, stddev_s, max_s, exit_codes. Times are in seconds whatever hyperfine printed."""
+ARG: the file; without one, the FILE after `--export-json` in the command's argv.
+A file with several results fails the trial: gpuvs compares one command across arms.
+Its metrics (mean_s the headline) are in docs/command.md; times are in seconds whatever hyperfine printed."""
 
 from __future__ import annotations
 
@@ -16,7 +11,7 @@ from typing import Any
 
 from gpuvs.errors import UsageError
 from gpuvs.workloads.command.outputs import register
-from gpuvs.workloads.command.outputs.base import Metric, OutputError, Parser, Reading, number
+from gpuvs.workloads.command.outputs.parsing import Metric, OutputError, Parser, Reading, number
 
 OPTION = "--export-json"
 

@@ -1,18 +1,8 @@
 """JSON lines, for scripts that can print them: a line that is a JSON object with a "gpuvs" key is one reading.
 
-    {"gpuvs": "loss", "value": 0.31, "better": "lower", "step": 10}
-    {"gpuvs": "samples_per_sec", "value": 5012.7, "unit": "samples/s", "better": "higher"}
-
-- "gpuvs": the metric's name; "value": a number.
-- "better": "higher" or "lower", required on the first line of each metric (may be repeated, never changed).
-- "unit": optional ("" if absent), fixed by the first line.
-- "kind": optional, "rate" (work per time), "time" or "score" (the default): a verdict on a rate or a time says
-  faster/slower, on a score better/worse; a rate must be "better": "higher", a time "lower". Fixed by the first line.
-- "step": optional; a metric printed with a step is a per-step figure (every one of its lines needs a step),
-  one printed without is a figure printed once (if printed again, the last one stands).
-Every other line (plain text, other JSON) is ignored; a line with a "gpuvs" key that breaks these rules fails the
-trial. Metrics are declared by their first line, so the parser declares none before the run; ARG names those that
-must appear (comma-separated), so that a run without them fails."""
+For example {"gpuvs": "loss", "value": 0.31, "better": "lower", "step": 10}; docs/command.md has the rules.
+A metric is declared by its first line; a "gpuvs" line that breaks the rules fails the trial.
+ARG names the metrics that must appear (comma-separated), so that a run without them fails."""
 
 from __future__ import annotations
 
@@ -21,7 +11,7 @@ import math
 
 from gpuvs.errors import UsageError
 from gpuvs.workloads.command.outputs import register
-from gpuvs.workloads.command.outputs.base import DIRECTIONS, KIND_DIRECTION, KINDS, Line, Metric, OutputError, Parser, Reading, check_name
+from gpuvs.workloads.command.outputs.parsing import DIRECTIONS, KIND_DIRECTION, KINDS, Line, Metric, OutputError, Parser, Reading, check_name
 
 KEY = "gpuvs"
 

@@ -1,21 +1,8 @@
-"""The user's own metrics: `--metric NAME=REGEX,higher|lower|rate|time[,UNIT]` for a figure the job prints once and
-`--step-metric` (same syntax) for a figure it prints every step, turned into declarations before anything starts,
-and the parser that reads them.
+"""The user's own metrics: `--metric NAME=REGEX,higher|lower|rate|time[,UNIT]` and `--step-metric`.
 
-- The direction is required: `higher` or `lower` is better (a verdict on it says better/worse), or the figure is a
-  `rate` (work per time: higher is better, and a verdict says faster/slower) or a `time` (lower is better;
-  faster/slower). Never guessed from the name or the unit.
-
-- The figure is the regex's first group (or its group named `value`); for a step metric, a group named `step`
-  gives the step number, otherwise matches are numbered 1, 2, 3... in the order printed.
-- Each line is searched once per metric (the first match on a line counts); both streams are read.
-- A figure printed once that is printed again: every printing is a reading, and the last one printed stands for
-  the trial (a final figure follows the intermediate ones a job prints on its way).
-- The regex may hold commas: the direction and unit are read from the right.
-- Its time is bounded: a nested quantifier that backtracks (`(a+)+`, `(\\w+\\s?)*`) is refused before anything starts
-  (backtracking()), each match gets budget.MATCH_CPU_S of CPU on a line, and all of a trial's matches of one regex
-  budget.TRIAL_CPU_S (or budget.LINE_CPU_S a line, if more); a regex past either fails the trial, named, and is not
-  searched again."""
+They become declarations before anything starts, and the parser here reads them.
+The direction is required, never guessed; the figure is the regex's first group, or its group named `value`.
+A regex that backtracks is refused (backtracking()), and its time is bounded (budget.py); docs/command.md."""
 
 from __future__ import annotations
 
@@ -25,7 +12,7 @@ from typing import Iterable
 
 from gpuvs.errors import UsageError
 from gpuvs.workloads.command.outputs import budget
-from gpuvs.workloads.command.outputs.base import (DIRECTIONS, KIND_DIRECTION, Line, Metric, OutputError, Parser, Reading, check_name,
+from gpuvs.workloads.command.outputs.parsing import (DIRECTIONS, KIND_DIRECTION, Line, Metric, OutputError, Parser, Reading, check_name,
                                 number)
 
 try:  # Python 3.11+

@@ -1,5 +1,6 @@
-"""One job's output read by all its parsers at once: lines in, readings out as they appear, and at the end a
-plain answer to "did every figure we need appear?" (the trial's failure reason if not)."""
+"""One job's output read by all its parsers at once: lines in, readings out as they appear.
+
+At the end, a plain answer to "did every figure we need appear?": the trial's failure reason if not."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from gpuvs.errors import UsageError
-from gpuvs.workloads.command.outputs.base import STREAMS, WALL_TIME, Line, Metric, OutputError, Parser, Reading, wall_time
-from gpuvs.safetext import safe_text
+from gpuvs.workloads.command.outputs.parsing import STREAMS, WALL_TIME, Line, Metric, OutputError, Parser, Reading, wall_time
+from gpuvs.safetext import clip, safe_text
 
 _GPUVS = object()  # the owner of wall time: gpuvs itself, not a parser
 MAX_PROBLEMS = 10
@@ -164,7 +165,7 @@ class Reader:
         missing = self.missing()
         if not missing:
             return None
-        shown = (" | ".join(f"{ln.stream}: {safe_text(' '.join(ln.text.split())[:200])}" for ln in self.tail(lines))
+        shown = (" | ".join(f"{ln.stream}: {safe_text(clip(' '.join(ln.text.split()), 200))}" for ln in self.tail(lines))
                  or "(the job printed nothing)")
         cuts = "".join(f"; {c}" for c in self.cuts)
         return safe_text("; ".join(map(str, missing))) + cuts + f"; last lines: {shown}"

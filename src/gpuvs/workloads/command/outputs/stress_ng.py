@@ -1,24 +1,15 @@
-"""stress-ng's `--metrics-brief` (or `--metrics`) table, one row per stressor, printed on stderr at the end:
+"""stress-ng's `--metrics-brief` (or `--metrics`) table, one row per stressor, printed on stderr at the end.
 
-    stress-ng: metrc: [27041] stressor       bogo ops real time  usr time  sys time   bogo ops/s     bogo ops/s
-    stress-ng: metrc: [27041]                           (secs)    (secs)    (secs)   (real time) (usr+sys time)
-    stress-ng: metrc: [27041] cpu                2009      2.01      1.30      0.01      1001.00        1536.95
-
-(older versions tag the rows `info:`; with --log-brief they have no prefix.)
-
-ARG: the stressor whose row is read (cpu, vm...); without one, the run must have one stressor only (a table of
-several fails the trial, naming them: bogo operations of different stressors are not one unit).
-
-- bogo_ops_per_sec (the headline, higher is better): bogo ops/s over real time.
-- bogo_ops_per_sec_cpu (higher is better): bogo ops/s over the stressor's user + system CPU time.
-Info: stressor, bogo_ops, real_time_s, usr_time_s, sys_time_s (per stressor in `rows`)."""
+ARG: the stressor whose row is read (cpu, vm...); without one, the run must have one stressor only.
+Bogo operations of different stressors are not one unit, so a table of several fails the trial, naming them.
+bogo_ops_per_sec (the headline) is over real time, bogo_ops_per_sec_cpu over user + system time."""
 
 from __future__ import annotations
 
 import re
 
 from gpuvs.workloads.command.outputs import register
-from gpuvs.workloads.command.outputs.base import Line, Metric, OutputError, Parser, Reading, number
+from gpuvs.workloads.command.outputs.parsing import Line, Metric, OutputError, Parser, Reading, number
 
 NUM = r"\d+(?:\.\d+)?"
 ROW = re.compile(rf"^(?:stress-ng:\s+\w+:\s+\[\d+\]\s+)?([A-Za-z][\w-]*)\s+(\d+)\s+({NUM})\s+({NUM})\s+({NUM})\s+"

@@ -1,17 +1,8 @@
 """sysbench's report (1.0.x), for its cpu and memory tests.
 
-ARG: the test (cpu or memory); without one, the test named in the command's argv (`sysbench cpu run`, or the
-older `--test=cpu`). Each figure is read as its line appears.
-
-- cpu: events_per_sec (the headline, higher is better: `events per second:`), latency_avg_ms and
-  latency_p95_ms (lower is better: the `Latency (ms)` block's avg and `95th percentile`; sysbench prints
-  the percentile set by --percentile, 95 by default).
-- memory: mib_per_sec (the headline, higher is better: `MiB transferred (X MiB/sec)`), ops_per_sec (higher
-  is better: `Total operations: N (X per second)`). Its latencies are below sysbench's 0.01 ms resolution
-  and are not read.
-Info: version, threads, total_time_s, total_events, latency_sum_ms (and for memory: block_size, total_operations,
-mib_transferred). In a run bounded by --time, total_events grows with speed; with --events, total_time_s
-falls: which one to compare depends on the run, so neither is declared a metric."""
+ARG: the test (cpu or memory); without one, the test named in the command's argv. Each line is read as it appears.
+Headlines: events_per_sec (cpu) and mib_per_sec (memory); the rest are in docs/command.md.
+Neither total_events nor total_time_s is a metric: which one to compare depends on how the run was bounded."""
 
 from __future__ import annotations
 
@@ -19,7 +10,7 @@ import re
 
 from gpuvs.errors import UsageError
 from gpuvs.workloads.command.outputs import register
-from gpuvs.workloads.command.outputs.base import Line, Metric, Parser, Reading, number
+from gpuvs.workloads.command.outputs.parsing import Line, Metric, Parser, Reading, number
 
 TESTS = ("cpu", "memory")
 NUM = r"\d+(?:\.\d+)?"

@@ -1,32 +1,14 @@
-"""tf_cnn_benchmarks' log, and gpuvs's own step log, which follows its format:
+"""tf_cnn_benchmarks' log, and gpuvs's own step log, which follows its format.
 
-    Step    Img/sec total_loss
-    1       images/sec: 129.2 +/- 0.0 (jitter = 0.0)        7.608
-    10      images/sec: 128.7 +/- 0.4 (jitter = 0.9)        7.849
-    ...
-    ----------------------------------------------------------------
-    total images/sec: 126.95
-
-- total_images_per_sec (the headline, higher is better): the closing `total images/sec:` line, total images over
-  the timed loop's time.
-- images_per_sec (cumulative, higher is better): a step line's `images/sec: X +/- Y (jitter = Z)` is not that
-  step's rate. It is get_perf_timing over every timed step so far: X = batch size / mean step time so far,
-  Y = standard deviation of the per-step rates / sqrt(steps), Z = 1.4826 x their median absolute deviation. So
-  the last step line is the run's (rate, +/-, jitter) (the reading's extra holds pm and jitter) and the lines
-  must never be averaged. The last X can differ a little from the total: the total is images over the timed
-  loop's wall-clock time, which also covers the work between the steps' own timings.
-- total_loss (per step, lower is better): the loss of the step on that line (not a running mean); the column
-  named total_loss (older versions: loss); optional (an inference log has none).
-
-Columns are found by the header (tab- or space-separated: gpuvs's terminal prints tabs as spaces); the block
-above the table (Model:, Batch size:, Devices: ...) goes to info."""
+total_images_per_sec is the headline; images_per_sec is cumulative (get_perf_timing), never averaged over lines.
+total_loss is per step, and optional. Columns are found by the header; the block above the table goes to info."""
 
 from __future__ import annotations
 
 import re
 
 from gpuvs.workloads.command.outputs import register
-from gpuvs.workloads.command.outputs.base import Line, Metric, Parser, Reading, number
+from gpuvs.workloads.command.outputs.parsing import Line, Metric, Parser, Reading, number
 
 NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?nan|[-+]?inf"
 HEADER = re.compile(r"^\s*Step\s+(?:Img/sec|images/sec)((?:\s+\S+)*)\s*$")

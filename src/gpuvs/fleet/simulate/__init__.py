@@ -1,0 +1,1 @@
+"""The fleet's statistics on simulated fleets: the error rates the docs state."""

@@ -1,7 +1,0 @@
-"""`python -m gpuvs.worker`, kept for one release: images, pods and scripts that name it still work.
-The module is gpuvs.trial.worker now; run that instead."""
-
-import runpy
-
-if __name__ == "__main__":
-    runpy.run_module("gpuvs.trial.worker", run_name="__main__", alter_sys=True)
