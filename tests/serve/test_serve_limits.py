@@ -5,7 +5,6 @@ Train's limits, the model cache, the token, and TLS off loopback are checked too
 A soak of mixed Predict and Load at the limit keeps the server's memory flat."""
 
 import os
-import signal
 import subprocess
 import threading
 import time

@@ -16,6 +16,7 @@ from gpuvs import workloads
 from gpuvs.errors import UsageError
 from gpuvs.spec import RunSpec
 from gpuvs.workloads.collective import OPS, Shape, wrong_elements
+from gpuvs.analysis import stats
 
 # nccl-tests' doc/PERFORMANCE.md: busbw = algbw x this, n ranks
 FACTOR = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
@@ -166,7 +167,7 @@ def test_compare_two_against_three_ranks_names_a_verdict(cli, tmp_path):
     data = json.loads(cli("report", ident, "--format", "json").stdout)
     head = [v for v in data["verdicts"] if v["metric"] == "16384 B"]
     assert len(head) == 1 and head[0]["arm"] == "three" and head[0]["baseline"] == "two" and head[0]["unit"] == "GB/s"
-    assert head[0]["verdict"] in ("faster", "slower", "equivalent", "inconclusive")
+    assert head[0]["verdict"] in stats.SETTLED
     assert head[0]["ci_low"] <= head[0]["ratio"] <= head[0]["ci_high"]
     assert {v["metric"] for v in data["verdicts"]} >= {"16384 B", "latency_us"}
     rows = sqlite3.connect(tmp_path / "gpuvs.db").execute("SELECT arm, status FROM trials").fetchall()

@@ -16,11 +16,10 @@ from prometheus_client.exposition import generate_latest
 
 from gpuvs import __version__
 from gpuvs.agent.state import State
+from gpuvs.analysis.stats import SETTLED
 
-VERDICTS = ("slower", "faster", "equivalent", "slower-within-margin", "faster-within-margin", "inconclusive",
-            "reference")
-DRIFT_VERDICTS = ("slower", "faster", "equivalent", "slower-within-margin", "faster-within-margin",
-                  "inconclusive")  # against the node's own past
+VERDICTS = (*SETTLED, "reference")
+DRIFT_VERDICTS = SETTLED  # against the node's own past
 LINK_VERDICTS = DRIFT_VERDICTS  # a node's links, a pair: against the fleet's (pair_verdicts: no reference)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 RUN_STATUSES = ("ok", "no-verdict", "failed", "interrupted")  # how a run ends (ledger.STATUSES)

@@ -274,6 +274,8 @@ def equivalence_interval(c: Comparison) -> tuple[float, float] | None:
 
 
 WITHIN_MARGIN = "-within-margin"
+# every verdict settled_verdict gives (with the words 'slower' and 'faster')
+SETTLED = ("slower", "faster", "equivalent", "slower" + WITHIN_MARGIN, "faster" + WITHIN_MARGIN, "inconclusive")
 
 
 def settled_verdict(equivalent: bool, different: bool, word: str) -> str:
