@@ -281,7 +281,6 @@ ORCHESTRATION = {("gpuvs.store.db", "Store"), ("gpuvs.trial.runner", "Runner")}
 # set only shrinks.
 ORCHESTRATING_COMMANDS = {
     "results",  # Store in the annotations of its helpers (the store is opened by common.open_store)
-    "validate",  # opens the store again to read the run back for its report
 }
 
 

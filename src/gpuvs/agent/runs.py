@@ -29,9 +29,6 @@ NO_VERDICT = "no-verdict"  # a run (or fleet) whose results judged no node: not 
 
 # the fleet options the agent sets itself (its --condition, --taint, ...): a workload cannot give them
 AGENT_OWN = ("nodes", "label", "dry_run", "condition", "taint", "taint_effect", "taint_max_share")
-# the run options that go into the base spec, by the RunSpec field each sets
-SPEC_KEYS = {"device": "device", "num_gpus": "num_gpus", "timeout": "timeout_s",
-             "telemetry_interval": "telemetry_interval_s"}
 
 
 class Interrupted(Exception):
@@ -245,7 +242,7 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
     from gpuvs import environments, workloads
     from gpuvs.fleet.execute import pair_plan as pairs
     from gpuvs.fleet.execute import fleet_run
-    from gpuvs.trial.overrides import SPEC_PARAMS
+    from gpuvs.trial.overrides import SPEC_PARAMS, spec_field
 
     workload = workloads.get(w.name)
     plan = w.pair_plan()  # a pair fleet: no --condition, --taint or --max-trials (pair_run.check)
@@ -286,8 +283,8 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
             continue  # the plan's (w.pair_plan)
         if k in fleet_keys:  # checked with the agent's own values by FleetOptions.from_values
             values[k] = [*(values.get(k) or []), value] if k in multiple else value
-        elif k in SPEC_KEYS:
-            spec[SPEC_KEYS[k]] = SPEC_PARAMS[SPEC_KEYS[k]].coerce(value)
+        elif spec_field(k):
+            spec[spec_field(k)] = SPEC_PARAMS[spec_field(k)].coerce(value)
         elif k in pod:
             env[k] = env.get(k, []) + [value] if pod[k].multiple else value
         elif k in names:
@@ -299,7 +296,7 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
     o = fleet_run.FleetOptions.from_values(values)
     base = RunSpec(workload=w.name, params=workload.validate(params, spec["device"]), device=spec["device"],
                    num_gpus=spec["num_gpus"], env=environments.env_spec(env), timeout_s=spec["timeout_s"],
-                   telemetry_interval_s=spec["telemetry_interval_s"], fresh="auto")
+                   telemetry_interval_s=spec["telemetry_interval_s"], fresh=spec.get("fresh", "auto"))
     return base, o
 
 

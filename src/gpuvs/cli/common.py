@@ -26,6 +26,7 @@ from gpuvs.safetext import clip
 from gpuvs.report import tables, terminal
 from gpuvs.report.numbers import Units
 from gpuvs.trial import experiment
+from gpuvs.trial.overrides import spec_field
 from gpuvs.trial.runner import Experiment, TrialResult
 from gpuvs.trial.study import Hooks, Ran, run_trials
 from gpuvs.spec import EnvSpec, RunSpec
@@ -54,18 +55,13 @@ def resolve_device(device: str | None, env: EnvSpec | str, console: Console) -> 
     return device
 
 
-# run options that are RunSpec fields -> their keys in an experiment file
-SPEC_KEYS = {"device": "device", "num_gpus": "num_gpus", "timeout": "timeout_s", "telemetry_interval": "telemetry_interval_s",
-             "fresh": "fresh"}
-
-
 def run_doc(args: Args) -> dict[str, Any]:
     """The command line's workload, its parameters, run and environment options as the mapping an experiment
     file holds (experiment.study and experiment.spec read it): what was not given has the option's default."""
     run = args.group("run")
     env = options.env_spec(args.group("env"))  # the environment options the kind takes, checked
     doc: dict[str, Any] = {"workload": args.workload.name, "params": dict(args.params)}
-    doc.update({key: run[name] for name, key in SPEC_KEYS.items() if run.get(name) is not None})
+    doc.update({spec_field(name): value for name, value in run.items() if spec_field(name) and value is not None})
     doc["env"] = env.kind
     doc.update(env.options)
     return doc

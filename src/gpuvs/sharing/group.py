@@ -107,7 +107,6 @@ class Coordinator:
         self.window_s = window_s
         self.ready_timeout_s = ready_timeout_s
         self.say = say
-        self._flight: Flight | None = None  # the workers of the group in hand (_workers)
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -119,11 +118,12 @@ class Coordinator:
         probe.telemetry_interval_s = 0.1
         return telemetry.start_for(probe, lambda e: sink.append(e) if e.get("type") == "telemetry" else None)
 
-    def _wait_ready(self, lives: list[LiveTrial], folder: str, count: int) -> LiveTrial | None:
+    def _wait_ready(self, flight: Flight, folder: str, count: int) -> LiveTrial | None:
         """Until `count` workers are ready. Returns a worker that ended before it was ready, if any."""
+        lives = flight.live
         deadline = time.monotonic() + self.ready_timeout_s
         while len(barrier.ready(folder)) < count:
-            self._flight.pump(lives)
+            flight.pump(lives)
             failed = [lv for lv in lives if lv.done]
             if failed:
                 return failed[0]
@@ -135,8 +135,9 @@ class Coordinator:
             time.sleep(0.01)
         return None
 
-    def _run_window(self, group: Group, lives: list[LiveTrial], folder: str, mps: MpsDaemon | None,
+    def _run_window(self, group: Group, flight: Flight, folder: str, mps: MpsDaemon | None,
                     gpm_window: bool, window_s: float) -> None:
+        lives = flight.live
         sink: list[dict[str, Any]] = []
         spec = lives[0].result.spec
         sampler = self._sampler(spec, sink)
@@ -152,7 +153,7 @@ class Coordinator:
                 group.clients_attached = mps.clients()
             grace = time.monotonic() + window_s + 120
             while not all(lv.done for lv in lives):
-                self._flight.pump(lives)
+                flight.pump(lives)
                 if window is not None and (time.monotonic() >= gpm_end or any(lv.done for lv in lives)):
                     group.gpm, window = window.stop(), None
                 if time.monotonic() > grace:
@@ -175,7 +176,7 @@ class Coordinator:
 
     @contextlib.contextmanager
     def _workers(self, mps: bool):
-        """A barrier folder, gpuvs's MPS daemon if asked, and the list of workers to fill; on every way
+        """A barrier folder, gpuvs's MPS daemon if asked, and the Flight that launches the workers; on every way
         out, each worker is stopped and stored, the daemon stopped and the folder removed."""
         folder = tempfile.mkdtemp(prefix="gpuvs-barrier-")
         daemon = MpsDaemon() if mps else None
@@ -183,10 +184,8 @@ class Coordinator:
             if daemon is not None:
                 daemon.start()
             with Flight(self.runner) as flight:  # any way out: every worker is stopped and committed
-                self._flight = flight
-                yield folder, daemon, flight.live
+                yield folder, daemon, flight
         finally:
-            self._flight = None
             if daemon is not None:
                 daemon.stop()
             shutil.rmtree(folder, ignore_errors=True)
@@ -198,20 +197,21 @@ class Coordinator:
         this group's window (advise-mps's calibrated one), else the coordinator's."""
         window_s = window_s or self.window_s
         group = Group(label=label, mps=mps, window_s=window_s)
-        with self._workers(mps) as (folder, daemon, lives):
+        with self._workers(mps) as (folder, daemon, flight):
+            lives = flight.live
             ws = [worker_spec(s, folder, f"w{i}", window_s, label, i, daemon,
                               (client_env or [])[i] if client_env and i < len(client_env) else None)
                   for i, s in enumerate(specs)]
             for spec in ws:
-                self._flight.launch(spec)
-            bad = self._wait_ready(lives, folder, len(lives))
+                flight.launch(spec)
+            bad = self._wait_ready(flight, folder, len(lives))
             if bad is not None:
                 group.failure = f"worker {bad.result.spec.trial} failed before the start: {bad.result.error}"
                 for lv in lives:
                     if not lv.done:
                         lv.fail("stopped", "stopped: another worker of its group failed before the start")
             else:
-                self._run_window(group, lives, folder, daemon, gpm_window, window_s)
+                self._run_window(group, flight, folder, daemon, gpm_window, window_s)
         group.trials = [lv.result for lv in lives]
         return group
 
@@ -222,16 +222,17 @@ class Coordinator:
         window (GPU memory, per-instance rate, aggregate). Stop at the first instance that fails (to start
         or while running) or at max_workers; then every instance is told to stop and is stored."""
         run = CapacityRun(label=label, mps=mps)
-        with self._workers(mps) as (folder, daemon, lives):
+        with self._workers(mps) as (folder, daemon, flight):
+            lives = flight.live
             barrier.release(folder, delay_s=0.0)  # open-ended: each starts once ready, ends at the stop file
             for i in range(max_workers):
-                self._flight.launch(worker_spec(spec, folder, f"w{i:03d}", 0, label, i, daemon, client_env))
-                bad = self._wait_ready(lives, folder, len(lives))
+                flight.launch(worker_spec(spec, folder, f"w{i:03d}", 0, label, i, daemon, client_env))
+                bad = self._wait_ready(flight, folder, len(lives))
                 if bad is not None:
                     run.failed_at, run.failure = bad.result.spec.trial + 1, bad.result.error
                     self.say(f"instance {i + 1} failed: {bad.result.error}")
                     break
-                step = self._capacity_window(lives, i + 1, daemon)
+                step = self._capacity_window(flight, i + 1, daemon)
                 run.steps.append(step)
                 if step.failure:
                     run.failed_at, run.failure = i + 1, step.failure
@@ -244,22 +245,23 @@ class Coordinator:
             barrier.stop(folder)
             deadline = time.monotonic() + 60
             while not all(lv.done for lv in lives) and time.monotonic() < deadline:
-                self._flight.pump(lives)
+                flight.pump(lives)
                 time.sleep(0.02)
         run.trials = [lv.result for lv in lives]
         return run
 
-    def _capacity_window(self, lives: list[LiveTrial], count: int, daemon: MpsDaemon | None) -> CapacityStep:
-        self._flight.pump(lives)
+    def _capacity_window(self, flight: Flight, count: int, daemon: MpsDaemon | None) -> CapacityStep:
+        lives = flight.live
+        flight.pump(lives)
         time.sleep(min(0.5, self.window_s / 4))  # the newest instance's first steps are not the window's
-        self._flight.pump(lives)
+        flight.pump(lives)
         marks = [len(lv.result.samples) for lv in lives]
         sink: list[dict[str, Any]] = []
         sampler = self._sampler(lives[0].result.spec, sink)
         end = time.monotonic() + self.window_s
         try:
             while time.monotonic() < end and not any(lv.done for lv in lives):
-                self._flight.pump(lives)
+                flight.pump(lives)
                 time.sleep(0.01)
         finally:
             if sampler is not None:

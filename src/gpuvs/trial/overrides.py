@@ -36,6 +36,13 @@ def normalise_key(key: Any) -> str:
     return ALIASES.get(key, key)
 
 
+def spec_field(option: str) -> str | None:
+    """The RunSpec field a run option sets (`timeout` -> `timeout_s`), else None: the one map from the command
+    line's names, used by the command line, experiment files and the agent alike."""
+    key = normalise_key(option)
+    return key if key in SPEC_FIELDS else None
+
+
 class OverrideError(UsageError):
     """A key or value sort() refuses; `key` is the key as it was written (its place in a file)."""
 

@@ -327,7 +327,7 @@ class Flight:
         except (KeyboardInterrupt, StoreError):  # the run stops; stop() keeps the trial
             raise
         except Exception as exc:
-            lv.fail(getattr(exc, "kind", "unavailable"), str(exc) or type(exc).__name__)
+            lv.fail_by(exc, "unavailable")
             raise
         return lv
 
@@ -354,7 +354,7 @@ class Flight:
         except (KeyboardInterrupt, StoreError):
             raise
         except Exception as exc:
-            lv.fail(getattr(exc, "kind", "crash"), str(exc) or type(exc).__name__)
+            lv.fail_by(exc, "crash")
         lv.finish()
         if self.runner.store_failed is not None:  # its final write was refused
             raise self.runner.store_failed
@@ -397,7 +397,7 @@ class Flight:
         except StoreError as exc:  # a write refused (disk full, read-only): the trial stops, and the run after it
             lv.fail("store", str(self.runner.store_refused(exc)))
         except Exception as exc:  # a launcher that failed to start (engine missing, ...)
-            lv.fail(getattr(exc, "kind", "unavailable"), str(exc) or type(exc).__name__)
+            lv.fail_by(exc, "unavailable")
         finally:
             lv.finish()
         if self.runner.store_failed is not None:
@@ -519,6 +519,10 @@ class LiveTrial:
         r = self.result
         r.status, r.error_kind, r.error = status, kind, message
         self.done = True
+
+    def fail_by(self, exc: BaseException, kind: str) -> None:
+        """Failed by an exception: its own kind where it has one (a launcher's refusal), else `kind`."""
+        self.fail(getattr(exc, "kind", kind), str(exc) or type(exc).__name__)
 
     def late_output(self, wait_s: float = 2.0) -> None:
         """A stopped trial (timeout, Ctrl-C) still keeps what its job printed: the `output` events its worker

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from gpuvs.errors import UsageError
 from gpuvs.store.db import Store
 from gpuvs.store.ids import new_id
-from gpuvs.store.records import ExperimentMeta
+from gpuvs.store.records import ExperimentMeta, ExperimentRecord
 from gpuvs.validate.suite import FAIL, PASS, Row, Settings
 
 KIND = "validate"
@@ -81,6 +81,7 @@ class ValidateResult:
     source: str
     namespace: str
     rows: list[Row] = field(default_factory=list)
+    stored: ExperimentRecord | None = None  # the experiment as read back from the store (its report's source)
 
     @property
     def failed(self) -> list[Row]:
@@ -142,7 +143,8 @@ def run_validate(s: Settings, store: str | Path, *, kubeconfig: str | None = Non
         finally:
             problems = suite.clean_up()
             suite.add(_cleanup_row(problems))
-    return ValidateResult(exp_id, cluster.host, cluster.source, cluster.namespace, list(suite.rows))
+        stored = st.experiment(exp_id)  # read back: what is reported is what the store holds
+    return ValidateResult(exp_id, cluster.host, cluster.source, cluster.namespace, list(suite.rows), stored)
 
 
 def _cleanup_row(problems: list[str]) -> Row:

@@ -20,6 +20,7 @@ from gpuvs.cli import common, options
 from gpuvs.cli.declaration import Args, Command, Form, Group, Positional
 from gpuvs.errors import NoVerdict, UsageError
 from gpuvs.trial.experiment import STUDY_PARAMS, Study
+from gpuvs.trial.overrides import normalise_key
 from gpuvs.params import Param
 from gpuvs.report import terminal
 from gpuvs.report.numbers import Units
@@ -39,10 +40,6 @@ COMPARE_OPTIONS = (
           "status 1; the trials stay stored"),
 ) + tuple(p for p in STUDY_PARAMS if p.name in ("margin", "confidence", "until_confident", "max_trials", "aa"))
 
-# RUN_OPTIONS that an experiment file also knows (under its own key name).
-FILE_KEYS = {"device": "device", "num_gpus": "num_gpus", "trials": "trials", "timeout": "timeout_s",
-             "retries": "retries", "telemetry_interval": "telemetry_interval_s", "order_seed": "order_seed", "name": "name",
-             "fresh": "fresh"}
 # after the trials' own tables (common.render_ran, where the time went among them: shown once)
 SUMMARY_TABLES = ("verdicts", "speedup", "scaling", "per_trial", "failures")
 
@@ -110,9 +107,9 @@ def study_from_file(args: Args, console: Console) -> tuple[Study, dict[str, Any]
     for name in list(args.group("compare")) + list(args.group("env")):
         if name in args.given and name not in ("arm", "file", "stored"):
             cli[name] = args[name]
-    for name in args.group("run"):
-        if name in args.given and name in FILE_KEYS:
-            cli[FILE_KEYS[name]] = args[name]
+    for name in args.group("run"):  # those an experiment file also knows, under its key's name
+        if name in args.given and normalise_key(name) in experiment.TOP_KEYS:
+            cli[normalise_key(name)] = args[name]
     return experiment.load(_file_arg(args.argv), cli, common.device_default(console)), args.group("run")
 
 

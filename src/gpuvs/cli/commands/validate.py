@@ -11,7 +11,6 @@ from gpuvs.cli.declaration import Args, Command, Group
 from gpuvs.errors import RunFailed
 from gpuvs.params import Param
 from gpuvs.report import validation
-from gpuvs.store.db import Store
 
 VALIDATE_OPTIONS = (
     Param("image", str, None, "image of the probe pods (needs /bin/sh; nvidia-smi is used where it has it)",
@@ -69,8 +68,7 @@ def validate(args: Args) -> None:
     result = run_validate(s, store, kubeconfig=args["kubeconfig"], context=args["context"],
                           namespace=args["namespace"], priority_class=args["priority_class"], name=args["name"],
                           hooks=ValidateHooks(on_start, on_row))
-    with Store(store) as st:
-        sys.stdout.write(validation.terminal(st.experiment(result.experiment_id)))
+    sys.stdout.write(validation.terminal(result.stored))
     failed = result.failed
     if failed:
         raise RunFailed(f"{len(failed)} check(s) failed, first: {failed[0].check}: {failed[0].detail} "
