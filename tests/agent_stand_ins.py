@@ -43,7 +43,7 @@ def validate_hangs(emit, settings, store, **kw):
         Path(store).with_suffix(".cleaned").write_text("yes")
 
 
-def fleet_all_failed(emit, base, store, options):
+def fleet_all_failed(emit, base, store, options, choice=None):
     """A fleet whose every trial failed on every node (the GPU check where no GPU is visible): a result, stored,
     that judges no node."""
     from gpuvs.fleet.execute.adaptive import AdaptiveTrials

@@ -939,7 +939,10 @@ def test_a_fleet_in_which_every_trial_failed_is_no_verdict_not_a_success(tmp_pat
     agent = Agent(config)
     ctx = runs.Context(config, agent.state, lambda: "img", agent.stopping)
     run = RunRecord("r6", "schedule", queued_at=time.time())
-    fleet = runs._fleet(ctx, run, "ns", "img", ["n1", "n2", "n3"], WorkloadSpec.parse("spin"))
+    from gpuvs.fleet.execute.node_choice import NodeChoice, NodeInfo
+
+    nodes = [NodeInfo(n) for n in ("n1", "n2", "n3")]
+    fleet = runs._fleet(ctx, run, "ns", "img", NodeChoice(nodes, nodes), WorkloadSpec.parse("spin"))
     assert fleet.status == "no-verdict" and fleet.experiment
     assert fleet.error.startswith("no verdict: 3 of 3 node(s) failed every trial (n1: every trial failed: GPU not "
                                   "visible;"), fleet.error

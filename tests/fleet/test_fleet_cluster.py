@@ -250,6 +250,29 @@ def test_run_fleet_called_as_a_library_returns_the_result_it_stores(cluster, tmp
     assert capfd.readouterr().out == ""  # the caller renders: nothing on standard output
 
 
+def test_a_fleet_given_the_callers_choice_of_nodes_runs_on_those_and_chooses_no_other(cluster, tmp_path):  # noqa: F811
+    """run_fleet with a NodeChoice (the agent lists and holds its nodes first): no --nodes, yet it runs on the two
+    nodes chosen, not on all three that its own rule would take, and every trial ends ok."""
+    from gpuvs import workloads
+    from gpuvs.fleet.cluster import sweep
+    from gpuvs.fleet.execute.fleet_run import FleetOptions, run_fleet
+    from gpuvs.fleet.execute.node_choice import NodeChoice
+    from gpuvs.kube import client
+    from gpuvs.spec import EnvSpec, RunSpec
+
+    found = sweep.nodes(client.connect(str(cluster.kubeconfig), None, "default"))
+    nodes = three(cluster)[1:]
+    params = workloads.get("spin").validate({"steps": 3, "ops": 200000, "warmup_steps": 1}, "cpu")
+    base = RunSpec(workload="spin", params=params, device="cpu", timeout_s=300,
+                   env=EnvSpec("pod", {"image": IMAGE, "image_pull_policy": "Never", "kubeconfig": str(cluster.kubeconfig),
+                                       "namespace": "default"}))
+    choice = NodeChoice(found, [n for n in found if n.name in nodes])
+    result = run_fleet(base, tmp_path / "g.db", FleetOptions(trials=4, max_trials=4, parallel=2, margin=0.5), choice=choice)
+    assert len(found) >= 3 and sorted(r.node for r in result.rows) == sorted(nodes), [r.node for r in result.rows]
+    assert all(r.n_trials == 4 for r in result.rows)
+    assert fleet_pods(cluster.core(), result.id) == []
+
+
 # The per-GPU check's staged slowness: a real Python program in each trial's pod reads the GPU the device plugin
 # handed it (CUDA_VISIBLE_DEVICES, the fake plugin's id) and its node, and takes twice as long on one of them.
 SLOW_GPU = "fake-gpu-1"

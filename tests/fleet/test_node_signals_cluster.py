@@ -213,7 +213,7 @@ def test_condition_events_and_taint_with_its_breaker_as_the_agents_own_account(c
             [sys.executable, "-m", "gpuvs", "agent", "--kubeconfig", str(kubeconfig), "--namespace", NS, "--image",
              BUSY_IMAGE, "--image-pull-policy", "Never", "--pod-security", "baseline", "--validate", "false",
              "--workload", SPIN, "--trials", "4",
-             "--max-trials", "8", "--parallel", "2", "--margin", "0.3", "--every", "1h", "--first-after", "1h",
+             "--max-trials", "12", "--parallel", "2", "--margin", "0.3", "--every", "1h", "--first-after", "1h",
              "--hold-timeout", "4", "--store", str(tmp_path / "gpuvs.db"), "--listen", f"127.0.0.1:{port}",
              "--token-file", str(tmp_path / "token"), "--min-interval", "10s", "--condition", "--taint",
              # PreferNoSchedule: nothing of anyone else's stops being scheduled meanwhile

@@ -19,7 +19,6 @@ from gpuvs.agent.ledger import FleetOutcome, RunRecord
 from gpuvs.agent.state import State
 from gpuvs.errors import GpuvsError, UsageError
 from gpuvs.fleet.result import FleetResult
-from gpuvs.kube import SLOW_TOLERATION
 from gpuvs.safetext import safe_text
 from gpuvs.spec import RunSpec
 
@@ -85,8 +84,10 @@ def has_gpus(nodes: list[Any], resource: str) -> bool:
 
 def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> None:
     """Run `run` to its end: its status, reason and findings are set on it (and saved as they change)."""
+    from gpuvs.environments.pod import parse_options
     from gpuvs.fleet.cluster import sweep as fleet_kube
-    from gpuvs.fleet.execute import node_choice as fleet_nodes
+    from gpuvs.fleet.execute import fleet_run
+    from gpuvs.fleet.execute.node_choice import NodeChoice
     from gpuvs.kube import client
 
     c, state = ctx.config, ctx.state
@@ -109,10 +110,11 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
         state.nodes_now({n.name for n in found})
         run.gone = sorted(state.gone)
         gpu_nodes = has_gpus(found, c.gpu_resource)
-        chosen, excluded = fleet_nodes.select(found, gpu_resource=c.gpu_resource, need_gpus=gpu_nodes,
-                                              tolerations=[SLOW_TOLERATION])
-        run.skipped = {e.node: e.reason for e in excluded}
         image = ctx.image()
+        # the fleet's own rule, chosen once: the fleets below run on these nodes without choosing again
+        pod = parse_options({"image": image, "image_pull_policy": c.pull_policy, "gpu_resource": c.gpu_resource})
+        chosen, excluded = fleet_run.choose(found, fleet_run.FleetOptions(all_nodes=not gpu_nodes), pod)
+        run.skipped = {e.node: e.reason for e in excluded}
         gpus = {n.name: n.gpus(c.gpu_resource) for n in chosen}
         free, busy = idle.free_nodes(cluster, gpus, run_id=run.id, image=image, python=c.python,
                                      resource=c.gpu_resource, priority_class=c.priority_class,
@@ -141,8 +143,9 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
                              if run.skipped else ""))
             return
         state.workloads_now = {w.name for w in c.workloads_for(gpu_nodes)}  # the status page counts these only
+        choice = NodeChoice(found, [n for n in chosen if n.name in set(free)])
         for w in c.workloads_for(gpu_nodes):
-            run.fleets.append(_fleet(ctx, run, cluster.namespace, image, free, w))
+            run.fleets.append(_fleet(ctx, run, cluster.namespace, image, choice, w))
             save(run)
         run.status, run.reason = run_status(run.fleets)
     except Interrupted as exc:
@@ -192,18 +195,18 @@ def validate_in_child(emit: Emit, settings: dict[str, Any], store: str, **kw: An
                         **kw)
 
 
-def fleet_in_child(emit: Emit, base: RunSpec, store: str, options: Any) -> FleetResult:
-    """In the child: run_fleet."""
+def fleet_in_child(emit: Emit, base: RunSpec, store: str, options: Any, choice: Any = None) -> FleetResult:
+    """In the child: run_fleet, on the nodes the agent chose (`choice`)."""
     from gpuvs.fleet.execute.fleet_run import run_fleet
 
-    return run_fleet(base, store, options)
+    return run_fleet(base, store, options, choice=choice)
 
 
-def pair_fleet_in_child(emit: Emit, base: RunSpec, store: str, options: Any, plan: Any) -> Any:
+def pair_fleet_in_child(emit: Emit, base: RunSpec, store: str, options: Any, plan: Any, choice: Any = None) -> Any:
     """In the child: run_pair_fleet (`gpuvs fleet collective --pairs`), its PairFleetResult."""
     from gpuvs.fleet.execute.pair_run import run_pair_fleet
 
-    return run_pair_fleet(base, store, options, plan)
+    return run_pair_fleet(base, store, options, plan, choice=choice)
 
 
 def _validate(ctx: Context, run: RunRecord, namespace: str, image: str, node: str, core: Any = None) -> None:
@@ -300,10 +303,12 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
     return base, o
 
 
-def _fleet(ctx: Context, run: RunRecord, namespace: str, image: str, nodes: list[str], w: WorkloadSpec
+def _fleet(ctx: Context, run: RunRecord, namespace: str, image: str, choice: Any, w: WorkloadSpec
            ) -> FleetOutcome:
+    """Workload `w`'s fleet on the nodes chosen and held (choice: a NodeChoice), in a child."""
     c = ctx.config
     outcome = FleetOutcome(w.name)
+    nodes = [n.name for n in choice.chosen]
     try:
         base, options = fleet_request(c, run, namespace, image, nodes, w)
     except UsageError as exc:
@@ -312,8 +317,8 @@ def _fleet(ctx: Context, run: RunRecord, namespace: str, image: str, nodes: list
         plan = w.pair_plan()
         if plan is not None:
             return _pair_fleet(ctx, run, outcome, nodes, w, _call(ctx, pair_fleet_in_child, dict(
-                base=base, store=c.store, options=options, plan=plan)))
-        out = _call(ctx, fleet_in_child, dict(base=base, store=c.store, options=options))
+                base=base, store=c.store, options=options, plan=plan, choice=choice)))
+        out = _call(ctx, fleet_in_child, dict(base=base, store=c.store, options=options, choice=choice))
     result: FleetResult | None = out.value
     if result is not None:
         outcome.experiment = result.id

@@ -24,7 +24,7 @@ from gpuvs.fleet.execute import node_choice as fleet_nodes
 from gpuvs.fleet.execute import pergpu
 from gpuvs.fleet.cluster import signals
 from gpuvs.fleet.cluster import taints
-from gpuvs.fleet.execute.node_choice import Excluded, NodeInfo
+from gpuvs.fleet.execute.node_choice import Excluded, NodeChoice, NodeInfo
 from gpuvs.fleet.result import FleetResult, NodeLabels, NodeRow
 from gpuvs.fleet.assess.rows import fill_row, host_to_device, node_health, sort_rows
 from gpuvs.fleet.execute.trial_order import Item, Slots
@@ -314,22 +314,29 @@ def plan_of(o: FleetOptions) -> adaptive.AdaptiveTrials:
     return adaptive.AdaptiveTrials(trials=o.trials, max_trials=max_trials, step=o.trials)
 
 
-def select_nodes(base: RunSpec, o: FleetOptions):
+def select_nodes(base: RunSpec, o: FleetOptions, choice: NodeChoice | None = None):
     """The cluster of the pod options, the pod settings, every node found, and the nodes chosen by --nodes,
     --node-label, GPUs, image and taints with those left out and why: what the node fleet and the pair fleet
-    start from."""
+    start from. A caller's `choice` (the agent's) is taken as it is: the nodes are not listed or chosen again."""
     from gpuvs.environments.pod import parse_options
     from gpuvs.kube import client
 
     pod = base.env.options
     settings = parse_options(pod)
     cluster = client.connect(pod.get("kubeconfig"), pod.get("context"), pod.get("namespace"))
+    if choice is not None:
+        return cluster, settings, list(choice.found), list(choice.chosen), list(choice.excluded)
     found = kube.nodes(cluster)
-    chosen, excluded = fleet_nodes.select(found, names=o.nodes, labels=o.node_labels,
-                                          gpu_resource=settings.gpu_resource, need_gpus=not o.all_nodes,
-                                          image=settings.image, pull_never=settings.pull_policy == "Never",
-                                          tolerations=settings.tolerations)
+    chosen, excluded = choose(found, o, settings)
     return cluster, settings, found, chosen, excluded
+
+
+def choose(found: list[NodeInfo], o: FleetOptions, settings: Any) -> tuple[list[NodeInfo], list[Excluded]]:
+    """The fleet's choice among `found`, by its options and the pod settings (parse_options): one rule for the
+    command line and the agent."""
+    return fleet_nodes.select(found, names=o.nodes, labels=o.node_labels, gpu_resource=settings.gpu_resource,
+                              need_gpus=not o.all_nodes, image=settings.image,
+                              pull_never=settings.pull_policy == "Never", tolerations=settings.tolerations)
 
 
 @contextlib.contextmanager
@@ -344,14 +351,15 @@ def swept(cluster: Any, experiment_id: str) -> Iterator[None]:
         package.release()
 
 
-def run_fleet(base: RunSpec, store: str | Path, o: FleetOptions, hooks: FleetHooks | None = None) -> FleetResult:
+def run_fleet(base: RunSpec, store: str | Path, o: FleetOptions, hooks: FleetHooks | None = None,
+              choice: NodeChoice | None = None) -> FleetResult:
     """Run `base` (its workload's parameters checked, its device resolved) on the fleet's nodes; the result,
     labels included, is stored with the experiment (meta `fleet`) and returned. A node that ran no trial is a
     row with verdict `failed`, not an exception; bad options and a fleet of fewer than 2 usable nodes are
-    UsageErrors, raised before anything starts."""
+    UsageErrors, raised before anything starts. `choice`: nodes the caller chose already (select_nodes)."""
     hooks = hooks or FleetHooks()
     plan = check(base, o)
-    cluster, settings, found, chosen, excluded = select_nodes(base, o)
+    cluster, settings, found, chosen, excluded = select_nodes(base, o, choice)
     if o.reference and o.reference not in {n.name for n in chosen}:
         raise UsageError(f"--reference {o.reference}: not one of the fleet's nodes that can run the pod "
                          f"({', '.join(n.name for n in chosen) or 'none'})")

@@ -36,6 +36,16 @@ class Excluded:
     reason: str
 
 
+@dataclass
+class NodeChoice:
+    """Nodes a caller has listed and chosen already (the agent, which holds them idle first): a fleet given one runs
+    on `chosen` without listing or choosing again, so both see the same nodes."""
+
+    found: list[NodeInfo]  # every node listed
+    chosen: list[NodeInfo]
+    excluded: list[Excluded] = field(default_factory=list)
+
+
 def parse_label(item: str) -> tuple[str, str | None]:
     key, eq, value = str(item).partition("=")
     if not key.strip():

@@ -17,6 +17,7 @@ from gpuvs.fleet.cluster import node_labels as labels
 from gpuvs.fleet.assess import pair_verdicts
 from gpuvs.fleet.execute import pair_plan as pairs
 from gpuvs.fleet.assess.pair_verdicts import Pair, PairControl, PairNodeVerdict, PairOutcome, PairVerdict
+from gpuvs.fleet.execute.node_choice import NodeChoice
 from gpuvs.fleet.execute.fleet_run import Executor, FleetHooks, FleetOptions, FleetStart, headline_higher, select_nodes, swept
 from gpuvs.spec import RunSpec
 from gpuvs.store.db import Store
@@ -104,14 +105,14 @@ def check(base: RunSpec, o: FleetOptions) -> None:
 
 
 def run_pair_fleet(base: RunSpec, store: str | Path, o: FleetOptions, plan: pairs.PairPlan,
-                   hooks: FleetHooks | None = None) -> PairFleetResult:
+                   hooks: FleetHooks | None = None, choice: NodeChoice | None = None) -> PairFleetResult:
     hooks = hooks or FleetHooks()
     check(base, o)
     if plan.partners < 3:
         raise UsageError(f"--partners {plan.partners}: at least 3 (with 2, a slow link and a slow node look alike)")
     if plan.second < 0:
         raise UsageError(f"--second-pass {plan.second}: 0 or more good partners per suspect")
-    cluster, _, _, chosen, excluded = select_nodes(base, o)
+    cluster, _, _, chosen, excluded = select_nodes(base, o, choice)
     names = [n.name for n in chosen]
     if len(names) < 3:
         why = "; ".join(f"{e.node}: {e.reason}" for e in excluded) or "no other node matched"
