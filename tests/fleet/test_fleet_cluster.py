@@ -220,20 +220,26 @@ def test_the_last_sweep_deletes_the_experiments_pods_labelled_by_this_release_or
                 pass
 
 
+def spin_in_a_pod(cluster, steps: int, ops: int):
+    """The base spec run_fleet takes as a library (the agent's way): spin on the CPU in a pod of the test image."""
+    from gpuvs import workloads
+    from gpuvs.spec import EnvSpec, RunSpec
+
+    params = workloads.get("spin").validate({"steps": steps, "ops": ops, "warmup_steps": 1}, "cpu")
+    return RunSpec(workload="spin", params=params, device="cpu", timeout_s=300,
+                   env=EnvSpec("pod", {"image": IMAGE, "image_pull_policy": "Never",
+                                       "kubeconfig": str(cluster.kubeconfig), "namespace": "default"}))
+
+
 def test_run_fleet_called_as_a_library_returns_the_result_it_stores(cluster, tmp_path, capfd):  # noqa: F811
     """run_fleet without the command line (as the agent calls it): the FleetResult it returns is the one stored
     with the experiment, its hooks tell the fleet before it starts and every trial, and it prints nothing."""
-    from gpuvs import workloads
     from gpuvs.fleet.result import FleetResult
     from gpuvs.fleet.execute.fleet_run import FleetHooks, FleetOptions, run_fleet
-    from gpuvs.spec import EnvSpec, RunSpec
     from gpuvs.store.db import Store
 
     nodes = three(cluster)[:2]
-    params = workloads.get("spin").validate({"steps": 4, "ops": 300000, "warmup_steps": 1}, "cpu")
-    base = RunSpec(workload="spin", params=params, device="cpu", timeout_s=300,
-                   env=EnvSpec("pod", {"image": IMAGE, "image_pull_policy": "Never", "kubeconfig": str(cluster.kubeconfig),
-                                       "namespace": "default"}))
+    base = spin_in_a_pod(cluster, steps=4, ops=300000)
     starts, ended = [], []
     result = run_fleet(base, tmp_path / "g.db", FleetOptions(nodes=nodes, trials=4, max_trials=4, parallel=2,
                                                              margin=0.5, command="library test"),
@@ -253,21 +259,16 @@ def test_run_fleet_called_as_a_library_returns_the_result_it_stores(cluster, tmp
 def test_a_fleet_given_the_callers_choice_of_nodes_runs_on_those_and_chooses_no_other(cluster, tmp_path):  # noqa: F811
     """run_fleet with a NodeChoice (the agent lists and holds its nodes first): no --nodes, yet it runs on the two
     nodes chosen, not on all three that its own rule would take, and every trial ends ok."""
-    from gpuvs import workloads
     from gpuvs.fleet.cluster import sweep
     from gpuvs.fleet.execute.fleet_run import FleetOptions, run_fleet
     from gpuvs.fleet.execute.node_choice import NodeChoice
     from gpuvs.kube import client
-    from gpuvs.spec import EnvSpec, RunSpec
 
     found = sweep.nodes(client.connect(str(cluster.kubeconfig), None, "default"))
     nodes = three(cluster)[1:]
-    params = workloads.get("spin").validate({"steps": 3, "ops": 200000, "warmup_steps": 1}, "cpu")
-    base = RunSpec(workload="spin", params=params, device="cpu", timeout_s=300,
-                   env=EnvSpec("pod", {"image": IMAGE, "image_pull_policy": "Never", "kubeconfig": str(cluster.kubeconfig),
-                                       "namespace": "default"}))
     choice = NodeChoice(found, [n for n in found if n.name in nodes])
-    result = run_fleet(base, tmp_path / "g.db", FleetOptions(trials=4, max_trials=4, parallel=2, margin=0.5), choice=choice)
+    result = run_fleet(spin_in_a_pod(cluster, steps=3, ops=200000), tmp_path / "g.db",
+                       FleetOptions(trials=4, max_trials=4, parallel=2, margin=0.5), choice=choice)
     assert len(found) >= 3 and sorted(r.node for r in result.rows) == sorted(nodes), [r.node for r in result.rows]
     assert all(r.n_trials == 4 for r in result.rows)
     assert fleet_pods(cluster.core(), result.id) == []

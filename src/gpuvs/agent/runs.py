@@ -111,8 +111,8 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
         run.gone = sorted(state.gone)
         gpu_nodes = has_gpus(found, c.gpu_resource)
         image = ctx.image()
-        # the fleet's own rule, chosen once: the fleets below run on these nodes without choosing again
-        pod = parse_options({"image": image, "image_pull_policy": c.pull_policy, "gpu_resource": c.gpu_resource})
+        # the fleet's own rule, on the pods the fleets will start, chosen once: they run on these nodes as chosen
+        pod = parse_options(pod_options(c, image, cluster.namespace))
         chosen, excluded = fleet_run.choose(found, fleet_run.FleetOptions(all_nodes=not gpu_nodes), pod)
         run.skipped = {e.node: e.reason for e in excluded}
         gpus = {n.name: n.gpus(c.gpu_resource) for n in chosen}
@@ -143,7 +143,8 @@ def execute(ctx: Context, run: RunRecord, save: Callable[[RunRecord], None]) -> 
                              if run.skipped else ""))
             return
         state.workloads_now = {w.name for w in c.workloads_for(gpu_nodes)}  # the status page counts these only
-        choice = NodeChoice(found, [n for n in chosen if n.name in set(free)])
+        held = set(free)
+        choice = NodeChoice(found, [n for n in chosen if n.name in held])
         for w in c.workloads_for(gpu_nodes):
             run.fleets.append(_fleet(ctx, run, cluster.namespace, image, choice, w))
             save(run)
@@ -237,6 +238,14 @@ def _validate(ctx: Context, run: RunRecord, namespace: str, image: str, node: st
         log(f"run {run.id}: event {sig.detail} on {node}: {sig.status}")
 
 
+def pod_options(c: AgentConfig, image: str, namespace: str | None) -> dict[str, Any]:
+    """The pod options of every fleet the agent runs (its config's; a workload's own come on top): the nodes are
+    chosen for these pods, and the fleets start them."""
+    return {"image": image, "image_pull_policy": c.pull_policy, "priority_class": c.priority_class,
+            "pod_security": c.pod_security, "package": c.package, "python": c.python, "gpu_resource": c.gpu_resource,
+            "namespace": namespace, "kubeconfig": c.kubeconfig, "context": c.context}
+
+
 def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, nodes: list[str], w: WorkloadSpec
                   ) -> tuple[RunSpec, Any]:
     """The fleet of workload `w` on `nodes`, as the library takes it: (the base spec, FleetOptions). w's options
@@ -270,10 +279,7 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
                                   taint_max_share=c.taint_max_share,
                                   command=fleet_run.recorded_command([w.name, *fleet_run.option_words(given)]))
     kind = fleet_run.node_kinds()[0]  # the kind that places a worker on a named node (the pod), as gpuvs fleet's
-    env: dict[str, Any] = {"env": kind, "image": image, "image_pull_policy": c.pull_policy,
-                           "priority_class": c.priority_class, "pod_security": c.pod_security, "package": c.package,
-                           "python": c.python, "gpu_resource": c.gpu_resource, "namespace": namespace,
-                           "kubeconfig": c.kubeconfig, "context": c.context}
+    env: dict[str, Any] = {"env": kind, **pod_options(c, image, namespace)}
     spec: dict[str, Any] = {"device": c.device, "num_gpus": 1, "timeout_s": 3600.0, "telemetry_interval_s": 0.1}
     params: dict[str, Any] = {}
     fleet_keys = {p.name for p in fleet_run.PARAMS if p.name not in AGENT_OWN} | set(fleet_run.RUN_KEYS)
@@ -286,8 +292,8 @@ def fleet_request(c: AgentConfig, run: RunRecord, namespace: str, image: str, no
             continue  # the plan's (w.pair_plan)
         if k in fleet_keys:  # checked with the agent's own values by FleetOptions.from_values
             values[k] = [*(values.get(k) or []), value] if k in multiple else value
-        elif spec_field(k):
-            spec[spec_field(k)] = SPEC_PARAMS[spec_field(k)].coerce(value)
+        elif spec_key := spec_field(k):
+            spec[spec_key] = SPEC_PARAMS[spec_key].coerce(value)
         elif k in pod:
             env[k] = env.get(k, []) + [value] if pod[k].multiple else value
         elif k in names:

@@ -108,8 +108,9 @@ def study_from_file(args: Args, console: Console) -> tuple[Study, dict[str, Any]
         if name in args.given and name not in ("arm", "file", "stored"):
             cli[name] = args[name]
     for name in args.group("run"):  # those an experiment file also knows, under its key's name
-        if name in args.given and normalise_key(name) in experiment.TOP_KEYS:
-            cli[normalise_key(name)] = args[name]
+        key = normalise_key(name)
+        if name in args.given and key in experiment.TOP_KEYS:
+            cli[key] = args[name]
     return experiment.load(_file_arg(args.argv), cli, common.device_default(console)), args.group("run")
 
 
